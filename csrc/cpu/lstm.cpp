@@ -1,0 +1,308 @@
+// LSTM layer on the CPU: lstm_forward / lstm_backward (schemas in csrc/registration.cpp).
+//
+// Shape legend: T steps, N = sum(batch_sizes) packed rows, B batch, I input, H hidden,
+// P projection, Hout = P or H, G = 4H gate rows ordered i, f, g, o. Step t owns packed
+// rows [off_t, off_t + bt) with bt = batch_sizes[t]; batch sizes never grow with t.
+//
+// Forward: pre = x·W_ihᵀ + b over all N rows (one GEMM), then per step one recurrent GEMM
+// accumulating h_{t-1}·W_hhᵀ onto that step's rows of pre, and one fused gate pass. The
+// running state lives in hbuf [B, Hout] / cbuf [B, H]; rows b >= bt are left untouched, so
+// at the end they hold each sequence's last state (h_n, c_n), and in the reverse direction
+// sequences that start late pick up h0/c0 from them.
+// Backward mirrors it in reverse processing order with dhbuf/dcbuf, then forms dx and the
+// weight gradients as large GEMMs over all rows after the loop.
+// Nothing inside a time loop allocates or goes through the ATen dispatcher.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "blas.h"
+#include "seqkernels/lstm_cell.h"
+#include "seqkernels/lstm_checks.h"
+#include "vec_math.h"
+
+namespace seqkernels::cpu {
+namespace {
+
+using at::Tensor;
+
+void check_cpu(const Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu(), "seqkernels.lstm: CPU kernel called with x on ", x.device());
+#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))
+  TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+              "seqkernels was built for x86-64 with AVX2 and FMA, which this CPU lacks");
+#endif
+}
+
+at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Rows per parallel chunk: split the batch across threads only when a chunk has enough work.
+int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
+
+// One fused gate pass of a step over batch rows [b0, b1).
+//   pre:   [bt, G]  pre-activations of the step (acc_t)
+//   cbuf:  [B, H]   c_{t-1} in, c_t out (acc_t)
+//   m_out: [bt, H]  o ⊙ tanh(c_t): y rows without projection, W_hr's input with it
+//   gates: [bt, G]  activated gates, cells: [bt, H] c_t (saved only when training)
+template <class scalar_t, bool kTraining>
+void forward_gate_rows(int64_t b0, int64_t b1, int64_t H, const at::opmath_type<scalar_t>* pre,
+                       at::opmath_type<scalar_t>* cbuf, scalar_t* m_out, scalar_t* gates, scalar_t* cells) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Math = typename CpuMath<acc_t>::type;
+  const int64_t G = 4 * H;
+  for (int64_t b = b0; b < b1; ++b) {
+    const acc_t* __restrict__ p = pre + b * G;
+    acc_t* __restrict__ c = cbuf + b * H;
+    scalar_t* __restrict__ m = m_out + b * H;
+    scalar_t* __restrict__ gs = kTraining ? gates + b * G : nullptr;
+    scalar_t* __restrict__ cs = kTraining ? cells + b * H : nullptr;
+    for (int64_t j = 0; j < H; ++j) {
+      const LstmGates<acc_t> pre_j{p[j], p[H + j], p[2 * H + j], p[3 * H + j]};
+      LstmGates<acc_t> act;
+      acc_t c_new, m_new;
+      lstm_cell_forward<Math>(pre_j, c[j], act, c_new, m_new);
+      c[j] = c_new;
+      m[j] = static_cast<scalar_t>(m_new);
+      if constexpr (kTraining) {
+        gs[j] = static_cast<scalar_t>(act.i);
+        gs[H + j] = static_cast<scalar_t>(act.f);
+        gs[2 * H + j] = static_cast<scalar_t>(act.g);
+        gs[3 * H + j] = static_cast<scalar_t>(act.o);
+        cs[j] = static_cast<scalar_t>(c_new);
+      }
+    }
+  }
+}
+
+// One fused backward gate pass of a step over batch rows [b0, b1).
+//   gates: [bt, G] saved activations, cells: [bt, H] c_t of the step
+//   prev_cells: rows b < n_prev take c_{t-1} from prev_cells[b], the others from c0[b]
+//   dm: [bt, H] dL/dm_t; dcbuf: [B, H] dL/dc_t in, dL/dc_{t-1} out
+//   dpre: [bt, G] dL/d(pre-activations); m_out: [bt, H] recomputed m (projection only)
+template <class scalar_t, bool kProj>
+void backward_gate_rows(int64_t b0, int64_t b1, int64_t H, const scalar_t* gates, const scalar_t* cells,
+                        const scalar_t* prev_cells, int64_t n_prev, const scalar_t* c0,
+                        const at::opmath_type<scalar_t>* dm, at::opmath_type<scalar_t>* dcbuf, scalar_t* dpre,
+                        scalar_t* m_out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Math = typename CpuMath<acc_t>::type;
+  const int64_t G = 4 * H;
+  for (int64_t b = b0; b < b1; ++b) {
+    const scalar_t* __restrict__ a = gates + b * G;
+    const scalar_t* __restrict__ c = cells + b * H;
+    const scalar_t* __restrict__ cp = b < n_prev ? prev_cells + b * H : c0 + b * H;
+    const acc_t* __restrict__ dmb = dm + b * H;
+    acc_t* __restrict__ dc = dcbuf + b * H;
+    scalar_t* __restrict__ dp = dpre + b * G;
+    scalar_t* __restrict__ mb = kProj ? m_out + b * H : nullptr;
+    for (int64_t j = 0; j < H; ++j) {
+      const LstmGates<acc_t> act{static_cast<acc_t>(a[j]), static_cast<acc_t>(a[H + j]),
+                                 static_cast<acc_t>(a[2 * H + j]), static_cast<acc_t>(a[3 * H + j])};
+      LstmGates<acc_t> d;
+      acc_t dc_prev, m;
+      lstm_cell_backward<Math>(act, static_cast<acc_t>(c[j]), static_cast<acc_t>(cp[j]), dmb[j], dc[j], d, dc_prev, m);
+      dc[j] = dc_prev;
+      dp[j] = static_cast<scalar_t>(d.i);
+      dp[H + j] = static_cast<scalar_t>(d.f);
+      dp[2 * H + j] = static_cast<scalar_t>(d.g);
+      dp[3 * H + j] = static_cast<scalar_t>(d.o);
+      if constexpr (kProj) mb[j] = static_cast<scalar_t>(m);
+    }
+  }
+}
+
+template <class Fn>
+void for_rows(int64_t rows, int64_t width, const Fn& fn) {
+  at::parallel_for(0, rows, row_grain(width), fn);
+}
+
+template <class scalar_t>
+void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_t* w_hh, const scalar_t* w_hr,
+                  at::opmath_type<scalar_t>* pre, scalar_t* hbuf, at::opmath_type<scalar_t>* cbuf, scalar_t* y,
+                  scalar_t* gates, scalar_t* cells, scalar_t* mbuf, at::opmath_type<scalar_t>* proj_acc) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t H = s.H, G = s.G, P = s.P, Hout = s.Hout;
+  for (int64_t step = 0; step < s.T; ++step) {
+    const int64_t t = reverse ? s.T - 1 - step : step;
+    const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+    acc_t* pre_t = pre + off * G;
+    gemm(Trans::No, Trans::Yes, bt, G, Hout, hbuf, Hout, w_hh, Hout, acc_t(1), pre_t, G);
+    scalar_t* m_out = P > 0 ? mbuf : y + off * Hout;
+    scalar_t* gates_t = training ? gates + off * G : nullptr;
+    scalar_t* cells_t = training ? cells + off * H : nullptr;
+    for_rows(bt, G, [&](int64_t b0, int64_t b1) {
+      if (training) {
+        forward_gate_rows<scalar_t, true>(b0, b1, H, pre_t, cbuf, m_out, gates_t, cells_t);
+      } else {
+        forward_gate_rows<scalar_t, false>(b0, b1, H, pre_t, cbuf, m_out, gates_t, cells_t);
+      }
+    });
+    scalar_t* y_t = y + off * Hout;
+    if (P > 0) {
+      gemm(Trans::No, Trans::Yes, bt, P, H, mbuf, H, w_hr, H, acc_t(0), proj_acc, P);
+      for (int64_t k = 0; k < bt * P; ++k) y_t[k] = static_cast<scalar_t>(proj_acc[k]);
+    }
+    std::memcpy(hbuf, y_t, sizeof(scalar_t) * bt * Hout);
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
+    const Tensor& x, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh,
+    const std::optional<Tensor>& w_hr, bool reverse, bool training) {
+  const LstmSizes s = check_lstm_forward(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr);
+  check_cpu(x);
+  const auto acc = acc_dtype(x.scalar_type());
+  const auto opts = x.options();
+  const int64_t saved = training ? s.N : 0;
+
+  // Buffers, all allocated before the time loop.
+  Tensor pre = s.has_bias ? (b_ih->to(acc) + b_hh->to(acc)).expand({s.N, s.G}).contiguous()
+                          : at::empty({s.N, s.G}, opts.dtype(acc));
+  Tensor y = at::empty({s.N, s.Hout}, opts);
+  Tensor hbuf = h0.clone();
+  Tensor cbuf = c0.to(acc, /*non_blocking=*/false, /*copy=*/true);
+  Tensor gates = at::empty({saved, s.G}, opts);
+  Tensor cells = at::empty({saved, s.H}, opts);
+  Tensor mbuf = at::empty({s.P > 0 ? s.B : 0, s.H}, opts);
+  Tensor proj_acc = at::empty({s.B, s.P}, opts.dtype(acc));
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "seqkernels_lstm_forward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    acc_t* pre_p = pre.data_ptr<acc_t>();
+    // Input projection of all N rows in one GEMM, onto the biases when there are any.
+    gemm(Trans::No, Trans::Yes, s.N, s.G, s.I, x.const_data_ptr<scalar_t>(), s.I, w_ih.const_data_ptr<scalar_t>(),
+         s.I, acc_t(s.has_bias ? 1 : 0), pre_p, s.G);
+    forward_loop<scalar_t>(s, reverse, training, w_hh.const_data_ptr<scalar_t>(),
+                           s.P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr, pre_p, hbuf.data_ptr<scalar_t>(),
+                           cbuf.data_ptr<acc_t>(), y.data_ptr<scalar_t>(),
+                           training ? gates.data_ptr<scalar_t>() : nullptr,
+                           training ? cells.data_ptr<scalar_t>() : nullptr,
+                           s.P > 0 ? mbuf.data_ptr<scalar_t>() : nullptr, proj_acc.data_ptr<acc_t>());
+  });
+  return {y, hbuf, cbuf.to(x.scalar_type()), gates, cells};
+}
+
+// h_{t-1} of every packed row (the right operand of dW_hh), gathered after the fact:
+// forward direction: step t-1's y rows (h0 at t = 0); reverse: step t+1's y rows for the
+// sequences still running there, h0 for those that start at t.
+template <class scalar_t>
+void gather_prev_hidden(const LstmSizes& s, bool reverse, const scalar_t* y, const scalar_t* h0, scalar_t* hprev) {
+  const int64_t Hout = s.Hout;
+  at::parallel_for(0, s.T, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+      const int64_t src_t = reverse ? t + 1 : t - 1;
+      const bool has_src = src_t >= 0 && src_t < s.T;
+      const int64_t n_from_y = has_src ? std::min(bt, s.batch_sizes[has_src ? src_t : 0]) : 0;
+      if (n_from_y > 0) {
+        std::memcpy(hprev + off * Hout, y + s.offsets[src_t] * Hout, sizeof(scalar_t) * n_from_y * Hout);
+      }
+      if (bt > n_from_y) {
+        std::memcpy(hprev + (off + n_from_y) * Hout, h0 + n_from_y * Hout, sizeof(scalar_t) * (bt - n_from_y) * Hout);
+      }
+    }
+  });
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward_cpu(
+    const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, const Tensor& batch_sizes,
+    const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh, const std::optional<Tensor>& w_hr,
+    const Tensor& y, const Tensor& gates, const Tensor& cells, bool reverse, bool has_bias) {
+  const LstmSizes s =
+      check_lstm_backward(grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, has_bias);
+  check_cpu(x);
+  const auto dtype = x.scalar_type();
+  const auto acc = acc_dtype(dtype);
+  const auto opts = x.options();
+  const int64_t H = s.H, G = s.G, P = s.P, Hout = s.Hout, N = s.N, I = s.I;
+
+  // Buffers, all allocated before the time loop.
+  Tensor dhbuf = grad_h_n.to(acc, false, /*copy=*/true);
+  Tensor dcbuf = grad_c_n.to(acc, false, /*copy=*/true);
+  Tensor dpre = at::empty({N, G}, opts);
+  Tensor dh_all = at::empty({P > 0 ? N : 0, P}, opts);  // dL/dh_t of every row (projection only)
+  Tensor m_all = at::empty({P > 0 ? N : 0, H}, opts);   // m_t of every row (projection only)
+  Tensor dm_acc = at::empty({P > 0 ? s.B : 0, H}, opts.dtype(acc));
+  Tensor hprev = at::empty({N, Hout}, opts);
+  Tensor dx = at::empty({N, I}, opts.dtype(acc));
+  Tensor dw_ih = at::empty({G, I}, opts.dtype(acc));
+  Tensor dw_hh = at::empty({G, Hout}, opts.dtype(acc));
+  Tensor dw_hr = at::empty({P, P > 0 ? H : 0}, opts.dtype(acc));
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "seqkernels_lstm_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* gates_p = gates.const_data_ptr<scalar_t>();
+    const scalar_t* cells_p = cells.const_data_ptr<scalar_t>();
+    const scalar_t* c0_p = c0.const_data_ptr<scalar_t>();
+    const scalar_t* gy = grad_y.const_data_ptr<scalar_t>();
+    const scalar_t* w_hh_p = w_hh.const_data_ptr<scalar_t>();
+    const scalar_t* w_hr_p = P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr;
+    acc_t* dh = dhbuf.data_ptr<acc_t>();
+    acc_t* dc = dcbuf.data_ptr<acc_t>();
+    scalar_t* dpre_p = dpre.data_ptr<scalar_t>();
+    scalar_t* dh_all_p = P > 0 ? dh_all.data_ptr<scalar_t>() : nullptr;
+    scalar_t* m_all_p = P > 0 ? m_all.data_ptr<scalar_t>() : nullptr;
+    acc_t* dm_p = P > 0 ? dm_acc.data_ptr<acc_t>() : nullptr;
+
+    for (int64_t step = 0; step < s.T; ++step) {
+      const int64_t t = reverse ? step : s.T - 1 - step;
+      const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+      // dL/dh_t = recurrent part (dhbuf; h_n's gradient for sequences ending here) + y's.
+      const scalar_t* gy_t = gy + off * Hout;
+      for (int64_t k = 0; k < bt * Hout; ++k) dh[k] += static_cast<acc_t>(gy_t[k]);
+      const acc_t* dm = dh;
+      if (P > 0) {
+        scalar_t* dh_t = dh_all_p + off * P;
+        for (int64_t k = 0; k < bt * P; ++k) dh_t[k] = static_cast<scalar_t>(dh[k]);
+        gemm(Trans::No, Trans::No, bt, H, P, dh_t, P, w_hr_p, H, acc_t(0), dm_p, H);
+        dm = dm_p;
+      }
+      // Where c_{t-1} lives: the neighbouring step's saved cells, or c0 for sequences starting at t.
+      const int64_t src_t = reverse ? t + 1 : t - 1;
+      const bool has_src = src_t >= 0 && src_t < s.T;
+      const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
+      const scalar_t* prev_cells = has_src ? cells_p + s.offsets[src_t] * H : c0_p;
+      scalar_t* dpre_t = dpre_p + off * G;
+      for_rows(bt, G, [&](int64_t b0, int64_t b1) {
+        if (P > 0) {
+          backward_gate_rows<scalar_t, true>(b0, b1, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev, c0_p,
+                                             dm, dc, dpre_t, m_all_p + off * H);
+        } else {
+          backward_gate_rows<scalar_t, false>(b0, b1, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev,
+                                              c0_p, dm, dc, dpre_t, nullptr);
+        }
+      });
+      // dL/dh_{t-1} through W_hh.
+      gemm(Trans::No, Trans::No, bt, Hout, G, dpre_t, G, w_hh_p, Hout, acc_t(0), dh, Hout);
+    }
+
+    // Whole-sequence products after the loop.
+    gemm(Trans::No, Trans::No, N, I, G, dpre_p, G, w_ih.const_data_ptr<scalar_t>(), I, acc_t(0),
+         dx.data_ptr<acc_t>(), I);
+    gemm(Trans::Yes, Trans::No, G, I, N, dpre_p, G, x.const_data_ptr<scalar_t>(), I, acc_t(0),
+         dw_ih.data_ptr<acc_t>(), I);
+    scalar_t* hprev_p = hprev.data_ptr<scalar_t>();
+    gather_prev_hidden<scalar_t>(s, reverse, y.const_data_ptr<scalar_t>(), h0.const_data_ptr<scalar_t>(), hprev_p);
+    gemm(Trans::Yes, Trans::No, G, Hout, N, dpre_p, G, hprev_p, Hout, acc_t(0), dw_hh.data_ptr<acc_t>(), Hout);
+    if (P > 0) {
+      gemm(Trans::Yes, Trans::No, P, H, N, dh_all_p, P, m_all_p, H, acc_t(0), dw_hr.data_ptr<acc_t>(), H);
+    }
+  });
+  Tensor dbias = has_bias ? dpre.sum(0, /*keepdim=*/false, acc).to(dtype) : at::empty({0}, opts);
+  return {dx.to(dtype), dhbuf.to(dtype), dcbuf.to(dtype), dw_ih.to(dtype), dw_hh.to(dtype), dbias, dw_hr.to(dtype)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(seqkernels, CPU, m) {
+  m.impl("lstm_forward", &lstm_forward_cpu);
+  m.impl("lstm_backward", &lstm_backward_cpu);
+}
+
+}  // namespace seqkernels::cpu

@@ -1,0 +1,41 @@
+// The extension module and every operator schema, defined once. Each backend registers
+// its implementations with TORCH_LIBRARY_IMPL in csrc/cpu/ and csrc/cuda/; Python adds
+// fake (meta) functions and autograd in seqkernels/ops/. The Python module exists only so
+// that importing it runs these static registrations: there are no pybind11 bindings.
+#include <Python.h>
+#include <torch/library.h>
+
+// PyMODINIT_FUNC exports the symbol despite -fvisibility=hidden.
+PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT, "_C", "seqkernels native operators (registered in torch.ops.seqkernels)", -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+
+TORCH_LIBRARY(seqkernels, m) {
+  // One LSTM layer, one direction, the whole (packed) sequence in one call.
+  // Shape legend: T steps, N = sum(batch_sizes) packed rows, B = batch_sizes[0], I input,
+  // H hidden, P projection (Hout = P if w_hr is given else H), G = 4H gate rows (i, f, g, o).
+  //   x           [N, I]  rows packed time-major: step t owns rows [sum(bs[:t]), sum(bs[:t+1]))
+  //   batch_sizes [T]     int64 on the CPU, non-increasing, bs[0] == B (PackedSequence's)
+  //   h0 [B, Hout], c0 [B, H], w_ih [G, I], w_hh [G, Hout], b_ih/b_hh [G] (both or neither),
+  //   w_hr [P, H] (proj_size) or None
+  //   reverse     run the sequences backwards in time (the second direction)
+  //   training    save what backward needs (gates, cells); inference saves nothing
+  // Returns y [N, Hout], h_n [B, Hout], c_n [B, H], gates [N or 0, G] (activated i, f, g, o),
+  //   cells [N or 0, H] (c_t of every row).
+  m.def(
+      "lstm_forward(Tensor x, Tensor batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
+      "Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse, bool training) "
+      "-> (Tensor y, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
+  // Gradients of lstm_forward (training=True) given the gradients of y, h_n and c_n.
+  // Returns grad_x [N, I], grad_h0 [B, Hout], grad_c0 [B, H], grad_w_ih [G, I],
+  //   grad_w_hh [G, Hout], grad_bias [G] (the gradient of b_ih and of b_hh; [0] if has_bias
+  //   is false), grad_w_hr [P, H] ([0, 0] without projection).
+  m.def(
+      "lstm_backward(Tensor grad_y, Tensor grad_h_n, Tensor grad_c_n, Tensor x, Tensor batch_sizes, "
+      "Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, Tensor y, Tensor gates, "
+      "Tensor cells, bool reverse, bool has_bias) "
+      "-> (Tensor grad_x, Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, "
+      "Tensor grad_bias, Tensor grad_w_hr)");
+}

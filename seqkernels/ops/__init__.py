@@ -1,0 +1,1 @@
+"""Functional ops: thin Python over torch.ops.seqkernels with fake functions and autograd."""

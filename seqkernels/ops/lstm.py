@@ -1,0 +1,124 @@
+"""The LSTM layer op: torch.ops.seqkernels.lstm_forward / lstm_backward, their fake
+(meta) functions for torch.compile, and autograd.
+
+Shape legend: T steps, N = sum(batch_sizes) packed rows, B batch, I input, H hidden,
+P projection, Hout = P or H, G = 4H. The schema and its documentation are in
+csrc/registration.cpp.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_forward = torch.ops.seqkernels.lstm_forward.default
+_backward = torch.ops.seqkernels.lstm_backward.default
+_FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
+
+
+def lstm_layer(
+    x: Tensor,
+    batch_sizes: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor | None = None,
+    b_hh: Tensor | None = None,
+    w_hr: Tensor | None = None,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One LSTM layer in one direction over a packed sequence.
+
+    x: [N, I] rows packed time-major (a PackedSequence's ``data``; a padded [T, B, I]
+    input is ``x.reshape(T * B, I)`` with ``batch_sizes = full((T,), B)``);
+    batch_sizes: [T] int64 on the CPU, non-increasing; h0: [B, Hout]; c0: [B, H].
+    Returns y [N, Hout], h_n [B, Hout], c_n [B, H].
+    """
+    tensors = (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    y, h_n, c_n, _, _ = _forward(
+        x.contiguous(),
+        batch_sizes,
+        h0.contiguous(),
+        c0.contiguous(),
+        w_ih.contiguous(),
+        w_hh.contiguous(),
+        None if b_ih is None else b_ih.contiguous(),
+        None if b_hh is None else b_hh.contiguous(),
+        None if w_hr is None else w_hr.contiguous(),
+        reverse,
+        training,
+    )
+    return y, h_n, c_n
+
+
+@torch.library.register_fake("seqkernels::lstm_forward")
+def _lstm_forward_fake(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, training):
+    torch._check(x.dim() == 2, lambda: "seqkernels.lstm: x must be 2-D [N, I]")
+    n, g, hout, b = x.shape[0], w_ih.shape[0], w_hh.shape[1], h0.shape[0]
+    h = g // 4
+    saved = n if training else 0
+    return (
+        x.new_empty(n, hout),
+        h0.new_empty(b, hout),
+        c0.new_empty(b, h),
+        x.new_empty(saved, g),
+        x.new_empty(saved, h),
+    )
+
+
+@torch.library.register_fake("seqkernels::lstm_backward")
+def _lstm_backward_fake(
+    grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse, has_bias
+):
+    g = w_ih.shape[0]
+    return (
+        torch.empty_like(x),
+        torch.empty_like(h0),
+        torch.empty_like(c0),
+        torch.empty_like(w_ih),
+        torch.empty_like(w_hh),
+        w_ih.new_empty(g if has_bias else 0),
+        torch.empty_like(w_hr) if w_hr is not None else w_ih.new_empty(0, 0),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    args = dict(zip(_FORWARD_ARGS, inputs))
+    y, _, _, gates, cells = output
+    ctx.has_bias = args["b_ih"] is not None
+    ctx.has_proj = args["w_hr"] is not None
+    ctx.reverse = args["reverse"]
+    ctx.save_for_backward(
+        args["x"], args["batch_sizes"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["w_hr"],
+        y, gates, cells,
+    )
+    ctx.mark_non_differentiable(gates, cells)
+
+
+def _dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
+    # Autograd hands over None for unused outputs and expanded (stride-0) gradients for
+    # sums; the kernels take dense, contiguous gradients.
+    return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+
+def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
+    x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells = ctx.saved_tensors
+    dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr = _backward(
+        _dense_grad(grad_y, y),
+        _dense_grad(grad_h_n, h0),
+        _dense_grad(grad_c_n, c0),
+        x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells,
+        ctx.reverse,
+        ctx.has_bias,
+    )
+    db = dbias if ctx.has_bias else None
+    # One gradient per lstm_forward argument, in schema order.
+    grads = {
+        "x": dx, "batch_sizes": None, "h0": dh0, "c0": dc0, "w_ih": dw_ih, "w_hh": dw_hh,
+        "b_ih": db, "b_hh": db, "w_hr": dw_hr if ctx.has_proj else None, "reverse": None, "training": None,
+    }
+    return tuple(grads[name] for name in _FORWARD_ARGS)
+
+
+torch.library.register_autograd("seqkernels::lstm_forward", _lstm_backward, setup_context=_setup_context)

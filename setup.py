@@ -1,0 +1,83 @@
+"""Builds seqkernels._C with torch's cpp_extension.
+
+Environment:
+  SEQKERNELS_CUDA=auto|0|1   build the CUDA sources (auto: when a CUDA toolkit and a CUDA
+                             build of torch are both present; 1: required, error otherwise)
+  DEBUG=1                    -O0 -g instead of optimised code
+  TORCH_CUDA_ARCH_LIST       honoured by torch's cpp_extension (e.g. "9.0")
+  MAX_JOBS                   parallel ninja jobs
+Build without isolation so that pip never downloads torch:
+  pip install --no-build-isolation -e .
+"""
+import glob
+import os
+import platform
+
+from setuptools import find_packages, setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError as exc:  # pragma: no cover - build-time guidance only
+    raise SystemExit(
+        "seqkernels needs torch installed before it is built (pip install torch), and must be "
+        "built with `pip install --no-build-isolation -e .` so pip does not fetch another torch."
+    ) from exc
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def want_cuda() -> bool:
+    mode = os.environ.get("SEQKERNELS_CUDA", "auto").lower()
+    available = torch.version.cuda is not None and CUDA_HOME is not None
+    if mode in ("0", "off", "false", "no"):
+        return False
+    if mode in ("1", "on", "true", "yes"):
+        if not available:
+            raise SystemExit(
+                f"SEQKERNELS_CUDA=1 but CUDA cannot be built: torch.version.cuda={torch.version.cuda}, "
+                f"CUDA_HOME={CUDA_HOME}"
+            )
+        return True
+    if mode != "auto":
+        raise SystemExit(f"SEQKERNELS_CUDA must be auto, 0 or 1, got {mode!r}")
+    return available
+
+
+def extension():
+    debug = os.environ.get("DEBUG", "0") == "1"
+    use_cuda = want_cuda()
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    opt = ["-O0", "-g"] if debug else ["-O3"]
+    cxx = opt + ["-fvisibility=hidden"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        # The CPU gate kernels are written to auto-vectorise; x86-64-v3 (AVX2 + FMA, every
+        # x86 server since ~2015) is the baseline. The extension checks it at load time.
+        cxx += ["-mavx2", "-mfma", "-mf16c"]
+    define_macros = []
+    kwargs = dict(
+        name="seqkernels._C",
+        sources=sources,
+        include_dirs=[os.path.join(ROOT, "csrc", "include")],
+        define_macros=define_macros,
+    )
+    if use_cuda:
+        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        define_macros.append(("SEQKERNELS_WITH_CUDA", "1"))
+        nvcc = opt + ["-lineinfo", "--expt-relaxed-constexpr"]
+        if debug:
+            nvcc += ["-G"]
+        return CUDAExtension(extra_compile_args={"cxx": cxx, "nvcc": nvcc}, libraries=["cublas"], **kwargs)
+    return CppExtension(extra_compile_args={"cxx": cxx}, **kwargs)
+
+
+setup(
+    name="seqkernels",
+    version="0.1.0",
+    description="Fast recurrent sequence kernels (LSTM, ConvRNN, ConvLSTM) for PyTorch",
+    packages=find_packages(include=["seqkernels", "seqkernels.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.11"],
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
