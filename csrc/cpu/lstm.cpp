@@ -19,9 +19,13 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <type_traits>
 
 #include "blas.h"
+#include "lstm_persistent.h"
 #include "seqkernels/lstm_cell.h"
 #include "seqkernels/lstm_checks.h"
 #include "vec_math.h"
@@ -44,13 +48,13 @@ at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDoub
 // Rows per parallel chunk: split the batch across threads only when a chunk has enough work.
 int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
 
-// One fused gate pass of a step over batch rows [b0, b1).
+// One fused gate pass of a step over batch rows [b0, b1) and hidden units [j0, j1).
 //   pre:   [bt, G]  pre-activations of the step (acc_t)
 //   cbuf:  [B, H]   c_{t-1} in, c_t out (acc_t)
 //   m_out: [bt, H]  o ⊙ tanh(c_t): y rows without projection, W_hr's input with it
 //   gates: [bt, G]  activated gates, cells: [bt, H] c_t (saved only when training)
 template <class scalar_t, bool kTraining>
-void forward_gate_rows(int64_t b0, int64_t b1, int64_t H, const at::opmath_type<scalar_t>* pre,
+void forward_gate_rows(int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t H, const at::opmath_type<scalar_t>* pre,
                        at::opmath_type<scalar_t>* cbuf, scalar_t* m_out, scalar_t* gates, scalar_t* cells) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = typename CpuMath<acc_t>::type;
@@ -61,7 +65,7 @@ void forward_gate_rows(int64_t b0, int64_t b1, int64_t H, const at::opmath_type<
     scalar_t* __restrict__ m = m_out + b * H;
     scalar_t* __restrict__ gs = kTraining ? gates + b * G : nullptr;
     scalar_t* __restrict__ cs = kTraining ? cells + b * H : nullptr;
-    for (int64_t j = 0; j < H; ++j) {
+    for (int64_t j = j0; j < j1; ++j) {
       const LstmGates<acc_t> pre_j{p[j], p[H + j], p[2 * H + j], p[3 * H + j]};
       LstmGates<acc_t> act;
       acc_t c_new, m_new;
@@ -79,13 +83,13 @@ void forward_gate_rows(int64_t b0, int64_t b1, int64_t H, const at::opmath_type<
   }
 }
 
-// One fused backward gate pass of a step over batch rows [b0, b1).
+// One fused backward gate pass of a step over batch rows [b0, b1) and hidden units [j0, j1).
 //   gates: [bt, G] saved activations, cells: [bt, H] c_t of the step
 //   prev_cells: rows b < n_prev take c_{t-1} from prev_cells[b], the others from c0[b]
 //   dm: [bt, H] dL/dm_t; dcbuf: [B, H] dL/dc_t in, dL/dc_{t-1} out
 //   dpre: [bt, G] dL/d(pre-activations); m_out: [bt, H] recomputed m (projection only)
 template <class scalar_t, bool kProj>
-void backward_gate_rows(int64_t b0, int64_t b1, int64_t H, const scalar_t* gates, const scalar_t* cells,
+void backward_gate_rows(int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t H, const scalar_t* gates, const scalar_t* cells,
                         const scalar_t* prev_cells, int64_t n_prev, const scalar_t* c0,
                         const at::opmath_type<scalar_t>* dm, at::opmath_type<scalar_t>* dcbuf, scalar_t* dpre,
                         scalar_t* m_out) {
@@ -100,7 +104,7 @@ void backward_gate_rows(int64_t b0, int64_t b1, int64_t H, const scalar_t* gates
     acc_t* __restrict__ dc = dcbuf + b * H;
     scalar_t* __restrict__ dp = dpre + b * G;
     scalar_t* __restrict__ mb = kProj ? m_out + b * H : nullptr;
-    for (int64_t j = 0; j < H; ++j) {
+    for (int64_t j = j0; j < j1; ++j) {
       const LstmGates<acc_t> act{static_cast<acc_t>(a[j]), static_cast<acc_t>(a[H + j]),
                                  static_cast<acc_t>(a[2 * H + j]), static_cast<acc_t>(a[3 * H + j])};
       LstmGates<acc_t> d;
@@ -137,9 +141,9 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
     scalar_t* cells_t = training ? cells + off * H : nullptr;
     for_rows(bt, G, [&](int64_t b0, int64_t b1) {
       if (training) {
-        forward_gate_rows<scalar_t, true>(b0, b1, H, pre_t, cbuf, m_out, gates_t, cells_t);
+        forward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, pre_t, cbuf, m_out, gates_t, cells_t);
       } else {
-        forward_gate_rows<scalar_t, false>(b0, b1, H, pre_t, cbuf, m_out, gates_t, cells_t);
+        forward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, pre_t, cbuf, m_out, gates_t, cells_t);
       }
     });
     scalar_t* y_t = y + off * Hout;
@@ -151,6 +155,94 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
   }
 }
 
+// Which time loop runs: SEQKERNELS_LSTM_BACKEND=auto (default) | persistent | gemm.
+// The persistent loop covers float32 without projection; other cases always take the
+// BLAS ("gemm") loop, which handles everything.
+bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
+  const char* env = std::getenv("SEQKERNELS_LSTM_BACKEND");
+  const std::string backend = env ? env : "auto";
+  TORCH_CHECK(backend == "auto" || backend == "persistent" || backend == "gemm" || backend == "cublas",
+              "SEQKERNELS_LSTM_BACKEND must be auto, persistent, gemm or cublas, got '", backend, "'");
+  const bool supported = dtype == at::kFloat && s.P == 0;
+  if (backend == "persistent") return supported;
+  if (backend == "auto") return supported && s.B <= kPersistentMaxBatch;
+  return false;
+}
+
+int64_t persistent_parts(int64_t H) {
+  const int64_t tiles = (H + kUnitTile - 1) / kUnitTile;
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles));
+}
+
+// Forward time loop of the persistent path. h ping-pongs between hb[0] and hb[1] so that
+// a part can write h_t while others still read h_{t-1}; rows b >= bt are carried over.
+// Returns the buffer that holds h_n.
+//   w_packed: pack_w_hh layout; pre [N, G]; hb0/hb1 [B, H] (hb0 = h0); cbuf [B, H] (= c0)
+//   y [N, H]; gates [N, G] / cells [N, H] when training
+template <bool kTraining>
+float* forward_persistent(const LstmSizes& s, bool reverse, const float* w_packed, float* pre, float* hb0,
+                          float* hb1, float* cbuf, float* y, float* gates, float* cells) {
+  const int64_t H = s.H, G = s.G, B = s.B;
+  const int64_t parts = persistent_parts(H);
+  float* hb[2] = {hb0, hb1};
+  run_steps(parts, s.T, [&](int64_t part, int64_t step) {
+    const UnitRange units = part_units(part, parts, H);
+    const int64_t j0 = units.j0, j1 = units.j1;
+    if (j0 >= j1) return;
+    const int64_t t = reverse ? s.T - 1 - step : step;
+    const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+    const float* hin = hb[step & 1];
+    float* hout = hb[(step + 1) & 1];
+    float* pre_t = pre + off * G;
+    for (int64_t j = j0; j < j1; j += kUnitTile) {
+      const int64_t nj = std::min(kUnitTile, j1 - j);
+      const float* w_tile = w_packed + (j / kUnitTile) * H * 4 * kUnitTile;
+      int64_t b = 0;
+      for (; b + 2 <= bt; b += 2) tile_recurrent<2>(H, j, nj, hin + b * H, w_tile, pre_t + b * G);
+      if (b < bt) tile_recurrent<1>(H, j, nj, hin + b * H, w_tile, pre_t + b * G);
+    }
+    float* y_t = y + off * H;
+    forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, cbuf, y_t, kTraining ? gates + off * G : nullptr,
+                                        kTraining ? cells + off * H : nullptr);
+    const size_t bytes = sizeof(float) * (j1 - j0);
+    for (int64_t b = 0; b < bt; ++b) std::memcpy(hout + b * H + j0, y_t + b * H + j0, bytes);
+    for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * H + j0, hin + b * H + j0, bytes);
+  });
+  return hb[s.T & 1];
+}
+
+// Backward time loop of the persistent path. Step s of run_steps first finishes
+// processing step s - 1 (dL/dh_{t-1} = dpre_t·W_hh for the part's own units, which needs
+// every part's dpre_t: hence after the barrier), then runs the gate backward of step s.
+//   w_hh [G, H]; gates [N, G]; cells [N, H]; c0 [B, H]; grad_y [N, H]
+//   dh [B, H] (= grad_h_n in, grad_h0 out); dc [B, H] (= grad_c_n in, grad_c0 out); dpre [N, G]
+void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, const float* gates, const float* cells,
+                         const float* c0, const float* grad_y, float* dh, float* dc, float* dpre) {
+  const int64_t H = s.H, G = s.G;
+  const int64_t parts = persistent_parts(H);
+  auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
+  run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
+    const UnitRange units = part_units(part, parts, H);
+    const int64_t j0 = units.j0, j1 = units.j1;
+    if (j0 >= j1) return;
+    if (step > 0) {
+      const int64_t tp = step_time(step - 1);
+      recurrent_grad_units(s.batch_sizes[tp], H, j0, j1, dpre + s.offsets[tp] * G, w_hh, dh);
+    }
+    if (step == s.T) return;
+    const int64_t t = step_time(step);
+    const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+    for (int64_t b = 0; b < bt; ++b)
+      for (int64_t j = j0; j < j1; ++j) dh[b * H + j] += grad_y[(off + b) * H + j];
+    const int64_t src_t = reverse ? t + 1 : t - 1;
+    const bool has_src = src_t >= 0 && src_t < s.T;
+    const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
+    const float* prev_cells = has_src ? cells + s.offsets[src_t] * H : c0;
+    backward_gate_rows<float, false>(0, bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+                                     dc, dpre + off * G, nullptr);
+  });
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     const Tensor& x, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
     const Tensor& w_hh, const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh,
@@ -160,6 +252,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   const auto acc = acc_dtype(x.scalar_type());
   const auto opts = x.options();
   const int64_t saved = training ? s.N : 0;
+  const bool persistent = use_persistent_loop(s, x.scalar_type());
 
   // Buffers, all allocated before the time loop.
   Tensor pre = s.has_bias ? (b_ih->to(acc) + b_hh->to(acc)).expand({s.N, s.G}).contiguous()
@@ -178,6 +271,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     // Input projection of all N rows in one GEMM, onto the biases when there are any.
     gemm(Trans::No, Trans::Yes, s.N, s.G, s.I, x.const_data_ptr<scalar_t>(), s.I, w_ih.const_data_ptr<scalar_t>(),
          s.I, acc_t(s.has_bias ? 1 : 0), pre_p, s.G);
+    if (persistent) return;  // float32: run below, outside the dtype dispatch
     forward_loop<scalar_t>(s, reverse, training, w_hh.const_data_ptr<scalar_t>(),
                            s.P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr, pre_p, hbuf.data_ptr<scalar_t>(),
                            cbuf.data_ptr<acc_t>(), y.data_ptr<scalar_t>(),
@@ -185,6 +279,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
                            training ? cells.data_ptr<scalar_t>() : nullptr,
                            s.P > 0 ? mbuf.data_ptr<scalar_t>() : nullptr, proj_acc.data_ptr<acc_t>());
   });
+  if (persistent) {  // implies float32
+    Tensor packed = at::empty({(s.H + kUnitTile - 1) / kUnitTile * s.H * 4 * kUnitTile}, opts);
+    pack_w_hh(w_hh.const_data_ptr<float>(), s.H, packed.data_ptr<float>());
+    Tensor hb1 = at::empty_like(hbuf);
+    float* gates_p = training ? gates.data_ptr<float>() : nullptr;
+    float* cells_p = training ? cells.data_ptr<float>() : nullptr;
+    auto run = training ? &forward_persistent<true> : &forward_persistent<false>;
+    float* h_n = run(s, reverse, packed.const_data_ptr<float>(), pre.data_ptr<float>(), hbuf.data_ptr<float>(),
+                     hb1.data_ptr<float>(), cbuf.data_ptr<float>(), y.data_ptr<float>(), gates_p, cells_p);
+    if (h_n != hbuf.data_ptr<float>()) hbuf = hb1;
+  }
   return {y, hbuf, cbuf.to(x.scalar_type()), gates, cells};
 }
 
@@ -221,6 +326,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   const auto acc = acc_dtype(dtype);
   const auto opts = x.options();
   const int64_t H = s.H, G = s.G, P = s.P, Hout = s.Hout, N = s.N, I = s.I;
+  const bool persistent = use_persistent_loop(s, dtype);
 
   // Buffers, all allocated before the time loop.
   Tensor dhbuf = grad_h_n.to(acc, false, /*copy=*/true);
@@ -250,7 +356,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     scalar_t* m_all_p = P > 0 ? m_all.data_ptr<scalar_t>() : nullptr;
     acc_t* dm_p = P > 0 ? dm_acc.data_ptr<acc_t>() : nullptr;
 
-    for (int64_t step = 0; step < s.T; ++step) {
+    if (persistent) {  // implies float32; the casts are no-ops there
+      backward_persistent(s, reverse, reinterpret_cast<const float*>(w_hh_p), reinterpret_cast<const float*>(gates_p),
+                          reinterpret_cast<const float*>(cells_p), reinterpret_cast<const float*>(c0_p),
+                          reinterpret_cast<const float*>(gy), reinterpret_cast<float*>(dh), reinterpret_cast<float*>(dc),
+                          reinterpret_cast<float*>(dpre_p));
+    }
+    for (int64_t step = 0; step < s.T && !persistent; ++step) {
       const int64_t t = reverse ? step : s.T - 1 - step;
       const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
       // dL/dh_t = recurrent part (dhbuf; h_n's gradient for sequences ending here) + y's.
@@ -271,10 +383,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
       scalar_t* dpre_t = dpre_p + off * G;
       for_rows(bt, G, [&](int64_t b0, int64_t b1) {
         if (P > 0) {
-          backward_gate_rows<scalar_t, true>(b0, b1, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev, c0_p,
+          backward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev, c0_p,
                                              dm, dc, dpre_t, m_all_p + off * H);
         } else {
-          backward_gate_rows<scalar_t, false>(b0, b1, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev,
+          backward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev,
                                               c0_p, dm, dc, dpre_t, nullptr);
         }
       });
