@@ -1,0 +1,557 @@
+// CUDA implementation of seqkernels::lstm_forward and seqkernels::lstm_backward: one LSTM
+// layer, one direction, the whole packed sequence per call. The algorithm, the saved tensors
+// and the outputs are those of csrc/cpu/lstm.cpp (the schema is documented in
+// csrc/registration.cpp); only the execution differs.
+//
+// Shape legend: T steps, N = sum(batch_sizes) packed rows, B = batch_sizes[0], I input,
+// H hidden, P projection, Hout = P with projection else H, G = 4H gate rows (i, f, g, o).
+// Step t owns packed rows [off_t, off_t + bt), bt = batch_sizes[t]; row off_t + b belongs to
+// sequence b. acc_t is float for half types (float16, bfloat16) and scalar_t otherwise.
+//
+// Forward, per call:
+//   pre[N, G] (acc_t) = x·W_ihᵀ                                  one GEMM over all rows
+//   hbuf[B, Hout] = h0, cbuf[B, H] (acc_t) = c0
+//   for each step t in processing order (t = 0..T-1, or T-1..0 when reverse):
+//     pre[rows] += hbuf[:bt]·W_hhᵀ                                cuBLAS, beta = 1
+//     fused pointwise kernel over bt×H: + (b_ih + b_hh), gates, c_t -> cbuf[:bt],
+//       training: activated gates -> gates[rows], c_t -> cells[rows];
+//       no projection: h_t = m_t -> y[rows] and hbuf[:bt]; projection: m_t -> mbuf[:bt]
+//     projection: y[rows] = mbuf[:bt]·W_hrᵀ (cuBLAS), then hbuf[:bt] = y[rows] (D2D copy)
+//   Rows b >= bt of hbuf / cbuf are never touched, so h_n = hbuf and c_n = cbuf at the end,
+//   for packed sequences in both directions.
+// Backward, per call (processing order reversed):
+//   dhbuf[B, Hout] (acc_t) = grad_h_n, dcbuf[B, H] (acc_t) = grad_c_n
+//   for each step: dh = dhbuf[:bt] + grad_y[rows];
+//     projection: dHtot[rows] = dh (one small kernel), dm = dHtot[rows]·W_hr (cuBLAS)
+//     fused pointwise kernel: dG[rows] (pre-activation gradients), dcbuf[:bt] = dL/dc_{t-1},
+//       M[rows] = m_t (projection), Hprev[rows] = h_{t-1} (gathered for dW_hh)
+//     dhbuf[:bt] = dG[rows]·W_hh                                  cuBLAS, beta = 0
+//   grad_x = dG·W_ih, grad_w_ih = dGᵀ·x, grad_w_hh = dGᵀ·Hprev, grad_bias = 1ᵀ·dG,
+//   grad_w_hr = dHtotᵀ·M, grad_h0 = dhbuf, grad_c0 = dcbuf     (all GEMMs: deterministic)
+//
+// Every buffer is allocated before the time loop (caching allocator); inside it there are only
+// cuBLAS calls, kernel launches and one device-to-device copy, all on the current stream: no
+// allocation, no host synchronisation, no private stream, so a call can be captured in a CUDA
+// graph. T never appears in a launch dimension (sequences longer than 65535 steps are fine)
+// and every in-kernel index is 64-bit.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+#include "blas.cuh"
+#include "seqkernels/lstm_cell.h"
+#include "seqkernels/lstm_checks.h"
+
+namespace seqkernels {
+namespace {
+
+using at::Tensor;
+using cuda::Trans;
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the kernels stride over the rest
+
+// Cell nonlinearities on the GPU: IEEE-accurate expf/tanhf (a few ulp, no fast-math
+// intrinsics) in float, exp/tanh in double. Host-callable too, so that the __host__
+// __device__ cell functions of lstm_cell.h can be instantiated with it.
+struct CudaMath {
+  static SK_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+  static SK_HOST_DEVICE double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+  static SK_HOST_DEVICE float tanh(float x) { return tanhf(x); }
+  static SK_HOST_DEVICE double tanh(double x) { return ::tanh(x); }
+};
+
+// V consecutive elements moved with one aligned load or store (16 bytes for V = 4 floats).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <int V, class T>
+__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, V>*>(p);
+}
+
+template <int V, class T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
+  *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+template <int V, class T>
+bool aligned_for(const T* p) {
+  return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0;
+}
+
+// Blocks for a grid-stride kernel over work_items items (at least one block).
+unsigned int blocks_for(int64_t work_items) {
+  const int64_t blocks = (work_items + kThreads - 1) / kThreads;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks < kMaxBlocks ? blocks : kMaxBlocks));
+}
+
+__device__ __forceinline__ int64_t global_thread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t global_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// ---------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------
+
+// bias = b_ih + b_hh, once per forward call.
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kThreads) lstm_bias_sum_kernel(
+    const scalar_t* __restrict__ b_ih,  // [G] input-hidden bias
+    const scalar_t* __restrict__ b_hh,  // [G] hidden-hidden bias
+    acc_t* __restrict__ bias,           // [G] out: b_ih + b_hh in acc_t
+    int64_t G) {                        // G = 4H
+  for (int64_t j = global_thread(); j < G; j += global_stride()) {
+    bias[j] = static_cast<acc_t>(b_ih[j]) + static_cast<acc_t>(b_hh[j]);
+  }
+}
+
+// One forward time step, fused: bias, gate nonlinearities, cell update, output. A thread owns
+// V consecutive hidden units j of one batch row b (V = 4: 16-byte loads of the fp32 data).
+template <class scalar_t, class acc_t, int V, bool kTraining>
+__global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
+    const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ + h_{t-1}·W_hhᵀ (no bias), gate blocks i, f, g, o
+    const acc_t* __restrict__ bias,  // [G] b_ih + b_hh, or nullptr without bias
+    acc_t* __restrict__ cbuf,        // [B, H] rows [0, bt): c_{t-1} on entry, c_t on exit
+    scalar_t* __restrict__ gates,    // [bt, G] out (kTraining): activated gates i, f, g, o of this step
+    scalar_t* __restrict__ cells,    // [bt, H] out (kTraining): c_t of this step
+    scalar_t* __restrict__ m_out,    // [bt, H] out: m_t = o ⊙ tanh(c_t): y rows (Hout = H) or the projection's input
+    scalar_t* __restrict__ hbuf,     // [B, Hout] out rows [0, bt): h_t = m_t; nullptr with projection
+    int64_t bt,                      // rows of this step (batch_sizes[t])
+    int64_t H) {                     // hidden size; H % V == 0
+  const int64_t G = 4 * H;
+  const int64_t HV = H / V;
+  const int64_t total = bt * HV;
+  for (int64_t idx = global_thread(); idx < total; idx += global_stride()) {
+    const int64_t b = idx / HV;
+    const int64_t j = (idx - b * HV) * V;
+    const acc_t* p = pre + b * G + j;
+    const Vec<acc_t, V> pi = load_vec<V>(p);
+    const Vec<acc_t, V> pf = load_vec<V>(p + H);
+    const Vec<acc_t, V> pg = load_vec<V>(p + 2 * H);
+    const Vec<acc_t, V> po = load_vec<V>(p + 3 * H);
+    Vec<acc_t, V> c = load_vec<V>(cbuf + b * H + j);
+    Vec<acc_t, V> bi{}, bf{}, bg{}, bo{};
+    if (bias != nullptr) {
+      bi = load_vec<V>(bias + j);
+      bf = load_vec<V>(bias + H + j);
+      bg = load_vec<V>(bias + 2 * H + j);
+      bo = load_vec<V>(bias + 3 * H + j);
+    }
+    Vec<scalar_t, V> ai, af, ag, ao, cs, m;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const LstmGates<acc_t> pre_k{pi.v[k] + bi.v[k], pf.v[k] + bf.v[k], pg.v[k] + bg.v[k], po.v[k] + bo.v[k]};
+      LstmGates<acc_t> act;
+      acc_t c_new, m_new;
+      lstm_cell_forward<CudaMath>(pre_k, c.v[k], act, c_new, m_new);
+      c.v[k] = c_new;
+      m.v[k] = static_cast<scalar_t>(m_new);
+      if constexpr (kTraining) {
+        ai.v[k] = static_cast<scalar_t>(act.i);
+        af.v[k] = static_cast<scalar_t>(act.f);
+        ag.v[k] = static_cast<scalar_t>(act.g);
+        ao.v[k] = static_cast<scalar_t>(act.o);
+        cs.v[k] = static_cast<scalar_t>(c_new);
+      }
+    }
+    store_vec<V>(cbuf + b * H + j, c);
+    store_vec<V>(m_out + b * H + j, m);
+    if (hbuf != nullptr) store_vec<V>(hbuf + b * H + j, m);
+    if constexpr (kTraining) {
+      scalar_t* g = gates + b * G + j;
+      store_vec<V>(g, ai);
+      store_vec<V>(g + H, af);
+      store_vec<V>(g + 2 * H, ag);
+      store_vec<V>(g + 3 * H, ao);
+      store_vec<V>(cells + b * H + j, cs);
+    }
+  }
+}
+
+// Projection, backward: dh = dhbuf + grad_y of one step, rounded to scalar_t (it is both the
+// A operand of dm = dh·W_hr and a row block of dHtot for grad_w_hr).
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
+    const acc_t* __restrict__ dhbuf,     // [B, P] rows [0, bt): dL/dh_t from step t+1 (or grad_h_n)
+    const scalar_t* __restrict__ grad_y, // [bt, P] dL/dy of this step's rows
+    scalar_t* __restrict__ dh,           // [bt, P] out: dHtot rows of this step
+    int64_t count) {                     // bt * P
+  for (int64_t i = global_thread(); i < count; i += global_stride()) {
+    dh[i] = static_cast<scalar_t>(dhbuf[i] + static_cast<acc_t>(grad_y[i]));
+  }
+}
+
+// One backward time step, fused: gradients of the pre-activations, of c_{t-1}, the
+// recomputed m_t (projection), and the gathered h_{t-1} rows (for grad_w_hh). A thread owns V
+// consecutive hidden units of one batch row; with projection V = 1.
+template <class scalar_t, class acc_t, int V, bool kProj>
+__global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
+    const scalar_t* __restrict__ gates,       // [bt, G] activated gates i, f, g, o of step t
+    const scalar_t* __restrict__ cells,       // [bt, H] c_t of step t
+    const scalar_t* __restrict__ prev_cells,  // [n_prev, H] c_{t-1} of rows b < n_prev (cells rows of the previous-state step)
+    const scalar_t* __restrict__ prev_y,      // [n_prev, Hout] h_{t-1} of rows b < n_prev (y rows of that step)
+    int64_t n_prev,                           // rows [0, n_prev) continue a sequence, rows [n_prev, bt) start from h0 / c0
+    const scalar_t* __restrict__ h0,          // [B, Hout] initial hidden state
+    const scalar_t* __restrict__ c0,          // [B, H] initial cell state
+    const scalar_t* __restrict__ grad_y,      // [bt, Hout] dL/dy of step t (!kProj); unused with projection
+    const acc_t* __restrict__ dh_in,          // !kProj: [B, Hout] dhbuf rows [0, bt); kProj: [B, H] dm = dh·W_hr rows [0, bt)
+    acc_t* __restrict__ dcbuf,                // [B, H] rows [0, bt): dL/dc_t on entry, dL/dc_{t-1} on exit
+    scalar_t* __restrict__ dG,                // [bt, G] out: dL/d(pre-activations) of step t
+    scalar_t* __restrict__ m_out,             // [bt, H] out (kProj): recomputed m_t; unused otherwise
+    scalar_t* __restrict__ hprev,             // [bt, Hout] out: h_{t-1} of every row of step t
+    int64_t bt,                               // rows of this step
+    int64_t H,                                // hidden size; H % V == 0
+    int64_t Hout) {                           // P with projection, else H
+  const int64_t G = 4 * H;
+  const int64_t HV = H / V;
+  const int64_t total = bt * HV;
+  for (int64_t idx = global_thread(); idx < total; idx += global_stride()) {
+    const int64_t b = idx / HV;
+    const int64_t j = (idx - b * HV) * V;
+    const bool cont = b < n_prev;
+    const scalar_t* g = gates + b * G + j;
+    const Vec<scalar_t, V> ai = load_vec<V>(g);
+    const Vec<scalar_t, V> af = load_vec<V>(g + H);
+    const Vec<scalar_t, V> ag = load_vec<V>(g + 2 * H);
+    const Vec<scalar_t, V> ao = load_vec<V>(g + 3 * H);
+    const Vec<scalar_t, V> c = load_vec<V>(cells + b * H + j);
+    const Vec<scalar_t, V> cp = load_vec<V>(cont ? prev_cells + b * H + j : c0 + b * H + j);
+    Vec<acc_t, V> dc = load_vec<V>(dcbuf + b * H + j);
+    Vec<acc_t, V> dm;
+    if constexpr (kProj) {
+      dm = load_vec<V>(dh_in + b * H + j);
+    } else {
+      const Vec<acc_t, V> dh = load_vec<V>(dh_in + b * Hout + j);
+      const Vec<scalar_t, V> gy = load_vec<V>(grad_y + b * Hout + j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) dm.v[k] = dh.v[k] + static_cast<acc_t>(gy.v[k]);
+    }
+    Vec<scalar_t, V> di, df, dg, dout, m;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const LstmGates<acc_t> act{static_cast<acc_t>(ai.v[k]), static_cast<acc_t>(af.v[k]),
+                                 static_cast<acc_t>(ag.v[k]), static_cast<acc_t>(ao.v[k])};
+      LstmGates<acc_t> dpre;
+      acc_t dc_prev, m_k;
+      lstm_cell_backward<CudaMath>(act, static_cast<acc_t>(c.v[k]), static_cast<acc_t>(cp.v[k]), dm.v[k], dc.v[k],
+                                   dpre, dc_prev, m_k);
+      dc.v[k] = dc_prev;
+      di.v[k] = static_cast<scalar_t>(dpre.i);
+      df.v[k] = static_cast<scalar_t>(dpre.f);
+      dg.v[k] = static_cast<scalar_t>(dpre.g);
+      dout.v[k] = static_cast<scalar_t>(dpre.o);
+      m.v[k] = static_cast<scalar_t>(m_k);
+    }
+    store_vec<V>(dcbuf + b * H + j, dc);
+    scalar_t* d = dG + b * G + j;
+    store_vec<V>(d, di);
+    store_vec<V>(d + H, df);
+    store_vec<V>(d + 2 * H, dg);
+    store_vec<V>(d + 3 * H, dout);
+    const scalar_t* hsrc = cont ? prev_y + b * Hout : h0 + b * Hout;
+    if constexpr (kProj) {
+      static_assert(V == 1, "the projection path moves single elements");
+      m_out[b * H + j] = m.v[0];
+      // Hout = P columns of h_{t-1}, spread over the H threads of the row.
+      for (int64_t col = j; col < Hout; col += H) hprev[b * Hout + col] = hsrc[col];
+    } else {
+      store_vec<V>(hprev + b * Hout + j, load_vec<V>(hsrc + j));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------
+
+void check_on_cuda(const Tensor& x, const char* op) {
+  TORCH_CHECK(x.defined() && x.is_cuda(), op, ": x must be a CUDA tensor (the CUDA kernel was dispatched to), got ",
+              x.defined() ? x.device() : c10::Device(c10::kCPU));
+}
+
+template <class scalar_t>
+using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+template <class T>
+const T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+template <class scalar_t>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
+    const LstmSizes& s, const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+    const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh, const std::optional<Tensor>& w_hr,
+    bool reverse, bool training) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using sc_t = scale_t<scalar_t>;
+  const int64_t T = s.T, N = s.N, B = s.B, I = s.I, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
+  const bool proj = P > 0;
+  const auto opts = x.options();
+  const auto acc_opts = opts.dtype(at::toOpMathType(x.scalar_type()));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  // Every buffer, before the loop.
+  Tensor pre = at::empty({N, G}, acc_opts);
+  Tensor y = at::empty({N, Hout}, opts);
+  Tensor hbuf = at::empty({B, Hout}, opts);
+  hbuf.copy_(h0);
+  Tensor cbuf = at::empty({B, H}, acc_opts);
+  cbuf.copy_(c0);
+  Tensor gates = at::empty({training ? N : 0, G}, opts);
+  Tensor cells = at::empty({training ? N : 0, H}, opts);
+  Tensor mbuf = proj ? at::empty({B, H}, opts) : Tensor();
+  Tensor bias = s.has_bias ? at::empty({G}, acc_opts) : Tensor();
+  if (s.has_bias) {
+    lstm_bias_sum_kernel<scalar_t, acc_t><<<blocks_for(G), kThreads, 0, stream>>>(
+        b_ih->data_ptr<scalar_t>(), b_hh->data_ptr<scalar_t>(), bias.data_ptr<acc_t>(), G);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  const scalar_t* x_p = x.data_ptr<scalar_t>();
+  const scalar_t* w_ih_p = w_ih.data_ptr<scalar_t>();
+  const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+  const scalar_t* w_hr_p = proj ? w_hr->data_ptr<scalar_t>() : nullptr;
+  acc_t* pre_p = pre.data_ptr<acc_t>();
+  scalar_t* y_p = y.data_ptr<scalar_t>();
+  scalar_t* hbuf_p = hbuf.data_ptr<scalar_t>();
+  acc_t* cbuf_p = cbuf.data_ptr<acc_t>();
+  scalar_t* gates_p = training ? gates.data_ptr<scalar_t>() : nullptr;
+  scalar_t* cells_p = training ? cells.data_ptr<scalar_t>() : nullptr;
+  scalar_t* mbuf_p = proj ? mbuf.data_ptr<scalar_t>() : nullptr;
+  const acc_t* bias_p = ptr_or_null<acc_t>(bias);
+
+  cuda::BlasContext blas(std::is_same_v<scalar_t, float> && cuda::rnn_allows_tf32());
+
+  // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ.
+  cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, N, G, I, sc_t(1), x_p, I, w_ih_p, I, sc_t(0), pre_p, G);
+
+  // 16-byte accesses when every base pointer allows them (row offsets are multiples of H).
+  const bool vec4 = H % 4 == 0 && aligned_for<4>(pre_p) && aligned_for<4>(bias_p) && aligned_for<4>(cbuf_p) &&
+                    aligned_for<4>(gates_p) && aligned_for<4>(cells_p) && aligned_for<4>(y_p) &&
+                    aligned_for<4>(mbuf_p) && aligned_for<4>(hbuf_p);
+  auto launch_step = [&](const acc_t* pre_t, scalar_t* gates_t, scalar_t* cells_t, scalar_t* m_t, scalar_t* h_t,
+                         int64_t bt) {
+    const int V = vec4 ? 4 : 1;
+    const dim3 grid(blocks_for(bt * H / V));
+    if (vec4) {
+      if (training) {
+        lstm_forward_step_kernel<scalar_t, acc_t, 4, true>
+            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+      } else {
+        lstm_forward_step_kernel<scalar_t, acc_t, 4, false>
+            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+      }
+    } else {
+      if (training) {
+        lstm_forward_step_kernel<scalar_t, acc_t, 1, true>
+            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+      } else {
+        lstm_forward_step_kernel<scalar_t, acc_t, 1, false>
+            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+      }
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+
+  for (int64_t step = 0; step < T; ++step) {
+    const int64_t t = reverse ? T - 1 - step : step;
+    const int64_t bt = s.batch_sizes[t];
+    const int64_t off = s.offsets[t];
+    acc_t* pre_t = pre_p + off * G;
+    // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ
+    cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, bt, G, Hout, sc_t(1), hbuf_p, Hout, w_hh_p, Hout,
+                                      sc_t(1), pre_t, G);
+    scalar_t* y_t = y_p + off * Hout;
+    launch_step(pre_t, training ? gates_p + off * G : nullptr, training ? cells_p + off * H : nullptr,
+                proj ? mbuf_p : y_t, proj ? nullptr : hbuf_p, bt);
+    if (proj) {
+      // y[rows][bt, P] = m[bt, H] · W_hr[P, H]ᵀ, then h_t = y[rows].
+      cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::T, bt, P, H, sc_t(1), mbuf_p, H, w_hr_p, H, sc_t(0),
+                                           y_t, P);
+      C10_CUDA_CHECK(cudaMemcpyAsync(hbuf_p, y_t, static_cast<size_t>(bt * P) * sizeof(scalar_t),
+                                     cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+
+  Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
+  return {y, hbuf, c_n, gates, cells};
+}
+
+template <class scalar_t>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward_impl(
+    const LstmSizes& s, const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
+    const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh, const std::optional<Tensor>& w_hr,
+    const Tensor& y, const Tensor& gates, const Tensor& cells, bool reverse) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using sc_t = scale_t<scalar_t>;
+  const int64_t T = s.T, N = s.N, B = s.B, I = s.I, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
+  const bool proj = P > 0;
+  const auto opts = x.options();
+  const auto acc_opts = opts.dtype(at::toOpMathType(x.scalar_type()));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  // Every buffer, before the loop.
+  Tensor dhbuf = at::empty({B, Hout}, acc_opts);
+  dhbuf.copy_(grad_h_n);
+  Tensor dcbuf = at::empty({B, H}, acc_opts);
+  dcbuf.copy_(grad_c_n);
+  Tensor dG = at::empty({N, G}, opts);
+  Tensor hprev = at::empty({N, Hout}, opts);
+  Tensor M = proj ? at::empty({N, H}, opts) : Tensor();
+  Tensor dHtot = proj ? at::empty({N, P}, opts) : Tensor();
+  Tensor dm = proj ? at::empty({B, H}, acc_opts) : Tensor();
+
+  const scalar_t* gates_p = gates.data_ptr<scalar_t>();
+  const scalar_t* cells_p = cells.data_ptr<scalar_t>();
+  const scalar_t* y_p = y.data_ptr<scalar_t>();
+  const scalar_t* grad_y_p = grad_y.data_ptr<scalar_t>();
+  const scalar_t* h0_p = h0.data_ptr<scalar_t>();
+  const scalar_t* c0_p = c0.data_ptr<scalar_t>();
+  const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+  const scalar_t* w_hr_p = proj ? w_hr->data_ptr<scalar_t>() : nullptr;
+  acc_t* dhbuf_p = dhbuf.data_ptr<acc_t>();
+  acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
+  scalar_t* dG_p = dG.data_ptr<scalar_t>();
+  scalar_t* hprev_p = hprev.data_ptr<scalar_t>();
+  scalar_t* M_p = proj ? M.data_ptr<scalar_t>() : nullptr;
+  scalar_t* dHtot_p = proj ? dHtot.data_ptr<scalar_t>() : nullptr;
+  acc_t* dm_p = proj ? dm.data_ptr<acc_t>() : nullptr;
+
+  cuda::BlasContext blas(std::is_same_v<scalar_t, float> && cuda::rnn_allows_tf32());
+
+  const bool vec4 = !proj && H % 4 == 0 && aligned_for<4>(gates_p) && aligned_for<4>(cells_p) &&
+                    aligned_for<4>(y_p) && aligned_for<4>(grad_y_p) && aligned_for<4>(h0_p) &&
+                    aligned_for<4>(c0_p) && aligned_for<4>(dhbuf_p) && aligned_for<4>(dcbuf_p) &&
+                    aligned_for<4>(dG_p) && aligned_for<4>(hprev_p);
+
+  for (int64_t step = 0; step < T; ++step) {
+    // Reverse of the forward's processing order.
+    const int64_t t = reverse ? step : T - 1 - step;
+    const int64_t bt = s.batch_sizes[t];
+    const int64_t off = s.offsets[t];
+    // The step whose state step t started from: t-1 forward, t+1 reverse (none at the ends).
+    // Its first n_prev rows are the same sequences as rows [0, n_prev) of step t; the other
+    // rows of step t start from h0 / c0.
+    int64_t n_prev = 0, prev_off = 0;
+    if (!reverse && t > 0) {
+      n_prev = bt;
+      prev_off = s.offsets[t - 1];
+    } else if (reverse && t + 1 < T) {
+      n_prev = s.batch_sizes[t + 1];
+      prev_off = s.offsets[t + 1];
+    }
+    const scalar_t* prev_cells = n_prev > 0 ? cells_p + prev_off * H : nullptr;
+    const scalar_t* prev_y = n_prev > 0 ? y_p + prev_off * Hout : nullptr;
+    scalar_t* dG_t = dG_p + off * G;
+    scalar_t* hprev_t = hprev_p + off * Hout;
+
+    if (proj) {
+      scalar_t* dH_t = dHtot_p + off * P;
+      lstm_backward_dh_kernel<scalar_t, acc_t>
+          <<<blocks_for(bt * P), kThreads, 0, stream>>>(dhbuf_p, grad_y_p + off * P, dH_t, bt * P);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      // dm[bt, H] = dh[bt, P] · W_hr[P, H]
+      cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::N, bt, H, P, sc_t(1), dH_t, P, w_hr_p, H, sc_t(0),
+                                        dm_p, H);
+      lstm_backward_step_kernel<scalar_t, acc_t, 1, true><<<blocks_for(bt * H), kThreads, 0, stream>>>(
+          gates_p + off * G, cells_p + off * H, prev_cells, prev_y, n_prev, h0_p, c0_p, nullptr, dm_p, dcbuf_p, dG_t,
+          M_p + off * H, hprev_t, bt, H, Hout);
+    } else if (vec4) {
+      lstm_backward_step_kernel<scalar_t, acc_t, 4, false><<<blocks_for(bt * H / 4), kThreads, 0, stream>>>(
+          gates_p + off * G, cells_p + off * H, prev_cells, prev_y, n_prev, h0_p, c0_p, grad_y_p + off * Hout,
+          dhbuf_p, dcbuf_p, dG_t, nullptr, hprev_t, bt, H, Hout);
+    } else {
+      lstm_backward_step_kernel<scalar_t, acc_t, 1, false><<<blocks_for(bt * H), kThreads, 0, stream>>>(
+          gates_p + off * G, cells_p + off * H, prev_cells, prev_y, n_prev, h0_p, c0_p, grad_y_p + off * Hout,
+          dhbuf_p, dcbuf_p, dG_t, nullptr, hprev_t, bt, H, Hout);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // dL/dh_{t-1} of rows [0, bt): dhbuf[bt, Hout] = dG[rows][bt, G] · W_hh[G, Hout]
+    cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::N, bt, Hout, G, sc_t(1), dG_t, G, w_hh_p, Hout, sc_t(0),
+                                      dhbuf_p, Hout);
+  }
+
+  // Whole-sequence products, once.
+  Tensor grad_x = at::empty({N, I}, opts);
+  cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::N, N, I, G, sc_t(1), dG_p, G, w_ih.data_ptr<scalar_t>(),
+                                       I, sc_t(0), grad_x.data_ptr<scalar_t>(), I);
+  Tensor grad_w_ih = at::empty({G, I}, opts);
+  cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, G, I, N, sc_t(1), dG_p, G, x.data_ptr<scalar_t>(), I,
+                                       sc_t(0), grad_w_ih.data_ptr<scalar_t>(), I);
+  Tensor grad_w_hh = at::empty({G, Hout}, opts);
+  cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, G, Hout, N, sc_t(1), dG_p, G, hprev_p, Hout, sc_t(0),
+                                       grad_w_hh.data_ptr<scalar_t>(), Hout);
+  Tensor grad_bias;
+  if (s.has_bias) {
+    // Column sums of dG as a GEMM with a ones row: [1, N] · [N, G] (deterministic, fp32 accumulation).
+    Tensor ones = at::ones({N}, opts);
+    grad_bias = at::empty({G}, opts);
+    cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::N, 1, G, N, sc_t(1), ones.data_ptr<scalar_t>(), N,
+                                         dG_p, G, sc_t(0), grad_bias.data_ptr<scalar_t>(), G);
+  } else {
+    grad_bias = at::empty({0}, opts);
+  }
+  Tensor grad_w_hr;
+  if (proj) {
+    grad_w_hr = at::empty({P, H}, opts);
+    cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, P, H, N, sc_t(1), dHtot_p, P, M_p, H, sc_t(0),
+                                         grad_w_hr.data_ptr<scalar_t>(), H);
+  } else {
+    grad_w_hr = at::empty({0, 0}, opts);
+  }
+  Tensor grad_h0 = std::is_same_v<acc_t, scalar_t> ? dhbuf : dhbuf.to(x.scalar_type());
+  Tensor grad_c0 = std::is_same_v<acc_t, scalar_t> ? dcbuf : dcbuf.to(x.scalar_type());
+  return {grad_x, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cuda(
+    const Tensor& x, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh,
+    const std::optional<Tensor>& w_hr, bool reverse, bool training) {
+  check_on_cuda(x, "seqkernels.lstm_forward");
+  // Shapes, dtypes, contiguity, and every tensor on x's device (batch_sizes: CPU int64).
+  const LstmSizes s = check_lstm_forward(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr);
+  const c10::cuda::CUDAGuard guard(x.device());
+  return AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "seqkernels.lstm_forward", [&] {
+    return lstm_forward_impl<scalar_t>(s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, training);
+  });
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward_cuda(
+    const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, const Tensor& batch_sizes,
+    const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh, const std::optional<Tensor>& w_hr,
+    const Tensor& y, const Tensor& gates, const Tensor& cells, bool reverse, bool has_bias) {
+  check_on_cuda(x, "seqkernels.lstm_backward");
+  const LstmSizes s = check_lstm_backward(grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y,
+                                          gates, cells, has_bias);
+  const c10::cuda::CUDAGuard guard(x.device());
+  return AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "seqkernels.lstm_backward", [&] {
+    return lstm_backward_impl<scalar_t>(s, grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, w_hr, y, gates, cells,
+                                        reverse);
+  });
+}
+
+}  // namespace
+}  // namespace seqkernels
+
+TORCH_LIBRARY_IMPL(seqkernels, CUDA, m) {
+  m.impl("lstm_forward", &seqkernels::lstm_forward_cuda);
+  m.impl("lstm_backward", &seqkernels::lstm_backward_cuda);
+}

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The one GPU verification run: build, CUDA tests, compute-sanitizer, extra checks, benchmark,
+# summary — in one device call (run from the repository root; results under $OUT).
+#
+#   bash scripts/gpu_check.sh                      # OUT defaults to ./gpu_check_out
+#
+# Every step runs whatever happened before it (its exit code is recorded, never fatal), under
+# a time box drawn from one overall budget (GPU_CHECK_BUDGET seconds, default 560, so the
+# whole script ends inside a 10-minute call: run it with timeout_s=600). Files written to $OUT (at most 8):
+#   build.log      pip build output, with ptxas' per-kernel register / spill report
+#   tests.log      pytest -m cuda over tests/, the rest of tests/test_lstm.py, extra checks
+#   sanitizer.log  compute-sanitizer memcheck, racecheck and initcheck of scripts/sanitize_lstm.py
+#   bench.json, bench.md, bench.log   benchmarks/bench_lstm.py
+#   summary.txt    device, versions, each step's rc and duration, test and sanitizer totals
+#
+# Packages missing on the GPU machine (no network there) travel as wheels in .whl/ (carry it):
+# they are installed into /tmp/site and put on PYTHONPATH.
+#
+# Env: GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
+# skip: build tests memcheck racecheck initcheck extra bench cputests), BENCH_ARGS (extra
+# arguments for bench_lstm.py, e.g. "--quick"), OUT.
+set -u
+export PYTHONUNBUFFERED=1
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+# Never NVLink multicast (the workplace's rule for its multi-GPU hosts).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/gpu_check_out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+BUDGET="${GPU_CHECK_BUDGET:-560}"
+SKIP=" ${GPU_CHECK_SKIP:-} "
+T0=$(date +%s)
+DEADLINE=$((T0 + BUDGET))
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+STEPS=()
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# run_step KEY NAME CAP LOG CMD...: run CMD with a timeout of min(CAP, time left - 15 s), output
+# appended to LOG (and to stdout), record the exit code (124/137: timed out).
+run_step() {
+  local key="$1" name="$2" cap="$3" log="$4"
+  shift 4
+  local now left limit start rc
+  if [[ "$SKIP" == *" $key "* ]]; then
+    STEPS+=("$name: skipped (GPU_CHECK_SKIP)")
+    echo "=== $name: skipped (GPU_CHECK_SKIP)" | tee -a "$log"
+    return 0
+  fi
+  now=$(date +%s)
+  left=$((DEADLINE - now - 15))
+  if [ "$left" -lt 10 ]; then
+    STEPS+=("$name: skipped (budget spent)")
+    echo "=== $name: skipped, budget spent" | tee -a "$log"
+    return 0
+  fi
+  limit=$((cap < left ? cap : left))
+  echo "=== $name (time box ${limit}s): $*" | tee -a "$log"
+  start=$(date +%s)
+  set -o pipefail
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$log"
+  rc=$?
+  set +o pipefail
+  local took=$(($(date +%s) - start))
+  local verdict="rc=$rc"
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then verdict="rc=$rc (TIMED OUT after ${limit}s)"; fi
+  STEPS+=("$name: $verdict, ${took}s")
+  echo "=== $name: $verdict, ${took}s" | tee -a "$log"
+  return 0
+}
+
+# ---- environment -------------------------------------------------------------------------
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" \
+    || echo "gpu_check: installing .whl/*.whl failed" | tee -a "$SUMMARY"
+fi
+{
+  echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo none)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -4
+  "$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1
+  nvcc --version 2>&1 | tail -1
+  "$PY" -c 'import hypothesis, pytest; print("hypothesis", hypothesis.__version__, "pytest", pytest.__version__)' 2>&1 | tail -1
+} | tee -a "$SUMMARY"
+
+# ---- 1. build (ptxas -v through nvcc's own NVCC_APPEND_FLAGS: no setup.py change needed) ----
+BUILD_LOG="$OUT/build.log"
+: >"$BUILD_LOG"
+run_step build build 240 "$BUILD_LOG" env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
+  SEQKERNELS_CUDA=1 NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -Xptxas -v" \
+  "$PY" -m pip install -v --no-build-isolation --no-deps -e .
+if ! "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' >>"$BUILD_LOG" 2>&1; then
+  note "import seqkernels FAILED (see build.log)"
+fi
+
+# ---- 2. tests -----------------------------------------------------------------------------
+TESTS_LOG="$OUT/tests.log"
+: >"$TESTS_LOG"
+run_step tests "pytest -m cuda tests/" 200 "$TESTS_LOG" \
+  "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE --durations=10 tests/
+
+# ---- 3. compute-sanitizer -------------------------------------------------------------------
+SAN_LOG="$OUT/sanitizer.log"
+: >"$SAN_LOG"
+# Without the caching allocator every tensor is its own cudaMalloc, so an out-of-bounds access
+# cannot hide inside a pooled block.
+export_san="env PYTORCH_NO_CUDA_MEMORY_CACHING=1"
+run_step memcheck memcheck 75 "$SAN_LOG" $export_san compute-sanitizer --tool memcheck --leak-check no \
+  --error-exitcode 99 "$PY" scripts/sanitize_lstm.py
+run_step racecheck racecheck 60 "$SAN_LOG" $export_san compute-sanitizer --tool racecheck --error-exitcode 99 \
+  "$PY" scripts/sanitize_lstm.py
+run_step initcheck initcheck 45 "$SAN_LOG" $export_san compute-sanitizer --tool initcheck --error-exitcode 99 \
+  "$PY" scripts/sanitize_lstm.py
+
+# ---- 4. extra checks: CUDA-graph capture, a 70000-step sequence ----------------------------
+run_step extra "extra checks" 45 "$TESTS_LOG" "$PY" scripts/sanitize_lstm.py --extra
+
+# ---- 5. benchmark -------------------------------------------------------------------------
+# shellcheck disable=SC2086
+run_step bench bench 180 "$OUT/bench.log" \
+  "$PY" benchmarks/bench_lstm.py --device cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" ${BENCH_ARGS:-}
+
+# ---- 6. the rest of the LSTM test file (CPU parts; CI runs them too) ---------------------
+run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
+  "$PY" -m pytest -q -m "not cuda" -p no:cacheprovider -rfE tests/test_lstm.py
+
+# ---- summary ------------------------------------------------------------------------------
+{
+  echo
+  echo "steps (total $(($(date +%s) - T0))s of a ${BUDGET}s budget):"
+  for s in "${STEPS[@]}"; do echo "  $s"; done
+  echo
+  echo "pytest totals:"
+  grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran" "$TESTS_LOG" | sed 's/^/  /'
+  echo "pytest failures:"
+  grep -E "^(FAILED|ERROR) " "$TESTS_LOG" | head -20 | sed 's/^/  /'
+  echo "sanitizers:"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize_lstm: [0-9]+ failure" "$SAN_LOG" | sed 's/^/  /'
+  grep -E "^FAIL " "$SAN_LOG" | head -10 | sed 's/^/  /'
+  echo "extra checks:"
+  grep -E "^(ok  |FAIL) (cuda-graph|T=)" "$TESTS_LOG" | sed 's/^/  /'
+  echo "ptxas (per kernel: registers, spills):"
+  # ptxas -v prints "Compiling entry function 'X'", then a spill line, then a register line.
+  awk '/Compiling entry function/ { match($0, /_Z[^'"'"']*/); fn = substr($0, RSTART, RLENGTH) }
+       /bytes stack frame/ { spill = $0; sub(/.*ptxas info *: */, "", spill) }
+       /Used [0-9]+ registers/ { regs = $0; sub(/.*ptxas info *: */, "", regs);
+                                 if (fn != "") print "  " fn "\n      " regs " | " spill; fn = "" }' \
+    "$BUILD_LOG" | (command -v c++filt >/dev/null && c++filt || cat) | sed -E -e 's/\(anonymous namespace\):://g' -e 's/>\(.*\)$/>/' | head -80
+  if [ -f "$OUT/bench.md" ]; then
+    echo
+    echo "benchmark (bench.md):"
+    cat "$OUT/bench.md"
+  fi
+} >>"$SUMMARY" 2>&1
+echo
+echo "==================== summary ===================="
+cat "$SUMMARY"
+exit 0

@@ -1,0 +1,229 @@
+"""Small forward + backward runs of the CUDA LSTM ops, for compute-sanitizer and smoke checks.
+
+    compute-sanitizer --tool memcheck python scripts/sanitize_lstm.py
+    python scripts/sanitize_lstm.py --extra        # + CUDA-graph capture and a > 65535-step sequence
+
+Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
+direction x training or inference, on packed sequences with awkward sizes; each result is
+compared with a plain float64 loop on the CPU (autograd for the gradients) by relative
+Frobenius error. Run under compute-sanitizer with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that
+every tensor is its own allocation and an out-of-bounds access cannot land inside a pooled
+block. Exits non-zero on a mismatch or a non-finite value.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+
+import torch
+
+import seqkernels  # noqa: F401  (registers torch.ops.seqkernels)
+
+FWD = torch.ops.seqkernels.lstm_forward.default
+BWD = torch.ops.seqkernels.lstm_backward.default
+
+# Relative error bounds of these smoke checks (float32 may run on TF32, cuDNN's default).
+TOL = {torch.float64: 1e-9, torch.float32: 5e-3, torch.bfloat16: 6e-2, torch.float16: 1e-2}
+
+
+def reference(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    """Plain loop over time on packed rows, differentiable (no in-place updates)."""
+    bs = batch_sizes.tolist()
+    offs = [0]
+    for b in bs:
+        offs.append(offs[-1] + b)
+    H = w_ih.shape[0] // 4
+    h, c = h0, c0
+    ys = [None] * len(bs)
+    order = range(len(bs) - 1, -1, -1) if reverse else range(len(bs))
+    for t in order:
+        bt, off = bs[t], offs[t]
+        pre = x[off : off + bt] @ w_ih.T + h[:bt] @ w_hh.T
+        if b_ih is not None:
+            pre = pre + b_ih + b_hh
+        i, f, g, o = pre.split(H, dim=1)
+        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+        c_new = f * c[:bt] + i * g
+        m = o * c_new.tanh()
+        h_new = m if w_hr is None else m @ w_hr.T
+        ys[t] = h_new
+        h = torch.cat([h_new, h[bt:]])
+        c = torch.cat([c_new, c[bt:]])
+    return torch.cat(ys), h, c
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a = a.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make_case(dtype, proj, has_bias, batch_sizes, I, H, gen):
+    P = 3 if proj else 0
+    Hout = P or H
+    G = 4 * H
+    B = batch_sizes[0]
+    N = sum(batch_sizes)
+    scale = H**-0.5
+
+    def r(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * s).to(dtype)
+
+    t = dict(
+        x=r(N, I),
+        h0=r(B, Hout, s=0.5),
+        c0=r(B, H, s=0.5),
+        w_ih=r(G, I, s=scale),
+        w_hh=r(G, Hout, s=scale),
+        b_ih=r(G, s=0.1) if has_bias else None,
+        b_hh=r(G, s=0.1) if has_bias else None,
+        w_hr=r(P, H, s=scale) if proj else None,
+    )
+    return t, torch.tensor(batch_sizes, dtype=torch.int64)
+
+
+def run_case(dtype, proj, reverse, training, has_bias, batch_sizes, I, H, gen) -> tuple[bool, str]:
+    t, bs = make_case(dtype, proj, has_bias, batch_sizes, I, H, gen)
+    dev = {k: (v.cuda() if v is not None else None) for k, v in t.items()}
+    args = (dev["x"], bs, dev["h0"], dev["c0"], dev["w_ih"], dev["w_hh"], dev["b_ih"], dev["b_hh"], dev["w_hr"])
+    y, h_n, c_n, gates, cells = FWD(*args, reverse, training)
+
+    ref_in = {k: (v.double().requires_grad_(training) if v is not None else None) for k, v in t.items()}
+    ry, rh, rc = reference(
+        ref_in["x"], bs, ref_in["h0"], ref_in["c0"], ref_in["w_ih"], ref_in["w_hh"], ref_in["b_ih"], ref_in["b_hh"],
+        ref_in["w_hr"], reverse,
+    )
+    errs = {"y": rel_err(y, ry), "h_n": rel_err(h_n, rh), "c_n": rel_err(c_n, rc)}
+    if not training:
+        ok_shapes = gates.shape[0] == 0 and cells.shape[0] == 0
+        errs["saved"] = 0.0 if ok_shapes else float("inf")
+    else:
+        gy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+        gh = torch.randn(h_n.shape, generator=gen, dtype=torch.float64)
+        gc = torch.randn(c_n.shape, generator=gen, dtype=torch.float64)
+        grads = BWD(
+            gy.to(dtype).cuda(), gh.to(dtype).cuda(), gc.to(dtype).cuda(), dev["x"], bs, dev["h0"], dev["c0"],
+            dev["w_ih"], dev["w_hh"], dev["w_hr"], y, gates, cells, reverse, has_bias,
+        )
+        loss = (ry * gy).sum() + (rh * gh).sum() + (rc * gc).sum()
+        names = ["x", "h0", "c0", "w_ih", "w_hh"] + (["b_ih"] if has_bias else []) + (["w_hr"] if proj else [])
+        ref_grads = torch.autograd.grad(loss, [ref_in[n] for n in names])
+        got = {"x": grads[0], "h0": grads[1], "c0": grads[2], "w_ih": grads[3], "w_hh": grads[4]}
+        if has_bias:
+            got["b_ih"] = grads[5]
+        else:
+            errs["grad_bias_shape"] = 0.0 if tuple(grads[5].shape) == (0,) else float("inf")
+        if proj:
+            got["w_hr"] = grads[6]
+        else:
+            errs["grad_w_hr_shape"] = 0.0 if tuple(grads[6].shape) == (0, 0) else float("inf")
+        for n, rg in zip(names, ref_grads):
+            errs["d" + n] = rel_err(got[n], rg)
+    torch.cuda.synchronize()
+    worst = max(errs.values())
+    ok = worst <= TOL[dtype]
+    tag = (
+        f"{str(dtype).replace('torch.', ''):8s} proj={int(proj)} rev={int(reverse)} train={int(training)} "
+        f"bias={int(has_bias)} bs={batch_sizes} I={I} H={H}"
+    )
+    detail = " ".join(f"{k}={v:.1e}" for k, v in errs.items())
+    return ok, f"{'ok  ' if ok else 'FAIL'} {tag}  worst={worst:.1e}  {detail}"
+
+
+def sweep(gen) -> int:
+    failures = 0
+    # Packed (decreasing batch sizes, sequences ending at different steps), odd sizes; H = 8
+    # takes the 16-byte vector path, H = 5 the scalar one.
+    shapes = [([3, 3, 2, 1, 1], 5, 8), ([2, 1], 3, 5)]
+    for dtype, proj, reverse, training in itertools.product(
+        [torch.float64, torch.float32, torch.bfloat16, torch.float16], [False, True], [False, True], [True, False]
+    ):
+        for k, (batch_sizes, I, H) in enumerate(shapes):
+            has_bias = k == 0 or not training
+            ok, line = run_case(dtype, proj, reverse, training, has_bias, batch_sizes, I, H, gen)
+            failures += not ok
+            print(line, flush=True)
+    return failures
+
+
+def extra(gen) -> int:
+    """Checks that need no sanitizer: CUDA-graph capture, and a sequence longer than 65535 steps."""
+    failures = 0
+    # 1. Capture forward (inference and training) and backward in a CUDA graph; replays must
+    #    match eager calls.
+    for dtype in (torch.float32, torch.bfloat16):
+        t, bs = make_case(dtype, False, True, [4] * 16, 32, 64, gen)
+        dev = {k: (v.cuda() if v is not None else None) for k, v in t.items()}
+        args = (dev["x"], bs, dev["h0"], dev["c0"], dev["w_ih"], dev["w_hh"], dev["b_ih"], dev["b_hh"], None)
+        eager = FWD(*args, False, True)
+        gy = torch.randn_like(eager[0])
+        gh = torch.randn_like(eager[1])
+        gc = torch.randn_like(eager[2])
+        eager_grads = BWD(gy, gh, gc, dev["x"], bs, dev["h0"], dev["c0"], dev["w_ih"], dev["w_hh"], None, eager[0],
+                          eager[3], eager[4], False, True)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm-up on the capture stream (cuBLAS workspaces)
+            FWD(*args, False, True)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = FWD(*args, False, True)
+            grads = BWD(gy, gh, gc, dev["x"], bs, dev["h0"], dev["c0"], dev["w_ih"], dev["w_hh"], None, out[0],
+                        out[3], out[4], False, True)
+        g.replay()
+        torch.cuda.synchronize()
+        errs = [rel_err(a, b) for a, b in zip(list(out[:3]) + list(grads[:6]), list(eager[:3]) + list(eager_grads[:6]))]
+        # Same inputs, same kernels: only cuBLAS's choice of algorithm may differ between the
+        # capture stream and the default one; unwritten or stale outputs would be O(1) off.
+        ok = max(errs) <= TOL[dtype]
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} cuda-graph capture fwd+bwd {dtype}: max rel diff vs eager {max(errs):.1e}",
+              flush=True)
+    # 2. T = 70000 steps (more than a grid dimension could hold), against cuDNN in float64.
+    T, B, I, H = 70000, 2, 4, 8
+    lstm = torch.nn.LSTM(I, H, dtype=torch.float64, device="cuda")
+    x = torch.randn(T, B, I, dtype=torch.float64, generator=gen).cuda()
+    start = time.perf_counter()
+    with torch.no_grad():
+        ry, (rh, rc) = lstm(x)
+        y, h_n, c_n, _, _ = FWD(
+            x.reshape(T * B, I), torch.full((T,), B, dtype=torch.int64), torch.zeros(B, H, dtype=torch.float64,
+                                                                                    device="cuda"),
+            torch.zeros(B, H, dtype=torch.float64, device="cuda"), lstm.weight_ih_l0, lstm.weight_hh_l0,
+            lstm.bias_ih_l0, lstm.bias_hh_l0, None, False, False,
+        )
+    torch.cuda.synchronize()
+    err = max(rel_err(y, ry.reshape(T * B, H)), rel_err(h_n, rh[0]), rel_err(c_n, rc[0]))
+    ok = err <= 1e-9
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} T={T} float64 vs cuDNN: rel err {err:.1e} ({time.perf_counter() - start:.1f} s)",
+          flush=True)
+    return failures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--extra", action="store_true", help="also CUDA-graph capture and a 70000-step sequence")
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("sanitize_lstm: no CUDA device", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(args.seed)
+    rnn_precision = getattr(getattr(torch.backends.cudnn, "rnn", None), "fp32_precision", "n/a")
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"cudnn rnn fp32_precision: {rnn_precision}", flush=True)
+    failures = sweep(gen)
+    if args.extra:
+        failures += extra(gen)
+    print(f"sanitize_lstm: {failures} failure(s)", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
