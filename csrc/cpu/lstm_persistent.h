@@ -116,12 +116,18 @@ inline void pack_w_hh(const float* w_hh, int64_t H, float* packed) {
 template <int R>
 inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, const float* h, const float* w_tile, float* pre) {
   const int64_t G = 4 * H;
+  const bool full = nj == kUnitTile;  // only the last tile of an H that is no multiple of 8 is partial
   v8f acc[R][4];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 4; ++g) {
-      float lanes[kUnitTile] = {};
-      std::memcpy(lanes, pre + r * G + g * H + j0, sizeof(float) * nj);
-      acc[r][g] = load8(lanes);
+      const float* src = pre + r * G + g * H + j0;
+      if (full) {
+        acc[r][g] = load8(src);
+      } else {
+        float lanes[kUnitTile] = {};
+        for (int64_t l = 0; l < nj; ++l) lanes[l] = src[l];
+        acc[r][g] = load8(lanes);
+      }
     }
   }
   for (int64_t k = 0; k < H; ++k) {
@@ -137,9 +143,14 @@ inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, const float* h, co
   }
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 4; ++g) {
-      float lanes[kUnitTile];
-      store8(lanes, acc[r][g]);
-      std::memcpy(pre + r * G + g * H + j0, lanes, sizeof(float) * nj);
+      float* dst = pre + r * G + g * H + j0;
+      if (full) {
+        store8(dst, acc[r][g]);
+      } else {
+        float lanes[kUnitTile];
+        store8(lanes, acc[r][g]);
+        for (int64_t l = 0; l < nj; ++l) dst[l] = lanes[l];
+      }
     }
   }
 }
