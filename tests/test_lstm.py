@@ -1,0 +1,1246 @@
+"""Tests of the LSTM: the op (torch.ops.seqkernels.lstm_forward / lstm_backward through
+seqkernels.lstm_layer), the modules (seqkernels.LSTM, LSTMCell, replace_lstm).
+
+Two independent references: the pure-PyTorch loop in seqkernels.reference (run in float64
+as ground truth, and in bfloat16/float16 to measure plain low-precision error) and
+torch.nn.LSTM / nn.LSTMCell with the same weights.
+
+Tolerances per dtype (design.md, "Tests"):
+  float64   1e-10, relative to the largest magnitude of the expected tensor
+  float32   2e-5, likewise
+  bf16/fp16 err(kernel vs float64 reference) <= 2 * err(low-precision references vs the
+            float64 reference) + two units in the last place at the tensor's magnitude
+            (flash-attention's rule; errors are max-abs over the tensor)
+
+Shape legend: T steps, B batch, I input, H hidden, P proj_size, Hout = P or H, G = 4H,
+N packed rows, L layers, D directions.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, note
+from hypothesis import strategies as st
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pack_sequence
+
+import seqkernels
+from seqkernels import LSTM, LSTMCell, lstm_layer, replace_lstm
+from seqkernels.reference import lstm_cell_reference, lstm_layer_reference, lstm_reference
+
+pytestmark = pytest.mark.filterwarnings(
+    # nn.LSTM on the CPU says it leaves oneDNN for projections; not our concern.
+    "ignore:LSTM with projections is not supported with oneDNN:UserWarning",
+)
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+ALL_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5}
+
+_forward_op = torch.ops.seqkernels.lstm_forward
+_backward_op = torch.ops.seqkernels.lstm_backward
+
+
+# --------------------------------------------------------------------------------------
+# Comparison helpers
+# --------------------------------------------------------------------------------------
+def _max_abs(t: Tensor) -> float:
+    return t.detach().double().abs().max().item() if t.numel() else 0.0
+
+
+def assert_close(actual: Tensor, expected: Tensor, dtype: torch.dtype, name: str) -> None:
+    """actual (computed in `dtype`, float32 or float64) against expected (same dtype or a
+    float64 reference): |actual - expected| <= tol * (|expected| + max(1, max|expected|))."""
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(
+        actual.detach().double(),
+        expected.detach().double(),
+        rtol=tol,
+        atol=tol * max(1.0, _max_abs(expected)),
+        msg=lambda m: f"{name} ({dtype}): {m}",
+    )
+
+
+def assert_low_precision_close(
+    actual: Tensor, reference64: Tensor, baselines: list[Tensor], dtype: torch.dtype, name: str, pooled_err: float = 0.0
+) -> None:
+    """err(actual) <= 2 * max(err(baseline)) + eps, errors measured against the float64
+    reference; the baselines are references computed in the same low precision; eps is two
+    units in the last place of the dtype at the reference's largest magnitude.
+
+    The largest error of a tensor of a handful of elements is a sample of a handful: a
+    low-precision reference can be lucky on it, e.g. on the single element of grad_h0 with
+    B = Hout = 1, a sum of four gate terms that cancel to a tenth of their size. For
+    tensors under SMALL_TENSOR elements the baseline error is therefore at least
+    pooled_err, the baselines' largest error over all outputs and gradients of the same
+    run (see compare_low_precision). Logic errors are caught in float32/float64, with
+    tight tolerances; this rule is about precision."""
+    assert actual.shape == reference64.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(reference64.shape)}"
+    assert actual.dtype == dtype, f"{name}: dtype {actual.dtype} != {dtype}"
+    assert torch.isfinite(actual).all(), f"{name}: non-finite values"
+    ref = reference64.detach().double()
+    scale = _max_abs(ref)
+    err = _max_abs(actual.double() - ref)
+    err_baseline = max(_max_abs(b.double() - ref) for b in baselines)
+    if ref.numel() < SMALL_TENSOR:
+        err_baseline = max(err_baseline, pooled_err)
+    eps = 2 * torch.finfo(dtype).eps * scale + 1e-6
+    assert err <= 2 * err_baseline + eps, (
+        f"{name} ({dtype}): max error {err:.3g} vs float64 reference exceeds 2 * {err_baseline:.3g} "
+        f"(the low-precision references' error) + {eps:.3g}"
+    )
+
+
+SMALL_TENSOR = 32
+
+
+def compare_results(actual: dict, expected: dict, dtype: torch.dtype, what: str) -> None:
+    """Compare two result dicts of the same dtype (or expected in float64) key by key."""
+    assert actual.keys() == expected.keys(), f"{what}: {sorted(actual)} != {sorted(expected)}"
+    for key in expected:
+        assert_close(actual[key], expected[key], dtype, f"{what}: {key}")
+
+
+def compare_low_precision(actual: dict, reference64: dict, baselines: list[dict], dtype, what: str) -> None:
+    assert actual.keys() == reference64.keys(), f"{what}: {sorted(actual)} != {sorted(reference64)}"
+    pooled_err = max(_max_abs(b[key].double() - reference64[key]) for key in reference64 for b in baselines)
+    for key in reference64:
+        assert_low_precision_close(
+            actual[key], reference64[key], [b[key] for b in baselines], dtype, f"{what}: {key}", pooled_err
+        )
+
+
+def forward_backward(
+    fn: Callable[[dict, dict], dict], inputs: dict, params: dict, upstream: dict | None = None
+) -> tuple[dict, dict]:
+    """Run fn(inputs, params) -> {name: output}, backpropagate sum(output * upstream) and
+    return ({outputs..., grad_<input>..., grad_<param>...}, upstream). Inputs are cloned
+    into fresh leaves; params must already be leaves that require grad (module parameters
+    are used as they are). upstream: fixed random output gradients (made in float64 on
+    the first call, cast to each run's dtype), so that every run gets the same ones."""
+    inputs = {k: v.detach().clone().requires_grad_(True) for k, v in inputs.items()}
+    outputs = fn(inputs, params)
+    if upstream is None:
+        upstream = {k: torch.randn(o.shape, dtype=torch.float64, device=o.device) for k, o in outputs.items()}
+    loss = sum((o * upstream[k].to(o.dtype)).sum() for k, o in outputs.items())
+    leaves = list(inputs.values()) + list(params.values())
+    grads = torch.autograd.grad(loss, leaves)
+    result = {k: o.detach() for k, o in outputs.items()}
+    for name, g in zip(list(inputs) + list(params), grads):
+        result[f"grad_{name}"] = g
+    return result, upstream
+
+
+def module_params(module: nn.Module) -> dict:
+    return dict(module.named_parameters())
+
+
+def leaf_params(module: nn.Module, dtype: torch.dtype) -> dict:
+    """Detached copies of a module's parameters in `dtype`, as fresh leaves."""
+    return {k: p.detach().to(dtype).requires_grad_(True) for k, p in module.named_parameters()}
+
+
+def make_lstms(config: dict, dtype: torch.dtype, device: str) -> tuple[nn.LSTM, LSTM]:
+    """An nn.LSTM (nn.LSTM's init, then cast to dtype) and a seqkernels.LSTM loaded with
+    its state dict."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # dropout with one layer
+        ref = nn.LSTM(**config).to(device=device, dtype=dtype)
+        ours = LSTM(**config, device=device, dtype=dtype)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def lstm_module_fn(module: nn.Module) -> Callable[[dict, dict], dict]:
+    """forward_backward's fn for an LSTM module: inputs x [, h0, c0]; params unused (the
+    module's own parameters are the leaves)."""
+
+    def fn(inputs, _params):
+        hx = (inputs["h0"], inputs["c0"]) if "h0" in inputs else None
+        out, (h, c) = module(inputs["x"], hx)
+        return {"output": out, "h_n": h, "c_n": c}
+
+    return fn
+
+
+def lstm_reference_fn(config: dict) -> Callable[[dict, dict], dict]:
+    """forward_backward's fn for the pure-PyTorch reference of an nn.LSTM config; params
+    are named like nn.LSTM's, in _flat_weights order."""
+
+    def fn(inputs, params):
+        hx = (inputs["h0"], inputs["c0"]) if "h0" in inputs else None
+        out, (h, c) = lstm_reference(
+            inputs["x"],
+            hx,
+            list(params.values()),
+            num_layers=config["num_layers"],
+            bidirectional=config["bidirectional"],
+            batch_first=config["batch_first"],
+            has_biases=config["bias"],
+            proj_size=config["proj_size"],
+        )
+        return {"output": out, "h_n": h, "c_n": c}
+
+    return fn
+
+
+def check_against_references(
+    config: dict, inputs: dict, dtype: torch.dtype, device: str, ours_fn, nn_fn, ref_fn
+) -> None:
+    """The shared body of the module-level comparisons: run seqkernels (ours_fn), nn (nn_fn)
+    and the pure reference (ref_fn) and compare everything (outputs and all gradients).
+
+    ours_fn / nn_fn: (module) -> fn for forward_backward; the modules are built here."""
+    ref_module, ours = make_lstms(config, dtype, device)
+    got, upstream = forward_backward(ours_fn(ours), inputs, module_params(ours))
+    from_nn, _ = forward_backward(nn_fn(ref_module), inputs, module_params(ref_module), upstream)
+    inputs64 = {k: v.double() for k, v in inputs.items()}
+    ref64, _ = forward_backward(ref_fn, inputs64, leaf_params(ref_module, torch.float64), upstream)
+    if dtype in LOW_PRECISION:
+        ref_lp, _ = forward_backward(ref_fn, inputs, leaf_params(ref_module, dtype), upstream)
+        compare_low_precision(got, ref64, [ref_lp, from_nn], dtype, "seqkernels vs float64 reference")
+    else:
+        compare_results(got, from_nn, dtype, "seqkernels vs nn.LSTM")
+        compare_results(got, ref64, dtype, "seqkernels vs float64 reference")
+        if dtype == torch.float64:
+            # The reference itself must agree with nn.LSTM, or the comparisons above prove little.
+            compare_results(ref64, from_nn, dtype, "reference vs nn.LSTM")
+
+
+# --------------------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------------------
+# Sizes: small ones plus a few awkward ones around SIMD widths (8 floats in AVX2, 16 in AVX-512).
+dtypes = st.sampled_from(ALL_DTYPES)
+
+
+def hidden_sizes(dtype: torch.dtype):
+    """Small sizes plus a few awkward ones. In bf16/fp16 at least 4 (and a projection of
+    at least 2): with a recurrent state of one or two units, each gradient is a sum of a
+    few gate terms that cancel, and whether the kernel or the low-precision reference
+    lands nearer the float64 value is a coin toss, not a property (float32/float64 test
+    those sizes with tight tolerances)."""
+    low = 4 if dtype in LOW_PRECISION else 1
+    return st.one_of(st.integers(low, 9), st.sampled_from([16, 17, 31, 33]))
+
+
+def min_proj(dtype: torch.dtype) -> int:
+    return 2 if dtype in LOW_PRECISION else 1
+
+
+@st.composite
+def lstm_configs(draw, dtype: torch.dtype, max_layers: int = 3) -> dict:
+    hidden = draw(hidden_sizes(dtype))
+    proj = draw(st.integers(min_proj(dtype), hidden - 1)) if hidden > min_proj(dtype) and draw(st.booleans()) else 0
+    return dict(
+        input_size=draw(st.one_of(st.integers(1, 6), st.sampled_from([9, 17]))),
+        hidden_size=hidden,
+        num_layers=draw(st.integers(1, max_layers)),
+        bias=draw(st.booleans()),
+        batch_first=draw(st.booleans()),
+        bidirectional=draw(st.booleans()),
+        proj_size=proj,
+    )
+
+
+@st.composite
+def batch_sizes_lists(draw, max_steps: int = 7, max_batch: int = 5) -> list[int]:
+    """A non-increasing list of positive batch sizes (PackedSequence.batch_sizes)."""
+    steps = draw(st.integers(1, max_steps))
+    first = draw(st.integers(1, max_batch))
+    sizes = [first]
+    for _ in range(steps - 1):
+        sizes.append(draw(st.integers(1, sizes[-1])))
+    return sizes
+
+
+def states(config: dict, batch: int, dtype, device) -> dict:
+    num_directions = 2 if config["bidirectional"] else 1
+    real_hidden = config["proj_size"] or config["hidden_size"]
+    layers = config["num_layers"] * num_directions
+    return {
+        "h0": torch.randn(layers, batch, real_hidden, device=device).to(dtype),
+        "c0": torch.randn(layers, batch, config["hidden_size"], device=device).to(dtype),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# The op: seqkernels.lstm_layer against the reference loop
+# --------------------------------------------------------------------------------------
+def layer_tensors(sizes, input_size, hidden, proj, bias, dtype, device, scale=1.0) -> tuple[dict, dict]:
+    """Random inputs (x, h0, c0) and weights of one layer (nn.LSTM's init range)."""
+    n, batch = sum(sizes), sizes[0]
+    hout = proj or hidden
+    bound = hidden**-0.5
+
+    def uniform(*shape):
+        return (torch.rand(*shape, device=device, dtype=torch.float64) * 2 - 1).mul(bound).to(dtype)
+
+    inputs = {
+        "x": (torch.randn(n, input_size, device=device, dtype=torch.float64) * scale).to(dtype),
+        "h0": torch.randn(batch, hout, device=device, dtype=torch.float64).to(dtype),
+        "c0": torch.randn(batch, hidden, device=device, dtype=torch.float64).to(dtype),
+    }
+    params = {"w_ih": uniform(4 * hidden, input_size), "w_hh": uniform(4 * hidden, hout)}
+    if bias:
+        params["b_ih"] = uniform(4 * hidden)
+        params["b_hh"] = uniform(4 * hidden)
+    if proj:
+        params["w_hr"] = uniform(proj, hidden)
+    return inputs, params
+
+
+def layer_fn(layer, batch_sizes: Tensor, reverse: bool):
+    def fn(inputs, params):
+        y, h, c = layer(inputs["x"], batch_sizes, inputs["h0"], inputs["c0"], reverse=reverse, **params)
+        return {"y": y, "h_n": h, "c_n": c}
+
+    return fn
+
+
+@given(
+    sizes=batch_sizes_lists(max_steps=9, max_batch=6),
+    input_size=st.integers(1, 7),
+    use_proj=st.booleans(),
+    bias=st.booleans(),
+    reverse=st.booleans(),
+    dtype=dtypes,
+    seed=st.integers(0, 2**31 - 1),
+    data=st.data(),
+)
+def test_lstm_layer_matches_reference(device, sizes, input_size, use_proj, bias, reverse, dtype, seed, data):
+    """The op (packed variable batch sizes, both directions, proj, bias) against the loop
+    reference: y, h_n, c_n and every gradient."""
+    torch.manual_seed(seed)
+    hidden = data.draw(hidden_sizes(dtype), label="hidden")
+    proj = max(min_proj(dtype), hidden // 2) if use_proj and hidden > min_proj(dtype) else 0
+    inputs, params = layer_tensors(sizes, input_size, hidden, proj, bias, dtype, device)
+    batch_sizes = torch.tensor(sizes, dtype=torch.int64)
+    note(f"batch_sizes={sizes} I={input_size} H={hidden} P={proj} bias={bias} reverse={reverse} {dtype}")
+
+    def leaves(dt):
+        return {k: v.detach().to(dt).requires_grad_(True) for k, v in params.items()}
+
+    got, upstream = forward_backward(layer_fn(lstm_layer, batch_sizes, reverse), inputs, leaves(dtype))
+    inputs64 = {k: v.double() for k, v in inputs.items()}
+    reference = layer_fn(lstm_layer_reference, batch_sizes, reverse)
+    ref64, _ = forward_backward(reference, inputs64, leaves(torch.float64), upstream)
+    # Inference (training=False: nothing saved) must compute the same forward.
+    with torch.no_grad():
+        y, h, c = lstm_layer(inputs["x"], batch_sizes, inputs["h0"], inputs["c0"], reverse=reverse, **params)
+    inference = {"y": y, "h_n": h, "c_n": c}
+    ref64_forward = {k: ref64[k] for k in inference}
+    if dtype in LOW_PRECISION:
+        ref_lp, _ = forward_backward(reference, inputs, leaves(dtype), upstream)
+        compare_low_precision(got, ref64, [ref_lp], dtype, "lstm_layer vs reference")
+        compare_low_precision(inference, ref64_forward, [ref_lp], dtype, "lstm_layer (no grad) vs reference")
+    else:
+        compare_results(got, ref64, dtype, "lstm_layer vs float64 reference")
+        compare_results(inference, ref64_forward, dtype, "lstm_layer (no grad) vs float64 reference")
+
+
+def test_lstm_layer_reverse_packed_semantics(device):
+    """Hand-checkable reverse semantics: in reverse, each sequence starts at its own last
+    element from h0, so a length-1 sequence's output equals one cell step from h0 on its
+    only element, and its h_n equals that output."""
+    torch.manual_seed(0)
+    sizes = [3, 2, 1]  # lengths 3, 2, 1
+    inputs, params = layer_tensors(sizes, 3, 4, 0, True, torch.float64, device)
+    batch_sizes = torch.tensor(sizes)
+    y, h_n, c_n = lstm_layer(inputs["x"], batch_sizes, inputs["h0"], inputs["c0"], reverse=True, **params)
+    # Sequence 2 has one element: row 2 of step 0.
+    weights = (params["w_ih"], params["w_hh"], params["b_ih"], params["b_hh"])
+    h_one, c_one = lstm_cell_reference(inputs["x"][2:3], inputs["h0"][2:3], inputs["c0"][2:3], *weights)
+    assert_close(y[2:3], h_one, torch.float64, "y of the length-1 sequence")
+    assert_close(h_n[2:3], h_one, torch.float64, "h_n of the length-1 sequence")
+    assert_close(c_n[2:3], c_one, torch.float64, "c_n of the length-1 sequence")
+    # Sequence 1 (length 2) starts at step 1 (row 4) from h0[1].
+    h_a, c_a = lstm_cell_reference(inputs["x"][4:5], inputs["h0"][1:2], inputs["c0"][1:2], *weights)
+    assert_close(y[4:5], h_a, torch.float64, "first reverse step of the length-2 sequence")
+
+
+@pytest.mark.parametrize(
+    "sizes, proj, bias, reverse",
+    [
+        ([3, 3, 3], 0, True, False),
+        ([3, 2, 2, 1], 2, True, True),
+        ([2, 1], 0, False, True),
+        ([4, 4, 1], 2, False, False),
+        ([1], 0, True, True),
+    ],
+)
+def test_gradcheck_lstm_layer(device, sizes, proj, bias, reverse):
+    torch.manual_seed(1)
+    inputs, params = layer_tensors(sizes, 3, 4, proj, bias, torch.float64, device)
+    batch_sizes = torch.tensor(sizes)
+    names = list(inputs) + list(params)
+    tensors = tuple(t.detach().requires_grad_(True) for t in list(inputs.values()) + list(params.values()))
+
+    def fn(*ts):
+        kw = dict(zip(names, ts))
+        return lstm_layer(kw.pop("x"), batch_sizes, kw.pop("h0"), kw.pop("c0"), reverse=reverse, **kw)
+
+    assert torch.autograd.gradcheck(fn, tensors, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------
+# opcheck
+# --------------------------------------------------------------------------------------
+OPCHECK_CASES = [
+    # (batch_sizes, I, H, P, bias, reverse)
+    pytest.param([3, 3, 3, 3], 5, 4, 0, True, False, id="padded"),
+    pytest.param([4, 3, 3, 1], 3, 6, 0, True, True, id="packed-reverse"),
+    pytest.param([2, 2, 1], 4, 5, 3, True, False, id="proj"),
+    pytest.param([3, 1], 2, 3, 0, False, True, id="no-bias-reverse"),
+    pytest.param([2, 2, 2], 3, 4, 2, False, True, id="proj-no-bias-reverse"),
+]
+
+
+def _forward_args(sizes, input_size, hidden, proj, bias, reverse, training, dtype, device, requires_grad):
+    inputs, params = layer_tensors(sizes, input_size, hidden, proj, bias, dtype, device)
+    tensors = {k: v.requires_grad_(requires_grad) for k, v in {**inputs, **params}.items()}
+    return (
+        tensors["x"],
+        torch.tensor(sizes, dtype=torch.int64),
+        tensors["h0"],
+        tensors["c0"],
+        tensors["w_ih"],
+        tensors["w_hh"],
+        tensors.get("b_ih"),
+        tensors.get("b_hh"),
+        tensors.get("w_hr"),
+        reverse,
+        training,
+    )
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("sizes, input_size, hidden, proj, bias, reverse", OPCHECK_CASES)
+def test_opcheck_lstm_forward(device, sizes, input_size, hidden, proj, bias, reverse, training):
+    torch.manual_seed(2)
+    # Gradients exist only for training=True (inference saves nothing for backward).
+    args = _forward_args(sizes, input_size, hidden, proj, bias, reverse, training, torch.float32, device, training)
+    torch.library.opcheck(_forward_op.default, args)
+
+
+@pytest.mark.parametrize("sizes, input_size, hidden, proj, bias, reverse", OPCHECK_CASES)
+def test_opcheck_lstm_backward(device, sizes, input_size, hidden, proj, bias, reverse):
+    torch.manual_seed(3)
+    args = _forward_args(sizes, input_size, hidden, proj, bias, reverse, True, torch.float32, device, False)
+    x, batch_sizes, h0, c0, w_ih, w_hh, _, _, w_hr = args[:9]
+    y, h_n, c_n, gates, cells = _forward_op(*args)
+    backward_args = (
+        torch.randn_like(y), torch.randn_like(h_n), torch.randn_like(c_n),
+        x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse, bias,
+    )  # fmt: skip
+    torch.library.opcheck(_backward_op.default, backward_args)
+
+
+def test_forward_op_outputs(device):
+    """Output shapes of the raw op: saved buffers are empty in inference."""
+    torch.manual_seed(4)
+    sizes, input_size, hidden, proj = [3, 2], 4, 5, 2
+    for training in (True, False):
+        args = _forward_args(sizes, input_size, hidden, proj, True, False, training, torch.float32, device, False)
+        y, h_n, c_n, gates, cells = _forward_op(*args)
+        n = sum(sizes) if training else 0
+        assert y.shape == (5, proj) and h_n.shape == (3, proj) and c_n.shape == (3, hidden)
+        assert gates.shape == (n, 4 * hidden) and cells.shape == (n, hidden)
+
+
+# --------------------------------------------------------------------------------------
+# Bad arguments to the raw ops raise (RuntimeError for shapes and sizes, TypeError for
+# dtypes), never crash
+# --------------------------------------------------------------------------------------
+def _valid_forward_kwargs(device="cpu", proj=0):
+    torch.manual_seed(5)
+    sizes = [3, 2, 2, 1]
+    inputs, params = layer_tensors(sizes, 4, 5, proj, True, torch.float32, device)
+    return dict(
+        x=inputs["x"], batch_sizes=torch.tensor(sizes), h0=inputs["h0"], c0=inputs["c0"],
+        w_ih=params["w_ih"], w_hh=params["w_hh"], b_ih=params["b_ih"], b_hh=params["b_hh"],
+        w_hr=params.get("w_hr"), reverse=False, training=True,
+    )  # fmt: skip
+
+
+def _noncontig(t: Tensor) -> Tensor:
+    out = t.t().contiguous().t() if t.dim() == 2 else t.repeat_interleave(2)[::2]
+    assert not out.is_contiguous() and torch.equal(out, t)
+    return out
+
+
+# name -> (mutation of the valid kwargs, expected exception type)
+BAD_FORWARD = {
+    "x-1d": (lambda a: a.update(x=a["x"].reshape(-1)), RuntimeError),
+    "x-3d": (lambda a: a.update(x=a["x"].unsqueeze(0)), RuntimeError),
+    "x-int": (lambda a: a.update(x=a["x"].to(torch.int32)), TypeError),
+    "x-noncontiguous": (lambda a: a.update(x=_noncontig(a["x"])), RuntimeError),
+    "x-wrong-features": (lambda a: a.update(x=torch.randn(8, 3)), RuntimeError),
+    "mixed-dtypes-x-float64": (lambda a: a.update(x=a["x"].double()), TypeError),
+    "w_hh-float64": (lambda a: a.update(w_hh=a["w_hh"].double()), TypeError),
+    "h0-float64": (lambda a: a.update(h0=a["h0"].double()), TypeError),
+    "c0-bfloat16": (lambda a: a.update(c0=a["c0"].bfloat16()), TypeError),
+    "b_ih-float16": (lambda a: a.update(b_ih=a["b_ih"].half()), TypeError),
+    "empty-x-and-batch_sizes": (
+        lambda a: a.update(x=torch.randn(0, 4), batch_sizes=torch.tensor([], dtype=torch.int64)),
+        RuntimeError,
+    ),
+    "empty-batch_sizes": (lambda a: a.update(batch_sizes=torch.tensor([], dtype=torch.int64)), RuntimeError),
+    "batch_sizes-zero": (lambda a: a.update(batch_sizes=torch.tensor([3, 2, 3, 0])), RuntimeError),
+    "batch_sizes-zero-sum-ok": (lambda a: a.update(batch_sizes=torch.tensor([3, 3, 2, 0])), RuntimeError),
+    "batch_sizes-negative": (lambda a: a.update(batch_sizes=torch.tensor([3, 3, 3, -1])), RuntimeError),
+    "batch_sizes-increasing": (lambda a: a.update(batch_sizes=torch.tensor([1, 2, 2, 3])), RuntimeError),
+    "batch_sizes-sum-too-small": (lambda a: a.update(batch_sizes=torch.tensor([3, 2, 1, 1])), RuntimeError),
+    "batch_sizes-sum-too-large": (lambda a: a.update(batch_sizes=torch.tensor([3, 3, 3, 3])), RuntimeError),
+    "batch_sizes-int32": (lambda a: a.update(batch_sizes=a["batch_sizes"].int()), TypeError),
+    "batch_sizes-float": (lambda a: a.update(batch_sizes=a["batch_sizes"].float()), TypeError),
+    "batch_sizes-2d": (lambda a: a.update(batch_sizes=a["batch_sizes"].reshape(2, 2)), RuntimeError),
+    "h0-wrong-batch": (lambda a: a.update(h0=torch.randn(2, 5)), RuntimeError),
+    "h0-1d": (lambda a: a.update(h0=torch.randn(5)), RuntimeError),
+    "c0-wrong-hidden": (lambda a: a.update(c0=torch.randn(3, 4)), RuntimeError),
+    "c0-noncontiguous": (lambda a: a.update(c0=_noncontig(a["c0"])), RuntimeError),
+    "w_ih-not-4H": (lambda a: a.update(w_ih=torch.randn(19, 4)), RuntimeError),
+    "w_ih-wrong-input": (lambda a: a.update(w_ih=torch.randn(20, 3)), RuntimeError),
+    "w_ih-noncontiguous": (lambda a: a.update(w_ih=_noncontig(a["w_ih"])), RuntimeError),
+    "w_ih-1d": (lambda a: a.update(w_ih=a["w_ih"].reshape(-1)), RuntimeError),
+    "w_hh-wrong-shape": (lambda a: a.update(w_hh=torch.randn(20, 4)), RuntimeError),
+    "w_hh-noncontiguous": (lambda a: a.update(w_hh=_noncontig(a["w_hh"])), RuntimeError),
+    "only-b_ih": (lambda a: a.update(b_hh=None), RuntimeError),
+    "only-b_hh": (lambda a: a.update(b_ih=None), RuntimeError),
+    "b_ih-wrong-size": (lambda a: a.update(b_ih=torch.randn(16)), RuntimeError),
+    "b_hh-2d": (lambda a: a.update(b_hh=a["b_hh"].reshape(4, 5)), RuntimeError),
+    "b_hh-noncontiguous": (lambda a: a.update(b_hh=_noncontig(a["b_hh"])), RuntimeError),
+    "w_hr-with-w_hh-of-H": (lambda a: a.update(w_hr=torch.randn(2, 5)), RuntimeError),
+    "w_hr-wrong-H": (lambda a: a.update(w_hr=torch.randn(5, 4), w_hh=torch.randn(20, 5)), RuntimeError),
+    "w_hr-empty": (lambda a: a.update(w_hr=torch.randn(0, 5)), RuntimeError),
+    "w_hr-1d": (lambda a: a.update(w_hr=torch.randn(5)), RuntimeError),
+    "x-none": (lambda a: a.update(x=None), (RuntimeError, TypeError)),
+    "batch_sizes-none": (lambda a: a.update(batch_sizes=None), (RuntimeError, TypeError)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FORWARD))
+def test_forward_op_rejects_bad_arguments(case):
+    mutate, expected = BAD_FORWARD[case]
+    kwargs = _valid_forward_kwargs()
+    _forward_op(**kwargs)  # the unmutated call is valid
+    mutate(kwargs)
+    with pytest.raises(expected):
+        _forward_op(**kwargs)
+
+
+def test_forward_op_accepts_noncontiguous_batch_sizes():
+    kwargs = _valid_forward_kwargs()
+    expected = _forward_op(**kwargs)
+    kwargs["batch_sizes"] = torch.tensor([3, 9, 2, 9, 2, 9, 1, 9])[::2]  # [3, 2, 2, 1], stride 2
+    assert not kwargs["batch_sizes"].is_contiguous()
+    for a, b in zip(_forward_op(**kwargs), expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _valid_backward_kwargs(proj=0):
+    fwd = _valid_forward_kwargs(proj=proj)
+    y, h_n, c_n, gates, cells = _forward_op(**fwd)
+    return dict(
+        grad_y=torch.randn_like(y), grad_h_n=torch.randn_like(h_n), grad_c_n=torch.randn_like(c_n),
+        x=fwd["x"], batch_sizes=fwd["batch_sizes"], h0=fwd["h0"], c0=fwd["c0"], w_ih=fwd["w_ih"],
+        w_hh=fwd["w_hh"], w_hr=fwd["w_hr"], y=y, gates=gates, cells=cells, reverse=False, has_bias=True,
+    )  # fmt: skip
+
+
+BAD_BACKWARD = {
+    "gates-not-saved": (lambda a: a.update(gates=torch.randn(0, 20), cells=torch.randn(0, 5)), RuntimeError),
+    "grad_y-wrong-shape": (lambda a: a.update(grad_y=torch.randn(8, 4)), RuntimeError),
+    "grad_y-float64": (lambda a: a.update(grad_y=a["grad_y"].double()), TypeError),
+    "grad_y-noncontiguous": (lambda a: a.update(grad_y=_noncontig(a["grad_y"])), RuntimeError),
+    "grad_h_n-wrong-batch": (lambda a: a.update(grad_h_n=torch.randn(2, 5)), RuntimeError),
+    "grad_c_n-wrong-hidden": (lambda a: a.update(grad_c_n=torch.randn(3, 6)), RuntimeError),
+    "y-wrong-rows": (lambda a: a.update(y=torch.randn(7, 5)), RuntimeError),
+    "gates-wrong-width": (lambda a: a.update(gates=torch.randn(8, 16)), RuntimeError),
+    "cells-wrong-shape": (lambda a: a.update(cells=torch.randn(8, 4)), RuntimeError),
+    "cells-float16": (lambda a: a.update(cells=a["cells"].half()), TypeError),
+    "batch_sizes-sum-mismatch": (lambda a: a.update(batch_sizes=torch.tensor([3, 3, 3])), RuntimeError),
+    "batch_sizes-increasing": (lambda a: a.update(batch_sizes=torch.tensor([1, 2, 2, 3])), RuntimeError),
+    "batch_sizes-zero": (lambda a: a.update(batch_sizes=torch.tensor([4, 4, 0, 0])), RuntimeError),
+    "batch_sizes-empty": (lambda a: a.update(batch_sizes=torch.tensor([], dtype=torch.int64)), RuntimeError),
+    "batch_sizes-int32": (lambda a: a.update(batch_sizes=a["batch_sizes"].int()), TypeError),
+    "x-3d": (lambda a: a.update(x=a["x"].unsqueeze(0)), RuntimeError),
+    "w_hh-wrong-shape": (lambda a: a.update(w_hh=torch.randn(20, 4)), RuntimeError),
+    "w_hr-unexpected": (lambda a: a.update(w_hr=torch.randn(2, 5)), RuntimeError),
+    "h0-float64": (lambda a: a.update(h0=a["h0"].double()), TypeError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BACKWARD))
+def test_backward_op_rejects_bad_arguments(case):
+    mutate, expected = BAD_BACKWARD[case]
+    kwargs = _valid_backward_kwargs()
+    _backward_op(**kwargs)  # the unmutated call is valid
+    mutate(kwargs)
+    with pytest.raises(expected):
+        _backward_op(**kwargs)
+
+
+def test_backward_op_matches_autograd_of_reference():
+    """The raw backward op against autograd through the reference (float64), incl. proj."""
+    kwargs = _valid_backward_kwargs(proj=3)
+    kwargs = {k: v.double() if isinstance(v, Tensor) and v.is_floating_point() else v for k, v in kwargs.items()}
+    fwd = _forward_op(kwargs["x"], kwargs["batch_sizes"], kwargs["h0"], kwargs["c0"], kwargs["w_ih"],
+                      kwargs["w_hh"], None, None, kwargs["w_hr"], False, True)  # fmt: skip
+    kwargs.update(y=fwd[0], gates=fwd[3], cells=fwd[4], has_bias=False)
+    grads = _backward_op(**kwargs)
+    leaves = [kwargs[k].detach().clone().requires_grad_() for k in ("x", "h0", "c0", "w_ih", "w_hh", "w_hr")]
+    x, h0, c0, w_ih, w_hh, w_hr = leaves
+    y, h, c = lstm_layer_reference(x, kwargs["batch_sizes"], h0, c0, w_ih, w_hh, None, None, w_hr)
+    assert_close(fwd[0], y, torch.float64, "y")
+    loss = (y * kwargs["grad_y"]).sum() + (h * kwargs["grad_h_n"]).sum() + (c * kwargs["grad_c_n"]).sum()
+    expected = torch.autograd.grad(loss, leaves)
+    got = [grads[0], grads[1], grads[2], grads[3], grads[4], grads[6]]
+    for name, a, e in zip(("x", "h0", "c0", "w_ih", "w_hh", "w_hr"), got, expected):
+        assert_close(a, e, torch.float64, f"grad_{name}")
+    assert grads[5].numel() == 0  # no bias
+
+
+# --------------------------------------------------------------------------------------
+# seqkernels.LSTM against nn.LSTM and the reference
+# --------------------------------------------------------------------------------------
+@given(
+    steps=st.integers(1, 7),
+    batch=st.one_of(st.integers(1, 5), st.just(9)),
+    with_state=st.booleans(),
+    dtype=dtypes,
+    seed=st.integers(0, 2**31 - 1),
+    data=st.data(),
+)
+def test_lstm_matches_nn_lstm(device, steps, batch, with_state, dtype, seed, data):
+    """Padded input, every flag: output, h_n, c_n and the gradients of the input, h0, c0
+    and every parameter, against nn.LSTM with the same weights and the float64 reference."""
+    torch.manual_seed(seed)
+    config = data.draw(lstm_configs(dtype), label="config")
+    note(f"config={config} T={steps} B={batch} state={with_state} {dtype}")
+    shape = (batch, steps, config["input_size"]) if config["batch_first"] else (steps, batch, config["input_size"])
+    inputs = {"x": torch.randn(*shape, device=device).to(dtype)}
+    if with_state:
+        inputs.update(states(config, batch, dtype, device))
+    check_against_references(config, inputs, dtype, device, lstm_module_fn, lstm_module_fn, lstm_reference_fn(config))
+
+
+def _packed_fn(enforce_sorted: bool, with_lengths: Tensor):
+    """forward_backward fn: padded x [T, B, I] -> PackedSequence -> module; outputs are the
+    packed data and h_n, c_n (in the caller's batch order)."""
+
+    def make(module):
+        def fn(inputs, _params):
+            packed = pack_padded_sequence(inputs["x"], with_lengths, enforce_sorted=enforce_sorted)
+            hx = (inputs["h0"], inputs["c0"]) if "h0" in inputs else None
+            out, (h, c) = module(packed, hx)
+            assert isinstance(out, PackedSequence)
+            assert torch.equal(out.batch_sizes, packed.batch_sizes)
+            for a, b in ((out.sorted_indices, packed.sorted_indices), (out.unsorted_indices, packed.unsorted_indices)):
+                assert (a is None and b is None) or torch.equal(a, b)
+            return {"output": out.data, "h_n": h, "c_n": c}
+
+        return fn
+
+    return make
+
+
+def _packed_reference_fn(config: dict, enforce_sorted: bool, lengths: Tensor):
+    def fn(inputs, params):
+        packed = pack_padded_sequence(inputs["x"], lengths, enforce_sorted=enforce_sorted)
+        hx = None
+        if "h0" in inputs:
+            perm = packed.sorted_indices
+            hx = (inputs["h0"], inputs["c0"]) if perm is None else (inputs["h0"][:, perm], inputs["c0"][:, perm])
+        out, (h, c) = lstm_reference(
+            packed.data, hx, list(params.values()), num_layers=config["num_layers"],
+            bidirectional=config["bidirectional"], has_biases=config["bias"], proj_size=config["proj_size"],
+            batch_sizes=packed.batch_sizes,
+        )  # fmt: skip
+        if packed.unsorted_indices is not None:
+            h, c = h[:, packed.unsorted_indices], c[:, packed.unsorted_indices]
+        return {"output": out, "h_n": h, "c_n": c}
+
+    return fn
+
+
+@given(
+    lengths=st.lists(st.integers(1, 7), min_size=1, max_size=6),
+    enforce_sorted=st.booleans(),
+    with_state=st.booleans(),
+    dtype=dtypes,
+    seed=st.integers(0, 2**31 - 1),
+    data=st.data(),
+)
+def test_packed_sequence_matches_nn_lstm(device, lengths, enforce_sorted, with_state, dtype, seed, data):
+    """PackedSequence with random lengths (sorted or not), incl. bidirectional and h0:
+    PackedSequence out with nn.LSTM's batch_sizes and indices, values and gradients."""
+    torch.manual_seed(seed)
+    config = {**data.draw(lstm_configs(dtype, max_layers=2), label="config"), "batch_first": False}
+    if enforce_sorted:
+        lengths = sorted(lengths, reverse=True)
+    note(f"config={config} lengths={lengths} sorted={enforce_sorted} state={with_state} {dtype}")
+    lengths_t = torch.tensor(lengths, dtype=torch.int64)
+    inputs = {"x": torch.randn(max(lengths), len(lengths), config["input_size"], device=device).to(dtype)}
+    if with_state:
+        inputs.update(states(config, len(lengths), dtype, device))
+    make = _packed_fn(enforce_sorted, lengths_t)
+    check_against_references(
+        config, inputs, dtype, device, make, make, _packed_reference_fn(config, enforce_sorted, lengths_t)
+    )
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("proj_size", [0, 2])
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_unbatched_input_matches_nn_lstm(device, bidirectional, proj_size, with_state, batch_first):
+    torch.manual_seed(6)
+    config = dict(input_size=3, hidden_size=5, num_layers=2, bias=True, batch_first=batch_first,
+                  bidirectional=bidirectional, proj_size=proj_size)  # fmt: skip
+    inputs = {"x": torch.randn(6, 3, device=device, dtype=torch.float64)}
+    if with_state:
+        inputs.update({k: v.squeeze(1) for k, v in states(config, 1, torch.float64, device).items()})
+    ref_module, ours = make_lstms(config, torch.float64, device)
+    got, upstream = forward_backward(lstm_module_fn(ours), inputs, module_params(ours))
+    expected, _ = forward_backward(lstm_module_fn(ref_module), inputs, module_params(ref_module), upstream)
+    compare_results(got, expected, torch.float64, "unbatched")
+    d = 2 if bidirectional else 1
+    assert got["output"].shape == (6, d * (proj_size or 5)) and got["h_n"].shape == (2 * d, proj_size or 5)
+
+
+def test_inference_and_noncontiguous_input(device):
+    """no_grad (the op's inference path) and a non-contiguous batch_first input view."""
+    torch.manual_seed(7)
+    config = dict(
+        input_size=4, hidden_size=6, num_layers=2, bias=True, batch_first=True, bidirectional=True, proj_size=0
+    )
+    ref_module, ours = make_lstms(config, torch.float32, device)
+    x = torch.randn(5, 3, 4, device=device).transpose(0, 1)  # [B=3, T=5, I] view, not contiguous
+    assert not x.is_contiguous()
+    with torch.no_grad():
+        out, (h, c) = ours(x)
+        out_ref, (h_ref, c_ref) = ref_module(x)
+    for name, a, e in (("output", out, out_ref), ("h_n", h, h_ref), ("c_n", c, c_ref)):
+        assert_close(a, e, torch.float32, name)
+
+
+def test_empty_batch_like_nn_lstm():
+    """B = 0 gives nn.LSTM's (empty) shapes. CPU only: cuDNN's handling of B = 0 is not
+    what is under test."""
+    config = dict(
+        input_size=3, hidden_size=4, num_layers=2, bias=True, batch_first=False, bidirectional=True, proj_size=2
+    )
+    ref_module, ours = make_lstms(config, torch.float32, "cpu")
+    x = torch.randn(5, 0, 3)
+    out, (h, c) = ours(x)
+    out_ref, (h_ref, c_ref) = ref_module(x)
+    assert out.shape == out_ref.shape and h.shape == h_ref.shape and c.shape == c_ref.shape
+
+
+def test_long_sequence_beyond_65535_steps(device):
+    """T = 70000 > 65535 (a limit of CUDA grid dimensions and of 16-bit counters), both
+    directions. Forward: output, h_n and c_n against nn.LSTM (float32: nn.LSTM's CPU
+    float64 path and its backward take minutes over 70000 steps). Gradients: every
+    gradient's directional derivative against central differences of the float64 forward,
+    which is independent of the backward kernel."""
+    torch.manual_seed(8)
+    steps = 70000
+    config = dict(
+        input_size=2, hidden_size=4, num_layers=1, bias=True, batch_first=False, bidirectional=True, proj_size=0
+    )
+    ref_module, ours = make_lstms(config, torch.float32, device)
+    x = torch.randn(steps, 1, 2, device=device)
+    # The reference runs on the CPU: cuDNN rejects this length (CUDNN_STATUS_NOT_SUPPORTED).
+    # (Not under no_grad: nn.LSTM's CPU inference path takes ~45 s for this sequence.)
+    got = ours(x)
+    expected = ref_module.cpu()(x.cpu())
+    expected = (expected[0].to(device), tuple(t.to(device) for t in expected[1]))
+    assert_close(got[0], expected[0], torch.float32, "output")
+    assert_close(got[1][0], expected[1][0], torch.float32, "h_n")
+    assert_close(got[1][1], expected[1][1], torch.float32, "c_n")
+
+    ours = ours.double()
+    leaves = {
+        "x": x.double(),
+        "h0": torch.randn(2, 1, 4, device=device, dtype=torch.float64),
+        "c0": torch.randn(2, 1, 4, device=device, dtype=torch.float64),
+        **{k: v.detach().clone() for k, v in ours.named_parameters()},
+    }
+    upstream = [torch.randn(steps, 1, 8, device=device, dtype=torch.float64),
+                torch.randn(2, 1, 4, device=device, dtype=torch.float64),
+                torch.randn(2, 1, 4, device=device, dtype=torch.float64)]  # fmt: skip
+
+    def loss(t: dict) -> Tensor:
+        params = {k: v for k, v in t.items() if k not in ("x", "h0", "c0")}
+        out, (h, c) = torch.func.functional_call(ours, params, (t["x"], (t["h0"], t["c0"])))
+        return (out * upstream[0]).sum() + (h * upstream[1]).sum() + (c * upstream[2]).sum()
+
+    leaves = {k: v.requires_grad_(True) for k, v in leaves.items()}
+    grads = dict(zip(leaves, torch.autograd.grad(loss(leaves), list(leaves.values()))))
+    eps = 1e-6
+    with torch.no_grad():
+        for name, leaf in leaves.items():
+            direction = torch.randn_like(leaf)
+            plus = loss({**leaves, name: leaf + eps * direction})
+            minus = loss({**leaves, name: leaf - eps * direction})
+            numeric = ((plus - minus) / (2 * eps)).item()
+            analytic = (grads[name] * direction).sum().item()
+            assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(analytic)), (name, numeric, analytic)
+
+
+# --------------------------------------------------------------------------------------
+# Dropout
+# --------------------------------------------------------------------------------------
+def test_dropout_eval_is_identity(device):
+    torch.manual_seed(9)
+    config = dict(input_size=3, hidden_size=5, num_layers=3, bias=True, batch_first=False, bidirectional=True,
+                  proj_size=0, dropout=0.4)  # fmt: skip
+    ref_module, ours = make_lstms(config, torch.float64, device)
+    ref_module.eval()
+    ours.eval()
+    x = torch.randn(6, 2, 3, device=device, dtype=torch.float64)
+    out, (h, c) = ours(x)
+    out_ref, (h_ref, c_ref) = ref_module(x)
+    for name, a, e in (("output", out, out_ref), ("h_n", h, h_ref), ("c_n", c, c_ref)):
+        assert_close(a, e, torch.float64, name)
+
+
+def test_dropout_train_masks_between_layers(device):
+    """In training, dropout applies to the (packed) output of every layer but the last:
+    reproduce it exactly from the reference with the same seed, and check the mask is
+    random and of plausible density."""
+    p = 0.5
+    config = dict(input_size=3, hidden_size=16, num_layers=2, bias=True, batch_first=False, bidirectional=True,
+                  proj_size=0, dropout=p)  # fmt: skip
+    torch.manual_seed(10)
+    ref_module, ours = make_lstms(config, torch.float64, device)
+    ours.train()
+    x = torch.randn(7, 4, 3, device=device, dtype=torch.float64)
+    torch.manual_seed(123)
+    out_train, (h_train, _) = ours(x)
+    out_eval, _ = ours.eval()(x)
+    ours.train()
+    assert not torch.allclose(out_train, out_eval), "dropout had no effect in training"
+    torch.manual_seed(124)
+    assert not torch.allclose(ours(x)[0], out_train), "dropout masks do not change with the seed"
+
+    # Reference: layer 0 (both directions), dropout with the same seed, layer 1.
+    w = list(ref_module._flat_weights)
+    packed = x.reshape(28, 3)
+    bs = torch.full((7,), 4, dtype=torch.int64)
+    h0 = torch.zeros(4, 16, device=device, dtype=torch.float64)
+    y0 = torch.cat([lstm_layer_reference(packed, bs, h0, h0, *w[0:4])[0],
+                    lstm_layer_reference(packed, bs, h0, h0, *w[4:8], reverse=True)[0]], dim=1)  # fmt: skip
+    torch.manual_seed(123)
+    y0_dropped = F.dropout(y0, p, training=True)
+    zero_fraction = (y0_dropped == 0).double().mean().item()
+    assert 0.3 < zero_fraction < 0.7, zero_fraction
+    y1 = torch.cat([lstm_layer_reference(y0_dropped, bs, h0, h0, *w[8:12])[0],
+                    lstm_layer_reference(y0_dropped, bs, h0, h0, *w[12:16], reverse=True)[0]], dim=1)  # fmt: skip
+    assert_close(out_train, y1.reshape(7, 4, 32), torch.float64, "output with dropout")
+    # Gradients flow through the dropout.
+    x_leaf = x.clone().requires_grad_()
+    ours(x_leaf)[0].sum().backward()
+    assert x_leaf.grad is not None and torch.isfinite(x_leaf.grad).all()
+
+
+# --------------------------------------------------------------------------------------
+# state_dict, pickling, functional_call, replace_lstm
+# --------------------------------------------------------------------------------------
+STATE_DICT_CONFIGS = [
+    dict(num_layers=1, bias=True, bidirectional=False, proj_size=0),
+    dict(num_layers=2, bias=False, bidirectional=True, proj_size=0),
+    dict(num_layers=2, bias=True, bidirectional=True, proj_size=3),
+    dict(num_layers=3, bias=False, bidirectional=False, proj_size=2),
+]
+
+
+@pytest.mark.parametrize("extra", STATE_DICT_CONFIGS)
+def test_state_dict_round_trip(device, extra):
+    torch.manual_seed(11)
+    kw = dict(input_size=4, hidden_size=5, batch_first=True, **extra)
+    original = nn.LSTM(**kw).to(device)
+    ours = LSTM(**kw, device=device)
+    assert [(k, v.shape) for k, v in ours.state_dict().items()] == [
+        (k, v.shape) for k, v in original.state_dict().items()
+    ]
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in original.named_parameters()]
+    ours.load_state_dict(original.state_dict())  # nn.LSTM -> seqkernels
+    back = nn.LSTM(**kw).to(device)
+    back.load_state_dict(ours.state_dict())  # seqkernels -> nn.LSTM
+    x = torch.randn(3, 6, 4, device=device)
+    expected = original(x)
+    for name, module in (("seqkernels", ours), ("nn.LSTM round trip", back)):
+        out, (h, c) = module(x)
+        assert_close(out, expected[0], torch.float32, f"{name} output")
+        assert_close(h, expected[1][0], torch.float32, f"{name} h_n")
+        assert_close(c, expected[1][1], torch.float32, f"{name} c_n")
+
+
+def test_module_identity_and_copies():
+    m = LSTM(3, 4, 2, True, True, 0.0, True, 2)  # nn.LSTM's positional form
+    assert not isinstance(m, nn.LSTM) and isinstance(m, nn.RNNBase)
+    assert (m.num_layers, m.bias, m.batch_first, m.bidirectional, m.proj_size) == (2, True, True, True, 2)
+    assert repr(m) == repr(nn.LSTM(3, 4, 2, True, True, 0.0, True, 2))
+    x = torch.randn(2, 5, 3)
+    expected = m(x)[0]
+    buffer = io.BytesIO()
+    torch.save(m, buffer)
+    buffer.seek(0)
+    for clone in (copy.deepcopy(m), torch.load(buffer, weights_only=False)):
+        assert type(clone) is LSTM
+        torch.testing.assert_close(clone(x)[0], expected, rtol=0, atol=0)
+    # dtype conversion after construction (RNNBase._apply) keeps working
+    assert_close(m.double()(x.double())[0], expected.double(), torch.float32, "after .double()")
+
+
+def test_functional_call_matches_nn_lstm():
+    torch.manual_seed(12)
+    config = dict(
+        input_size=3, hidden_size=4, num_layers=2, bias=True, batch_first=False, bidirectional=True, proj_size=0
+    )
+    ref_module, ours = make_lstms(config, torch.float64, "cpu")
+    params = {k: torch.randn_like(v) * 0.3 for k, v in ref_module.named_parameters()}
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    got = torch.func.functional_call(ours, params, (x,))
+    expected = torch.func.functional_call(ref_module, params, (x,))
+    assert_close(got[0], expected[0], torch.float64, "output")
+    assert not torch.allclose(got[0], ours(x)[0]), "functional_call's parameters were ignored"
+
+
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.LSTM(4, 6, num_layers=2, bidirectional=True)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(12, 5), nn.LSTM(5, 7, batch_first=True, proj_size=3))])
+        self.cell = nn.LSTMCell(3, 5, bias=False)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x):
+        y, _ = self.encoder(x)  # [T, B, 12]
+        z = self.blocks[0][0](y).transpose(0, 1)  # [B, T, 5]
+        z, _ = self.blocks[0][1](z)  # [B, T, 3]
+        h, c = self.cell(z[:, -1])
+        return self.head(h + c)
+
+
+def test_replace_lstm():
+    torch.manual_seed(13)
+    model = _Model().double().eval()
+    model.encoder.weight_ih_l0.requires_grad_(False)
+    x = torch.randn(6, 2, 4, dtype=torch.float64)
+    expected = model(x)
+    assert replace_lstm(model) is model
+    assert type(model.encoder) is LSTM and type(model.blocks[0][1]) is LSTM and type(model.cell) is LSTMCell
+    assert type(model.blocks[0][0]) is nn.Linear
+    assert not any(type(m) in (nn.LSTM, nn.LSTMCell) for m in model.modules())
+    assert not model.encoder.training
+    assert model.encoder.weight_ih_l0.dtype == torch.float64
+    assert not model.encoder.weight_ih_l0.requires_grad and model.encoder.weight_hh_l0.requires_grad
+    assert (model.blocks[0][1].batch_first, model.blocks[0][1].proj_size, model.cell.bias) == (True, 3, False)
+    assert_close(model(x), expected, torch.float64, "model output after replace_lstm")
+
+
+def test_replace_lstm_on_the_module_itself_and_shared():
+    lstm = nn.LSTM(3, 4, dropout=0.0).train()
+    new = replace_lstm(lstm)
+    assert type(new) is LSTM and new.training
+    x = torch.randn(5, 2, 3)
+    assert_close(new(x)[0], lstm(x)[0], torch.float32, "output")
+    cell = nn.LSTMCell(3, 4)
+    assert type(replace_lstm(cell)) is LSTMCell
+    shared = nn.LSTM(3, 4)
+    seq = nn.Sequential(shared, nn.Identity())
+    seq.append(shared)
+    replace_lstm(seq)
+    assert seq[0] is seq[2] and type(seq[0]) is LSTM
+
+
+# --------------------------------------------------------------------------------------
+# torch.compile
+# --------------------------------------------------------------------------------------
+class _Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(5, 6)
+        self.lstm = LSTM(6, 8, num_layers=2, batch_first=True, bidirectional=True, proj_size=4)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, hx=None):
+        y, (h, c) = self.lstm(torch.tanh(self.embed(x)), hx)
+        return self.head(y), h, c
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph(device, backend, with_state):
+    torch.manual_seed(14)
+    torch._dynamo.reset()
+    model = _Tagger().to(device)
+    x = torch.randn(3, 7, 5, device=device)
+    hx = (torch.randn(4, 3, 4, device=device), torch.randn(4, 3, 8, device=device)) if with_state else None
+
+    def run(fn):
+        xi = x.clone().requires_grad_()
+        hxi = tuple(t.clone().requires_grad_() for t in hx) if hx is not None else None
+        model.zero_grad()
+        out, h, c = fn(xi, hxi)
+        (out.square().sum() + h.sum() + (c * 0.5).sum()).backward()
+        grads = [xi.grad] + ([t.grad for t in hxi] if hxi else []) + [p.grad.clone() for p in model.parameters()]
+        return [out.detach(), h.detach(), c.detach()] + grads
+
+    eager = run(model)
+    compiled = run(torch.compile(model, backend=backend, fullgraph=True))
+    for i, (a, e) in enumerate(zip(compiled, eager)):
+        assert_close(a, e, torch.float32, f"compiled result {i}")
+
+
+# --------------------------------------------------------------------------------------
+# LSTMCell
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_lstm_cell_matches_nn_lstm_cell(device, dtype, batched, bias, with_state):
+    torch.manual_seed(15)
+    reference = nn.LSTMCell(5, 7, bias=bias).to(device=device, dtype=dtype)
+    ours = LSTMCell(5, 7, bias=bias, device=device, dtype=dtype)
+    ours.load_state_dict(reference.state_dict())
+    lead = (3,) if batched else ()
+    inputs = {"x": torch.randn(*lead, 5, device=device).to(dtype)}
+    if with_state:
+        inputs["h"] = torch.randn(*lead, 7, device=device).to(dtype)
+        inputs["c"] = torch.randn(*lead, 7, device=device).to(dtype)
+
+    def module_fn(module):
+        def fn(inp, _params):
+            hx = (inp["h"], inp["c"]) if "h" in inp else None
+            h, c = module(inp["x"], hx)
+            return {"h": h, "c": c}
+
+        return fn
+
+    def ref_fn(inp, params):
+        x = inp["x"] if batched else inp["x"].unsqueeze(0)
+        if "h" in inp:
+            h, c = (inp["h"], inp["c"]) if batched else (inp["h"].unsqueeze(0), inp["c"].unsqueeze(0))
+        else:
+            h = c = x.new_zeros(x.shape[0], 7)
+        weights = (params["weight_ih"], params["weight_hh"], params.get("bias_ih"), params.get("bias_hh"))
+        h, c = lstm_cell_reference(x, h, c, *weights)
+        return {"h": h, "c": c} if batched else {"h": h.squeeze(0), "c": c.squeeze(0)}
+
+    got, upstream = forward_backward(module_fn(ours), inputs, module_params(ours))
+    from_nn, _ = forward_backward(module_fn(reference), inputs, module_params(reference), upstream)
+    inputs64 = {k: v.double() for k, v in inputs.items()}
+    ref64, _ = forward_backward(ref_fn, inputs64, leaf_params(reference, torch.float64), upstream)
+    assert got["h"].shape == ((3, 7) if batched else (7,))
+    if dtype in LOW_PRECISION:
+        ref_lp, _ = forward_backward(ref_fn, inputs, leaf_params(reference, dtype), upstream)
+        compare_low_precision(got, ref64, [ref_lp, from_nn], dtype, "LSTMCell vs float64 reference")
+    else:
+        compare_results(got, from_nn, dtype, "LSTMCell vs nn.LSTMCell")
+        compare_results(got, ref64, dtype, "LSTMCell vs float64 reference")
+
+
+def test_lstm_cell_empty_batch():
+    reference = nn.LSTMCell(3, 4)
+    ours = LSTMCell(3, 4)
+    h, c = ours(torch.randn(0, 3))
+    h_ref, c_ref = reference(torch.randn(0, 3))
+    assert h.shape == h_ref.shape and c.shape == c_ref.shape
+
+
+# --------------------------------------------------------------------------------------
+# Validation errors: the same exception types (and messages) as nn.LSTM / nn.LSTMCell
+# --------------------------------------------------------------------------------------
+def _assert_same_error(call_reference: Callable, call_ours: Callable, match_message: bool) -> None:
+    with pytest.raises(Exception) as expected:
+        call_reference()
+    with pytest.raises(Exception) as got:
+        call_ours()
+    assert type(got.value) is type(expected.value), f"{type(got.value).__name__}: {got.value} vs {expected.value!r}"
+    if match_message:
+        assert str(got.value) == str(expected.value)
+
+
+def _rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+# (module kwargs, call(module) -> None, compare messages?)
+LSTM_FORWARD_ERRORS = {
+    "input-1d": ({}, lambda m: m(_rand(5)), True),
+    "input-4d": ({}, lambda m: m(_rand(5, 2, 3, 1)), True),
+    "input-features": ({}, lambda m: m(_rand(5, 2, 4)), True),
+    "input-features-unbatched": ({}, lambda m: m(_rand(5, 4)), True),
+    "input-dtype": ({}, lambda m: m(_rand(5, 2, 3, dtype=torch.float64)), True),
+    "input-empty-sequence": ({}, lambda m: m(_rand(0, 2, 3)), True),
+    "h0-batch": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 3, 4), _rand(2, 2, 4))), True),
+    "c0-hidden": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4), _rand(2, 2, 5))), True),
+    "h0-layers": ({}, lambda m: m(_rand(5, 2, 3), (_rand(1, 2, 4), _rand(2, 2, 4))), True),
+    "h0-batch-first": ({"batch_first": True}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4), _rand(2, 2, 4))), True),
+    "h0-proj": ({"proj_size": 2}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4), _rand(2, 2, 4))), True),
+    "c0-proj": ({"proj_size": 2}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 2), _rand(2, 2, 2))), True),
+    "h0-bidirectional": ({"bidirectional": True}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4), _rand(4, 2, 4))), True),
+    "hx-2d-for-batched": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 4), _rand(2, 2, 4))), True),
+    "hx-3d-for-unbatched": ({}, lambda m: m(_rand(5, 3), (_rand(2, 1, 4), _rand(2, 1, 4))), True),
+    "hx-unbatched-size": ({}, lambda m: m(_rand(5, 3), (_rand(2, 5), _rand(2, 4))), True),
+    "hx-one-tensor": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4),)), True),
+    "hx-three-tensors": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4),) * 3), True),
+    "hx-plain-3d-tensor": ({}, lambda m: m(_rand(5, 2, 3), _rand(2, 2, 4)), True),
+    "hx-stacked-4d-tensor": ({}, lambda m: m(_rand(5, 2, 3), _rand(2, 2, 2, 4)), False),
+    "hx-dtype": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4, dtype=torch.float64), _rand(2, 2, 4))), False),
+    "cx-dtype": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4), _rand(2, 2, 4, dtype=torch.float64))), False),
+    "packed-features": ({}, lambda m: m(pack_sequence([_rand(3, 5), _rand(2, 5)])), False),
+    "packed-dtype": ({}, lambda m: m(pack_sequence([_rand(3, 3), _rand(2, 3)]).double()), False),
+    "packed-h0-batch": (
+        {},
+        lambda m: m(pack_sequence([_rand(3, 3), _rand(2, 3)]), (_rand(2, 3, 4), _rand(2, 2, 4))),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LSTM_FORWARD_ERRORS))
+def test_lstm_forward_errors_match_nn_lstm(case):
+    kwargs, call, match_message = LSTM_FORWARD_ERRORS[case]
+    torch.manual_seed(16)
+    reference = nn.LSTM(3, 4, num_layers=2, **kwargs)
+    ours = LSTM(3, 4, num_layers=2, **kwargs)
+    _assert_same_error(lambda: call(reference), lambda: call(ours), match_message)
+
+
+LSTM_CONSTRUCTOR_ERRORS = {
+    "dropout-above-1": ((3, 4), {"dropout": 1.5}),
+    "dropout-negative": ((3, 4), {"dropout": -0.1}),
+    "dropout-bool": ((3, 4), {"dropout": True}),
+    "dropout-string": ((3, 4), {"dropout": "0.1"}),
+    "proj-equal-hidden": ((3, 4), {"proj_size": 4}),
+    "proj-above-hidden": ((3, 4), {"proj_size": 5}),
+    "proj-negative": ((3, 4), {"proj_size": -1}),
+    "num-layers-zero": ((3, 4), {"num_layers": 0}),
+    "hidden-zero": ((3, 0), {}),
+    "hidden-negative": ((3, -2), {}),
+    "hidden-float": ((3, 4.0), {}),
+    "input-zero": ((0, 4), {}),
+    "input-float": ((3.0, 4), {}),
+    "bias-int": ((3, 4), {"bias": 1}),
+    "batch-first-int": ((3, 4), {"batch_first": 1}),
+    "unknown-kwarg": ((3, 4), {"hidden": 4}),
+    "too-many-positional": ((3, 4, 1, True, False, 0.0, False, 0, None, None, 1), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LSTM_CONSTRUCTOR_ERRORS))
+def test_lstm_constructor_errors_match_nn_lstm(case):
+    args, kwargs = LSTM_CONSTRUCTOR_ERRORS[case]
+    # Messages of Python's own argument errors name the function (LSTM.__init__ vs
+    # RNNBase.__init__); compare their type only.
+    match = case not in ("unknown-kwarg", "too-many-positional")
+    _assert_same_error(lambda: nn.LSTM(*args, **kwargs), lambda: LSTM(*args, **kwargs), match)
+
+
+def test_lstm_constructor_warns_like_nn_lstm():
+    with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1"):
+        LSTM(3, 4, dropout=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LSTM(3, 4, num_layers=2, dropout=0.5)
+
+
+LSTM_CELL_ERRORS = {
+    "input-3d": lambda m: m(_rand(2, 3, 1)),
+    "input-0d": lambda m: m(_rand()),
+    "input-features": lambda m: m(_rand(2, 4)),
+    "input-features-unbatched": lambda m: m(_rand(4)),
+    "h-batch": lambda m: m(_rand(2, 3), (_rand(3, 4), _rand(2, 4))),
+    "c-batch": lambda m: m(_rand(2, 3), (_rand(2, 4), _rand(3, 4))),
+    "h-hidden": lambda m: m(_rand(2, 3), (_rand(2, 5), _rand(2, 4))),
+    "c-hidden": lambda m: m(_rand(2, 3), (_rand(2, 4), _rand(2, 5))),
+    "h-3d": lambda m: m(_rand(2, 3), (_rand(2, 2, 4), _rand(2, 4))),
+    "c-0d": lambda m: m(_rand(3), (_rand(4), _rand())),
+    "h-1d-for-batched": lambda m: m(_rand(2, 3), (_rand(4), _rand(2, 4))),
+    "c-1d-for-batched": lambda m: m(_rand(2, 3), (_rand(2, 4), _rand(4))),
+    "hx-2d-for-unbatched": lambda m: m(_rand(3), (_rand(2, 4), _rand(2, 4))),
+    "hx-one-tensor": lambda m: m(_rand(2, 3), (_rand(2, 4),)),
+    "hx-one-tensor-unbatched": lambda m: m(_rand(3), (_rand(4),)),
+    "hx-three-tensors": lambda m: m(_rand(2, 3), (_rand(2, 4),) * 3),
+    "hx-plain-tensor": lambda m: m(_rand(2, 3), _rand(2, 4)),
+    "input-dtype": lambda m: m(_rand(2, 3, dtype=torch.float64)),
+    "h-dtype": lambda m: m(_rand(2, 3), (_rand(2, 4, dtype=torch.float64), _rand(2, 4))),
+}
+# nn.LSTMCell's dtype errors come from deep inside ATen (a matmul's message).
+_CELL_TYPE_ONLY = {"input-dtype", "h-dtype"}
+
+
+@pytest.mark.parametrize("case", sorted(LSTM_CELL_ERRORS))
+def test_lstm_cell_errors_match_nn_lstm_cell(case):
+    call = LSTM_CELL_ERRORS[case]
+    _assert_same_error(lambda: call(nn.LSTMCell(3, 4)), lambda: call(LSTMCell(3, 4)), case not in _CELL_TYPE_ONLY)
+
+
+def test_lstm_cell_rejects_mixed_dtype_cell_state():
+    """A deliberate difference: nn.LSTMCell type-promotes a float64 c with float32 weights
+    (returning a float64 c); the fused op needs one dtype and says so."""
+    h, c = nn.LSTMCell(3, 4)(_rand(2, 3), (_rand(2, 4), _rand(2, 4, dtype=torch.float64)))
+    assert c.dtype == torch.float64
+    with pytest.raises(RuntimeError, match="dtype"):
+        LSTMCell(3, 4)(_rand(2, 3), (_rand(2, 4), _rand(2, 4, dtype=torch.float64)))
+
+
+def test_package_exports():
+    assert seqkernels.LSTM is LSTM and seqkernels.LSTMCell is LSTMCell and seqkernels.lstm_layer is lstm_layer
+
+
+# --------------------------------------------------------------------------------------
+# Autocast
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("packed", [False, True])
+def test_autocast_runs_in_the_autocast_dtype(device, packed):
+    """Under autocast (bf16 on the CPU, fp16 on CUDA) the modules run in the autocast dtype:
+    compared with the float64 reference, the error is that of the reference run in that
+    dtype; gradients reach the float32 parameters."""
+    torch.manual_seed(17)
+    low = torch.bfloat16 if device == "cpu" else torch.float16
+    config = dict(
+        input_size=5, hidden_size=8, num_layers=2, bias=True, batch_first=False, bidirectional=True, proj_size=0
+    )
+    ref_module, ours = make_lstms(config, torch.float32, device)
+    x = torch.randn(6, 3, 5, device=device)
+    lengths = torch.tensor([6, 4, 2])
+    with torch.autocast(device, dtype=low):
+        if packed:
+            out, (h, c) = ours(pack_padded_sequence(x, lengths))
+            out = out.data
+        else:
+            out, (h, c) = ours(x)
+        cell_h, cell_c = replace_lstm(nn.LSTMCell(5, 8).to(device))(x[0])
+    assert out.dtype == low and h.dtype == low and c.dtype == low and cell_h.dtype == low
+    (out.float().sum() + h.float().sum()).backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ours.parameters())
+
+    def reference(dtype):
+        params = [p.detach().to(dtype) for p in ref_module._flat_weights]
+        xs = x.to(dtype)
+        if packed:
+            pk = pack_padded_sequence(xs, lengths)
+            o, (hh, cc) = lstm_reference(
+                pk.data, None, params, num_layers=2, bidirectional=True, batch_sizes=pk.batch_sizes
+            )
+        else:
+            o, (hh, cc) = lstm_reference(xs, None, params, num_layers=2, bidirectional=True)
+        return {"output": o, "h_n": hh, "c_n": cc}
+
+    compare_low_precision(
+        {"output": out, "h_n": h, "c_n": c}, reference(torch.float64), [reference(low)], low, "autocast"
+    )
