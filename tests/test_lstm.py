@@ -1244,3 +1244,12 @@ def test_autocast_runs_in_the_autocast_dtype(device, packed):
     compare_low_precision(
         {"output": out, "h_n": h, "c_n": c}, reference(torch.float64), [reference(low)], low, "autocast"
     )
+
+
+def test_double_backward_raises(device):
+    """Differentiating the gradient is not supported: it must raise, never return zeros."""
+    module = LSTM(3, 4, device=device, dtype=torch.float64)
+    x = torch.randn(5, 2, 3, device=device, dtype=torch.float64, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(module(x)[0].sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        grad_x.sum().backward()

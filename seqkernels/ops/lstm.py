@@ -122,3 +122,20 @@ def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
 
 
 torch.library.register_autograd("seqkernels::lstm_forward", _lstm_backward, setup_context=_setup_context)
+
+
+def _lstm_backward_not_differentiable(ctx, *grads):
+    raise NotImplementedError(
+        "seqkernels.lstm: double backward (differentiating the gradient) is not supported"
+    )
+
+
+def _lstm_backward_setup_context(ctx, inputs, output):
+    pass
+
+
+# Without this, autograd would treat lstm_backward's outputs as constants and a second
+# backward (create_graph=True) would silently return wrong gradients.
+torch.library.register_autograd(
+    "seqkernels::lstm_backward", _lstm_backward_not_differentiable, setup_context=_lstm_backward_setup_context
+)
