@@ -12,6 +12,7 @@ Build without isolation so that pip never downloads torch:
 import glob
 import os
 import platform
+import sys
 
 from setuptools import find_packages, setup
 
@@ -52,6 +53,13 @@ def extension():
     # -fno-trapping-math (as torch itself is built) lets GCC if-convert, and so vectorise,
     # the branch-free gate math of the CPU kernels.
     cxx = opt + ["-fvisibility=hidden", "-fno-trapping-math", "-fno-math-errno"]
+    link = []
+    if sys.platform.startswith("linux"):
+        # at::parallel_for is a header template: its `#pragma omp parallel` is compiled into
+        # this extension, so without -fopenmp every parallel_for here runs on one thread.
+        # The soname matches torch's bundled libgomp.so.1, so one OpenMP runtime is loaded.
+        cxx += ["-fopenmp"]
+        link += ["-fopenmp"]
     if platform.machine() in ("x86_64", "AMD64"):
         # The CPU gate kernels are written to auto-vectorise; x86-64-v3 (AVX2 + FMA, every
         # x86 server since ~2015) is the baseline. The extension checks it at load time.
@@ -62,6 +70,7 @@ def extension():
         sources=sources,
         include_dirs=[os.path.join(ROOT, "csrc", "include")],
         define_macros=define_macros,
+        extra_link_args=link,
     )
     if use_cuda:
         sources += sorted(glob.glob("csrc/cuda/*.cu"))

@@ -35,7 +35,8 @@ inline v8f load8(const float* p) {
   return v;
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-inline v8f splat8(float x) { return v8f{} + x; }
+// (An initialiser list, not v8f{} + x: 0 + x is not x for x = -0, so that would cost an add.)
+inline v8f splat8(float x) { return v8f{x, x, x, x, x, x, x, x}; }
 
 constexpr int64_t kUnitTile = 8;              // hidden units per packed tile (one register per gate)
 constexpr int64_t kPersistentMaxBatch = 16;   // beyond this the BLAS path's GEMMs are efficient
@@ -113,42 +114,59 @@ inline void pack_w_hh(const float* w_hh, int64_t H, float* packed) {
 
 // pre[r, g*H + j0 .. +nj] += h[r, :]·W_hh[g*H + j0 .. +nj, :]ᵀ for R rows and one tile.
 //   pre: [R, G] row stride G; h: [R, H] row stride H; w_tile: packed [H, 4, 8]
-template <int R>
+// An FMA has a latency of ~4 cycles and two issue per cycle, so a core needs >= 8
+// independent accumulators: R rows × 4 gates × S interleaved k-streams (S = 2 for a
+// single row) keeps both FMA pipes busy.
+template <int R, int S>
 inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, const float* h, const float* w_tile, float* pre) {
   const int64_t G = 4 * H;
   const bool full = nj == kUnitTile;  // only the last tile of an H that is no multiple of 8 is partial
-  v8f acc[R][4];
+  v8f acc[S][R][4];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 4; ++g) {
       const float* src = pre + r * G + g * H + j0;
       if (full) {
-        acc[r][g] = load8(src);
+        acc[0][r][g] = load8(src);
       } else {
         float lanes[kUnitTile] = {};
         for (int64_t l = 0; l < nj; ++l) lanes[l] = src[l];
-        acc[r][g] = load8(lanes);
+        acc[0][r][g] = load8(lanes);
+      }
+      for (int st = 1; st < S; ++st) acc[st][r][g] = v8f{};
+    }
+  }
+  int64_t k = 0;
+  for (; k + S <= H; k += S) {
+    for (int st = 0; st < S; ++st) {
+      const float* w = w_tile + (k + st) * 4 * kUnitTile;
+      const v8f w0 = load8(w), w1 = load8(w + 8), w2 = load8(w + 16), w3 = load8(w + 24);
+      for (int r = 0; r < R; ++r) {
+        const v8f hk = splat8(h[r * H + k + st]);
+        acc[st][r][0] += hk * w0;
+        acc[st][r][1] += hk * w1;
+        acc[st][r][2] += hk * w2;
+        acc[st][r][3] += hk * w3;
       }
     }
   }
-  for (int64_t k = 0; k < H; ++k) {
+  for (; k < H; ++k) {
     const float* w = w_tile + k * 4 * kUnitTile;
-    const v8f w0 = load8(w), w1 = load8(w + 8), w2 = load8(w + 16), w3 = load8(w + 24);
     for (int r = 0; r < R; ++r) {
       const v8f hk = splat8(h[r * H + k]);
-      acc[r][0] += hk * w0;
-      acc[r][1] += hk * w1;
-      acc[r][2] += hk * w2;
-      acc[r][3] += hk * w3;
+      for (int g = 0; g < 4; ++g) acc[0][r][g] += hk * load8(w + 8 * g);
     }
   }
+  for (int st = 1; st < S; ++st)
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < 4; ++g) acc[0][r][g] += acc[st][r][g];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 4; ++g) {
       float* dst = pre + r * G + g * H + j0;
       if (full) {
-        store8(dst, acc[r][g]);
+        store8(dst, acc[0][r][g]);
       } else {
         float lanes[kUnitTile];
-        store8(lanes, acc[r][g]);
+        store8(lanes, acc[0][r][g]);
         for (int64_t l = 0; l < nj; ++l) dst[l] = lanes[l];
       }
     }
