@@ -197,9 +197,12 @@ float* forward_persistent(const LstmSizes& s, bool reverse, const float* w_packe
     for (int64_t j = j0; j < j1; j += kUnitTile) {
       const int64_t nj = std::min(kUnitTile, j1 - j);
       const float* w_tile = w_packed + (j / kUnitTile) * H * 4 * kUnitTile;
-      int64_t b = 0;
-      for (; b + 2 <= bt; b += 2) tile_recurrent<2, 1>(H, j, nj, hin + b * H, w_tile, pre_t + b * G);
-      if (b < bt) tile_recurrent<1, 2>(H, j, nj, hin + b * H, w_tile, pre_t + b * G);
+      for (int64_t k0 = 0; k0 < H; k0 += kChunkK) {
+        const int64_t k1 = std::min(H, k0 + kChunkK);
+        int64_t b = 0;
+        for (; b + 2 <= bt; b += 2) tile_recurrent<2, 1>(H, j, nj, k0, k1, hin + b * H, w_tile, pre_t + b * G);
+        if (b < bt) tile_recurrent<1, 2>(H, j, nj, k0, k1, hin + b * H, w_tile, pre_t + b * G);
+      }
     }
     float* y_t = y + off * H;
     forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, cbuf, y_t, kTraining ? gates + off * G : nullptr,

@@ -40,6 +40,7 @@ inline v8f splat8(float x) { return v8f{x, x, x, x, x, x, x, x}; }
 
 constexpr int64_t kUnitTile = 8;              // hidden units per packed tile (one register per gate)
 constexpr int64_t kPersistentMaxBatch = 16;   // beyond this the BLAS path's GEMMs are efficient
+constexpr int64_t kChunkK = 128;              // k per L1-resident chunk of a W tile (16 KB)
 constexpr int kSpinsBeforeSteal = 2048;
 
 inline void cpu_relax() {
@@ -112,13 +113,16 @@ inline void pack_w_hh(const float* w_hh, int64_t H, float* packed) {
   });
 }
 
-// pre[r, g*H + j0 .. +nj] += h[r, :]·W_hh[g*H + j0 .. +nj, :]ᵀ for R rows and one tile.
+// pre[r, g*H + j0 .. +nj] += h[r, k0:k1]·W_hh[g*H + j0 .. +nj, k0:k1]ᵀ for R rows and one
+// tile (callers split k into chunks so that a chunk of the tile stays in L1 while every
+// row pair streams over it).
 //   pre: [R, G] row stride G; h: [R, H] row stride H; w_tile: packed [H, 4, 8]
 // An FMA has a latency of ~4 cycles and two issue per cycle, so a core needs >= 8
 // independent accumulators: R rows × 4 gates × S interleaved k-streams (S = 2 for a
 // single row) keeps both FMA pipes busy.
 template <int R, int S>
-inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, const float* h, const float* w_tile, float* pre) {
+inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* h,
+                           const float* w_tile, float* pre) {
   const int64_t G = 4 * H;
   const bool full = nj == kUnitTile;  // only the last tile of an H that is no multiple of 8 is partial
   v8f acc[S][R][4];
@@ -135,8 +139,8 @@ inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, const float* h, co
       for (int st = 1; st < S; ++st) acc[st][r][g] = v8f{};
     }
   }
-  int64_t k = 0;
-  for (; k + S <= H; k += S) {
+  int64_t k = k0;
+  for (; k + S <= k1; k += S) {
     for (int st = 0; st < S; ++st) {
       const float* w = w_tile + (k + st) * 4 * kUnitTile;
       const v8f w0 = load8(w), w1 = load8(w + 8), w2 = load8(w + 16), w3 = load8(w + 24);
@@ -149,7 +153,7 @@ inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, const float* h, co
       }
     }
   }
-  for (; k < H; ++k) {
+  for (; k < k1; ++k) {
     const float* w = w_tile + k * 4 * kUnitTile;
     for (int r = 0; r < R; ++r) {
       const v8f hk = splat8(h[r * H + k]);
