@@ -8,8 +8,11 @@
 # a time box drawn from one overall budget (GPU_CHECK_BUDGET seconds, default 560, so the
 # whole script ends inside a 10-minute call: run it with timeout_s=600). Files written to $OUT (at most 8):
 #   build.log      pip build output, with ptxas' per-kernel register / spill report
-#   tests.log      pytest -m cuda over tests/, the rest of tests/test_lstm.py, extra checks
-#   sanitizer.log  compute-sanitizer memcheck, racecheck and initcheck of scripts/sanitize_lstm.py
+#   tests.log      pytest -m cuda over tests/ (tests/test_lstm_backends.py forces each LSTM backend
+#                  itself), the CUDA tests of tests/test_lstm.py again with SEQKERNELS_LSTM_BACKEND=
+#                  persistent and =cublas, the rest of tests/test_lstm.py, extra checks
+#   sanitizer.log  compute-sanitizer memcheck, racecheck, synccheck and initcheck of
+#                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent)
 #   bench.json, bench.md, bench.log   benchmarks/bench_lstm.py
 #   summary.txt    device, versions, each step's rc and duration, test and sanitizer totals
 #
@@ -17,7 +20,9 @@
 # they are installed into /tmp/site and put on PYTHONPATH.
 #
 # Env: GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
-# skip: build tests memcheck racecheck initcheck extra bench cputests), BENCH_ARGS (extra
+# skip: build tests tests_persistent tests_cublas memcheck racecheck synccheck initcheck
+# memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent extra bench
+# cputests), BENCH_ARGS (extra
 # arguments for bench_lstm.py, e.g. "--quick"), OUT.
 set -u
 export PYTHONUNBUFFERED=1
@@ -102,6 +107,11 @@ TESTS_LOG="$OUT/tests.log"
 : >"$TESTS_LOG"
 run_step tests "pytest -m cuda tests/" 200 "$TESTS_LOG" \
   "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE --durations=10 tests/
+# The LSTM's CUDA tests on each backend forced (auto, above, picks per call).
+for backend in persistent cublas; do
+  run_step "tests_$backend" "pytest -m cuda tests/test_lstm.py (SEQKERNELS_LSTM_BACKEND=$backend)" 150 "$TESTS_LOG" \
+    env SEQKERNELS_LSTM_BACKEND=$backend "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE tests/test_lstm.py
+done
 
 # ---- 3. compute-sanitizer -------------------------------------------------------------------
 SAN_LOG="$OUT/sanitizer.log"
@@ -109,12 +119,21 @@ SAN_LOG="$OUT/sanitizer.log"
 # Without the caching allocator every tensor is its own cudaMalloc, so an out-of-bounds access
 # cannot hide inside a pooled block.
 export_san="env PYTORCH_NO_CUDA_MEMORY_CACHING=1"
-run_step memcheck memcheck 75 "$SAN_LOG" $export_san compute-sanitizer --tool memcheck --leak-check no \
-  --error-exitcode 99 "$PY" scripts/sanitize_lstm.py
-run_step racecheck racecheck 60 "$SAN_LOG" $export_san compute-sanitizer --tool racecheck --error-exitcode 99 \
-  "$PY" scripts/sanitize_lstm.py
-run_step initcheck initcheck 45 "$SAN_LOG" $export_san compute-sanitizer --tool initcheck --error-exitcode 99 \
-  "$PY" scripts/sanitize_lstm.py
+# Each tool once per LSTM backend: the cuBLAS loop (keys memcheck ...) and the persistent
+# kernels (keys memcheck_persistent ...; racecheck checks their shared-memory hazards,
+# synccheck their barriers).
+for backend in cublas persistent; do
+  sfx=""
+  [ "$backend" = persistent ] && sfx="_persistent"
+  run_step "memcheck$sfx" "memcheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool memcheck \
+    --leak-check no --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
+  run_step "racecheck$sfx" "racecheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool racecheck \
+    --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
+  run_step "synccheck$sfx" "synccheck ($backend)" 60 "$SAN_LOG" $export_san compute-sanitizer --tool synccheck \
+    --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
+  run_step "initcheck$sfx" "initcheck ($backend)" 60 "$SAN_LOG" $export_san compute-sanitizer --tool initcheck \
+    --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
+done
 
 # ---- 4. extra checks: CUDA-graph capture, a 70000-step sequence ----------------------------
 run_step extra "extra checks" 45 "$TESTS_LOG" "$PY" scripts/sanitize_lstm.py --extra

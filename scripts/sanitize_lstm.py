@@ -2,18 +2,24 @@
 
     compute-sanitizer --tool memcheck python scripts/sanitize_lstm.py
     python scripts/sanitize_lstm.py --extra        # + CUDA-graph capture and a > 65535-step sequence
+    python scripts/sanitize_lstm.py --backend persistent   # SEQKERNELS_LSTM_BACKEND for the run
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
 compared with a plain float64 loop on the CPU (autograd for the gradients) by relative
-Frobenius error. Run under compute-sanitizer with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that
-every tensor is its own allocation and an out-of-bounds access cannot land inside a pooled
-block. Exits non-zero on a mismatch or a non-finite value.
+Frobenius error. With --backend persistent the sweep also covers float32 with TF32 off (the
+FFMA kernels) and two larger shapes that reach the persistent kernel's other code paths
+(several m16 batch tiles; the X tile loaded in column chunks). Run under compute-sanitizer
+with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that every tensor is its own allocation and an
+out-of-bounds access cannot land inside a pooled block. Exits non-zero on a mismatch or a
+non-finite value.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import sys
 import time
 
@@ -134,19 +140,48 @@ def run_case(dtype, proj, reverse, training, has_bias, batch_sizes, I, H, gen) -
     return ok, f"{'ok  ' if ok else 'FAIL'} {tag}  worst={worst:.1e}  {detail}"
 
 
-def sweep(gen) -> int:
+@contextlib.contextmanager
+def rnn_tf32(allowed: bool):
+    """TF32 for float32 RNNs on or off (what both CUDA backends follow), restored afterwards."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+
+
+def sweep(gen, persistent: bool) -> int:
     failures = 0
     # Packed (decreasing batch sizes, sequences ending at different steps), odd sizes; H = 8
     # takes the 16-byte vector path, H = 5 the scalar one.
     shapes = [([3, 3, 2, 1, 1], 5, 8), ([2, 1], 3, 5)]
+    # float32 with TF32 as PyTorch's default has it (on), and off on the persistent backend,
+    # where it selects other kernels (FFMA instead of TF32 tensor cores).
+    tf32_modes = [True, False] if persistent else [True]
     for dtype, proj, reverse, training in itertools.product(
         [torch.float64, torch.float32, torch.bfloat16, torch.float16], [False, True], [False, True], [True, False]
     ):
-        for k, (batch_sizes, I, H) in enumerate(shapes):
-            has_bias = k == 0 or not training
-            ok, line = run_case(dtype, proj, reverse, training, has_bias, batch_sizes, I, H, gen)
-            failures += not ok
-            print(line, flush=True)
+        for tf32 in tf32_modes if dtype == torch.float32 else [True]:
+            for k, (batch_sizes, I, H) in enumerate(shapes):
+                has_bias = k == 0 or not training
+                with rnn_tf32(tf32):
+                    ok, line = run_case(dtype, proj, reverse, training, has_bias, batch_sizes, I, H, gen)
+                failures += not ok
+                print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
+    if persistent:
+        # Several m16 batch tiles, 4 units per block, packed, both directions; then H = 1024
+        # (8 units per block), whose float32 backward loads the X tile in column chunks.
+        big = [([17, 17, 9, 3], 8, 64, dt, tf32) for dt, tf32 in
+               [(torch.bfloat16, True), (torch.float32, True), (torch.float32, False), (torch.float64, True)]]
+        big += [([16, 16], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),
+                ([5, 5], 8, 1024, torch.bfloat16, True)]
+        for batch_sizes, I, H, dtype, tf32 in big:
+            for reverse in (False, True):
+                with rnn_tf32(tf32):
+                    ok, line = run_case(dtype, False, reverse, True, True, batch_sizes, I, H, gen)
+                failures += not ok
+                print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
     return failures
 
 
@@ -210,15 +245,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extra", action="store_true", help="also CUDA-graph capture and a 70000-step sequence")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--backend", choices=["auto", "persistent", "cublas"], default=None,
+                        help="set SEQKERNELS_LSTM_BACKEND for this run (default: leave the environment as it is)")
     args = parser.parse_args()
+    if args.backend is not None:
+        os.environ["SEQKERNELS_LSTM_BACKEND"] = args.backend
     if not torch.cuda.is_available():
         print("sanitize_lstm: no CUDA device", file=sys.stderr)
         return 2
     gen = torch.Generator().manual_seed(args.seed)
     rnn_precision = getattr(getattr(torch.backends.cudnn, "rnn", None), "fp32_precision", "n/a")
+    backend = os.environ.get("SEQKERNELS_LSTM_BACKEND", "auto")
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
-          f"cudnn rnn fp32_precision: {rnn_precision}", flush=True)
-    failures = sweep(gen)
+          f"cudnn rnn fp32_precision: {rnn_precision}  SEQKERNELS_LSTM_BACKEND={backend}", flush=True)
+    failures = sweep(gen, persistent=backend == "persistent")
     if args.extra:
         failures += extra(gen)
     print(f"sanitize_lstm: {failures} failure(s)", flush=True)

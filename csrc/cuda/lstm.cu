@@ -52,6 +52,7 @@
 #include <type_traits>
 
 #include "blas.cuh"
+#include "lstm_persistent.cuh"
 #include "seqkernels/lstm_cell.h"
 #include "seqkernels/lstm_checks.h"
 
@@ -311,9 +312,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   Tensor pre = at::empty({N, G}, acc_opts);
   Tensor y = at::empty({N, Hout}, opts);
   Tensor hbuf = at::empty({B, Hout}, opts);
-  hbuf.copy_(h0);
   Tensor cbuf = at::empty({B, H}, acc_opts);
-  cbuf.copy_(c0);
   Tensor gates = at::empty({training ? N : 0, G}, opts);
   Tensor cells = at::empty({training ? N : 0, H}, opts);
   Tensor mbuf = proj ? at::empty({B, H}, opts) : Tensor();
@@ -341,6 +340,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
 
   // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ.
   cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, N, G, I, sc_t(1), x_p, I, w_ih_p, I, sc_t(0), pre_p, G);
+
+  // The whole time loop in one persistent kernel where it applies (lstm_persistent.cu);
+  // it writes y, gates, cells, h_n (hbuf) and c_n (cbuf) itself.
+  if (cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, bias_p, w_hh_p,
+                                              h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p,
+                                              cells_p, hbuf_p, cbuf_p, x)) {
+    Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
+    return {y, hbuf, c_n, gates, cells};
+  }
+  hbuf.copy_(h0);
+  cbuf.copy_(c0);
 
   // 16-byte accesses when every base pointer allows them (row offsets are multiples of H).
   const bool vec4 = H % 4 == 0 && aligned_for<4>(pre_p) && aligned_for<4>(bias_p) && aligned_for<4>(cbuf_p) &&
@@ -409,9 +419,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 
   // Every buffer, before the loop.
   Tensor dhbuf = at::empty({B, Hout}, acc_opts);
-  dhbuf.copy_(grad_h_n);
   Tensor dcbuf = at::empty({B, H}, acc_opts);
-  dcbuf.copy_(grad_c_n);
   Tensor dG = at::empty({N, G}, opts);
   Tensor hprev = at::empty({N, Hout}, opts);
   Tensor M = proj ? at::empty({N, H}, opts) : Tensor();
@@ -441,7 +449,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
                     aligned_for<4>(c0_p) && aligned_for<4>(dhbuf_p) && aligned_for<4>(dcbuf_p) &&
                     aligned_for<4>(dG_p) && aligned_for<4>(hprev_p);
 
-  for (int64_t step = 0; step < T; ++step) {
+  // The whole reverse-time loop in one persistent kernel where it applies (lstm_persistent.cu):
+  // it fills dG, hprev, dhbuf (grad_h0) and dcbuf (grad_c0) as the loop below does.
+  const bool persistent = cuda::lstm_persistent_backward<scalar_t>(
+      s, reverse, blas.tf32(), w_hh_p, gates_p, cells_p, y_p, grad_y_p, h0_p, c0_p,
+      grad_h_n.data_ptr<scalar_t>(), grad_c_n.data_ptr<scalar_t>(), dG_p, hprev_p, dhbuf_p, dcbuf_p, x);
+  if (!persistent) {
+    dhbuf.copy_(grad_h_n);
+    dcbuf.copy_(grad_c_n);
+  }
+  for (int64_t step = 0; step < T && !persistent; ++step) {
     // Reverse of the forward's processing order.
     const int64_t t = reverse ? step : T - 1 - step;
     const int64_t bt = s.batch_sizes[t];

@@ -1,0 +1,1317 @@
+// Persistent small-batch LSTM kernels: one cooperative launch runs a layer's whole time loop.
+//
+// Why. At small batch a time step of the cuBLAS path (csrc/cuda/lstm.cu: one recurrent GEMM
+// and one pointwise kernel per step) costs ~8 µs of launches and of GEMM set-up, while the
+// arithmetic of a step is a fraction of a microsecond. Here the grid stays resident for all
+// T steps, W_hh stays on chip (registers or shared memory), and the blocks exchange the
+// recurrent state through L2.
+//
+// Shape legend: T steps, N packed rows, B = batch_sizes[0], H hidden, G = 4H gate rows
+// (i, f, g, o), U hidden units per block (4 or 8), Hp = nblocks * U (H padded), bt =
+// batch_sizes[t]. acc_t is float for half types and scalar_t otherwise.
+//
+// Decomposition (forward). Block b owns units j in [b*U, b*U + U) and all four gates of them,
+// so the gate math, c and h of those units stay in the block. Per step it needs all of
+// h_{t-1} [bt, H] and computes
+//     D[n][c] = sum_k h_{t-1}[n][k] * W_hh[row(c)][k],   c = gate*U + u, row(c) = gate*H + j
+// with h_{t-1} staged in shared memory (the A operand, batch rows in m16 tiles) and its 4U
+// rows of W_hh resident (the B operand): in registers as tensor-core fragments for bf16/fp16
+// (mma.m16n8k16, fp32 accumulation) and for float32 with TF32 allowed (mma.m16n8k8.tf32,
+// operands rounded to TF32 like cuBLAS's FAST_TF32); in shared memory for FFMA/DFMA (float32
+// with TF32 off, float64: full precision). K is split over the 8 warps (FMA: over thread
+// groups); the partial sums meet in shared memory and are added in a fixed order. Then the
+// gate threads (one per (unit, batch row)) add pre = x·W_ihᵀ (one cuBLAS GEMM before the
+// kernel) and the bias, apply lstm_cell.h, keep c in a register for the whole sequence,
+// write y (and the saved gates/cells when training), and publish h_t.
+//
+// Exchange and synchronisation: one wait per step, no separate grid barrier. h_t is
+// published in an "LL" (low-latency, as in NCCL) buffer: every 8-byte word holds 4 bytes of
+// payload and a 4-byte flag = step + 1, written with one 64-bit store, which the memory
+// model makes single-copy atomic. A consumer reads the words of h_{t-1} (16-byte vector loads
+// = two atomic 64-bit accesses) and re-reads those whose flag is not yet its step: a word is
+// valid exactly when it carries the expected flag, so no fence, counter or barrier is
+// needed, and a step costs one store-to-load trip through L2 instead of a barrier followed by
+// a load. Two buffers alternate (step s writes buffer s % 2); a block can only write step s
+// after it has read every block's step s-1, which those wrote only after reading step s-2
+// from the buffer being overwritten, so no word is overwritten before it was read. Flags are
+// zeroed by a cudaMemsetAsync on the current stream before each launch (stale flags from an
+// earlier launch could otherwise match), which a CUDA graph captures like the launch itself.
+// The wait needs every block resident: the kernel is launched cooperatively
+// (cudaLaunchKernelEx + cudaLaunchAttributeCooperative, capturable), after the occupancy API
+// confirmed that nblocks fit; otherwise the host returns false and lstm.cu runs its cuBLAS
+// loop, so a launch never deadlocks. A wait that exceeds 10 s traps instead of hanging.
+//
+// Backward (reverse processing order). Block b owns the same units. Phase 1: the gate
+// backward of its units (lstm_cell_backward) with dh_t = dh_state + grad_y, writing
+// dG[rows] (for the weight GEMMs after the loop) and h_{t-1} gathered into hprev; its slice
+// of dG_t is published in the LL buffer. Phase 2 (after the same one wait): every block
+// reads all of dG_t [bt, 4Hp] and forms dh_{t-1}[:, own units] = dG_t · W_hh[:, own units]
+// with its W_hh columns resident (B operand), so the next phase 1 needs only its own
+// results: one exchange per step. dW_hh, dW_ih, dx and dbias remain whole-sequence GEMMs in
+// lstm.cu (deterministic: no atomics anywhere; every sum has a fixed order).
+//
+// Packed sequences and reverse: the step table (runs of equal batch size, at most 64) is a
+// kernel argument; rows b >= bt keep their state in registers exactly as lstm.cu's hbuf/cbuf
+// keep untouched rows, and a row that starts late (reverse direction) takes h0/c0.
+//
+// Limits (else cuBLAS): no projection; one gate item per thread, U * B <= 256 (B <= 64 with
+// 4 units per block, B <= 32 with 8, which H > 4 * #SMs needs); at most 64 distinct batch
+// sizes; the resident weights must fit: MMA fragments cover Hp <= 1024, the FMA path keeps W
+// in shared memory (float32 H <= 1024, float64 H <= ~512); the X tile is loaded in up to 8
+// column chunks per step when B * K does not fit shared memory. Selection heuristic: see
+// auto_prefers_persistent below. SEQKERNELS_LSTM_TRACE=1 makes block 0 print the mean SM
+// cycles per step and phase (wait + gather, product, gate math, publication) of each launch.
+//
+// Code size matters: every step runs the whole loop body, and at ~60 KB of SASS per step the
+// kernels were bound by instruction fetch (measured with SEQKERNELS_LSTM_TRACE on an H200:
+// ~2000 cycles for a B = 1 gate phase). Hence one gate item per thread, compact reductions,
+// a small gather with an out-of-line slow path, and outputs stored after the publication.
+#include "lstm_persistent.cuh"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include "seqkernels/lstm_cell.h"
+
+namespace seqkernels {
+namespace cuda {
+
+LstmBackend lstm_backend_from_env() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_BACKEND");
+  const std::string backend = env ? env : "auto";
+  if (backend == "auto") return LstmBackend::kAuto;
+  if (backend == "persistent") return LstmBackend::kPersistent;
+  if (backend == "gemm" || backend == "cublas") return LstmBackend::kCublas;
+  TORCH_CHECK(false, "SEQKERNELS_LSTM_BACKEND must be auto, persistent, gemm or cublas, got '", backend, "'");
+}
+
+namespace {
+
+using u64 = unsigned long long;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxBatch = 64;     // B limit of the persistent path
+constexpr int kMaxSegments = 64;  // distinct batch sizes of a packed sequence
+// One gate item (unit, batch row) per thread: U * B <= kThreads. (Two items per thread would
+// double the hot loop's code, and the loop must stay small: at ~10K instructions the step time
+// was bound by instruction fetch, measured on an H200.)
+constexpr int kItems = 1;
+
+// How a block forms its gate pre-activations.
+enum class Path : int {
+  kMma16,  // bf16 / fp16: mma.m16n8k16, fp32 accumulation, W_hh fragments in registers
+  kTf32,   // float32 with TF32 allowed: mma.m16n8k8.tf32, W_hh fragments in registers
+  kFma,    // float32 with TF32 off, float64: FFMA / DFMA, W_hh in shared memory
+};
+
+// Tensor-core shapes. Per warp, the resident B fragments are [kNT n8 tiles][kKS k-steps][2]
+// 32-bit registers: K per warp <= 128 (forward: Hp <= 1024 over 8 warps) or 512 (backward:
+// 4 Hp <= 4096), so 64 registers for bf16/fp16 and 128 for TF32.
+template <Path P, bool kBwd>
+struct MmaCfg {
+  static constexpr int kStep = P == Path::kTf32 ? 8 : 16;  // k per mma
+  static constexpr int kNT = kBwd ? 1 : 4;                 // n8 tiles: 4U <= 32 columns forward, U <= 8 backward
+  static constexpr int kKS = (kBwd ? 512 : 128) / kStep;   // k-steps per warp
+};
+
+// 16-byte LL loads per thread per batch (64 KB per block in flight; TF32 keeps 128 registers of
+// W_hh fragments and gets half).
+template <Path P>
+constexpr int gather_batch() {
+  return P == Path::kTf32 ? 8 : 16;
+}
+
+// Runs of equal batch size: step t in [tb[k], tb[k+1]) has bs[k] rows starting at packed row
+// ob[k] + (t - tb[k]) * bs[k]. tb[count] = T.
+struct SegTable {
+  long long ob[kMaxSegments];
+  int tb[kMaxSegments + 1];
+  int bs[kMaxSegments];
+  int count;
+  int pad_;
+};
+
+// Sizes and shared-memory layout of one launch, computed on the host (make_geometry).
+struct Geometry {
+  int T, B, H, U, lg_u, nblocks, Hp;
+  int Kx;          // columns of the exchanged matrix: Hp (forward: h) or 4 Hp (backward: dG)
+  int nch;         // column chunks the X tile is loaded in per step (1 unless B * Kx is large)
+  int CK;          // chunk width in columns (nch * CK >= Kx)
+  int kpc;         // MMA: k-steps per warp per chunk
+  int ldx;         // X tile row stride (elements); row bytes = 16 mod 128: conflict-free fragments
+  int NCp;         // GEMM output columns per row of red (MMA: padded to 8)
+  int nt;          // MMA: n8 tiles = NCp / 8
+  int kp;          // K partitions of red, summed in order by the gate threads
+  int fma_tiles;   // FMA: 4x4 output tiles
+  int fma_tc;      // FMA: tiles per output row
+  int red_stride;  // elements between K partitions of red
+  int row_words;   // LL words per exchanged row = Kx * sizeof(scalar_t) / 4
+  int wpb;         // LL words of one block's U-element slice = U * sizeof(scalar_t) / 4 (a power of 2)
+  int lg_wpb;      // log2(wpb)
+  int off_red, off_stage, off_w, off_seg;  // shared-memory layout (bytes); the X tile is at 0
+  int smem;        // dynamic shared memory bytes
+};
+
+template <class scalar_t>
+struct FwdArgs {
+  using acc_t = at::opmath_type<scalar_t>;
+  Geometry g;
+  SegTable seg;
+  bool reverse;
+  const acc_t* pre;      // [N, G] x·W_ihᵀ, no bias
+  const acc_t* bias;     // [G] b_ih + b_hh, or nullptr
+  const scalar_t* w_hh;  // [G, H]
+  const scalar_t* h0;    // [B, H]
+  const scalar_t* c0;    // [B, H]
+  scalar_t* y;           // [N, H] out
+  scalar_t* gates;       // [N, G] out (training): activated gates
+  scalar_t* cells;       // [N, H] out (training): c_t
+  scalar_t* h_n;         // [B, H] out
+  acc_t* c_n;            // [B, H] out
+  u64* xbuf;             // [2, B, row_words] LL exchange of h (flags zeroed before launch)
+  int trace;             // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
+};
+
+template <class scalar_t>
+struct BwdArgs {
+  using acc_t = at::opmath_type<scalar_t>;
+  Geometry g;
+  SegTable seg;
+  bool reverse;
+  const scalar_t* w_hh;      // [G, H]
+  const scalar_t* gates;     // [N, G] saved activated gates
+  const scalar_t* cells;     // [N, H] saved c_t
+  const scalar_t* y;         // [N, H] h_t of every row
+  const scalar_t* grad_y;    // [N, H]
+  const scalar_t* h0;        // [B, H]
+  const scalar_t* c0;        // [B, H]
+  const scalar_t* grad_h_n;  // [B, H]
+  const scalar_t* grad_c_n;  // [B, H]
+  scalar_t* dG;              // [N, G] out: pre-activation gradients
+  scalar_t* hprev;           // [N, H] out: h_{t-1} of every row
+  acc_t* grad_h0;            // [B, H] out
+  acc_t* grad_c0;            // [B, H] out
+  u64* dbuf;                 // [2, B, row_words] LL exchange of dG (flags zeroed before launch)
+  int trace;                 // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
+};
+
+// Cell nonlinearities: the IEEE-accurate expf/tanhf of lstm.cu's CudaMath (never fast-math).
+struct PersistentMath {
+  static SK_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+  static SK_HOST_DEVICE double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+  static SK_HOST_DEVICE float tanh(float x) { return tanhf(x); }
+  static SK_HOST_DEVICE double tanh(double x) { return ::tanh(x); }
+};
+
+// ---------------------------------------------------------------------------------------
+// Device helpers
+// ---------------------------------------------------------------------------------------
+
+// Two LL words (16 bytes): two single-copy-atomic 64-bit relaxed loads at GPU scope (L2).
+__device__ __forceinline__ void ll_load(const u64* p, u64& lo, u64& hi) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
+}
+
+// One LL word: payload in the low half, flag in the high half, one atomic 64-bit store.
+__device__ __forceinline__ void ll_store(u64* p, uint32_t payload, uint32_t flag) {
+  const u64 v = (static_cast<u64>(flag) << 32) | payload;
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Spin-wait guard: a wait longer than this (in SM clock cycles, ~10 s) means a bug or a
+// broken co-residency assumption; trap so that the launch fails instead of hanging.
+constexpr long long kSpinTimeoutCycles = 20'000'000'000LL;
+
+__device__ __forceinline__ bool ll_valid(u64 lo, u64 hi, unsigned want) {
+  return static_cast<uint32_t>(lo >> 32) == want && static_cast<uint32_t>(hi >> 32) == want;
+}
+
+__device__ __forceinline__ u64 ll_payload(u64 lo, u64 hi) { return (lo & 0xffffffffull) | (hi << 32); }
+
+// The slow path of a wait, out of line so that the hot loop stays small: re-reads the pair
+// at p (one load in flight) until both words carry `want`.
+__device__ __noinline__ ulonglong2 ll_wait(const u64* p, unsigned want) {
+  const long long t0 = clock64();
+  u64 lo, hi;
+  while (true) {
+    ll_load(p, lo, hi);
+    if (ll_valid(lo, hi, want)) return make_ulonglong2(lo, hi);
+    if (clock64() - t0 > kSpinTimeoutCycles) {
+      printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
+             static_cast<int>(blockIdx.x), want);
+      __trap();
+    }
+  }
+}
+
+// Block-wide: copies rows [0, nrows) x words [0, ncol_words) of an LL matrix (row stride
+// src_row_words, ncol_words even, 16-byte aligned rows) into shared memory (row stride
+// dst_row_bytes), waiting for flag `want`. Thread t handles the word pairs t, t + kThreads, ...
+// It first waits for its first pair alone (one load in flight per thread while the producers
+// are still writing, so that polling does not flood L2), then reads the rest in batches of CH
+// 16-byte loads; if some are not ready it waits for one of them alone and re-reads the rest.
+// No barrier inside: the caller synchronises before reading the tile. The code is kept small
+// on purpose (32-bit running offsets, one out-of-line wait): it runs in every step.
+template <int CH>
+__device__ __forceinline__ void ll_gather(const u64* src, int src_row_words, int ncol_words, int nrows,
+                                          unsigned want, unsigned char* dst, int dst_row_bytes) {
+  const int ppr = ncol_words >> 1;  // word pairs per row
+  if (nrows <= 0 || ppr <= 0) return;
+  const int dr = kThreads / ppr, dc = kThreads - dr * ppr;
+  int r = static_cast<int>(threadIdx.x) / ppr;
+  int c = static_cast<int>(threadIdx.x) - r * ppr;
+  if (r >= nrows) return;
+  int soff = r * src_row_words + 2 * c;  // words
+  int doff = r * dst_row_bytes + 8 * c;  // bytes
+  const int s_step = dr * src_row_words + 2 * dc, s_wrap = src_row_words - 2 * ppr;
+  const int d_step = dr * dst_row_bytes + 8 * dc, d_wrap = dst_row_bytes - 8 * ppr;
+  auto advance = [&]() {
+    r += dr;
+    c += dc;
+    soff += s_step;
+    doff += d_step;
+    if (c >= ppr) {
+      c -= ppr;
+      ++r;
+      soff += s_wrap;
+      doff += d_wrap;
+    }
+  };
+  {
+    const ulonglong2 v = ll_wait(src + soff, want);
+    *reinterpret_cast<u64*>(dst + doff) = ll_payload(v.x, v.y);
+    advance();
+  }
+#pragma unroll 1
+  while (r < nrows) {
+    u64 lo[CH], hi[CH];
+    int so[CH], dof[CH];
+    unsigned pending = 0;
+#pragma unroll
+    for (int e = 0; e < CH; ++e) {
+      if (r < nrows) {
+        so[e] = soff;
+        dof[e] = doff;
+        ll_load(src + soff, lo[e], hi[e]);
+        pending |= 1u << e;
+        advance();
+      }
+    }
+    while (true) {
+      int first = -1;
+#pragma unroll
+      for (int e = 0; e < CH; ++e) {
+        if ((pending >> e) & 1u) {
+          if (ll_valid(lo[e], hi[e], want)) {
+            *reinterpret_cast<u64*>(dst + dof[e]) = ll_payload(lo[e], hi[e]);
+            pending &= ~(1u << e);
+          } else if (first < 0) {
+            first = so[e];
+          }
+        }
+      }
+      if (pending == 0) break;
+      (void)ll_wait(src + first, want);  // one of them, alone; then re-read the others
+#pragma unroll
+      for (int e = 0; e < CH; ++e) {
+        if ((pending >> e) & 1u) ll_load(src + so[e], lo[e], hi[e]);
+      }
+    }
+  }
+}
+
+// Sum of red[q * stride + idx] over q in [0, kp), in a fixed order (deterministic). KP > 0:
+// the depth is the compile-time KP (a pairwise tree); KP == 0: the run-time kp, in a loop
+// that is deliberately not unrolled (code size, see kItems).
+template <int KP, class acc_t>
+__device__ __forceinline__ acc_t sum_partials(const acc_t* red, int kp, int stride, int idx) {
+  if constexpr (KP > 0) {
+    acc_t v[KP];
+#pragma unroll
+    for (int q = 0; q < KP; ++q) v[q] = red[q * stride + idx];
+#pragma unroll
+    for (int w = 1; w < KP; w *= 2) {
+#pragma unroll
+      for (int q = 0; q + w < KP; q += 2 * w) v[q] += v[q + w];
+    }
+    return v[0];
+  } else {
+    acc_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int q = 0;
+#pragma unroll 1
+    for (; q + 4 <= kp; q += 4) {
+      s0 += red[(q + 0) * stride + idx];
+      s1 += red[(q + 1) * stride + idx];
+      s2 += red[(q + 2) * stride + idx];
+      s3 += red[(q + 3) * stride + idx];
+    }
+#pragma unroll 1
+    for (; q < kp; ++q) s0 += red[q * stride + idx];
+    return (s0 + s1) + (s2 + s3);
+  }
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(T lo, T hi) {  // bf16 / fp16 pair, lower k in the low half
+  return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
+}
+
+template <class T>
+struct MmaInst;
+template <>
+struct MmaInst<c10::BFloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaInst<c10::Half> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaInst<float> {  // TF32 operands
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <class T>
+struct Vec4 {
+  T v[4];
+};
+__device__ __forceinline__ Vec4<float> lds4(const float* p) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  return {{q.x, q.y, q.z, q.w}};
+}
+__device__ __forceinline__ Vec4<double> lds4(const double* p) {
+  const double2 a = reinterpret_cast<const double2*>(p)[0];
+  const double2 b = reinterpret_cast<const double2*>(p)[1];
+  return {{a.x, a.y, b.x, b.y}};
+}
+
+// The resident recurrent weights and the per-step product
+//   red[kpart][n][c] (+)= sum over k in kpart of this chunk of X[n][k] * Wres[k][c],
+// X = the step's [bt, CK] tile in shared memory (row stride ldx), Wres[k][c] given at load
+// time by wf(k, c) over the whole K (chunks included). Rows n >= bt of the tile hold finite
+// stale values (or zeros): their results are never read.
+template <class scalar_t, Path P, bool kBwd, class Enable = void>
+struct Resident {  // Path::kFma: Wres in shared memory, [nch * CK][NCp]
+  using acc_t = at::opmath_type<scalar_t>;
+  template <class WF>
+  __device__ void load(const WF& wf, const Geometry& g, scalar_t* ws) {
+    const int rows = g.nch * g.CK;
+    for (int i = threadIdx.x; i < rows * g.NCp; i += kThreads) {
+      const int k = i / g.NCp;
+      ws[i] = wf(k, i - k * g.NCp);
+    }
+  }
+  // Thread: one 4x4 output tile (rows n0.., columns c0..) over the k-vectors kpart, kpart + kp, ...
+  __device__ void gemm(const Geometry& g, const scalar_t* xs, const scalar_t* ws, int chunk, int bt,
+                       acc_t* red) const {
+    const int tid = threadIdx.x;
+    const int tile = tid % g.fma_tiles;
+    const int kpart = tid / g.fma_tiles;
+    if (kpart >= g.kp) return;
+    const int n0 = (tile / g.fma_tc) * 4;
+    const int c0 = (tile % g.fma_tc) * 4;
+    if (n0 >= bt) return;
+    acc_t acc[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][c] = 0;
+    const scalar_t* wbase = ws + static_cast<int64_t>(chunk) * g.CK * g.NCp + c0;
+    const int nv = g.CK / 4;
+    for (int v = kpart; v < nv; v += g.kp) {
+      const int k = 4 * v;
+      Vec4<acc_t> x[4], w[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) x[r] = lds4(xs + (n0 + r) * g.ldx + k);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) w[kk] = lds4(wbase + (k + kk) * g.NCp);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[r][c] = fma(x[r].v[kk], w[kk].v[c], acc[r][c]);
+    }
+    acc_t* out = red + kpart * g.red_stride + n0 * g.NCp + c0;
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (chunk == 0) {
+          out[r * g.NCp + c] = acc[r][c];
+        } else {
+          out[r * g.NCp + c] += acc[r][c];
+        }
+      }
+  }
+};
+
+template <class scalar_t, Path P, bool kBwd>
+struct Resident<scalar_t, P, kBwd, std::enable_if_t<P != Path::kFma>> {  // tensor cores, Wres in registers
+  using Cfg = MmaCfg<P, kBwd>;
+  static constexpr int kStep = Cfg::kStep, kNT = Cfg::kNT, kKS = Cfg::kKS;
+  // B fragments: fragment f of this warp is chunk f / kpc, k-step f % kpc; k0 = chunk * CK +
+  // (warp * kpc + f % kpc) * kStep. m16n8k16: b0 = {W[k0+2t][col], W[k0+2t+1][col]},
+  // b1 = the same 8 rows further; m16n8k8.tf32: b0 = W[k0+t][col], b1 = W[k0+t+4][col];
+  // col = nt * 8 + lane / 4, t = lane % 4.
+  uint32_t b[kNT][kKS][2];
+
+  template <class WF>
+  __device__ void load(const WF& wf, const Geometry& g, scalar_t*) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int f = 0; f < kKS; ++f) {
+        uint32_t b0 = 0, b1 = 0;
+        if (nt < g.nt && f < g.nch * g.kpc) {
+          const int chunk = f / g.kpc;
+          const int k0 = chunk * g.CK + (warp * g.kpc + (f - chunk * g.kpc)) * kStep;
+          const int col = nt * 8 + gq;
+          if constexpr (P == Path::kTf32) {
+            b0 = to_tf32(static_cast<float>(wf(k0 + tq, col)));
+            b1 = to_tf32(static_cast<float>(wf(k0 + tq + 4, col)));
+          } else {
+            b0 = pack2(wf(k0 + 2 * tq, col), wf(k0 + 2 * tq + 1, col));
+            b1 = pack2(wf(k0 + 2 * tq + 8, col), wf(k0 + 2 * tq + 9, col));
+          }
+        }
+        b[nt][f][0] = b0;
+        b[nt][f][1] = b1;
+      }
+    }
+  }
+
+  // Warp w covers columns [w * kpc * kStep, (w + 1) * kpc * kStep) of the chunk and writes its
+  // partial sums to red[w]. A fragments from the X tile (row-major [n][k]):
+  //   m16n8k16: a0 = X[m0+g][k+2t..], a1 = X[m0+g+8][k+2t..], a2/a3 = the same at k+8
+  //   m16n8k8:  a0 = X[m0+g][k+t], a1 = X[m0+g+8][k+t], a2/a3 = the same at k+4
+  __device__ void gemm(const Geometry& g, const scalar_t* xs, const scalar_t*, int chunk, int bt,
+                       float* red) const {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int f_lo = chunk * g.kpc, f_hi = f_lo + g.kpc;
+    const int kw = warp * g.kpc * kStep;
+    float* rw = red + warp * g.red_stride;
+    // With a single n-tile (backward) even and odd k-steps accumulate separately: two
+    // independent MMA chains instead of one of up to 64 dependent MMAs.
+    constexpr int kSets = kNT == 1 ? 2 : 1;
+    for (int m0 = 0; m0 < bt; m0 += 16) {
+      float acc_s[kSets][kNT][4];
+#pragma unroll
+      for (int q = 0; q < kSets; ++q)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) acc_s[q][nt][0] = acc_s[q][nt][1] = acc_s[q][nt][2] = acc_s[q][nt][3] = 0.f;
+      const scalar_t* x0 = xs + (m0 + gq) * g.ldx;
+      const scalar_t* x1 = x0 + 8 * g.ldx;
+#pragma unroll
+      for (int f = 0; f < kKS; ++f) {
+        if (f >= f_lo && f < f_hi) {
+          const int k = kw + (f - f_lo) * kStep;
+          uint32_t a[4];
+          if constexpr (P == Path::kTf32) {
+            a[0] = to_tf32(x0[k + tq]);
+            a[1] = to_tf32(x1[k + tq]);
+            a[2] = to_tf32(x0[k + tq + 4]);
+            a[3] = to_tf32(x1[k + tq + 4]);
+          } else {
+            a[0] = *reinterpret_cast<const uint32_t*>(x0 + k + 2 * tq);
+            a[1] = *reinterpret_cast<const uint32_t*>(x1 + k + 2 * tq);
+            a[2] = *reinterpret_cast<const uint32_t*>(x0 + k + 8 + 2 * tq);
+            a[3] = *reinterpret_cast<const uint32_t*>(x1 + k + 8 + 2 * tq);
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            if (nt < g.nt) MmaInst<scalar_t>::run(acc_s[f % kSets][nt], a, b[nt][f][0], b[nt][f][1]);
+          }
+        }
+      }
+      float acc[kNT][4];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[nt][e] = kSets == 2 ? acc_s[0][nt][e] + acc_s[kSets - 1][nt][e] : acc_s[0][nt][e];
+        }
+      // C fragment: c0/c1 = (row m0+g, columns 2t, 2t+1), c2/c3 = row m0+g+8.
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        if (nt < g.nt) {
+          float* r0 = rw + (m0 + gq) * g.NCp + nt * 8 + 2 * tq;
+          float* r1 = r0 + 8 * g.NCp;
+          if (chunk == 0) {
+            r0[0] = acc[nt][0];
+            r0[1] = acc[nt][1];
+            r1[0] = acc[nt][2];
+            r1[1] = acc[nt][3];
+          } else {
+            r0[0] += acc[nt][0];
+            r0[1] += acc[nt][1];
+            r1[0] += acc[nt][2];
+            r1[1] += acc[nt][3];
+          }
+        }
+      }
+    }
+  }
+};
+
+// One step of the packed sequence.
+struct StepInfo {
+  int t, bt;
+  int64_t off;  // first packed row of the step
+};
+
+__device__ __forceinline__ StepInfo step_at(const SegTable* seg, int t, int& k) {
+  while (t < seg->tb[k]) --k;
+  while (t >= seg->tb[k + 1]) ++k;
+  const int bt = seg->bs[k];
+  return {t, bt, seg->ob[k] + static_cast<int64_t>(t - seg->tb[k]) * bt};
+}
+
+// Zeroes the X tile (so that padding columns and rows are finite zeros) and copies the step
+// table into shared memory.
+__device__ __forceinline__ void init_shared(unsigned char* smem, const Geometry& g, const SegTable& src,
+                                            SegTable* dst, int x_bytes) {
+  uint4* x = reinterpret_cast<uint4*>(smem);
+  for (int i = threadIdx.x; i < x_bytes / 16; i += kThreads) x[i] = make_uint4(0, 0, 0, 0);
+  const int* s = reinterpret_cast<const int*>(&src);
+  int* d = reinterpret_cast<int*>(dst);
+  for (int i = threadIdx.x; i < static_cast<int>(sizeof(SegTable) / sizeof(int)); i += kThreads) d[i] = s[i];
+}
+
+// Gate item p of this thread: unit u (global j) of batch row n.
+struct Item {
+  int u, n, j;
+  bool exists;  // n < B
+  bool valid;   // n < B and j < H (padding units of the last block only publish zeros)
+};
+
+__device__ __forceinline__ Item make_item(const Geometry& g, int p) {
+  const int i = threadIdx.x + p * kThreads;
+  Item it;
+  it.u = i & (g.U - 1);
+  it.n = i >> g.lg_u;
+  it.j = blockIdx.x * g.U + it.u;
+  it.exists = it.n < g.B;
+  it.valid = it.exists && it.j < g.H;
+  return it;
+}
+
+// SEQKERNELS_LSTM_TRACE: thread 0 of block 0 accumulates SM cycles per phase of a step
+// (wait + gather of the exchanged matrix, the product, the gate math, publication and
+// output stores) and prints the means at the end. A uniform branch when off.
+struct PhaseTrace {
+  bool on;
+  long long last, begin, acc[4];
+  __device__ __forceinline__ void start(int flag) {
+    on = flag != 0 && blockIdx.x == 0 && threadIdx.x == 0;
+    acc[0] = acc[1] = acc[2] = acc[3] = 0;
+    if (on) last = begin = clock64();
+  }
+  __device__ __forceinline__ void mark(int k) {
+    if (on) {
+      const long long now = clock64();
+      acc[k] += now - last;
+      last = now;
+    }
+  }
+  __device__ void report(const char* what, const Geometry& g) const {
+    if (!on) return;
+    const double t = g.T;
+    printf("seqkernels trace %s: T=%d B=%d H=%d blocks=%d U=%d chunks=%d | cycles/step: total %.0f = wait+gather %.0f"
+           " + product %.0f + gates %.0f + publish/stores %.0f\n",
+           what, g.T, g.B, g.H, g.nblocks, g.U, g.nch, (last - begin) / t, acc[0] / t, acc[1] / t, acc[2] / t,
+           acc[3] / t);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Forward kernel
+// ---------------------------------------------------------------------------------------
+template <class scalar_t, Path P, bool kTraining>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_forward_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Math = PersistentMath;
+  constexpr int kCH = gather_batch<P>();
+  constexpr int kKP = P == Path::kFma ? 0 : kWarps;  // depth of red: the warps (MMA) or run time (FMA)
+  constexpr int sz = sizeof(scalar_t);
+  const Geometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* xs = reinterpret_cast<scalar_t*>(smem);  // [Bp16][ldx] h_{t-1} (chunk)
+  acc_t* red = reinterpret_cast<acc_t*>(smem + g.off_red);          // [kp][Bp16][NCp] partial sums
+  scalar_t* stage = reinterpret_cast<scalar_t*>(smem + g.off_stage);  // [B][U] h_t of own units
+  scalar_t* ws = reinterpret_cast<scalar_t*>(smem + g.off_w);       // FMA: [nch*CK][NCp] resident W
+  SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
+
+  const int H = g.H, U = g.U, B = g.B, T = g.T;
+  const int j0 = blockIdx.x * U;
+  const int64_t G4 = 4 * static_cast<int64_t>(H);
+  init_shared(smem, g, a.seg, seg, g.off_red);
+
+  // Wres[k][c] = W_hh[gate * H + j0 + u][k], c = gate * U + u.
+  const scalar_t* __restrict__ w_hh = a.w_hh;
+  auto wf = [&](int k, int c) -> scalar_t {
+    const int u = c & (U - 1), gate = c >> g.lg_u;
+    if (gate >= 4 || j0 + u >= H || k >= H) return static_cast<scalar_t>(0.0f);
+    return w_hh[static_cast<int64_t>(gate * H + j0 + u) * H + k];
+  };
+  Resident<scalar_t, P, false> res;
+  res.load(wf, g, ws);
+
+  Item items[kItems];
+  acc_t c_st[kItems], bias_r[kItems][4];
+  scalar_t h_st[kItems];
+#pragma unroll
+  for (int p = 0; p < kItems; ++p) {
+    items[p] = make_item(g, p);
+    const Item& it = items[p];
+    c_st[p] = it.valid ? static_cast<acc_t>(a.c0[it.n * H + it.j]) : acc_t(0);
+    h_st[p] = it.valid ? a.h0[it.n * H + it.j] : static_cast<scalar_t>(0.0f);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) bias_r[p][q] = (it.valid && a.bias) ? a.bias[q * H + it.j] : acc_t(0);
+  }
+  __syncthreads();
+
+  // pre of the next step, loaded one step ahead so that its latency hides behind the wait.
+  acc_t pv[kItems][4];
+  auto prefetch = [&](const StepInfo& st) {
+#pragma unroll
+    for (int p = 0; p < kItems; ++p) {
+      const Item& it = items[p];
+      if (it.valid && it.n < st.bt) {
+        const acc_t* pr = a.pre + (st.off + it.n) * G4 + it.j;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) pv[p][q] = pr[q * H];
+      }
+    }
+  };
+  int k_cur = a.reverse ? seg->count - 1 : 0;
+  int k_nxt = k_cur;
+  StepInfo cur = step_at(seg, a.reverse ? T - 1 : 0, k_cur);
+  prefetch(cur);
+
+  PhaseTrace trace;
+  trace.start(a.trace);
+  int bt_prev = 0;
+  for (int s = 0; s < T; ++s) {
+    const int bt = cur.bt;
+    const int64_t off = cur.off;
+    // 1. h_{t-1} into the X tile: rows [0, nll) from the LL buffer of step s-1 (flag s),
+    //    rows [nll, bt) start here (step 0, or sequences that start late in reverse) from h0.
+    const int nll = s > 0 ? min(bt, bt_prev) : 0;
+    for (int ch = 0; ch < g.nch; ++ch) {
+      if (ch > 0) {
+        __syncthreads();  // the previous chunk's products are done with the tile
+        trace.mark(1);
+      }
+      const int col0 = ch * g.CK;
+      const int ncol = max(0, min(g.CK, g.Kx - col0));
+      if (nll > 0 && ncol > 0) {
+        ll_gather<kCH>(a.xbuf + static_cast<int64_t>((s - 1) & 1) * B * g.row_words + col0 * sz / 4, g.row_words,
+                       ncol * sz / 4, nll, static_cast<unsigned>(s), smem, g.ldx * sz);
+      }
+      if (g.nch > 1 && ncol < g.CK) {  // a short last chunk: zero the stale columns
+        const int w = g.CK - ncol;
+        for (int e = threadIdx.x; e < nll * w; e += kThreads) {
+          const int r = e / w;
+          xs[r * g.ldx + ncol + (e - r * w)] = static_cast<scalar_t>(0.0f);
+        }
+      }
+      if (bt > nll) {
+        for (int e = threadIdx.x; e < (bt - nll) * g.CK; e += kThreads) {
+          const int r = nll + e / g.CK;
+          const int k = e % g.CK;
+          const int kg = col0 + k;
+          xs[r * g.ldx + k] = kg < H ? a.h0[r * H + kg] : static_cast<scalar_t>(0.0f);
+        }
+      }
+      __syncthreads();
+      trace.mark(0);
+      // 2. Partial gate pre-activations of this chunk.
+      res.gemm(g, xs, ws, ch, bt, red);
+    }
+    __syncthreads();
+    trace.mark(1);
+
+    // 3. Gate math of the own units; h_t to the staging row for publication. The outputs
+    //    (y, gates, cells) are stored after the publication, off the critical path.
+    acc_t act_r[kItems][4], c_new_r[kItems];
+#pragma unroll
+    for (int p = 0; p < kItems; ++p) {
+      const Item& it = items[p];
+      if (!it.exists || it.n >= bt) continue;
+      if (it.valid) {
+        const int base = it.n * g.NCp + it.u;
+        acc_t pq[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          pq[q] = pv[p][q] + bias_r[p][q] + sum_partials<kKP>(red, g.kp, g.red_stride, base + q * U);
+        }
+        const LstmGates<acc_t> pre_g{pq[0], pq[1], pq[2], pq[3]};
+        LstmGates<acc_t> act;
+        acc_t c_new, m;
+        lstm_cell_forward<Math>(pre_g, c_st[p], act, c_new, m);
+        c_st[p] = c_new;
+        const scalar_t h = static_cast<scalar_t>(m);
+        h_st[p] = h;
+        act_r[p][0] = act.i;
+        act_r[p][1] = act.f;
+        act_r[p][2] = act.g;
+        act_r[p][3] = act.o;
+        c_new_r[p] = c_new;
+        stage[it.n * U + it.u] = h;
+      } else {
+        stage[it.n * U + it.u] = static_cast<scalar_t>(0.0f);
+      }
+    }
+    if (s + 1 < T) {
+      cur = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
+      prefetch(cur);
+    }
+    __syncthreads();
+    trace.mark(2);
+
+    // 4. Publish the own slice of h_t (rows [0, bt)) with flag s + 1, then the outputs.
+    if (s + 1 < T) {
+      u64* dst = a.xbuf + static_cast<int64_t>(s & 1) * B * g.row_words + blockIdx.x * g.wpb;
+      for (int e = threadIdx.x; e < bt * g.wpb; e += kThreads) {
+        const int n = e >> g.lg_wpb, q = e & (g.wpb - 1);
+        const uint32_t payload = reinterpret_cast<const uint32_t*>(stage + n * U)[q];
+        ll_store(dst + static_cast<int64_t>(n) * g.row_words + q, payload, static_cast<uint32_t>(s + 1));
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < kItems; ++p) {
+      const Item& it = items[p];
+      if (!it.valid || it.n >= bt) continue;
+      const int64_t row = off + it.n;
+      a.y[row * H + it.j] = h_st[p];
+      if constexpr (kTraining) {
+        scalar_t* gr = a.gates + row * G4 + it.j;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) gr[q * static_cast<int64_t>(H)] = static_cast<scalar_t>(act_r[p][q]);
+        a.cells[row * H + it.j] = static_cast<scalar_t>(c_new_r[p]);
+      }
+    }
+    trace.mark(3);
+    bt_prev = bt;
+  }
+  trace.report(kTraining ? "forward (training)" : "forward (inference)", g);
+
+#pragma unroll
+  for (int p = 0; p < kItems; ++p) {
+    const Item& it = items[p];
+    if (it.valid) {
+      a.h_n[it.n * H + it.j] = h_st[p];
+      a.c_n[it.n * H + it.j] = c_st[p];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward kernel
+// ---------------------------------------------------------------------------------------
+template <class scalar_t, Path P>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_backward_kernel(const __grid_constant__ BwdArgs<scalar_t> a) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Math = PersistentMath;
+  constexpr int kCH = gather_batch<P>();
+  constexpr int kKP = P == Path::kFma ? 0 : kWarps;  // depth of red: the warps (MMA) or run time (FMA)
+  constexpr int sz = sizeof(scalar_t);
+  const Geometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* xs = reinterpret_cast<scalar_t*>(smem);  // [Bp16][ldx] dG_t (chunk)
+  acc_t* red = reinterpret_cast<acc_t*>(smem + g.off_red);
+  scalar_t* stage = reinterpret_cast<scalar_t*>(smem + g.off_stage);  // [B][4][U] own slice of dG_t
+  scalar_t* ws = reinterpret_cast<scalar_t*>(smem + g.off_w);
+  SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
+
+  const int H = g.H, U = g.U, B = g.B, T = g.T, Hp = g.Hp;
+  const int j0 = blockIdx.x * U;
+  const int64_t G4 = 4 * static_cast<int64_t>(H);
+  init_shared(smem, g, a.seg, seg, g.off_red);
+
+  // Wres[k][c] = W_hh[gate * H + jj][j0 + c], k = gate * Hp + jj (dG columns in the padded layout).
+  const scalar_t* __restrict__ w_hh = a.w_hh;
+  auto wf = [&](int k, int c) -> scalar_t {
+    const int gate = k / Hp, jj = k - gate * Hp;
+    if (c >= U || gate >= 4 || jj >= H || j0 + c >= H) return static_cast<scalar_t>(0.0f);
+    return w_hh[static_cast<int64_t>(gate * H + jj) * H + j0 + c];
+  };
+  Resident<scalar_t, P, true> res;
+  res.load(wf, g, ws);
+
+  Item items[kItems];
+  acc_t dh_st[kItems], dc_st[kItems];
+#pragma unroll
+  for (int p = 0; p < kItems; ++p) {
+    items[p] = make_item(g, p);
+    const Item& it = items[p];
+    dh_st[p] = it.valid ? static_cast<acc_t>(a.grad_h_n[it.n * H + it.j]) : acc_t(0);
+    dc_st[p] = it.valid ? static_cast<acc_t>(a.grad_c_n[it.n * H + it.j]) : acc_t(0);
+  }
+  __syncthreads();
+
+  // Inputs of the next step's gate backward, loaded one step ahead.
+  acc_t nx_act[kItems][4], nx_c[kItems], nx_cp[kItems], nx_gy[kItems];
+  scalar_t nx_hp[kItems];
+  auto prefetch = [&](const StepInfo& st, int kseg) {
+    // The step whose state step t started from: t-1 forward, t+1 reverse; its first n_prev
+    // rows are rows [0, n_prev) of step t, the other rows start from h0 / c0.
+    int n_prev = 0;
+    int64_t prev_off = 0;
+    if (!a.reverse && st.t > 0) {
+      int k2 = kseg;
+      n_prev = st.bt;
+      prev_off = step_at(seg, st.t - 1, k2).off;
+    } else if (a.reverse && st.t + 1 < T) {
+      int k2 = kseg;
+      const StepInfo pr = step_at(seg, st.t + 1, k2);
+      n_prev = pr.bt;
+      prev_off = pr.off;
+    }
+#pragma unroll
+    for (int p = 0; p < kItems; ++p) {
+      const Item& it = items[p];
+      if (it.valid && it.n < st.bt) {
+        const int64_t row = st.off + it.n;
+        const scalar_t* gr = a.gates + row * G4 + it.j;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) nx_act[p][q] = static_cast<acc_t>(gr[q * static_cast<int64_t>(H)]);
+        nx_c[p] = static_cast<acc_t>(a.cells[row * H + it.j]);
+        nx_gy[p] = static_cast<acc_t>(a.grad_y[row * H + it.j]);
+        if (it.n < n_prev) {
+          nx_cp[p] = static_cast<acc_t>(a.cells[(prev_off + it.n) * H + it.j]);
+          nx_hp[p] = a.y[(prev_off + it.n) * H + it.j];
+        } else {
+          nx_cp[p] = static_cast<acc_t>(a.c0[it.n * H + it.j]);
+          nx_hp[p] = a.h0[it.n * H + it.j];
+        }
+      }
+    }
+  };
+  int k_cur = a.reverse ? 0 : seg->count - 1;
+  StepInfo cur = step_at(seg, a.reverse ? 0 : T - 1, k_cur);
+  prefetch(cur, k_cur);
+
+  PhaseTrace trace;
+  trace.start(a.trace);
+  for (int s = 0; s < T; ++s) {
+    const int bt = cur.bt;
+    const int64_t off = cur.off;
+    // 1. Gate backward of the own units: dc and the own slice of dG_t, staged for
+    //    publication; dG rows and h_{t-1} are stored after it (off the critical path).
+    scalar_t d_r[kItems][4], hp_r[kItems];
+#pragma unroll
+    for (int p = 0; p < kItems; ++p) {
+      const Item& it = items[p];
+      if (!it.exists || it.n >= bt) continue;
+      scalar_t* st_row = stage + it.n * 4 * U + it.u;
+      if (it.valid) {
+        const LstmGates<acc_t> act{nx_act[p][0], nx_act[p][1], nx_act[p][2], nx_act[p][3]};
+        LstmGates<acc_t> d;
+        acc_t dc_prev, m;
+        lstm_cell_backward<Math>(act, nx_c[p], nx_cp[p], dh_st[p] + nx_gy[p], dc_st[p], d, dc_prev, m);
+        dc_st[p] = dc_prev;
+        d_r[p][0] = static_cast<scalar_t>(d.i);
+        d_r[p][1] = static_cast<scalar_t>(d.f);
+        d_r[p][2] = static_cast<scalar_t>(d.g);
+        d_r[p][3] = static_cast<scalar_t>(d.o);
+        hp_r[p] = nx_hp[p];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) st_row[q * U] = d_r[p][q];
+      } else {
+        st_row[0] = st_row[U] = st_row[2 * U] = st_row[3 * U] = static_cast<scalar_t>(0.0f);
+      }
+    }
+    const int64_t off_cur = off;
+    if (s + 1 < T) {
+      cur = step_at(seg, a.reverse ? s + 1 : T - 2 - s, k_cur);
+      prefetch(cur, k_cur);
+    }
+    __syncthreads();
+    trace.mark(2);
+
+    // 2. Publish the own slice of dG_t (rows [0, bt), columns gate * Hp + [j0, j0 + U)), flag s + 1.
+    const unsigned flag = static_cast<unsigned>(s + 1);
+    u64* dbuf = a.dbuf + static_cast<int64_t>(s & 1) * B * g.row_words;
+    {
+      const int gate_words = g.row_words / 4;
+      u64* dst = dbuf + blockIdx.x * g.wpb;
+      const int per_row = 4 * g.wpb;
+      for (int e = threadIdx.x; e < bt * per_row; e += kThreads) {
+        const int n = e >> (g.lg_wpb + 2);
+        const int gate = (e >> g.lg_wpb) & 3, q = e & (g.wpb - 1);
+        const uint32_t payload = reinterpret_cast<const uint32_t*>(stage + (n * 4 + gate) * U)[q];
+        ll_store(dst + static_cast<int64_t>(n) * g.row_words + gate * gate_words + q, payload, flag);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < kItems; ++p) {
+      const Item& it = items[p];
+      if (!it.valid || it.n >= bt) continue;
+      const int64_t row = off_cur + it.n;
+      a.hprev[row * H + it.j] = hp_r[p];
+      scalar_t* gr = a.dG + row * G4 + it.j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) gr[q * static_cast<int64_t>(H)] = d_r[p][q];
+    }
+    trace.mark(3);
+
+    // 3. All of dG_t into the X tile (chunk by chunk) and dh_{t-1}[:, own units] = dG_t · W_hh[:, own].
+    for (int ch = 0; ch < g.nch; ++ch) {
+      if (ch > 0) {
+        __syncthreads();
+        trace.mark(1);
+      }
+      const int col0 = ch * g.CK;
+      const int ncol = max(0, min(g.CK, g.Kx - col0));
+      if (ncol > 0) {
+        ll_gather<kCH>(dbuf + col0 * sz / 4, g.row_words, ncol * sz / 4, bt, flag, smem, g.ldx * sz);
+      }
+      if (g.nch > 1 && ncol < g.CK) {
+        const int w = g.CK - ncol;
+        for (int e = threadIdx.x; e < bt * w; e += kThreads) {
+          const int r = e / w;
+          xs[r * g.ldx + ncol + (e - r * w)] = static_cast<scalar_t>(0.0f);
+        }
+      }
+      __syncthreads();
+      trace.mark(0);
+      res.gemm(g, xs, ws, ch, bt, red);
+    }
+    __syncthreads();
+    trace.mark(1);
+
+    // 4. dh_{t-1} of rows [0, bt) (rows >= bt keep theirs, as lstm.cu's dhbuf does).
+#pragma unroll
+    for (int p = 0; p < kItems; ++p) {
+      const Item& it = items[p];
+      if (it.valid && it.n < bt) dh_st[p] = sum_partials<kKP>(red, g.kp, g.red_stride, it.n * g.NCp + it.u);
+    }
+  }
+  trace.report("backward", g);
+
+#pragma unroll
+  for (int p = 0; p < kItems; ++p) {
+    const Item& it = items[p];
+    if (it.valid) {
+      a.grad_h0[it.n * H + it.j] = dh_st[p];
+      a.grad_c0[it.n * H + it.j] = dc_st[p];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+int round_up(int a, int b) { return ceil_div(a, b) * b; }
+size_t align16(size_t x) { return (x + 15) & ~size_t{15}; }
+
+// Selection heuristic of SEQKERNELS_LSTM_BACKEND=auto, given that the persistent kernel
+// applies (no projection, U * B <= 256 with B <= 64, a co-resident grid): take it while the
+// recurrent state exchanged per step, B * H * sizeof(scalar_t), is at most 32 KiB.
+// Why: the step time of the persistent kernel is a per-step floor (~1.3-1.9 µs on an H200)
+// plus the LL exchange, which moves 2x the state through L2 into every block each step, so it
+// grows with B * H * bytes; the cuBLAS loop costs ~9-11 µs per step nearly independently of
+// B and H up to B = 64, H = 1024. Measured on one H200 (2026-11-21, T = 256, docs/kernels.md):
+// bfloat16 B = 64, H = 256 (32 KiB): persistent 1.94 / 5.36 ms (infer / train) vs cuBLAS
+// 2.38 / 5.81; B = 32, H = 1024 (64 KiB): persistent 2.60 / 8.23 vs cuBLAS 2.51 / 7.22.
+constexpr int64_t kAutoMaxStateBytes = 32 * 1024;
+bool auto_prefers_persistent(const LstmSizes& s, int64_t elem_size) {
+  return s.B * s.H * elem_size <= kAutoMaxStateBytes;
+}
+
+bool build_segments(const LstmSizes& s, SegTable& tab) {
+  if (s.T > INT_MAX - 1) return false;
+  tab = SegTable{};
+  tab.count = 0;
+  for (int64_t t = 0; t < s.T; ++t) {
+    if (t == 0 || s.batch_sizes[t] != s.batch_sizes[t - 1]) {
+      if (tab.count == kMaxSegments) return false;
+      tab.tb[tab.count] = static_cast<int>(t);
+      tab.bs[tab.count] = static_cast<int>(s.batch_sizes[t]);
+      tab.ob[tab.count] = s.offsets[t];
+      ++tab.count;
+    }
+  }
+  tab.tb[tab.count] = static_cast<int>(s.T);
+  return true;
+}
+
+// Geometry for U units per block; false when the resident weights or the shared memory of
+// one block do not fit.
+template <class scalar_t, Path P, bool kBwd>
+bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int sz = sizeof(scalar_t);
+  g = Geometry{};
+  g.T = static_cast<int>(s.T);
+  g.B = static_cast<int>(s.B);
+  g.H = static_cast<int>(s.H);
+  g.U = U;
+  g.lg_u = U == 4 ? 2 : 3;
+  g.nblocks = ceil_div(g.H, U);
+  g.Hp = g.nblocks * U;
+  g.Kx = kBwd ? 4 * g.Hp : g.Hp;
+  const int NC = kBwd ? U : 4 * U;
+  const int Bp16 = round_up(g.B, 16);
+  g.wpb = U * sz / 4;
+  g.lg_wpb = 0;
+  while ((1 << g.lg_wpb) < g.wpb) ++g.lg_wpb;
+  g.row_words = g.Kx * sz / 4;
+  if constexpr (P != Path::kFma) {
+    g.NCp = round_up(NC, 8);
+    g.nt = g.NCp / 8;
+    g.kp = kWarps;
+  } else {
+    g.NCp = NC;
+    g.fma_tc = NC / 4;
+    g.fma_tiles = ceil_div(g.B, 4) * g.fma_tc;
+    g.kp = std::min(32, kThreads / g.fma_tiles);
+  }
+  g.red_stride = Bp16 * g.NCp;
+  for (int nch : {1, 2, 4, 8}) {
+    if constexpr (P != Path::kFma) {
+      using Cfg = MmaCfg<P, kBwd>;
+      const int nks = ceil_div(g.Kx, kWarps * Cfg::kStep);
+      const int kpc = ceil_div(nks, nch);
+      if (nch > 1 && (nch - 1) * kpc >= nks) return false;  // more chunks would only add empty ones
+      if (nch * kpc > Cfg::kKS) continue;                    // not enough resident fragments
+      g.kpc = kpc;
+      g.CK = kWarps * kpc * Cfg::kStep;
+    } else {
+      const int ck = round_up(ceil_div(g.Kx, nch), 8);
+      if (nch > 1 && (nch - 1) * ck >= g.Kx) return false;
+      g.CK = ck;
+    }
+    g.nch = nch;
+    g.ldx = g.CK;
+    while ((g.ldx * sz) % 128 != 16) g.ldx += 16 / sz;
+    size_t off = static_cast<size_t>(Bp16) * g.ldx * sz;
+    off = align16(off);
+    g.off_red = static_cast<int>(off);
+    off += static_cast<size_t>(g.kp) * g.red_stride * sizeof(acc_t);
+    off = align16(off);
+    g.off_stage = static_cast<int>(off);
+    off += static_cast<size_t>(g.B) * (kBwd ? 4 * U : U) * sz;
+    off = align16(off);
+    g.off_w = static_cast<int>(off);
+    if (P == Path::kFma) off += static_cast<size_t>(nch) * g.CK * g.NCp * sz;
+    off = align16(off);
+    g.off_seg = static_cast<int>(off);
+    off += sizeof(SegTable);
+    if (off <= prop.sharedMemPerBlockOptin) {
+      g.smem = static_cast<int>(off);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Picks U (4, then 8 units per block) such that the geometry fits and all blocks can be
+// co-resident, and prepares the kernel for its dynamic shared memory.
+template <class scalar_t, Path P, bool kBwd, class Kernel>
+bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometry& g) {
+  for (int U : {4, 8}) {
+    if (U * s.B > kItems * kThreads) continue;  // one gate item (unit, row) per thread
+    if (!make_geometry<scalar_t, P, kBwd>(s, prop, U, g)) continue;
+    if (g.nblocks > prop.multiProcessorCount * 8) continue;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem));
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, g.smem));
+    if (per_sm > 0 && per_sm * prop.multiProcessorCount >= g.nblocks) return true;
+  }
+  return false;
+}
+
+// Cooperative launch (all blocks co-resident, or an error, never a partial grid).
+template <class Kernel, class Args>
+bool launch_cooperative(Kernel kernel, const Args& args, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(args.g.nblocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(args.g.smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // not co-resident after all (e.g. an MPS SM limit): fall back
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
+}
+
+int trace_requested() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_TRACE");
+  return env != nullptr && env[0] != '\0' && std::string(env) != "0";
+}
+
+bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop, int64_t elem_size) {
+  const LstmBackend backend = lstm_backend_from_env();  // validated on every call
+  if (backend == LstmBackend::kCublas) return false;
+  if (s.P > 0 || s.B > kMaxBatch || s.B < 1 || s.H < 1 || !prop.cooperativeLaunch) return false;
+  if (backend == LstmBackend::kAuto && !auto_prefers_persistent(s, elem_size)) return false;
+  return true;
+}
+
+template <class scalar_t, Path P, bool kTraining>
+bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
+  auto kernel = &lstm_persistent_forward_kernel<scalar_t, P, kTraining>;
+  if (!plan<scalar_t, P, false>(s, prop, kernel, args.g)) return false;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor xbuf = at::empty({2 * static_cast<int64_t>(args.g.B) * args.g.row_words}, like.options().dtype(at::kLong));
+  C10_CUDA_CHECK(cudaMemsetAsync(xbuf.data_ptr(), 0, xbuf.nbytes(), stream));
+  args.xbuf = reinterpret_cast<u64*>(xbuf.data_ptr());
+  return launch_cooperative(kernel, args, stream);
+}
+
+template <class scalar_t, Path P>
+bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar_t>& args, const at::Tensor& like) {
+  auto kernel = &lstm_persistent_backward_kernel<scalar_t, P>;
+  if (!plan<scalar_t, P, true>(s, prop, kernel, args.g)) return false;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor dbuf = at::empty({2 * static_cast<int64_t>(args.g.B) * args.g.row_words}, like.options().dtype(at::kLong));
+  C10_CUDA_CHECK(cudaMemsetAsync(dbuf.data_ptr(), 0, dbuf.nbytes(), stream));
+  args.dbuf = reinterpret_cast<u64*>(dbuf.data_ptr());
+  return launch_cooperative(kernel, args, stream);
+}
+
+template <class scalar_t>
+constexpr bool kHalfType = std::is_same_v<scalar_t, c10::Half> || std::is_same_v<scalar_t, c10::BFloat16>;
+
+}  // namespace
+
+template <class scalar_t>
+bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
+                             const at::opmath_type<scalar_t>* pre, const at::opmath_type<scalar_t>* bias,
+                             const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y,
+                             scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
+                             const at::Tensor& like) {
+  const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+  if (!common_preconditions(s, prop, sizeof(scalar_t))) return false;
+  FwdArgs<scalar_t> args{};
+  if (!build_segments(s, args.seg)) return false;
+  args.trace = trace_requested();
+  args.reverse = reverse;
+  args.pre = pre;
+  args.bias = bias;
+  args.w_hh = w_hh;
+  args.h0 = h0;
+  args.c0 = c0;
+  args.y = y;
+  args.gates = gates;
+  args.cells = cells;
+  args.h_n = h_n;
+  args.c_n = c_n;
+  if constexpr (kHalfType<scalar_t>) {
+    return training ? run_forward<scalar_t, Path::kMma16, true>(s, prop, args, like)
+                    : run_forward<scalar_t, Path::kMma16, false>(s, prop, args, like);
+  } else if constexpr (std::is_same_v<scalar_t, float>) {
+    if (tf32) {
+      return training ? run_forward<scalar_t, Path::kTf32, true>(s, prop, args, like)
+                      : run_forward<scalar_t, Path::kTf32, false>(s, prop, args, like);
+    }
+    return training ? run_forward<scalar_t, Path::kFma, true>(s, prop, args, like)
+                    : run_forward<scalar_t, Path::kFma, false>(s, prop, args, like);
+  } else {
+    return training ? run_forward<scalar_t, Path::kFma, true>(s, prop, args, like)
+                    : run_forward<scalar_t, Path::kFma, false>(s, prop, args, like);
+  }
+}
+
+template <class scalar_t>
+bool lstm_persistent_backward(const LstmSizes& s, bool reverse, bool tf32, const scalar_t* w_hh,
+                              const scalar_t* gates, const scalar_t* cells, const scalar_t* y,
+                              const scalar_t* grad_y, const scalar_t* h0, const scalar_t* c0,
+                              const scalar_t* grad_h_n, const scalar_t* grad_c_n, scalar_t* dG, scalar_t* hprev,
+                              at::opmath_type<scalar_t>* grad_h0, at::opmath_type<scalar_t>* grad_c0,
+                              const at::Tensor& like) {
+  const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+  if (!common_preconditions(s, prop, sizeof(scalar_t))) return false;
+  BwdArgs<scalar_t> args{};
+  if (!build_segments(s, args.seg)) return false;
+  args.trace = trace_requested();
+  args.reverse = reverse;
+  args.w_hh = w_hh;
+  args.gates = gates;
+  args.cells = cells;
+  args.y = y;
+  args.grad_y = grad_y;
+  args.h0 = h0;
+  args.c0 = c0;
+  args.grad_h_n = grad_h_n;
+  args.grad_c_n = grad_c_n;
+  args.dG = dG;
+  args.hprev = hprev;
+  args.grad_h0 = grad_h0;
+  args.grad_c0 = grad_c0;
+  if constexpr (kHalfType<scalar_t>) {
+    return run_backward<scalar_t, Path::kMma16>(s, prop, args, like);
+  } else if constexpr (std::is_same_v<scalar_t, float>) {
+    return tf32 ? run_backward<scalar_t, Path::kTf32>(s, prop, args, like)
+                : run_backward<scalar_t, Path::kFma>(s, prop, args, like);
+  } else {
+    return run_backward<scalar_t, Path::kFma>(s, prop, args, like);
+  }
+}
+
+#define SK_INSTANTIATE_PERSISTENT(T)                                                                              \
+  template bool lstm_persistent_forward<T>(const LstmSizes&, bool, bool, bool, const at::opmath_type<T>*,         \
+                                           const at::opmath_type<T>*, const T*, const T*, const T*, T*, T*, T*,   \
+                                           T*, at::opmath_type<T>*, const at::Tensor&);                           \
+  template bool lstm_persistent_backward<T>(const LstmSizes&, bool, bool, const T*, const T*, const T*, const T*, \
+                                            const T*, const T*, const T*, const T*, const T*, T*, T*,             \
+                                            at::opmath_type<T>*, at::opmath_type<T>*, const at::Tensor&);
+SK_INSTANTIATE_PERSISTENT(float)
+SK_INSTANTIATE_PERSISTENT(double)
+SK_INSTANTIATE_PERSISTENT(c10::Half)
+SK_INSTANTIATE_PERSISTENT(c10::BFloat16)
+#undef SK_INSTANTIATE_PERSISTENT
+
+}  // namespace cuda
+}  // namespace seqkernels

@@ -1,0 +1,61 @@
+// The persistent small-batch LSTM path on the GPU: one cooperative kernel runs a layer's
+// whole time loop (forward) or its whole reverse-time loop (backward), with the recurrent
+// weights resident on chip. csrc/cuda/lstm.cu calls these after its input projection; each
+// returns false, having done nothing, when the persistent path does not apply (projection,
+// batch or hidden size beyond its limits, not enough co-resident blocks, or the backend
+// variable says cublas), and lstm.cu then runs its cuBLAS loop. Design notes, limits and
+// the selection heuristic: docs/kernels.md and the top of lstm_persistent.cu.
+//
+// Shape legend: T steps, N = sum(batch_sizes) packed rows, B = batch_sizes[0], H hidden,
+// G = 4H gate rows (i, f, g, o). acc_t = at::opmath_type<scalar_t> (float for half types).
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+
+#include "seqkernels/lstm_checks.h"
+
+namespace seqkernels {
+namespace cuda {
+
+// SEQKERNELS_LSTM_BACKEND, the same variable and values as the CPU backend:
+//   auto (default)       the persistent kernel where the heuristic picks it
+//   persistent           the persistent kernel wherever it applies (else cuBLAS, silently)
+//   gemm | cublas        never the persistent kernel
+// Read on every call (a test or a user may change it between calls); anything else raises.
+enum class LstmBackend { kAuto, kPersistent, kCublas };
+LstmBackend lstm_backend_from_env();
+
+// Forward of one layer and direction, after the input projection. Writes y, the saved
+// gates/cells (training), h_n and c_n exactly as the cuBLAS loop of lstm.cu does.
+//   pre   [N, G] acc_t   x·W_ihᵀ of every packed row (bias not added)
+//   bias  [G] acc_t      b_ih + b_hh, or nullptr
+//   w_hh  [G, H]; h0, c0 [B, H]  (the op's inputs: only read)
+//   y [N, H]; gates [N, G] and cells [N, H] (training only, else nullptr)
+//   h_n [B, H]; c_n [B, H] acc_t
+//   tf32: float32 may use TF32 tensor cores (cuda::rnn_allows_tf32()); ignored for other dtypes
+//   like: any tensor on the device (workspace allocation)
+template <class scalar_t>
+bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
+                             const at::opmath_type<scalar_t>* pre, const at::opmath_type<scalar_t>* bias,
+                             const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y,
+                             scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
+                             const at::Tensor& like);
+
+// Backward time loop of one layer and direction (no projection). Produces what the cuBLAS
+// loop of lstm.cu produces before its whole-sequence GEMMs:
+//   dG [N, G]     pre-activation gradients of every row (the GEMMs' input)
+//   hprev [N, H]  h_{t-1} of every row (h0 for a sequence's first step)
+//   grad_h0, grad_c0 [B, H] acc_t
+// from the saved forward tensors (gates [N, G], cells [N, H], y [N, H]), grad_y [N, H],
+// h0/c0 [B, H] and grad_h_n/grad_c_n [B, H].
+template <class scalar_t>
+bool lstm_persistent_backward(const LstmSizes& s, bool reverse, bool tf32, const scalar_t* w_hh,
+                              const scalar_t* gates, const scalar_t* cells, const scalar_t* y,
+                              const scalar_t* grad_y, const scalar_t* h0, const scalar_t* c0,
+                              const scalar_t* grad_h_n, const scalar_t* grad_c_n, scalar_t* dG, scalar_t* hprev,
+                              at::opmath_type<scalar_t>* grad_h0, at::opmath_type<scalar_t>* grad_c0,
+                              const at::Tensor& like);
+
+}  // namespace cuda
+}  // namespace seqkernels

@@ -1,0 +1,401 @@
+"""The two CUDA backends of the LSTM, each forced with SEQKERNELS_LSTM_BACKEND: the
+persistent kernel (csrc/cuda/lstm_persistent.cu: one cooperative launch per layer and
+direction) and the cuBLAS loop (csrc/cuda/lstm.cu: a GEMM and a pointwise kernel per step).
+
+Ground truth: seqkernels.reference (a plain loop, autograd) and torch.nn.LSTM, both on the
+CPU in float64 with the same weights. Tolerances, relative to max(1, max|expected|):
+  float64                 1e-10
+  float32, TF32 off       3e-5
+  float32, TF32 on        5e-3 (TF32 operands carry 10 mantissa bits)
+  bfloat16 / float16      err(kernel) <= 2 * err(the reference computed in that dtype on the
+                          GPU) + eps, errors against the float64 reference (design.md's rule)
+Everything here needs a GPU (marker `cuda`); without one the tests skip.
+
+Shape legend: T steps, B batch, I input, H hidden, G = 4H, N packed rows.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import seqkernels
+from seqkernels import lstm_layer
+from seqkernels.reference import lstm_layer_reference
+
+pytestmark = pytest.mark.cuda
+
+BACKENDS = ("persistent", "cublas")
+# "tf32" is float32 with TF32 allowed for RNNs (torch.backends.cudnn.allow_tf32, which the
+# kernels follow exactly as cuDNN does); "float32" has it off.
+PRECISIONS = ("float64", "float32", "tf32", "bfloat16", "float16")
+DTYPE = {"float64": torch.float64, "float32": torch.float32, "tf32": torch.float32,
+         "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOL = {"float64": 1e-10, "float32": 3e-5, "tf32": 5e-3}
+LOW = ("bfloat16", "float16")
+AUTO_MAX_STATE_BYTES = 32 * 1024  # csrc/cuda/lstm_persistent.cu: auto_prefers_persistent
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", request.param)
+    return request.param
+
+
+class _Precision:
+    """Sets the TF32 switches for one precision and restores them afterwards."""
+
+    def __init__(self, precision: str):
+        self.tf32 = precision == "tf32"
+
+    def __enter__(self):
+        m = torch.backends.cuda.matmul
+        self.saved = (torch.backends.cudnn.allow_tf32, m.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+                      m.allow_fp16_reduced_precision_reduction)
+        torch.backends.cudnn.allow_tf32 = self.tf32
+        m.allow_tf32 = False  # the low-precision baselines' matmuls: as accurate as they can be
+        m.allow_bf16_reduced_precision_reduction = False
+        m.allow_fp16_reduced_precision_reduction = False
+        return self
+
+    def __exit__(self, *exc):
+        m = torch.backends.cuda.matmul
+        (torch.backends.cudnn.allow_tf32, m.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+         m.allow_fp16_reduced_precision_reduction) = self.saved
+
+
+@pytest.fixture(params=PRECISIONS)
+def precision(request):
+    with _Precision(request.param):
+        yield request.param
+
+
+def _max_abs(t: torch.Tensor) -> float:
+    return t.detach().double().abs().max().item() if t.numel() else 0.0
+
+
+def check(got: dict, ref64: dict, precision: str, what: str, baselines: list[dict] | None = None) -> None:
+    """got (on the GPU, in the precision's dtype) against the float64 reference, key by key."""
+    assert got.keys() == ref64.keys(), f"{what}: {sorted(got)} != {sorted(ref64)}"
+    for key, ref in ref64.items():
+        a = got[key].detach().double().cpu()
+        r = ref.detach().double().cpu()
+        assert a.shape == r.shape, f"{what} {key}: shape {tuple(a.shape)} != {tuple(r.shape)}"
+        assert torch.isfinite(a).all(), f"{what} {key}: non-finite values"
+        err = _max_abs(a - r)
+        scale = max(1.0, _max_abs(r))
+        if precision in LOW:
+            base = max(_max_abs(b[key].detach().double().cpu() - r) for b in baselines)
+            bound = 2 * base + torch.finfo(DTYPE[precision]).eps * _max_abs(r) + 1e-6
+            assert err <= bound, f"{what} {key} ({precision}): error {err:.3g} > 2 * {base:.3g} + eps"
+        else:
+            bound = TOL[precision] * scale
+            assert err <= bound, f"{what} {key} ({precision}): error {err:.3g} > {bound:.3g}"
+
+
+# --------------------------------------------------------------------------------------
+# The layer op against the reference loop
+# --------------------------------------------------------------------------------------
+def layer_case(batch_sizes: list[int], I: int, H: int, bias: bool, seed: int):
+    """float64 CPU inputs and weights (nn.LSTM's init range), and float64 upstream gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    N, B = sum(batch_sizes), batch_sizes[0]
+    bound = H**-0.5
+
+    def u(*shape):
+        return (torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound
+
+    t = {
+        "x": torch.randn(N, I, generator=gen, dtype=torch.float64),
+        "h0": torch.randn(B, H, generator=gen, dtype=torch.float64) * 0.5,
+        "c0": torch.randn(B, H, generator=gen, dtype=torch.float64) * 0.5,
+        "w_ih": u(4 * H, I),
+        "w_hh": u(4 * H, H),
+    }
+    if bias:
+        t["b_ih"], t["b_hh"] = u(4 * H), u(4 * H)
+    up = {"y": torch.randn(N, H, generator=gen, dtype=torch.float64),
+          "h_n": torch.randn(B, H, generator=gen, dtype=torch.float64),
+          "c_n": torch.randn(B, H, generator=gen, dtype=torch.float64)}
+    return t, up
+
+
+def run_layer(fn, tensors: dict, upstream: dict, batch_sizes: list[int], reverse: bool, dtype, device) -> dict:
+    """fn(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse=) -> (y, h_n, c_n); returns the
+    outputs and the gradients of every tensor input for sum(output * upstream)."""
+    leaves = {k: v.to(device=device, dtype=dtype).requires_grad_(True) for k, v in tensors.items()}
+    bs = torch.tensor(batch_sizes, dtype=torch.int64)
+    y, h, c = fn(leaves["x"], bs, leaves["h0"], leaves["c0"], leaves["w_ih"], leaves["w_hh"],
+                 leaves.get("b_ih"), leaves.get("b_hh"), reverse=reverse)
+    outs = {"y": y, "h_n": h, "c_n": c}
+    loss = sum(o.double().mul(upstream[k].to(device)).sum() for k, o in outs.items())
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    res = {k: o.detach() for k, o in outs.items()}
+    res.update({f"grad_{k}": g for k, g in zip(leaves, grads)})
+    return res
+
+
+def _reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
+    return lstm_layer_reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, None, reverse=reverse)
+
+
+def compare_layer(batch_sizes, I, H, reverse, bias, precision, seed=0, what="lstm_layer"):
+    dtype = DTYPE[precision]
+    t, up = layer_case(batch_sizes, I, H, bias, seed)
+    got = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cuda")
+    ref64 = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
+    baselines = None
+    if precision in LOW:
+        baselines = [run_layer(_reference, t, up, batch_sizes, reverse, dtype, "cuda")]
+    check(got, ref64, precision, f"{what} B={batch_sizes[0]} H={H} reverse={reverse}", baselines)
+
+
+# (B, H): every batch-size and hidden-size class of the persistent kernel: H = 1 and 7 (one
+# block, padded units), 64 and 256 (4 units per block), 1024 (8 units per block, the X tile
+# loaded in column chunks for float32 and at B = 32); B = 17, 32 and 64 need several m16
+# tiles. B = 64 at H = 1024 is beyond the persistent kernel (U * B > 256): forced, it falls
+# back to the cuBLAS loop, which must be right too.
+SHAPES = [(1, 1), (3, 7), (16, 64), (17, 256), (64, 256), (1, 1024), (16, 1024), (32, 1024), (64, 1024)]
+
+
+@pytest.mark.parametrize("B,H", SHAPES)
+def test_layer_matches_reference(backend, precision, B, H):
+    compare_layer([B] * 5, 9, H, reverse=False, bias=True, precision=precision, seed=B * 1000 + H)
+
+
+@pytest.mark.parametrize("B,H", [(3, 7), (17, 256), (16, 1024)])
+def test_layer_reverse_matches_reference(backend, precision, B, H):
+    compare_layer([B] * 5, 9, H, reverse=True, bias=True, precision=precision, seed=B * 1000 + H + 1)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("batch_sizes,H", [([17, 17, 9, 3, 3, 1], 64), ([5, 4, 4, 2, 1], 7), ([64, 40, 40, 1], 256)])
+def test_layer_packed_matches_reference(backend, precision, batch_sizes, H, reverse):
+    """Packed rows (sequences ending at different steps), both directions: sequences that
+    start late in reverse take h0/c0, the others keep their state."""
+    compare_layer(batch_sizes, 6, H, reverse=reverse, bias=False, precision=precision, seed=sum(batch_sizes))
+
+
+@pytest.mark.parametrize("precision_name", ["float32", "bfloat16"])
+def test_layer_long_sequence(backend, precision_name):
+    """300 steps: the exchange buffers alternate many times."""
+    with _Precision(precision_name):
+        compare_layer([2] * 300, 4, 32, reverse=False, bias=True, precision=precision_name, seed=7)
+
+
+def test_single_step(backend, precision):
+    compare_layer([3], 5, 40, reverse=False, bias=True, precision=precision, seed=11)
+
+
+# --------------------------------------------------------------------------------------
+# The module against nn.LSTM (float64 on the CPU)
+# --------------------------------------------------------------------------------------
+def module_results(module, x, hx, upstream, device, dtype, packed_lengths=None):
+    x = x.to(device=device, dtype=dtype).requires_grad_(True)
+    hx = tuple(s.to(device=device, dtype=dtype).requires_grad_(True) for s in hx)
+    inp = pack_padded_sequence(x, packed_lengths, enforce_sorted=False) if packed_lengths is not None else x
+    out, (h, c) = module(inp, hx)
+    out = out.data if packed_lengths is not None else out
+    outs = {"output": out, "h_n": h, "c_n": c}
+    loss = sum(o.double().mul(upstream[k].to(device)).sum() for k, o in outs.items())
+    params = dict(module.named_parameters())
+    grads = torch.autograd.grad(loss, [x, *hx, *params.values()])
+    res = {k: o.detach() for k, o in outs.items()}
+    res["grad_x"], res["grad_h0"], res["grad_c0"] = grads[0], grads[1], grads[2]
+    res.update({f"grad_{k}": g for k, g in zip(params, grads[3:])})
+    return res
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("B,H", [(3, 16), (17, 64)])
+def test_module_matches_nn_lstm(backend, precision, B, H, packed):
+    """Two layers, bidirectional (reverse direction), optionally a PackedSequence with
+    unsorted lengths: outputs, h_n, c_n and all gradients against nn.LSTM in float64."""
+    dtype = DTYPE[precision]
+    torch.manual_seed(B + H + packed)
+    T, I = 6, 5
+    ref = nn.LSTM(I, H, num_layers=2, bidirectional=True).double()
+    ours = seqkernels.LSTM(I, H, num_layers=2, bidirectional=True).to(device="cuda", dtype=dtype)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    hx = (torch.randn(4, B, H, dtype=torch.float64), torch.randn(4, B, H, dtype=torch.float64))
+    lengths = torch.randint(1, T + 1, (B,)) if packed else None
+    if packed:
+        lengths[0] = T
+    n_rows = int(lengths.sum()) if packed else None
+    upstream = {"output": torch.randn(n_rows, 2 * H, dtype=torch.float64) if packed
+                else torch.randn(T, B, 2 * H, dtype=torch.float64),
+                "h_n": torch.randn(4, B, H, dtype=torch.float64), "c_n": torch.randn(4, B, H, dtype=torch.float64)}
+    got = module_results(ours, x, hx, upstream, "cuda", dtype, lengths)
+    ref64 = module_results(ref, x, hx, upstream, "cpu", torch.float64, lengths)
+    baselines = None
+    if precision in LOW:
+        peer = copy.deepcopy(ref).to(device="cuda", dtype=dtype)  # cuDNN in the same dtype
+        baselines = [module_results(peer, x, hx, upstream, "cuda", dtype, lengths)]
+    check(got, ref64, precision, f"seqkernels.LSTM B={B} H={H} packed={packed}", baselines)
+
+
+# --------------------------------------------------------------------------------------
+# Which path ran: the profiler sees the kernels by name
+# --------------------------------------------------------------------------------------
+def persistent_kernels(fn) -> set[str]:
+    """Which persistent kernels ("forward", "backward") ran during fn()."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages()}
+    return {kind for kind in ("forward", "backward") if any(f"lstm_persistent_{kind}_kernel" in n for n in names)}
+
+
+def _train_call(dtype, B, H, T=4, proj_size=0):
+    torch.manual_seed(0)
+    model = seqkernels.LSTM(H, H, proj_size=proj_size).to(device="cuda", dtype=dtype)
+    x = torch.randn(T, B, H, device="cuda", dtype=dtype, requires_grad=True)
+
+    def run():
+        y, _ = model(x)
+        y.float().sum().backward()
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "precision_name,B,H",
+    [("bfloat16", 1, 1024), ("bfloat16", 16, 1024), ("bfloat16", 32, 1024), ("bfloat16", 64, 256),
+     ("float16", 17, 256), ("tf32", 16, 1024), ("tf32", 32, 1024), ("float32", 16, 1024), ("float32", 1, 256),
+     ("float64", 3, 7), ("float64", 16, 256)],
+)
+def test_persistent_path_is_taken(monkeypatch, precision_name, B, H):
+    """Forced, the persistent kernels run; auto takes them while the state exchanged per
+    step, B * H * sizeof(dtype), is at most 32 KiB (lstm_persistent.cu's heuristic)."""
+    dtype = DTYPE[precision_name]
+    both = {"forward", "backward"}
+    auto = both if B * H * torch.finfo(dtype).bits // 8 <= AUTO_MAX_STATE_BYTES else set()
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H)
+        run()  # warm-up (cuBLAS handles, profiler start-up stay out of the check)
+        for value, expected in (("persistent", both), ("auto", auto), ("cublas", set()), ("gemm", set())):
+            monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", value)
+            assert persistent_kernels(run) == expected, f"SEQKERNELS_LSTM_BACKEND={value}"
+
+
+def test_persistent_falls_back_cleanly(monkeypatch):
+    """Projection, B > 64, and B > 32 at H = 1024 (one gate item per thread: U * B <= 256)
+    are not on the persistent path: forced, it falls back to the cuBLAS loop (whose results
+    the references above check too)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    assert persistent_kernels(_train_call(torch.float32, 4, 32, proj_size=8)) == set()
+    assert persistent_kernels(_train_call(torch.float32, 65, 32)) == set()
+    assert persistent_kernels(_train_call(torch.bfloat16, 33, 1024, T=2)) == set()
+
+
+def test_backend_variable_is_validated(monkeypatch):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fastest")
+    x = torch.randn(3, 2, 4, device="cuda")
+    model = seqkernels.LSTM(4, 8).cuda()
+    with pytest.raises(RuntimeError, match="SEQKERNELS_LSTM_BACKEND"):
+        model(x)
+
+
+# --------------------------------------------------------------------------------------
+# CUDA graphs and determinism
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float32"])
+def test_cuda_graph_forward_and_training_step(backend, precision_name):
+    """Capture inference and a training step (forward + backward) in CUDA graphs; replays on
+    fresh input data agree with eager calls of an identical model."""
+    with _Precision(precision_name):
+        dtype = DTYPE[precision_name]
+        torch.manual_seed(3)
+        T, B, H = 7, 5, 96
+        model = seqkernels.LSTM(H, H, num_layers=2, bidirectional=True).to(device="cuda", dtype=dtype)
+        twin = copy.deepcopy(model)
+        static_x = torch.randn(T, B, H, device="cuda", dtype=dtype)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                with torch.no_grad():
+                    model(static_x)
+                y, _ = model(static_x)
+                y.float().square().mean().backward()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+        g_inf = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_inf), torch.no_grad():
+            inf_out, (inf_h, inf_c) = model(static_x)
+        model.zero_grad(set_to_none=True)
+        g_train = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_train):
+            y, _ = model(static_x)
+            y.float().square().mean().backward()
+        tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
+        for trial in range(2):
+            static_x.copy_(torch.randn(T, B, H, device="cuda", dtype=dtype))
+            g_inf.replay()
+            g_train.replay()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                e_out, (e_h, e_c) = twin(static_x)
+            torch.testing.assert_close(inf_out, e_out, **tol)
+            torch.testing.assert_close(inf_h, e_h, **tol)
+            torch.testing.assert_close(inf_c, e_c, **tol)
+            twin.zero_grad(set_to_none=True)
+            ey, _ = twin(static_x)
+            ey.float().square().mean().backward()
+            for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"grad {name} trial {trial}: {m}")
+
+
+@pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 16, 256), ("tf32", 17, 1024), ("float32", 3, 64),
+                                                ("float64", 2, 33)])
+def test_bitwise_deterministic(backend, precision_name, B, H):
+    with _Precision(precision_name):
+        dtype = DTYPE[precision_name]
+        torch.manual_seed(5)
+        model = seqkernels.LSTM(H, H, bidirectional=True).to(device="cuda", dtype=dtype)
+        x = torch.randn(9, B, H, device="cuda", dtype=dtype)
+
+        def once():
+            model.zero_grad(set_to_none=True)
+            xx = x.clone().requires_grad_(True)
+            y, (h, c) = model(xx)
+            (y.float().sum() + h.float().square().sum()).backward()
+            return [y, h, c, xx.grad] + [p.grad for p in model.parameters()]
+
+        first, second = once(), once()
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+
+
+def test_backends_agree_on_the_env_default(monkeypatch):
+    """auto (the default) gives the persistent kernel's results where it applies."""
+    with _Precision("bfloat16"):
+        torch.manual_seed(9)
+        model = seqkernels.LSTM(64, 64).to(device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(5, 4, 64, device="cuda", dtype=torch.bfloat16)
+        outs = {}
+        for value in ("auto", "persistent"):
+            monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", value)
+            with torch.no_grad():
+                outs[value] = model(x)[0]
+        monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND")
+        with torch.no_grad():
+            outs["unset"] = model(x)[0]
+        assert torch.equal(outs["auto"], outs["persistent"]) and torch.equal(outs["unset"], outs["persistent"])
+        assert os.environ.get("SEQKERNELS_LSTM_BACKEND") is None
