@@ -1049,16 +1049,22 @@ size_t align16(size_t x) { return (x + 15) & ~size_t{15}; }
 
 // Selection heuristic of SEQKERNELS_LSTM_BACKEND=auto, given that the persistent kernel
 // applies (no projection, U * B <= 256 with B <= 64, a co-resident grid): take it while the
-// recurrent state exchanged per step, B * H * sizeof(scalar_t), is at most 32 KiB.
+// recurrent state exchanged per step, B * H * sizeof(scalar_t), is at most 64 KiB in the
+// forward and 32 KiB in the backward (forward and backward are separate ops and choose
+// independently).
 // Why: the step time of the persistent kernel is a per-step floor (~1.3-1.9 µs on an H200)
 // plus the LL exchange, which moves 2x the state through L2 into every block each step, so it
-// grows with B * H * bytes; the cuBLAS loop costs ~9-11 µs per step nearly independently of
-// B and H up to B = 64, H = 1024. Measured on one H200 (2026-11-21, T = 256, docs/kernels.md):
-// bfloat16 B = 64, H = 256 (32 KiB): persistent 1.94 / 5.36 ms (infer / train) vs cuBLAS
-// 2.38 / 5.81; B = 32, H = 1024 (64 KiB): persistent 2.60 / 8.23 vs cuBLAS 2.51 / 7.22.
-constexpr int64_t kAutoMaxStateBytes = 32 * 1024;
-bool auto_prefers_persistent(const LstmSizes& s, int64_t elem_size) {
-  return s.B * s.H * elem_size <= kAutoMaxStateBytes;
+// grows with B * H * bytes (the backward exchanges 4x the forward's data); the cuBLAS loop
+// costs ~9-11 µs per step nearly independently of B and H up to B = 64, H = 1024.
+// Measured on one H200 (2026-11-21, T = 256, both backends forced, docs/kernels.md), ms:
+//   forward at 64 KiB: fp32 (TF32) B=64 H=256 persistent 2.45 vs cuBLAS 2.90; B=16 H=1024
+//     2.29 vs 4.06; bf16 B=64 H=512 2.47 vs 2.44 (a tie); at 128 KiB cuBLAS wins with TF32.
+//   train (forward + backward) at 32 KiB: fp32 B=32 H=256 5.13 vs 5.91; bf16 B=16 H=1024
+//     4.76 vs 6.48; at 64 KiB: fp32 B=64 H=256 10.5 vs 6.19, bf16 B=64 H=512 9.23 vs 5.86.
+constexpr int64_t kAutoMaxForwardStateBytes = 64 * 1024;
+constexpr int64_t kAutoMaxBackwardStateBytes = 32 * 1024;
+bool auto_prefers_persistent(const LstmSizes& s, int64_t elem_size, bool backward) {
+  return s.B * s.H * elem_size <= (backward ? kAutoMaxBackwardStateBytes : kAutoMaxForwardStateBytes);
 }
 
 bool build_segments(const LstmSizes& s, SegTable& tab) {
@@ -1191,11 +1197,11 @@ int trace_requested() {
   return env != nullptr && env[0] != '\0' && std::string(env) != "0";
 }
 
-bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop, int64_t elem_size) {
+bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop, int64_t elem_size, bool backward) {
   const LstmBackend backend = lstm_backend_from_env();  // validated on every call
   if (backend == LstmBackend::kCublas) return false;
   if (s.P > 0 || s.B > kMaxBatch || s.B < 1 || s.H < 1 || !prop.cooperativeLaunch) return false;
-  if (backend == LstmBackend::kAuto && !auto_prefers_persistent(s, elem_size)) return false;
+  if (backend == LstmBackend::kAuto && !auto_prefers_persistent(s, elem_size, backward)) return false;
   return true;
 }
 
@@ -1233,7 +1239,7 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
                              scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
                              const at::Tensor& like) {
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
-  if (!common_preconditions(s, prop, sizeof(scalar_t))) return false;
+  if (!common_preconditions(s, prop, sizeof(scalar_t), /*backward=*/false)) return false;
   FwdArgs<scalar_t> args{};
   if (!build_segments(s, args.seg)) return false;
   args.trace = trace_requested();
@@ -1272,7 +1278,7 @@ bool lstm_persistent_backward(const LstmSizes& s, bool reverse, bool tf32, const
                               at::opmath_type<scalar_t>* grad_h0, at::opmath_type<scalar_t>* grad_c0,
                               const at::Tensor& like) {
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
-  if (!common_preconditions(s, prop, sizeof(scalar_t))) return false;
+  if (!common_preconditions(s, prop, sizeof(scalar_t), /*backward=*/true)) return false;
   BwdArgs<scalar_t> args{};
   if (!build_segments(s, args.seg)) return false;
   args.trace = trace_requested();
