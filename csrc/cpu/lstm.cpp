@@ -318,6 +318,50 @@ void gather_prev_hidden(const LstmSizes& s, bool reverse, const scalar_t* y, con
   });
 }
 
+// Backward time loop of the BLAS path, in reverse processing order.
+//   w_hh [G, Hout]; w_hr [P, H] or null; gates [N, G]; cells [N, H]; c0 [B, H]; grad_y [N, Hout]
+//   dh [B, Hout] (= grad_h_n in, grad_h0 out); dc [B, H] (= grad_c_n in, grad_c0 out)
+//   dpre [N, G] out; with projection: dh_all [N, P] and m_all [N, H] out, dm [B, H] scratch
+template <class scalar_t>
+void backward_loop(const LstmSizes& s, bool reverse, const scalar_t* w_hh, const scalar_t* w_hr,
+                   const scalar_t* gates, const scalar_t* cells, const scalar_t* c0, const scalar_t* grad_y,
+                   at::opmath_type<scalar_t>* dh, at::opmath_type<scalar_t>* dc, scalar_t* dpre, scalar_t* dh_all,
+                   scalar_t* m_all, at::opmath_type<scalar_t>* dm_buf) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t H = s.H, G = s.G, P = s.P, Hout = s.Hout;
+  for (int64_t step = 0; step < s.T; ++step) {
+    const int64_t t = reverse ? step : s.T - 1 - step;
+    const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+    // dL/dh_t = recurrent part (dh; h_n's gradient for sequences ending here) + y's.
+    const scalar_t* gy_t = grad_y + off * Hout;
+    for (int64_t k = 0; k < bt * Hout; ++k) dh[k] += static_cast<acc_t>(gy_t[k]);
+    const acc_t* dm = dh;
+    if (P > 0) {
+      scalar_t* dh_t = dh_all + off * P;
+      for (int64_t k = 0; k < bt * P; ++k) dh_t[k] = static_cast<scalar_t>(dh[k]);
+      gemm(Trans::No, Trans::No, bt, H, P, dh_t, P, w_hr, H, acc_t(0), dm_buf, H);
+      dm = dm_buf;
+    }
+    // Where c_{t-1} lives: the neighbouring step's saved cells, or c0 for sequences starting at t.
+    const int64_t src_t = reverse ? t + 1 : t - 1;
+    const bool has_src = src_t >= 0 && src_t < s.T;
+    const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
+    const scalar_t* prev_cells = has_src ? cells + s.offsets[src_t] * H : c0;
+    scalar_t* dpre_t = dpre + off * G;
+    for_rows(bt, G, [&](int64_t b0, int64_t b1) {
+      if (P > 0) {
+        backward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0,
+                                           dm, dc, dpre_t, m_all + off * H);
+      } else {
+        backward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0,
+                                            dm, dc, dpre_t, nullptr);
+      }
+    });
+    // dL/dh_{t-1} through W_hh.
+    gemm(Trans::No, Trans::No, bt, Hout, G, dpre_t, G, w_hh, Hout, acc_t(0), dh, Hout);
+  }
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward_cpu(
     const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, const Tensor& batch_sizes,
     const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh, const std::optional<Tensor>& w_hr,
@@ -344,57 +388,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   Tensor dw_hh = at::empty({G, Hout}, opts.dtype(acc));
   Tensor dw_hr = at::empty({P, P > 0 ? H : 0}, opts.dtype(acc));
 
+  if (persistent) {  // implies float32
+    backward_persistent(s, reverse, w_hh.const_data_ptr<float>(), gates.const_data_ptr<float>(),
+                        cells.const_data_ptr<float>(), c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(),
+                        dhbuf.data_ptr<float>(), dcbuf.data_ptr<float>(), dpre.data_ptr<float>());
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "seqkernels_lstm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* gates_p = gates.const_data_ptr<scalar_t>();
-    const scalar_t* cells_p = cells.const_data_ptr<scalar_t>();
-    const scalar_t* c0_p = c0.const_data_ptr<scalar_t>();
-    const scalar_t* gy = grad_y.const_data_ptr<scalar_t>();
-    const scalar_t* w_hh_p = w_hh.const_data_ptr<scalar_t>();
-    const scalar_t* w_hr_p = P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr;
-    acc_t* dh = dhbuf.data_ptr<acc_t>();
-    acc_t* dc = dcbuf.data_ptr<acc_t>();
     scalar_t* dpre_p = dpre.data_ptr<scalar_t>();
     scalar_t* dh_all_p = P > 0 ? dh_all.data_ptr<scalar_t>() : nullptr;
     scalar_t* m_all_p = P > 0 ? m_all.data_ptr<scalar_t>() : nullptr;
-    acc_t* dm_p = P > 0 ? dm_acc.data_ptr<acc_t>() : nullptr;
-
-    if (persistent) {  // implies float32; the casts are no-ops there
-      backward_persistent(s, reverse, reinterpret_cast<const float*>(w_hh_p), reinterpret_cast<const float*>(gates_p),
-                          reinterpret_cast<const float*>(cells_p), reinterpret_cast<const float*>(c0_p),
-                          reinterpret_cast<const float*>(gy), reinterpret_cast<float*>(dh), reinterpret_cast<float*>(dc),
-                          reinterpret_cast<float*>(dpre_p));
-    }
-    for (int64_t step = 0; step < s.T && !persistent; ++step) {
-      const int64_t t = reverse ? step : s.T - 1 - step;
-      const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
-      // dL/dh_t = recurrent part (dhbuf; h_n's gradient for sequences ending here) + y's.
-      const scalar_t* gy_t = gy + off * Hout;
-      for (int64_t k = 0; k < bt * Hout; ++k) dh[k] += static_cast<acc_t>(gy_t[k]);
-      const acc_t* dm = dh;
-      if (P > 0) {
-        scalar_t* dh_t = dh_all_p + off * P;
-        for (int64_t k = 0; k < bt * P; ++k) dh_t[k] = static_cast<scalar_t>(dh[k]);
-        gemm(Trans::No, Trans::No, bt, H, P, dh_t, P, w_hr_p, H, acc_t(0), dm_p, H);
-        dm = dm_p;
-      }
-      // Where c_{t-1} lives: the neighbouring step's saved cells, or c0 for sequences starting at t.
-      const int64_t src_t = reverse ? t + 1 : t - 1;
-      const bool has_src = src_t >= 0 && src_t < s.T;
-      const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
-      const scalar_t* prev_cells = has_src ? cells_p + s.offsets[src_t] * H : c0_p;
-      scalar_t* dpre_t = dpre_p + off * G;
-      for_rows(bt, G, [&](int64_t b0, int64_t b1) {
-        if (P > 0) {
-          backward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev, c0_p,
-                                             dm, dc, dpre_t, m_all_p + off * H);
-        } else {
-          backward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, gates_p + off * G, cells_p + off * H, prev_cells, n_prev,
-                                              c0_p, dm, dc, dpre_t, nullptr);
-        }
-      });
-      // dL/dh_{t-1} through W_hh.
-      gemm(Trans::No, Trans::No, bt, Hout, G, dpre_t, G, w_hh_p, Hout, acc_t(0), dh, Hout);
+    if (!persistent) {
+      backward_loop<scalar_t>(s, reverse, w_hh.const_data_ptr<scalar_t>(),
+                              P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr, gates.const_data_ptr<scalar_t>(),
+                              cells.const_data_ptr<scalar_t>(), c0.const_data_ptr<scalar_t>(),
+                              grad_y.const_data_ptr<scalar_t>(), dhbuf.data_ptr<acc_t>(), dcbuf.data_ptr<acc_t>(),
+                              dpre_p, dh_all_p, m_all_p, P > 0 ? dm_acc.data_ptr<acc_t>() : nullptr);
     }
 
     // Whole-sequence products after the loop.

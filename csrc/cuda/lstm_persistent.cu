@@ -1230,6 +1230,21 @@ bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar
 template <class scalar_t>
 constexpr bool kHalfType = std::is_same_v<scalar_t, c10::Half> || std::is_same_v<scalar_t, c10::BFloat16>;
 
+// Calls f(std::integral_constant<Path, path>{}) with the arithmetic path of a dtype: tensor
+// cores for half types and for float32 with TF32 allowed, FMA otherwise. Only the paths a
+// dtype can take are instantiated.
+template <class scalar_t, class F>
+bool with_path(bool tf32, F&& f) {
+  if constexpr (kHalfType<scalar_t>) {
+    return f(std::integral_constant<Path, Path::kMma16>{});
+  } else {
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (tf32) return f(std::integral_constant<Path, Path::kTf32>{});
+    }
+    return f(std::integral_constant<Path, Path::kFma>{});
+  }
+}
+
 }  // namespace
 
 template <class scalar_t>
@@ -1254,20 +1269,11 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
   args.cells = cells;
   args.h_n = h_n;
   args.c_n = c_n;
-  if constexpr (kHalfType<scalar_t>) {
-    return training ? run_forward<scalar_t, Path::kMma16, true>(s, prop, args, like)
-                    : run_forward<scalar_t, Path::kMma16, false>(s, prop, args, like);
-  } else if constexpr (std::is_same_v<scalar_t, float>) {
-    if (tf32) {
-      return training ? run_forward<scalar_t, Path::kTf32, true>(s, prop, args, like)
-                      : run_forward<scalar_t, Path::kTf32, false>(s, prop, args, like);
-    }
-    return training ? run_forward<scalar_t, Path::kFma, true>(s, prop, args, like)
-                    : run_forward<scalar_t, Path::kFma, false>(s, prop, args, like);
-  } else {
-    return training ? run_forward<scalar_t, Path::kFma, true>(s, prop, args, like)
-                    : run_forward<scalar_t, Path::kFma, false>(s, prop, args, like);
-  }
+  return with_path<scalar_t>(tf32, [&](auto path) {
+    constexpr Path kPath = decltype(path)::value;
+    return training ? run_forward<scalar_t, kPath, true>(s, prop, args, like)
+                    : run_forward<scalar_t, kPath, false>(s, prop, args, like);
+  });
 }
 
 template <class scalar_t>
@@ -1296,14 +1302,9 @@ bool lstm_persistent_backward(const LstmSizes& s, bool reverse, bool tf32, const
   args.hprev = hprev;
   args.grad_h0 = grad_h0;
   args.grad_c0 = grad_c0;
-  if constexpr (kHalfType<scalar_t>) {
-    return run_backward<scalar_t, Path::kMma16>(s, prop, args, like);
-  } else if constexpr (std::is_same_v<scalar_t, float>) {
-    return tf32 ? run_backward<scalar_t, Path::kTf32>(s, prop, args, like)
-                : run_backward<scalar_t, Path::kFma>(s, prop, args, like);
-  } else {
-    return run_backward<scalar_t, Path::kFma>(s, prop, args, like);
-  }
+  return with_path<scalar_t>(tf32, [&](auto path) {
+    return run_backward<scalar_t, decltype(path)::value>(s, prop, args, like);
+  });
 }
 
 #define SK_INSTANTIATE_PERSISTENT(T)                                                                              \
