@@ -82,6 +82,21 @@ def extension():
     return CppExtension(extra_compile_args={"cxx": cxx}, **kwargs)
 
 
+def write_build_config(use_cuda: bool) -> None:
+    """seqkernels/_build_config.py: what this build of _C contains, for show_config()."""
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if use_cuda else ""
+    with open(os.path.join(ROOT, "seqkernels", "_build_config.py"), "w") as f:
+        f.write("# Written by setup.py at build time; not tracked.\n")
+        f.write(f"CUDA = {use_cuda!r}\n")
+        f.write(f"CUDA_ARCH_LIST = {arch!r}  # empty: torch's default (the GPUs visible at build time)\n")
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+        f.write(f"TORCH_CUDA_VERSION = {torch.version.cuda!r}\n")
+        f.write(f"DEBUG = {os.environ.get('DEBUG', '0') == '1'!r}\n")
+
+
+EXTENSION = extension()
+write_build_config(use_cuda=any(src.endswith(".cu") for src in EXTENSION.sources))
+
 setup(
     name="seqkernels",
     version="0.1.0",
@@ -89,6 +104,6 @@ setup(
     packages=find_packages(include=["seqkernels", "seqkernels.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
-    ext_modules=[extension()],
+    ext_modules=[EXTENSION],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )
