@@ -12,6 +12,7 @@ Build without isolation so that pip never downloads torch:
 import glob
 import os
 import platform
+import re
 import sys
 
 from setuptools import find_packages, setup
@@ -26,6 +27,9 @@ except ImportError as exc:  # pragma: no cover - build-time guidance only
     ) from exc
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# The version lives in one place: seqkernels/__init__.py.
+with open(os.path.join(ROOT, "seqkernels", "__init__.py"), encoding="utf-8") as _init:
+    VERSION = re.search(r'^__version__ = "([^"]+)"', _init.read(), re.M).group(1)
 
 
 def want_cuda() -> bool:
@@ -99,8 +103,11 @@ write_build_config(use_cuda=any(src.endswith(".cu") for src in EXTENSION.sources
 
 setup(
     name="seqkernels",
-    version="0.1.0",
+    version=VERSION,
     description="Fast recurrent sequence kernels (LSTM, ConvRNN, ConvLSTM) for PyTorch",
+    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
     packages=find_packages(include=["seqkernels", "seqkernels.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
