@@ -4,6 +4,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "seqkernels/error_format.h"
+
 namespace seqkernels {
 namespace {
 
@@ -17,7 +19,8 @@ void check_like_x(const at::Tensor& x, const at::Tensor& t, const char* name, at
   TORCH_CHECK(t.device() == x.device(), "seqkernels.lstm: ", name, " is on ", t.device(), " but x is on ", x.device());
   TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), "seqkernels.lstm: ", name, " has dtype ", t.scalar_type(),
                    " but x has dtype ", x.scalar_type());
-  TORCH_CHECK(t.sizes() == shape, "seqkernels.lstm: ", name, " must have shape ", shape, ", got ", t.sizes());
+  TORCH_CHECK(t.sizes() == shape, "seqkernels.lstm: ", name, " must have shape ", seqkernels::shape(shape), ", got ",
+              seqkernels::shape(t.sizes()));
   TORCH_CHECK(t.is_contiguous(), "seqkernels.lstm: ", name, " must be contiguous");
 }
 
@@ -26,7 +29,7 @@ LstmSizes check_common(const at::Tensor& x, const at::Tensor& batch_sizes, const
                        const std::optional<at::Tensor>& w_hr) {
   LstmSizes s;
   TORCH_CHECK(x.defined() && x.dim() == 2, "seqkernels.lstm: x must be 2-D [N, I] packed rows, got ",
-              x.defined() ? x.dim() : 0, "-D");
+              num(x.defined() ? x.dim() : 0), "-D");
   TORCH_CHECK_TYPE(is_floating(x.scalar_type()),
                    "seqkernels.lstm: x must be float32, float64, bfloat16 or float16, got ", x.scalar_type());
   TORCH_CHECK(x.is_contiguous(), "seqkernels.lstm: x must be contiguous");
@@ -49,18 +52,18 @@ LstmSizes check_common(const at::Tensor& x, const at::Tensor& batch_sizes, const
   s.offsets[0] = 0;
   for (int64_t t = 0; t < s.T; ++t) {
     const int64_t b = s.batch_sizes[t];
-    TORCH_CHECK(b > 0, "seqkernels.lstm: batch_sizes[", t, "] = ", b, " must be positive (empty batch)");
+    TORCH_CHECK(b > 0, "seqkernels.lstm: batch_sizes[", num(t), "] = ", num(b), " must be positive (empty batch)");
     TORCH_CHECK(t == 0 || b <= s.batch_sizes[t - 1], "seqkernels.lstm: batch_sizes must be non-increasing, got ",
-                s.batch_sizes[t - 1], " then ", b, " at step ", t);
+                num(t == 0 ? 0 : s.batch_sizes[t - 1]), " then ", num(b), " at step ", num(t));
     s.offsets[t + 1] = s.offsets[t] + b;
   }
-  TORCH_CHECK(s.offsets[s.T] == s.N, "seqkernels.lstm: batch_sizes sum to ", s.offsets[s.T], " but x has ", s.N,
+  TORCH_CHECK(s.offsets[s.T] == s.N, "seqkernels.lstm: batch_sizes sum to ", num(s.offsets[s.T]), " but x has ", num(s.N),
               " rows");
   s.B = s.batch_sizes[0];
 
   TORCH_CHECK(w_ih.defined() && w_ih.dim() == 2, "seqkernels.lstm: w_ih must be 2-D [4H, I]");
   s.G = w_ih.size(0);
-  TORCH_CHECK(s.G > 0 && s.G % 4 == 0, "seqkernels.lstm: w_ih has ", s.G, " rows, expected 4 * hidden_size");
+  TORCH_CHECK(s.G > 0 && s.G % 4 == 0, "seqkernels.lstm: w_ih has ", num(s.G), " rows, expected 4 * hidden_size");
   s.H = s.G / 4;
   check_like_x(x, w_ih, "w_ih", {s.G, s.I});
   if (w_hr.has_value() && w_hr->defined()) {

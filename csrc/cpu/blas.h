@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include "seqkernels/error_format.h"
+
 #include <cstdint>
 #include <limits>
 
@@ -40,7 +42,8 @@ enum class Trans : bool { No = false, Yes = true };
 namespace detail {
 inline int to_int(int64_t v) {
   // LP64 BLAS: every dimension and leading dimension must fit in 32 bits.
-  TORCH_CHECK(v <= std::numeric_limits<int>::max(), "seqkernels: matrix dimension ", v, " exceeds the BLAS limit");
+  TORCH_CHECK(v <= std::numeric_limits<int>::max(), "seqkernels: matrix dimension ", seqkernels::num(v),
+              " exceeds the BLAS limit");
   return static_cast<int>(v);
 }
 inline const char* fortran(Trans t) { return t == Trans::Yes ? "T" : "N"; }

@@ -44,6 +44,8 @@
 
 #include <cublas_v2.h>
 
+#include "seqkernels/error_format.h"
+
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -90,7 +92,7 @@ struct CudaType<c10::BFloat16> {
 inline cublasOperation_t to_cublas(Trans t) { return t == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T; }
 
 inline int checked_int(int64_t v, const char* what) {
-  TORCH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "seqkernels.blas: ", what, " = ", v,
+  TORCH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "seqkernels.blas: ", what, " = ", seqkernels::num(v),
               " does not fit the 32-bit cuBLAS API");
   return static_cast<int>(v);
 }
