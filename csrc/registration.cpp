@@ -38,4 +38,22 @@ TORCH_LIBRARY(seqkernels, m) {
       "Tensor cells, bool reverse, bool has_bias) "
       "-> (Tensor grad_x, Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, "
       "Tensor grad_bias, Tensor grad_w_hr)");
+
+  // The circulant ("wave") convolutional RNN, batch-first, the whole sequence in one call:
+  //   h_t = act(x_t + conv(h_{t-1}) + bias), conv = conv1d cross-correlation (C -> C
+  //   channels, width K, no bias) of h padded with K/2 values on the left and K-1-K/2 on the
+  //   right: circularly around the ring (padding_mode 0) or with zeros (padding_mode 1).
+  // Shape legend: B batch, T steps, C channels, N ring size, K kernel width.
+  //   x [B, T, C, N], weight [C, C, K] (out, in, k), bias [C] or None, h0 [B, C, N]
+  //   nonlinearity: 0 tanh, 1 relu
+  // Returns y [B, T, C, N] (h_1 .. h_T) and h_T [B, C, N]. Backward needs only y and h0:
+  // act'(pre) is 1 - y^2 for tanh and (y > 0) for relu.
+  m.def(
+      "convrnn_forward(Tensor x, Tensor weight, Tensor? bias, Tensor h0, int padding_mode, int nonlinearity) "
+      "-> (Tensor y, Tensor h_T)");
+  // Gradients of convrnn_forward given those of y and h_T. Returns grad_x [B, T, C, N],
+  // grad_weight [C, C, K], grad_bias [C] ([0] when has_bias is false), grad_h0 [B, C, N].
+  m.def(
+      "convrnn_backward(Tensor grad_y, Tensor grad_h_T, Tensor weight, Tensor h0, Tensor y, int padding_mode, "
+      "int nonlinearity, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias, Tensor grad_h0)");
 }

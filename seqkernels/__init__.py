@@ -17,6 +17,10 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
 
 from .ops.lstm import lstm_layer  # noqa: E402
 from .nn.lstm import LSTM, LSTMCell, replace_lstm  # noqa: E402
+from .ops.convrnn import convrnn, convrnn_forward  # noqa: E402
+from .nn.convrnn import ConvRNN  # noqa: E402
 
-__all__ = ["LSTM", "LSTMCell", "replace_lstm", "lstm_layer"]
+__all__ = ["LSTM", "LSTMCell", "replace_lstm", "lstm_layer", "ConvRNN", "convrnn", "convrnn_forward", "show_config"]
 __version__ = "0.1.0"
+
+from ._config import show_config  # noqa: E402  (reads __version__)

@@ -1,0 +1,842 @@
+// CUDA implementation of seqkernels::convrnn_forward and seqkernels::convrnn_backward: the
+// circulant ("wave") convolutional RNN, the whole sequence per call (schemas and semantics in
+// csrc/registration.cpp; the CPU kernel is csrc/cpu/convrnn.cpp).
+//
+// Shape legend: B batch, T steps, C channels, N ring size, K kernel width, CN = C·N, NP = N + K - 1
+// (a padded ring row), L = K/2 (left pad of the forward convolution), R = K - 1 - L (right pad).
+// acc_t is float for half types (float16, bfloat16) and scalar_t otherwise: true float32 / float64
+// arithmetic, no TF32, no fast-math intrinsics.
+//
+// Forward: one persistent block per sequence b (grid B). The block keeps the padded state
+// hpad [C, NP] (double-buffered, acc_t), the weight [C, C, K] and the bias [C] in shared memory
+// for all T steps; a thread owns the ring units e = c·N + n, e ≡ threadIdx.x (mod blockDim).
+//   step t: pre = x[b,t,c,n] + bias[c] + Σ_{ci,k} w[c,ci,k]·hpad_{t-1}[ci, n+k];  h = act(pre)
+//   y[b,t] = h (rounded to scalar_t; the rounded value is the state, as y is what backward sees),
+//   written coalesced, and into the other hpad buffer together with its circular halo copies;
+//   one __syncthreads per step. x is staged through shared memory S steps at a time, double-
+//   buffered: the next chunk of S·CN inputs (contiguous in memory) is copied asynchronously
+//   (cp.async) while the current chunk is computed, so no step waits on global memory.
+//   For K = 3 and C·N >= 1024 a tiled variant runs instead: a thread owns 4 consecutive units of
+//   a channel and reuses each padded state value it reads for up to 3 outputs.
+// Backward: the same block design in reverse time, with the adjoint convolution
+//   g_t = (grad_y[t] + carry_t)·act'(y_t) -> grad_x[t] (act' = 1 - y² for tanh, y > 0 for relu)
+//   carry_{t-1}[ci, m] = Σ_{co,k} w[co,ci,K-1-k]·gpad_t[co, m+k]   (gpad: g padded R left, L right)
+//   carry_{T-1} = grad_h_T, grad_h0 = carry_{-1}.
+// The weight and bias gradients are a separate, fully parallel reduction over the B·T·N products
+// grad_w[co,ci,k] = Σ g[b,t,co,n]·hpad_{t-1}[b,ci,n+k], grad_bias[co] = Σ g[b,t,co,n] (hpad_{t-1}
+// from y[b,t-1], or h0 at t = 0): a fixed partition of the (b, t) rows into blocks, each writing
+// its partial sums to a buffer, then a fixed-order sum over the blocks. No atomics: the result is
+// bit-for-bit deterministic, independent of the device.
+//
+// Supported sizes: the state (2·C·NP) plus weight (C·C·K) and bias of acc_t must fit in one
+// block's shared memory (227 KB on Hopper: e.g. C = 16, N = 1024, K = 9 in float32 needs 141 KB),
+// and so must one (b, t) row of the weight-gradient reduction ((C·N + C·NP) acc_t); otherwise a
+// RuntimeError says so (a thread-block-cluster version for larger C × N is future work). Inputs
+// are staged only when a step's slice is a multiple of the copy unit (4 bytes; 8 for float64):
+// 16-bit types with odd C·N read them from global memory directly (correct, slower).
+// Everything runs on the current stream with caching-allocator buffers: no host synchronisation,
+// CUDA-graph safe. T is a loop counter, never a launch dimension; in-kernel offsets are 64-bit.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+#include "seqkernels/convrnn_checks.h"
+#include "seqkernels/error_format.h"
+
+namespace seqkernels {
+namespace {
+
+using at::Tensor;
+
+constexpr int kMaxSeqThreads = 512;  // threads of a persistent (per-sequence) block, at most
+constexpr int kMaxStageSteps = 16;   // steps per staged chunk, at most
+constexpr int64_t kStageBytes = 128 * 1024;  // shared memory for staged inputs (both buffers), at most
+constexpr int kWgradThreads = 256;   // threads of a weight-gradient block
+constexpr int64_t kWgradBlocks = 256;  // target number of row blocks of the weight-gradient reduction (fixed:
+                                       // the partition, and so the rounding, never depends on the device)
+constexpr int kReduceThreads = 128;
+// The tiled persistent kernels: K = kTileK, tiles of kTileV units, used from C·N >= kTileMinUnits
+// (below that a step is latency-bound and the per-unit kernels spread the work over more threads).
+constexpr int kTileK = 3;
+constexpr int kTileV = 4;
+constexpr int64_t kTileMinUnits = 1024;
+
+// The nonlinearity and its derivative expressed through the output y = act(pre).
+template <class acc_t>
+__device__ __forceinline__ acc_t activate(acc_t pre, bool relu) {
+  if (relu) return pre > acc_t(0) ? pre : acc_t(0);
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return ::tanh(pre);
+  } else {
+    return tanhf(pre);
+  }
+}
+template <class acc_t>
+__device__ __forceinline__ acc_t activate_grad(acc_t dy, acc_t y, bool relu) {
+  if (relu) return y > acc_t(0) ? dy : acc_t(0);
+  return dy * (acc_t(1) - y * y);
+}
+
+// Writes value v of ring unit (c, n) into a padded row set pad [C, NP] at column n + left, and,
+// with circular padding, into the halo columns that wrap around to it. Zero padding leaves the
+// halo at the zeros it was initialised with. Circular padding has K <= N, so each halo column
+// has exactly one source unit.
+template <class acc_t>
+__device__ __forceinline__ void write_padded(acc_t* pad, int c, int n, acc_t v, int N, int NP, int left,
+                                             bool circular) {
+  acc_t* row = pad + static_cast<int64_t>(c) * NP;
+  const int j = n + left;
+  row[j] = v;
+  if (circular) {
+    if (j - N >= 0) row[j - N] = v;
+    if (j + N < NP) row[j + N] = v;
+  }
+}
+
+// Σ_{ci,k} w_row[ci, k]·pad[ci, n + k]: one output unit of a width-K cross-correlation.
+template <class acc_t>
+__device__ __forceinline__ acc_t conv_unit(const acc_t* w_row,  // [C, K] the output channel's weights
+                                           const acc_t* pad,    // [C, NP] padded input rows
+                                           int C, int K, int NP, int n) {
+  acc_t s = acc_t(0);
+  for (int ci = 0; ci < C; ++ci) {
+    const acc_t* wr = w_row + ci * K;
+    const acc_t* pr = pad + static_cast<int64_t>(ci) * NP + n;
+    for (int k = 0; k < K; ++k) s += wr[k] * pr[k];
+  }
+  return s;
+}
+
+// Staging through shared memory: asynchronous global -> shared copies (cp.async, sm_80+) in units
+// of U bytes (8 for double, else 4: float, or two 16-bit values), so that no register holds an
+// input in flight. The host stages only when every chunk is U-aligned (else S = 0, direct reads).
+template <class scalar_t>
+constexpr int copy_unit() {
+  return sizeof(scalar_t) == 8 ? 8 : 4;
+}
+
+// Starts the copy of `bytes` (a multiple of U) from global src to shared dst, split over the
+// block's threads, as one commit group of each thread.
+template <int U>
+__device__ __forceinline__ void copy_async(void* dst, const void* src, int64_t bytes, int tid, int nt) {
+  const int64_t units = bytes / U;
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  for (int64_t i = tid; i < units; i += nt) {
+    const unsigned int sd = static_cast<unsigned int>(__cvta_generic_to_shared(d + i * U));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(sd), "l"(s + i * U), "n"(U) : "memory");
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits for this thread's copies; a __syncthreads must follow before other threads read them.
+__device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// ---------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------
+
+// The whole forward sequence of one batch row b = blockIdx.x. Dynamic shared memory:
+// hpad [2][C, NP] acc_t, w [C, C, K] acc_t, bias [C] acc_t, then xs [2][S, C, N] scalar_t.
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kMaxSeqThreads) convrnn_forward_kernel(
+    const scalar_t* __restrict__ x,       // [B, T, C, N] inputs
+    const scalar_t* __restrict__ weight,  // [C, C, K] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ bias,    // [C] or nullptr
+    const scalar_t* __restrict__ h0,      // [B, C, N] initial state
+    scalar_t* __restrict__ y,             // [B, T, C, N] out: h_1 .. h_T
+    scalar_t* __restrict__ h_T,           // [B, C, N] out: h_T
+    int64_t T, int C, int N, int K,
+    int S,           // steps of x staged in shared memory per chunk; 0: read x from global memory
+    bool circular,   // padding_mode 0 (else zeros)
+    bool relu) {     // nonlinearity 1 (else tanh)
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int NP = N + K - 1, L = K / 2, CN = C * N;
+  acc_t* hbuf0 = reinterpret_cast<acc_t*>(smem_raw);    // [C, NP]
+  acc_t* hbuf1 = hbuf0 + C * NP;                          // [C, NP]
+  acc_t* w = hbuf1 + C * NP;                              // [C, C, K]
+  acc_t* bs = w + C * C * K;                              // [C]
+  scalar_t* xs0 = reinterpret_cast<scalar_t*>(bs + C);    // [S, C, N] staged x, two buffers
+  scalar_t* xs1 = xs0 + static_cast<int64_t>(S) * CN;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t b = blockIdx.x;
+
+  for (int i = tid; i < 2 * C * NP; i += nt) hbuf0[i] = acc_t(0);  // both buffers: the zero halo
+  for (int i = tid; i < C * C * K; i += nt) w[i] = static_cast<acc_t>(weight[i]);
+  for (int i = tid; i < C; i += nt) bs[i] = bias != nullptr ? static_cast<acc_t>(bias[i]) : acc_t(0);
+  __syncthreads();
+  const scalar_t* h0b = h0 + b * CN;
+  for (int e = tid; e < CN; e += nt) {
+    const int c = e / N;
+    write_padded(hbuf0, c, e - c * N, static_cast<acc_t>(h0b[e]), N, NP, L, circular);
+  }
+
+  const scalar_t* xb = x + b * T * CN;
+  scalar_t* yb = y + b * T * CN;
+  scalar_t* hTb = h_T + b * CN;
+  const bool staged = S > 0;
+  const int64_t span = staged ? S : T;
+  constexpr int U = copy_unit<scalar_t>();
+  if (staged) copy_async<U>(xs0, xb, std::min<int64_t>(S, T) * CN * sizeof(scalar_t), tid, nt);
+  int buf = 0;
+  acc_t* cur = hbuf0;
+  acc_t* nxt = hbuf1;
+  for (int64_t t0 = 0; t0 < T; t0 += span) {
+    const int64_t steps = std::min<int64_t>(span, T - t0);
+    // This chunk's copies complete and visible; every thread is past the last step's barrier, so
+    // the other buffer (the previous chunk's) is free for the next chunk's copies.
+    const scalar_t* xs = buf ? xs1 : xs0;
+    if (staged) copy_wait();
+    __syncthreads();
+    if (staged && t0 + span < T) {
+      copy_async<U>(buf ? xs0 : xs1, xb + (t0 + span) * CN,
+                    std::min<int64_t>(span, T - t0 - span) * CN * sizeof(scalar_t), tid, nt);
+    }
+    buf ^= 1;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t t = t0 + s;
+      for (int e = tid; e < CN; e += nt) {
+        const int c = e / N;
+        const int n = e - c * N;
+        const scalar_t xv = staged ? xs[s * CN + e] : xb[t * CN + e];
+        const acc_t pre = static_cast<acc_t>(xv) + bs[c] + conv_unit(w + c * C * K, cur, C, K, NP, n);
+        const scalar_t out = static_cast<scalar_t>(activate(pre, relu));
+        yb[t * CN + e] = out;
+        if (t == T - 1) hTb[e] = out;
+        write_padded(nxt, c, n, static_cast<acc_t>(out), N, NP, L, circular);
+      }
+      __syncthreads();  // h_t complete in nxt, every read of cur done
+      acc_t* tmp = cur;
+      cur = nxt;
+      nxt = tmp;
+    }
+  }
+}
+
+// The whole reverse-time sequence of one batch row b = blockIdx.x: grad_x and grad_h0. Dynamic
+// shared memory: gpad [2][C, NP] acc_t, wt [C, C, K] acc_t (wt[ci, co, k] = w[co, ci, K-1-k]),
+// then gys [2][S, C, N] and ys [2][S, C, N] scalar_t.
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kMaxSeqThreads) convrnn_backward_kernel(
+    const scalar_t* __restrict__ grad_y,    // [B, T, C, N] dL/dy
+    const scalar_t* __restrict__ grad_h_T,  // [B, C, N] dL/dh_T
+    const scalar_t* __restrict__ weight,    // [C, C, K] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ y,         // [B, T, C, N] forward outputs h_1 .. h_T
+    scalar_t* __restrict__ grad_x,          // [B, T, C, N] out: g_t = dL/d(pre-activation of step t)
+    scalar_t* __restrict__ grad_h0,         // [B, C, N] out: dL/dh0
+    int64_t T, int C, int N, int K,
+    int S,           // steps of grad_y and y staged in shared memory per chunk; 0: global reads
+    bool circular, bool relu) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int NP = N + K - 1, L = K / 2, R = K - 1 - L, CN = C * N;
+  acc_t* gbuf0 = reinterpret_cast<acc_t*>(smem_raw);   // [C, NP]
+  acc_t* gbuf1 = gbuf0 + C * NP;                         // [C, NP]
+  acc_t* wt = gbuf1 + C * NP;                            // [C, C, K] adjoint weight
+  scalar_t* gys0 = reinterpret_cast<scalar_t*>(wt + C * C * K);  // [S, C, N] staged grad_y, two buffers
+  scalar_t* gys1 = gys0 + static_cast<int64_t>(S) * CN;
+  scalar_t* ys0 = gys1 + static_cast<int64_t>(S) * CN;            // [S, C, N] staged y, two buffers
+  scalar_t* ys1 = ys0 + static_cast<int64_t>(S) * CN;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t b = blockIdx.x;
+
+  for (int i = tid; i < 2 * C * NP; i += nt) gbuf0[i] = acc_t(0);
+  for (int i = tid; i < C * C * K; i += nt) {
+    const int k = i % K;
+    const int co = (i / K) % C;
+    const int ci = i / (C * K);
+    wt[i] = static_cast<acc_t>(weight[(static_cast<int64_t>(co) * C + ci) * K + (K - 1 - k)]);
+  }
+  const scalar_t* gyb = grad_y + b * T * CN;
+  const scalar_t* yb = y + b * T * CN;
+  scalar_t* gxb = grad_x + b * T * CN;
+  const bool staged = S > 0;
+  const int64_t span = staged ? S : T;
+  constexpr int U = copy_unit<scalar_t>();
+  if (staged) {
+    const int64_t lo = std::max<int64_t>(0, T - span);
+    copy_async<U>(gys0, gyb + lo * CN, (T - lo) * CN * sizeof(scalar_t), tid, nt);
+    copy_async<U>(ys0, yb + lo * CN, (T - lo) * CN * sizeof(scalar_t), tid, nt);
+  }
+  int buf = 0;
+  acc_t* cur = gbuf0;  // g_{t+1} padded
+  acc_t* nxt = gbuf1;
+  for (int64_t hi = T; hi > 0; hi -= span) {
+    const int64_t lo = std::max<int64_t>(0, hi - span);
+    const scalar_t* gys = buf ? gys1 : gys0;
+    const scalar_t* ys = buf ? ys1 : ys0;
+    if (staged) copy_wait();
+    __syncthreads();
+    if (staged && lo > 0) {
+      const int64_t lo2 = std::max<int64_t>(0, lo - span);
+      copy_async<U>(buf ? gys0 : gys1, gyb + lo2 * CN, (lo - lo2) * CN * sizeof(scalar_t), tid, nt);
+      copy_async<U>(buf ? ys0 : ys1, yb + lo2 * CN, (lo - lo2) * CN * sizeof(scalar_t), tid, nt);
+    }
+    buf ^= 1;
+    for (int64_t t = hi - 1; t >= lo; --t) {
+      for (int e = tid; e < CN; e += nt) {
+        const int c = e / N;
+        const int n = e - c * N;
+        const acc_t carry = t == T - 1 ? static_cast<acc_t>(grad_h_T[b * CN + e])
+                                       : conv_unit(wt + c * C * K, cur, C, K, NP, n);
+        const int64_t off = staged ? (t - lo) * CN + e : t * CN + e;
+        const scalar_t gy = staged ? gys[off] : gyb[off];
+        const scalar_t yv = staged ? ys[off] : yb[off];
+        const acc_t g = activate_grad(static_cast<acc_t>(gy) + carry, static_cast<acc_t>(yv), relu);
+        gxb[t * CN + e] = static_cast<scalar_t>(g);
+        write_padded(nxt, c, n, g, N, NP, R, circular);
+      }
+      __syncthreads();
+      acc_t* tmp = cur;
+      cur = nxt;
+      nxt = tmp;
+    }
+  }
+  // grad_h0 = carry_{-1}: the adjoint convolution of g_0 (cur after the loop; T >= 1).
+  for (int e = tid; e < CN; e += nt) {
+    const int c = e / N;
+    grad_h0[b * CN + e] = static_cast<scalar_t>(conv_unit(wt + c * C * K, cur, C, K, NP, e - c * N));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tiled persistent kernels (fixed K = KT, used for C·N >= kTileMinUnits): a thread owns tiles of
+// V consecutive ring units of one channel, so each padded input value read from shared memory
+// serves up to KT outputs and each weight V outputs (the per-unit kernels above are bound by
+// shared-memory traffic at these sizes). Rows of a padded buffer are NPs = ceil(N/V)·V + KT - 1
+// wide, so a tile's window never leaves its row; the columns past N + KT - 1 stay zero and only
+// feed outputs n >= N, which are discarded.
+// ---------------------------------------------------------------------------------------
+
+// acc[v] = Σ_{ci,k} w_row[ci, k]·pad[ci, n0 + v + k] for v < V (same summation order as conv_unit).
+template <int KT, int V, class acc_t>
+__device__ __forceinline__ void conv_tile(const acc_t* w_row,  // [C, KT] the output channel's weights
+                                          const acc_t* pad,    // [C, NPs] padded input rows
+                                          int C, int NPs, int n0, acc_t (&acc)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[v] = acc_t(0);
+  for (int ci = 0; ci < C; ++ci) {
+    const acc_t* pr = pad + static_cast<int64_t>(ci) * NPs + n0;
+    acc_t win[V + KT - 1];
+#pragma unroll
+    for (int j = 0; j < V + KT - 1; ++j) win[j] = pr[j];
+#pragma unroll
+    for (int k = 0; k < KT; ++k) {
+      const acc_t wv = w_row[ci * KT + k];
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += wv * win[v + k];
+    }
+  }
+}
+
+// write_padded for rows of stride NPs (NPl = N + K - 1 logical columns).
+template <class acc_t>
+__device__ __forceinline__ void write_padded_rows(acc_t* pad, int NPs, int c, int n, acc_t v, int N, int NPl,
+                                                  int left, bool circular) {
+  acc_t* row = pad + static_cast<int64_t>(c) * NPs;
+  const int j = n + left;
+  row[j] = v;
+  if (circular) {
+    if (j - N >= 0) row[j - N] = v;
+    if (j + N < NPl) row[j + N] = v;
+  }
+}
+
+// convrnn_forward_kernel with tiles. Dynamic shared memory: hpad [2][C, NPs], w [C, C, KT],
+// bias [C] (acc_t), then xs [2][S, C, N] scalar_t.
+template <class scalar_t, class acc_t, int KT, int V>
+__global__ void __launch_bounds__(kMaxSeqThreads) convrnn_forward_tiled_kernel(
+    const scalar_t* __restrict__ x,       // [B, T, C, N] inputs
+    const scalar_t* __restrict__ weight,  // [C, C, KT] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ bias,    // [C] or nullptr
+    const scalar_t* __restrict__ h0,      // [B, C, N] initial state
+    scalar_t* __restrict__ y,             // [B, T, C, N] out: h_1 .. h_T
+    scalar_t* __restrict__ h_T,           // [B, C, N] out: h_T
+    int64_t T, int C, int N,
+    int S,           // steps of x staged in shared memory per chunk; 0: read x from global memory
+    bool circular, bool relu) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int K = KT;
+  const int NPl = N + K - 1, L = K / 2, CN = C * N;
+  const int NT = (N + V - 1) / V, NPs = NT * V + K - 1, Q = C * NT;
+  acc_t* hbuf0 = reinterpret_cast<acc_t*>(smem_raw);    // [C, NPs]
+  acc_t* hbuf1 = hbuf0 + C * NPs;                         // [C, NPs]
+  acc_t* w = hbuf1 + C * NPs;                             // [C, C, K]
+  acc_t* bs = w + C * C * K;                              // [C]
+  scalar_t* xs0 = reinterpret_cast<scalar_t*>(bs + C);    // [S, C, N] staged x, two buffers
+  scalar_t* xs1 = xs0 + static_cast<int64_t>(S) * CN;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t b = blockIdx.x;
+
+  for (int i = tid; i < 2 * C * NPs; i += nt) hbuf0[i] = acc_t(0);
+  for (int i = tid; i < C * C * K; i += nt) w[i] = static_cast<acc_t>(weight[i]);
+  for (int i = tid; i < C; i += nt) bs[i] = bias != nullptr ? static_cast<acc_t>(bias[i]) : acc_t(0);
+  __syncthreads();
+  const scalar_t* h0b = h0 + b * CN;
+  for (int e = tid; e < CN; e += nt) {
+    const int c = e / N;
+    write_padded_rows(hbuf0, NPs, c, e - c * N, static_cast<acc_t>(h0b[e]), N, NPl, L, circular);
+  }
+
+  const scalar_t* xb = x + b * T * CN;
+  scalar_t* yb = y + b * T * CN;
+  scalar_t* hTb = h_T + b * CN;
+  const bool staged = S > 0;
+  const int64_t span = staged ? S : T;
+  constexpr int U = copy_unit<scalar_t>();
+  if (staged) copy_async<U>(xs0, xb, std::min<int64_t>(S, T) * CN * sizeof(scalar_t), tid, nt);
+  int buf = 0;
+  acc_t* cur = hbuf0;
+  acc_t* nxt = hbuf1;
+  for (int64_t t0 = 0; t0 < T; t0 += span) {
+    const int64_t steps = std::min<int64_t>(span, T - t0);
+    const scalar_t* xs = buf ? xs1 : xs0;
+    if (staged) copy_wait();
+    __syncthreads();
+    if (staged && t0 + span < T) {
+      copy_async<U>(buf ? xs0 : xs1, xb + (t0 + span) * CN,
+                    std::min<int64_t>(span, T - t0 - span) * CN * sizeof(scalar_t), tid, nt);
+    }
+    buf ^= 1;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t t = t0 + s;
+      for (int q = tid; q < Q; q += nt) {
+        const int c = q / NT;
+        const int n0 = (q - c * NT) * V;
+        acc_t acc[V];
+        conv_tile<KT, V>(w + c * C * K, cur, C, NPs, n0, acc);
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const int n = n0 + v;
+          if (n < N) {
+            const int e = c * N + n;
+            const scalar_t xv = staged ? xs[s * CN + e] : xb[t * CN + e];
+            const acc_t pre = static_cast<acc_t>(xv) + bs[c] + acc[v];
+            const scalar_t out = static_cast<scalar_t>(activate(pre, relu));
+            yb[t * CN + e] = out;
+            if (t == T - 1) hTb[e] = out;
+            write_padded_rows(nxt, NPs, c, n, static_cast<acc_t>(out), N, NPl, L, circular);
+          }
+        }
+      }
+      __syncthreads();
+      acc_t* tmp = cur;
+      cur = nxt;
+      nxt = tmp;
+    }
+  }
+}
+
+// convrnn_backward_kernel with tiles. Dynamic shared memory: gpad [2][C, NPs], wt [C, C, KT]
+// (acc_t), then gys [2][S, C, N] and ys [2][S, C, N] scalar_t.
+template <class scalar_t, class acc_t, int KT, int V>
+__global__ void __launch_bounds__(kMaxSeqThreads) convrnn_backward_tiled_kernel(
+    const scalar_t* __restrict__ grad_y,    // [B, T, C, N] dL/dy
+    const scalar_t* __restrict__ grad_h_T,  // [B, C, N] dL/dh_T
+    const scalar_t* __restrict__ weight,    // [C, C, KT] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ y,         // [B, T, C, N] forward outputs h_1 .. h_T
+    scalar_t* __restrict__ grad_x,          // [B, T, C, N] out
+    scalar_t* __restrict__ grad_h0,         // [B, C, N] out
+    int64_t T, int C, int N, int S, bool circular, bool relu) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int K = KT;
+  const int NPl = N + K - 1, L = K / 2, R = K - 1 - L, CN = C * N;
+  const int NT = (N + V - 1) / V, NPs = NT * V + K - 1, Q = C * NT;
+  acc_t* gbuf0 = reinterpret_cast<acc_t*>(smem_raw);   // [C, NPs]
+  acc_t* gbuf1 = gbuf0 + C * NPs;                        // [C, NPs]
+  acc_t* wt = gbuf1 + C * NPs;                           // [C, C, K] adjoint weight
+  scalar_t* gys0 = reinterpret_cast<scalar_t*>(wt + C * C * K);  // [S, C, N] staged grad_y, two buffers
+  scalar_t* gys1 = gys0 + static_cast<int64_t>(S) * CN;
+  scalar_t* ys0 = gys1 + static_cast<int64_t>(S) * CN;            // [S, C, N] staged y, two buffers
+  scalar_t* ys1 = ys0 + static_cast<int64_t>(S) * CN;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t b = blockIdx.x;
+  (void)L;
+
+  for (int i = tid; i < 2 * C * NPs; i += nt) gbuf0[i] = acc_t(0);
+  for (int i = tid; i < C * C * K; i += nt) {
+    const int k = i % K;
+    const int co = (i / K) % C;
+    const int ci = i / (C * K);
+    wt[i] = static_cast<acc_t>(weight[(static_cast<int64_t>(co) * C + ci) * K + (K - 1 - k)]);
+  }
+  const scalar_t* gyb = grad_y + b * T * CN;
+  const scalar_t* yb = y + b * T * CN;
+  scalar_t* gxb = grad_x + b * T * CN;
+  const bool staged = S > 0;
+  const int64_t span = staged ? S : T;
+  constexpr int U = copy_unit<scalar_t>();
+  if (staged) {
+    const int64_t lo = std::max<int64_t>(0, T - span);
+    copy_async<U>(gys0, gyb + lo * CN, (T - lo) * CN * sizeof(scalar_t), tid, nt);
+    copy_async<U>(ys0, yb + lo * CN, (T - lo) * CN * sizeof(scalar_t), tid, nt);
+  }
+  int buf = 0;
+  acc_t* cur = gbuf0;
+  acc_t* nxt = gbuf1;
+  for (int64_t hi = T; hi > 0; hi -= span) {
+    const int64_t lo = std::max<int64_t>(0, hi - span);
+    const scalar_t* gys = buf ? gys1 : gys0;
+    const scalar_t* ys = buf ? ys1 : ys0;
+    if (staged) copy_wait();
+    __syncthreads();
+    if (staged && lo > 0) {
+      const int64_t lo2 = std::max<int64_t>(0, lo - span);
+      copy_async<U>(buf ? gys0 : gys1, gyb + lo2 * CN, (lo - lo2) * CN * sizeof(scalar_t), tid, nt);
+      copy_async<U>(buf ? ys0 : ys1, yb + lo2 * CN, (lo - lo2) * CN * sizeof(scalar_t), tid, nt);
+    }
+    buf ^= 1;
+    for (int64_t t = hi - 1; t >= lo; --t) {
+      for (int q = tid; q < Q; q += nt) {
+        const int c = q / NT;
+        const int n0 = (q - c * NT) * V;
+        acc_t carry[V];
+        if (t == T - 1) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            carry[v] = n0 + v < N ? static_cast<acc_t>(grad_h_T[b * CN + c * N + n0 + v]) : acc_t(0);
+          }
+        } else {
+          conv_tile<KT, V>(wt + c * C * K, cur, C, NPs, n0, carry);
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const int n = n0 + v;
+          if (n < N) {
+            const int e = c * N + n;
+            const int64_t off = staged ? (t - lo) * CN + e : t * CN + e;
+            const scalar_t gy = staged ? gys[off] : gyb[off];
+            const scalar_t yv = staged ? ys[off] : yb[off];
+            const acc_t g = activate_grad(static_cast<acc_t>(gy) + carry[v], static_cast<acc_t>(yv), relu);
+            gxb[t * CN + e] = static_cast<scalar_t>(g);
+            write_padded_rows(nxt, NPs, c, n, g, N, NPl, R, circular);
+          }
+        }
+      }
+      __syncthreads();
+      acc_t* tmp = cur;
+      cur = nxt;
+      nxt = tmp;
+    }
+  }
+  for (int q = tid; q < Q; q += nt) {
+    const int c = q / NT;
+    const int n0 = (q - c * NT) * V;
+    acc_t carry[V];
+    conv_tile<KT, V>(wt + c * C * K, cur, C, NPs, n0, carry);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      if (n0 + v < N) grad_h0[b * CN + c * N + n0 + v] = static_cast<scalar_t>(carry[v]);
+    }
+  }
+}
+
+// Partial sums of the weight and bias gradients over one block's rows r = b·T + t in
+// [blockIdx.x·rows_per_block, ...). Output o < C·C·K is grad_w[co, ci, k] (o = (co·C + ci)·K + k),
+// o in [C·C·K, C·C·K + C) is grad_bias[o - C·C·K]. Thread tid works on output
+// blockIdx.y·(blockDim/S) + tid/S and the ring units n ≡ tid (mod S); the S threads of an output
+// are adjacent lanes of one warp and are summed by shuffles in a fixed order. Dynamic shared memory:
+// gs [RB, C, N] and hs [RB, C, NP] acc_t (RB rows staged at a time).
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kWgradThreads) convrnn_wgrad_partial_kernel(
+    const scalar_t* __restrict__ g,   // [B, T, C, N] grad_x (pre-activation gradients)
+    const scalar_t* __restrict__ y,   // [B, T, C, N] forward outputs
+    const scalar_t* __restrict__ h0,  // [B, C, N] initial state
+    acc_t* __restrict__ partial,      // [gridDim.x, n_out] out: this block's sums
+    int64_t T, int64_t rows,          // rows = B·T
+    int64_t rows_per_block, int C, int N, int K,
+    int RB,     // rows staged in shared memory at a time
+    int S,      // threads per output (a power of two, <= 32)
+    int n_out,  // C·C·K (+ C with bias)
+    bool circular) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int NP = N + K - 1, L = K / 2, CN = C * N, CCK = C * C * K;
+  acc_t* gs = reinterpret_cast<acc_t*>(smem_raw);  // [RB, C, N]
+  acc_t* hs = gs + static_cast<int64_t>(RB) * CN;  // [RB, C, NP]
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t r0 = blockIdx.x * rows_per_block;
+  const int64_t r1 = std::min(rows, r0 + rows_per_block);
+
+  const int o = blockIdx.y * (nt / S) + tid / S;
+  const int part = tid % S;
+  const bool valid = o < n_out;
+  const bool is_bias = o >= CCK;
+  int co = 0, ci = 0, k = 0;
+  if (valid) {
+    if (is_bias) {
+      co = o - CCK;
+    } else {
+      k = o % K;
+      ci = (o / K) % C;
+      co = o / (C * K);
+    }
+  }
+  for (int64_t i = tid; i < static_cast<int64_t>(RB) * C * NP; i += nt) hs[i] = acc_t(0);  // the zero halo
+  acc_t acc = acc_t(0);
+  for (int64_t rs = r0; rs < r1; rs += RB) {
+    const int nr = static_cast<int>(std::min<int64_t>(RB, r1 - rs));
+    __syncthreads();  // the previous rows are consumed (and the halo zeroed)
+    for (int64_t i = tid; i < static_cast<int64_t>(nr) * CN; i += nt) {
+      const int rr = static_cast<int>(i / CN);
+      const int e = static_cast<int>(i - static_cast<int64_t>(rr) * CN);
+      const int64_t r = rs + rr;
+      gs[i] = static_cast<acc_t>(g[r * CN + e]);
+      const int64_t t = r % T;
+      const scalar_t hv = t > 0 ? y[(r - 1) * CN + e] : h0[(r / T) * CN + e];
+      const int c = e / N;
+      write_padded(hs + static_cast<int64_t>(rr) * C * NP, c, e - c * N, static_cast<acc_t>(hv), N, NP, L, circular);
+    }
+    __syncthreads();
+    if (valid) {
+      for (int rr = 0; rr < nr; ++rr) {
+        const acc_t* gr = gs + static_cast<int64_t>(rr) * CN + co * N;
+        if (is_bias) {
+          for (int n = part; n < N; n += S) acc += gr[n];
+        } else {
+          const acc_t* hr = hs + (static_cast<int64_t>(rr) * C + ci) * NP + k;
+          for (int n = part; n < N; n += S) acc += gr[n] * hr[n];
+        }
+      }
+    }
+  }
+  for (int off = S / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (valid && part == 0) partial[static_cast<int64_t>(blockIdx.x) * n_out + o] = acc;
+}
+
+// Sums the partials of the row blocks in block order: grad_w and grad_bias.
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kReduceThreads) convrnn_wgrad_reduce_kernel(
+    const acc_t* __restrict__ partial,  // [n_blocks, n_out]
+    int64_t n_blocks, int n_out, int CCK,
+    scalar_t* __restrict__ grad_w,      // [C, C, K] out
+    scalar_t* __restrict__ grad_bias) { // [C] out, or nullptr (n_out == CCK)
+  const int o = blockIdx.x * blockDim.x + threadIdx.x;
+  if (o >= n_out) return;
+  acc_t s = acc_t(0);
+  for (int64_t blk = 0; blk < n_blocks; ++blk) s += partial[blk * n_out + o];
+  if (o < CCK) {
+    grad_w[o] = static_cast<scalar_t>(s);
+  } else {
+    grad_bias[o - CCK] = static_cast<scalar_t>(s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------
+
+void check_on_cuda(const Tensor& t, const char* op) {
+  TORCH_CHECK(t.defined() && t.is_cuda(), op, ": tensors must be on a CUDA device (the CUDA kernel was dispatched to)");
+}
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+int max_smem_per_block() {
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return static_cast<int>(prop->sharedMemPerBlockOptin);
+}
+
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  }
+}
+
+// Launch shape of a persistent per-sequence kernel: threads, staged steps S and shared memory.
+struct SeqPlan {
+  int threads = 0;
+  int S = 0;
+  size_t smem = 0;
+};
+
+// units: work items of a step (ring units, or tiles); fixed_bytes: state + weight in shared
+// memory; per_step_bytes: the staged inputs of one step (one buffer); stage: whether the inputs
+// can be copied asynchronously (U-aligned chunks), else S = 0 (direct global reads).
+SeqPlan plan_sequence(const ConvRnnSizes& s, int64_t units, size_t fixed_bytes, size_t per_step_bytes, bool stage,
+                      const char* op) {
+  const int64_t limit = max_smem_per_block();
+  TORCH_CHECK(static_cast<int64_t>(fixed_bytes) <= limit, op, ": C = ", num(s.C), ", N = ", num(s.N), ", K = ", num(s.K),
+              " is not supported on CUDA yet: the state and weight need ", num(static_cast<int64_t>(fixed_bytes)),
+              " bytes of shared memory, one block has ", num(limit),
+              " (the persistent kernel keeps them in one block; reduce C·(N + K - 1) or C·C·K)");
+  SeqPlan p;
+  const int64_t per_thread = (units + kMaxSeqThreads - 1) / kMaxSeqThreads;
+  p.threads = round_up(static_cast<int>((units + per_thread - 1) / per_thread), 32);
+  int64_t S = 0;
+  if (stage) {
+    const int64_t step2 = 2 * static_cast<int64_t>(per_step_bytes);  // double-buffered
+    S = std::min<int64_t>({s.T, static_cast<int64_t>(kMaxStageSteps), kStageBytes / step2,
+                           (limit - static_cast<int64_t>(fixed_bytes)) / step2});
+  }
+  p.S = static_cast<int>(std::max<int64_t>(S, 0));
+  p.smem = fixed_bytes + 2 * static_cast<size_t>(p.S) * per_step_bytes;
+  return p;
+}
+
+// Whether the per-step slices of t (contiguous [.., C, N]) can be copied in units of U bytes.
+template <class scalar_t>
+bool stageable(const Tensor& t, int64_t CN) {
+  constexpr int U = copy_unit<scalar_t>();
+  return (CN * static_cast<int64_t>(sizeof(scalar_t))) % U == 0 &&
+         reinterpret_cast<std::uintptr_t>(t.data_ptr<scalar_t>()) % U == 0;
+}
+
+template <class scalar_t>
+std::tuple<Tensor, Tensor> convrnn_forward_impl(const ConvRnnSizes& s, const Tensor& x, const Tensor& weight,
+                                                const std::optional<Tensor>& bias, const Tensor& h0) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int C = static_cast<int>(s.C), N = static_cast<int>(s.N), K = static_cast<int>(s.K);
+  Tensor y = at::empty({s.B, s.T, s.C, s.N}, x.options());
+  Tensor h_T = at::empty({s.B, s.C, s.N}, x.options());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (s.K == kTileK && s.C * s.N >= kTileMinUnits) {
+    const int64_t NT = (s.N + kTileV - 1) / kTileV;
+    const size_t fixed = (2 * s.C * (NT * kTileV + s.K - 1) + s.C * s.C * s.K + s.C) * sizeof(acc_t);
+    const SeqPlan p = plan_sequence(s, s.C * NT, fixed, static_cast<size_t>(s.C * s.N) * sizeof(scalar_t),
+                                    stageable<scalar_t>(x, s.C * s.N), "seqkernels.convrnn_forward");
+    auto kernel = convrnn_forward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;
+    allow_smem(kernel, p.smem);
+    kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
+        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), s.has_bias ? bias->data_ptr<scalar_t>() : nullptr,
+        h0.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h_T.data_ptr<scalar_t>(), s.T, C, N, p.S, s.circular,
+        s.relu);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {y, h_T};
+  }
+  const size_t fixed = (2 * s.C * (s.N + s.K - 1) + s.C * s.C * s.K + s.C) * sizeof(acc_t);
+  const SeqPlan p = plan_sequence(s, s.C * s.N, fixed, static_cast<size_t>(s.C * s.N) * sizeof(scalar_t),
+                                  stageable<scalar_t>(x, s.C * s.N), "seqkernels.convrnn_forward");
+  auto kernel = convrnn_forward_kernel<scalar_t, acc_t>;
+  allow_smem(kernel, p.smem);
+  kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
+      x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), s.has_bias ? bias->data_ptr<scalar_t>() : nullptr,
+      h0.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h_T.data_ptr<scalar_t>(), s.T, C, N, K, p.S, s.circular,
+      s.relu);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {y, h_T};
+}
+
+template <class scalar_t>
+std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_impl(const ConvRnnSizes& s, const Tensor& grad_y,
+                                                                 const Tensor& grad_h_T, const Tensor& weight,
+                                                                 const Tensor& h0, const Tensor& y) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int C = static_cast<int>(s.C), N = static_cast<int>(s.N), K = static_cast<int>(s.K);
+  const int64_t CN = s.C * s.N, NP = s.N + s.K - 1;
+  const auto opts = y.options();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  Tensor grad_x = at::empty({s.B, s.T, s.C, s.N}, opts);
+  Tensor grad_h0 = at::empty({s.B, s.C, s.N}, opts);
+  Tensor grad_w = at::empty({s.C, s.C, s.K}, opts);
+  Tensor grad_bias = at::empty({s.has_bias ? s.C : 0}, opts);
+
+  // 1. Reverse-time sequence: grad_x (= g) and grad_h0.
+  const bool stage_bwd = stageable<scalar_t>(grad_y, CN) && stageable<scalar_t>(y, CN);
+  if (s.K == kTileK && CN >= kTileMinUnits) {
+    const int64_t NT = (s.N + kTileV - 1) / kTileV;
+    const size_t fixed = (2 * s.C * (NT * kTileV + s.K - 1) + s.C * s.C * s.K) * sizeof(acc_t);
+    const SeqPlan p = plan_sequence(s, s.C * NT, fixed, 2 * static_cast<size_t>(CN) * sizeof(scalar_t),
+                                    stage_bwd, "seqkernels.convrnn_backward");
+    auto kernel = convrnn_backward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;
+    allow_smem(kernel, p.smem);
+    kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
+        grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+        y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.T, C, N, p.S,
+        s.circular, s.relu);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else {
+    const size_t fixed = (2 * s.C * NP + s.C * s.C * s.K) * sizeof(acc_t);
+    const SeqPlan p = plan_sequence(s, s.C * s.N, fixed, 2 * static_cast<size_t>(CN) * sizeof(scalar_t),
+                                    stage_bwd, "seqkernels.convrnn_backward");
+    auto kernel = convrnn_backward_kernel<scalar_t, acc_t>;
+    allow_smem(kernel, p.smem);
+    kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
+        grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+        y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.T, C, N, K, p.S,
+        s.circular, s.relu);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  // 2. Weight and bias gradients: fixed row partition, partial sums, fixed-order total.
+  {
+    const int CCK = C * C * K;
+    const int n_out = CCK + (s.has_bias ? C : 0);
+    const int64_t rows = s.B * s.T;
+    const int64_t rows_per_block = (rows + kWgradBlocks - 1) / kWgradBlocks;
+    const int64_t n_blocks = (rows + rows_per_block - 1) / rows_per_block;
+    const int64_t row_bytes = (CN + s.C * NP) * static_cast<int64_t>(sizeof(acc_t));
+    const int64_t limit = max_smem_per_block();
+    TORCH_CHECK(row_bytes <= limit, "seqkernels.convrnn_backward: C = ", num(s.C), ", N = ", num(s.N),
+                " is not supported on CUDA yet: one row of the weight-gradient reduction needs ", num(static_cast<int64_t>(row_bytes)),
+                " bytes of shared memory, one block has ", num(limit));
+    const int64_t RB = std::max<int64_t>(1, std::min<int64_t>(rows_per_block, (48 * 1024) / row_bytes));
+    int S = 1;
+    while (S < 32 && 2 * S * n_out <= kWgradThreads && 2 * S <= N) S *= 2;
+    const int outs_per_block = kWgradThreads / S;
+    const int64_t grid_y = (n_out + outs_per_block - 1) / outs_per_block;
+    TORCH_CHECK(grid_y <= 65535, "seqkernels.convrnn_backward: C·C·K = ", num(CCK), " is too large for the CUDA kernel");
+    Tensor partial = at::empty({n_blocks, n_out}, opts.dtype(at::toOpMathType(y.scalar_type())));
+    const size_t smem = static_cast<size_t>(RB * row_bytes);
+    auto kernel = convrnn_wgrad_partial_kernel<scalar_t, acc_t>;
+    allow_smem(kernel, smem);
+    kernel<<<dim3(static_cast<unsigned int>(n_blocks), static_cast<unsigned int>(grid_y)), kWgradThreads, smem,
+             stream>>>(grad_x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h0.data_ptr<scalar_t>(),
+                       partial.data_ptr<acc_t>(), s.T, rows, rows_per_block, C, N, K, static_cast<int>(RB), S, n_out,
+                       s.circular);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    convrnn_wgrad_reduce_kernel<scalar_t, acc_t>
+        <<<(n_out + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, stream>>>(
+            partial.data_ptr<acc_t>(), n_blocks, n_out, CCK, grad_w.data_ptr<scalar_t>(),
+            s.has_bias ? grad_bias.data_ptr<scalar_t>() : nullptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {grad_x, grad_w, grad_bias, grad_h0};
+}
+
+std::tuple<Tensor, Tensor> convrnn_forward_cuda(const Tensor& x, const Tensor& weight,
+                                                const std::optional<Tensor>& bias, const Tensor& h0,
+                                                int64_t padding_mode, int64_t nonlinearity) {
+  // Shapes, dtypes, contiguity, flags, and every tensor on x's device.
+  const ConvRnnSizes s = check_convrnn_forward(x, weight, bias, h0, padding_mode, nonlinearity);
+  check_on_cuda(x, "seqkernels.convrnn_forward");
+  TORCH_CHECK(s.B <= 0x7fffffff && s.C * s.N <= 0x7fffffff && s.C * s.C * s.K <= 0x7fffffff,
+              "seqkernels.convrnn_forward: sizes too large for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x.device());
+  return AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "seqkernels.convrnn_forward",
+                                         [&] { return convrnn_forward_impl<scalar_t>(s, x, weight, bias, h0); });
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_cuda(const Tensor& grad_y, const Tensor& grad_h_T,
+                                                                 const Tensor& weight, const Tensor& h0,
+                                                                 const Tensor& y, int64_t padding_mode,
+                                                                 int64_t nonlinearity, bool has_bias) {
+  const ConvRnnSizes s =
+      check_convrnn_backward(grad_y, grad_h_T, weight, h0, y, padding_mode, nonlinearity, has_bias);
+  check_on_cuda(y, "seqkernels.convrnn_backward");
+  TORCH_CHECK(s.B <= 0x7fffffff && s.C * s.N <= 0x7fffffff && s.C * s.C * s.K <= 0x7fffffff,
+              "seqkernels.convrnn_backward: sizes too large for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(y.device());
+  return AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "seqkernels.convrnn_backward", [&] {
+    return convrnn_backward_impl<scalar_t>(s, grad_y, grad_h_T, weight, h0, y);
+  });
+}
+
+}  // namespace
+}  // namespace seqkernels
+
+TORCH_LIBRARY_IMPL(seqkernels, CUDA, m) {
+  m.impl("convrnn_forward", &seqkernels::convrnn_forward_cuda);
+  m.impl("convrnn_backward", &seqkernels::convrnn_backward_cuda);
+}

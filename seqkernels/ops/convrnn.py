@@ -1,0 +1,197 @@
+"""The circulant ("wave") ConvRNN op: torch.ops.seqkernels.convrnn_forward /
+convrnn_backward, their fake (meta) functions for torch.compile, autograd, the general
+functional ``convrnn`` and the extension template's ``convrnn_forward`` API.
+
+Shape legend: B batch, T steps, C channels, N ring size, K kernel width. The schema and
+its documentation are in csrc/registration.cpp; the semantics, written as a plain loop,
+in seqkernels/reference/convrnn.py.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
+
+_forward = torch.ops.seqkernels.convrnn_forward.default
+_backward = torch.ops.seqkernels.convrnn_backward.default
+_FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
+
+#: padding_mode / nonlinearity strings and the op's integer codes.
+PADDING_MODES = {"circular": 0, "zeros": 1}
+NONLINEARITIES = {"tanh": 0, "relu": 1}
+
+
+def _code(table: dict[str, int], value: str, what: str) -> int:
+    if not isinstance(value, str) or value not in table:
+        raise ValueError(f"seqkernels.convrnn: {what} must be one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
+def _check_shape(t: Tensor, shape: tuple[int, ...], name: str, legend: str) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(
+            f"seqkernels.convrnn: {name} must have shape {legend} = {shape}, got {tuple(t.shape)} "
+            "(no broadcasting)"
+        )
+
+
+def convrnn(
+    x: Tensor,
+    weight: Tensor,
+    h0: Tensor | None = None,
+    bias: Tensor | None = None,
+    padding_mode: str = "circular",
+    nonlinearity: str = "tanh",
+) -> tuple[Tensor, Tensor]:
+    """The circulant convolutional RNN over a whole sequence, batch-first:
+
+        h_t = act(x_t + conv(h_{t-1}) + bias),  t = 1 .. T
+
+    conv is ``torch.nn.functional.conv1d`` (cross-correlation, C -> C channels) of h padded
+    with K // 2 values on the left and K - 1 - K // 2 on the right, around the ring
+    (``padding_mode="circular"``, needs K <= N) or with zeros (``"zeros"``); act is
+    ``"tanh"`` or ``"relu"``.
+
+    x [B, T, C, N], weight [C, C, K] (out, in, k), h0 [B, C, N] or None (zeros),
+    bias [C] or None. Returns (y [B, T, C, N] = h_1 .. h_T, h_T [B, C, N]), differentiable
+    in x, weight, h0 and bias. All tensors share one dtype (float32, float64, bfloat16,
+    float16) and one device.
+    """
+    pad_code = _code(PADDING_MODES, padding_mode, "padding_mode")
+    act_code = _code(NONLINEARITIES, nonlinearity, "nonlinearity")
+    if x.dim() != 4:
+        raise ValueError(f"seqkernels.convrnn: x must be 4-D [B, T, C, N], got shape {tuple(x.shape)}")
+    if weight.dim() != 3:
+        raise ValueError(f"seqkernels.convrnn: weight must be 3-D [C, C, K], got shape {tuple(weight.shape)}")
+    B, T, C, N = x.shape
+    K = weight.shape[2]
+    if C < 1 or N < 1:
+        raise ValueError(f"seqkernels.convrnn: x must have C >= 1 channels and a ring of N >= 1, got {tuple(x.shape)}")
+    if K < 1:
+        raise ValueError("seqkernels.convrnn: the kernel width K must be >= 1")
+    _check_shape(weight, (C, C, K), "weight", "[C, C, K]")
+    if bias is not None:
+        _check_shape(bias, (C,), "bias", "[C]")
+    if h0 is not None:
+        _check_shape(h0, (B, C, N), "h0", "[B, C, N]")
+    if padding_mode == "circular" and K > N:
+        raise ValueError(
+            f"seqkernels.convrnn: circular padding needs the kernel width K = {K} <= the ring size N = {N} "
+            "(use padding_mode='zeros' for wider kernels)"
+        )
+    if h0 is None:
+        h0 = x.new_zeros(B, C, N)
+    if B == 0 or T == 0:  # nothing to run: the state passes through unchanged
+        return x.new_empty(B, T, C, N), h0.clone()
+    return _forward(
+        x.contiguous(),
+        weight.contiguous(),
+        None if bias is None else bias.contiguous(),
+        h0.contiguous(),
+        pad_code,
+        act_code,
+    )
+
+
+def convrnn_forward(x: Tensor, kernel: Tensor, hidden: Tensor) -> Tensor:
+    """The extension template's API: a single-channel circulant ConvRNN with tanh.
+
+    x [B, T, N], kernel [1, 1, K], hidden [B, 1, N] or [B, N] (the initial state h0).
+    Returns y [B, T + 1, N] with y[:, 0] = h0 and y[:, t + 1] = tanh(x[:, t] + conv(y[:, t])),
+    conv the conv1d cross-correlation of the state padded circularly (K // 2 left,
+    K - 1 - K // 2 right; needs K <= N). Differentiable in x, kernel and hidden.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"seqkernels.convrnn_forward: x must be 3-D [B, T, N], got shape {tuple(x.shape)}")
+    B, T, N = x.shape
+    if kernel.dim() != 3 or kernel.shape[0] != 1 or kernel.shape[1] != 1:
+        raise ValueError(f"seqkernels.convrnn_forward: kernel must have shape [1, 1, K], got {tuple(kernel.shape)}")
+    if hidden.dim() == 3:
+        _check_shape(hidden, (B, 1, N), "hidden", "[B, 1, N]")
+    elif hidden.dim() == 2:
+        _check_shape(hidden, (B, N), "hidden", "[B, N]")
+    else:
+        raise ValueError(
+            f"seqkernels.convrnn_forward: hidden must be [B, 1, N] or [B, N], got shape {tuple(hidden.shape)}"
+        )
+    h0 = hidden.reshape(B, 1, N)
+    y, _ = convrnn(x.unsqueeze(2), kernel, h0, None, "circular", "tanh")
+    return torch.cat([h0.unsqueeze(1), y], dim=1).squeeze(2)
+
+
+@torch.library.register_fake("seqkernels::convrnn_forward")
+def _convrnn_forward_fake(x, weight, bias, h0, padding_mode, nonlinearity):
+    torch._check(x.dim() == 4, lambda: "seqkernels.convrnn: x must be 4-D [B, T, C, N]")
+    torch._check(weight.dim() == 3, lambda: "seqkernels.convrnn: weight must be 3-D [C, C, K]")
+    torch._check(h0.dim() == 3, lambda: "seqkernels.convrnn: h0 must be 3-D [B, C, N]")
+    B, T, C, N = x.shape
+    return x.new_empty(B, T, C, N), h0.new_empty(B, C, N)
+
+
+@torch.library.register_fake("seqkernels::convrnn_backward")
+def _convrnn_backward_fake(grad_y, grad_h_T, weight, h0, y, padding_mode, nonlinearity, has_bias):
+    C = weight.shape[0]
+    return (
+        torch.empty_like(y),
+        torch.empty_like(weight),
+        weight.new_empty(C if has_bias else 0),
+        torch.empty_like(h0),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    args = dict(zip(_FORWARD_ARGS, inputs))
+    y, _ = output
+    ctx.has_bias = args["bias"] is not None
+    ctx.padding_mode = args["padding_mode"]
+    ctx.nonlinearity = args["nonlinearity"]
+    ctx.save_for_backward(args["weight"], args["h0"], y)
+
+
+def _dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
+    # Autograd hands over None for unused outputs and expanded (stride-0) gradients for
+    # sums; the kernels take dense, contiguous gradients.
+    return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+
+def _convrnn_backward(ctx, grad_y, grad_h_T):
+    weight, h0, y = ctx.saved_tensors
+    dx, dw, db, dh0 = _backward(
+        _dense_grad(grad_y, y),
+        _dense_grad(grad_h_T, h0),
+        weight,
+        h0,
+        y,
+        ctx.padding_mode,
+        ctx.nonlinearity,
+        ctx.has_bias,
+    )
+    # One gradient per convrnn_forward argument, in schema order.
+    grads = {
+        "x": dx, "weight": dw, "bias": db if ctx.has_bias else None, "h0": dh0,
+        "padding_mode": None, "nonlinearity": None,
+    }  # fmt: skip
+    return tuple(grads[name] for name in _FORWARD_ARGS)
+
+
+torch.library.register_autograd("seqkernels::convrnn_forward", _convrnn_backward, setup_context=_setup_context)
+
+
+def _convrnn_backward_not_differentiable(ctx, *grads):
+    raise NotImplementedError(
+        "seqkernels.convrnn: double backward (differentiating the gradient) is not supported"
+    )
+
+
+def _convrnn_backward_setup_context(ctx, inputs, output):
+    pass
+
+
+# Without this, autograd would treat convrnn_backward's outputs as constants and a second
+# backward (create_graph=True) would silently return wrong gradients.
+torch.library.register_autograd(
+    "seqkernels::convrnn_backward",
+    _convrnn_backward_not_differentiable,
+    setup_context=_convrnn_backward_setup_context,
+)
