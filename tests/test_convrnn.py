@@ -655,3 +655,10 @@ def test_package_exports():
     assert seqkernels.ConvRNN is ConvRNN and seqkernels.convrnn is convrnn
     assert seqkernels.convrnn_forward is convrnn_forward
     assert {"ConvRNN", "convrnn", "convrnn_forward"} <= set(seqkernels.__all__)
+
+
+def test_direct_op_call_with_bad_sizes_raises_on_every_device(device):
+    """The C++ checks' messages format numbers; a mismatch must raise, never crash."""
+    x, w = torch.randn(2, 3, 1, 8, device=device), torch.randn(1, 1, 3, device=device)
+    with pytest.raises(RuntimeError, match=r"h0 must have shape \[2, 1, 8\], got \[1, 1, 8\]"):
+        torch.ops.seqkernels.convrnn_forward(x, w, None, torch.randn(1, 1, 8, device=device), 0, 0)

@@ -1253,3 +1253,15 @@ def test_double_backward_raises(device):
     (grad_x,) = torch.autograd.grad(module(x)[0].sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         grad_x.sum().backward()
+
+
+def test_direct_op_call_with_bad_sizes_raises_on_every_device(device):
+    """A size mismatch reaches the C++ checks, whose message formats numbers: it must raise
+    (on one GPU build, formatting an integer into the message used to segfault)."""
+    T, B, I, H = 3, 2, 4, 5
+    x = torch.randn(T * B, I, device=device)
+    batch_sizes = torch.full((T,), B, dtype=torch.int64)
+    w_ih, w_hh = torch.randn(4 * H, I, device=device), torch.randn(4 * H, H, device=device)
+    with pytest.raises(RuntimeError, match=r"h0 must have shape \[2, 5\], got \[1, 5\]"):
+        torch.ops.seqkernels.lstm_forward(x, batch_sizes, torch.zeros(1, H, device=device),
+                                          torch.zeros(B, H, device=device), w_ih, w_hh, None, None, None, False, False)
