@@ -401,20 +401,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("bench_lstm: --device cuda but torch.cuda.is_available() is False")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
-    elif device.type != "cpu":
-        raise SystemExit(f"bench_lstm: unsupported device {device}")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    device = harness.setup_device(args, "bench_lstm")
     cuda = device.type == "cuda"
-    args.warmup = args.warmup if args.warmup is not None else (10 if cuda else 3)
-    args.iters = args.iters if args.iters is not None else (50 if cuda else 20)
     args.commit = git_commit()
 
     grid = dict((QUICK if args.quick else GRID)[device.type])

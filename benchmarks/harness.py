@@ -353,3 +353,23 @@ def speedup(peer_ms: float | None, ours_ms: float | None) -> float | None:
     if peer_ms is None or ours_ms is None or ours_ms <= 0:
         return None
     return peer_ms / ours_ms
+
+
+def setup_device(args, suite: str) -> "torch.device":
+    """Resolve --device (default: cuda if available), pin it, apply --threads, and fill in
+    the warm-up and timed-call defaults (10/50 on a GPU, 3/20 on the CPU) on args."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"{suite}: --device cuda but torch.cuda.is_available() is False")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    elif device.type != "cpu":
+        raise SystemExit(f"{suite}: unsupported device {device}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cuda = device.type == "cuda"
+    args.warmup = args.warmup if args.warmup is not None else (10 if cuda else 3)
+    args.iters = args.iters if args.iters is not None else (50 if cuda else 20)
+    return device

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_checks.h"
 #include "seqkernels/convrnn_checks.h"
 #include "vec_math.h"
 
@@ -41,14 +42,6 @@ namespace seqkernels::cpu {
 namespace {
 
 using at::Tensor;
-
-void check_cpu(const Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu(), "seqkernels.convrnn: CPU kernel called with a tensor on ", x.device());
-#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))
-  TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
-              "seqkernels was built for x86-64 with AVX2 and FMA, which this CPU lacks");
-#endif
-}
 
 // Ask Linux for transparent huge pages on the 2 MiB-aligned interior of a large, freshly
 // allocated output before it is first written (what torch's THP_MEM_ALLOC_ENABLE=1 does for
@@ -400,7 +393,7 @@ at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDoub
 std::tuple<Tensor, Tensor> convrnn_forward_cpu(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
                                                const Tensor& h0, int64_t padding_mode, int64_t nonlinearity) {
   const ConvRnnSizes s = check_convrnn_forward(x, weight, bias, h0, padding_mode, nonlinearity);
-  check_cpu(x);
+  check_cpu(x, "seqkernels.convrnn");
   const auto acc = acc_dtype(x.scalar_type());
   Tensor y = at::empty({s.B, s.T, s.C, s.N}, x.options());
   advise_huge_pages(y);
@@ -431,7 +424,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_cpu(const Tensor& gr
                                                                 int64_t padding_mode, int64_t nonlinearity,
                                                                 bool has_bias) {
   const ConvRnnSizes s = check_convrnn_backward(grad_y, grad_h_T, weight, h0, y, padding_mode, nonlinearity, has_bias);
-  check_cpu(y);
+  check_cpu(y, "seqkernels.convrnn");
   const auto dtype = y.scalar_type();
   const auto acc = acc_dtype(dtype);
   const auto opts = y.options();

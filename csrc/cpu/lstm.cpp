@@ -24,6 +24,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cpu_checks.h"
 #include "blas.h"
 #include "lstm_persistent.h"
 #include "seqkernels/lstm_cell.h"
@@ -34,14 +35,6 @@ namespace seqkernels::cpu {
 namespace {
 
 using at::Tensor;
-
-void check_cpu(const Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu(), "seqkernels.lstm: CPU kernel called with x on ", x.device());
-#if defined(__AVX2__) && (defined(__x86_64__) || defined(_M_X64))
-  TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
-              "seqkernels was built for x86-64 with AVX2 and FMA, which this CPU lacks");
-#endif
-}
 
 at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -251,7 +244,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     const Tensor& w_hh, const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh,
     const std::optional<Tensor>& w_hr, bool reverse, bool training) {
   const LstmSizes s = check_lstm_forward(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr);
-  check_cpu(x);
+  check_cpu(x, "seqkernels.lstm");
   const auto acc = acc_dtype(x.scalar_type());
   const auto opts = x.options();
   const int64_t saved = training ? s.N : 0;
@@ -368,7 +361,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     const Tensor& y, const Tensor& gates, const Tensor& cells, bool reverse, bool has_bias) {
   const LstmSizes s =
       check_lstm_backward(grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, has_bias);
-  check_cpu(x);
+  check_cpu(x, "seqkernels.lstm");
   const auto dtype = x.scalar_type();
   const auto acc = acc_dtype(dtype);
   const auto opts = x.options();
