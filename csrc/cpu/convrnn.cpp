@@ -97,14 +97,13 @@ struct Simd<double> {
 
 // out_o[n0 + j] += sum_i sum_k w_o[i, k] * in[i, n0 + j + k] for j < R * lanes: a register
 // tile of R vectors, accumulated over all C * K taps before it is stored once.
-template <int R, class acc_t>
-inline void correlate_tile(const acc_t* __restrict__ w_o, const acc_t* __restrict__ in, acc_t* __restrict__ out_o,
-                           int64_t n0, int64_t C, int64_t K, int64_t Np) {
-  using V = typename Simd<acc_t>::type;
+// acc[r] += sum_i sum_k w_o[i, k] * in[i, n0 + k + r * lanes ..]: the ring correlation of
+// R vectors of outputs, shared by the forward tile and correlate_tile.
+//   w_o: [C, K] weights of one output channel; in: [C, Np] padded state, Np = N + K - 1
+template <int R, class acc_t, class V>
+inline void accumulate_taps(V (&acc)[R], const acc_t* __restrict__ w_o, const acc_t* __restrict__ in, int64_t n0,
+                            int64_t C, int64_t K, int64_t Np) {
   constexpr int kLanes = sizeof(V) / sizeof(acc_t);
-  V acc[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) std::memcpy(&acc[r], out_o + n0 + r * kLanes, sizeof(V));
   for (int64_t i = 0; i < C; ++i) {
     const acc_t* __restrict__ in_i = in + i * Np + n0;
     for (int64_t k = 0; k < K; ++k) {
@@ -117,6 +116,17 @@ inline void correlate_tile(const acc_t* __restrict__ w_o, const acc_t* __restric
       }
     }
   }
+}
+
+template <int R, class acc_t>
+inline void correlate_tile(const acc_t* __restrict__ w_o, const acc_t* __restrict__ in, acc_t* __restrict__ out_o,
+                           int64_t n0, int64_t C, int64_t K, int64_t Np) {
+  using V = typename Simd<acc_t>::type;
+  constexpr int kLanes = sizeof(V) / sizeof(acc_t);
+  V acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) std::memcpy(&acc[r], out_o + n0 + r * kLanes, sizeof(V));
+  accumulate_taps<R>(acc, w_o, in, n0, C, K, Np);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) std::memcpy(out_o + n0 + r * kLanes, &acc[r], sizeof(V));
 }
@@ -241,18 +251,7 @@ inline void forward_tile(const acc_t* __restrict__ w_o, const acc_t* __restrict_
   V acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) std::memcpy(&acc[r], buf + r * kLanes, sizeof(V));
-  for (int64_t i = 0; i < C; ++i) {
-    const acc_t* __restrict__ in_i = cur + i * Np + n0;
-    for (int64_t k = 0; k < K; ++k) {
-      const acc_t wk = w_o[i * K + k];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        V v;
-        std::memcpy(&v, in_i + k + r * kLanes, sizeof(V));
-        acc[r] += wk * v;
-      }
-    }
-  }
+  accumulate_taps<R>(acc, w_o, cur, n0, C, K, Np);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) std::memcpy(buf + r * kLanes, &acc[r], sizeof(V));
   for (int j = 0; j < kWidth; ++j) {
