@@ -19,14 +19,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <string>
-#include <type_traits>
 
 #include "cpu_checks.h"
 #include "blas.h"
 #include "lstm_persistent.h"
+#include "seqkernels/lstm_backend.h"
 #include "seqkernels/lstm_cell.h"
 #include "seqkernels/lstm_checks.h"
 #include "vec_math.h"
@@ -152,13 +150,10 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
 // The persistent loop covers float32 without projection; other cases always take the
 // BLAS ("gemm") loop, which handles everything.
 bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
-  const char* env = std::getenv("SEQKERNELS_LSTM_BACKEND");
-  const std::string backend = env ? env : "auto";
-  TORCH_CHECK(backend == "auto" || backend == "persistent" || backend == "gemm" || backend == "cublas",
-              "SEQKERNELS_LSTM_BACKEND must be auto, persistent, gemm or cublas, got '", backend, "'");
+  const LstmBackend backend = lstm_backend_from_env();
   const bool supported = dtype == at::kFloat && s.P == 0;
-  if (backend == "persistent") return supported;
-  if (backend == "auto") return supported && s.B <= kPersistentMaxBatch;
+  if (backend == LstmBackend::kPersistent) return supported;
+  if (backend == LstmBackend::kAuto) return supported && s.B <= kPersistentMaxBatch;
   return false;
 }
 

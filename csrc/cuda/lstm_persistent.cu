@@ -89,15 +89,6 @@
 namespace seqkernels {
 namespace cuda {
 
-LstmBackend lstm_backend_from_env() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_BACKEND");
-  const std::string backend = env ? env : "auto";
-  if (backend == "auto") return LstmBackend::kAuto;
-  if (backend == "persistent") return LstmBackend::kPersistent;
-  if (backend == "gemm" || backend == "cublas") return LstmBackend::kCublas;
-  TORCH_CHECK(false, "SEQKERNELS_LSTM_BACKEND must be auto, persistent, gemm or cublas, got '", backend, "'");
-}
-
 namespace {
 
 using u64 = unsigned long long;
@@ -1199,7 +1190,7 @@ int trace_requested() {
 
 bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop, int64_t elem_size, bool backward) {
   const LstmBackend backend = lstm_backend_from_env();  // validated on every call
-  if (backend == LstmBackend::kCublas) return false;
+  if (backend == LstmBackend::kGemm) return false;
   if (s.P > 0 || s.B > kMaxBatch || s.B < 1 || s.H < 1 || !prop.cooperativeLaunch) return false;
   if (backend == LstmBackend::kAuto && !auto_prefers_persistent(s, elem_size, backward)) return false;
   return true;

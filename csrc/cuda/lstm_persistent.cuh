@@ -10,6 +10,8 @@
 // G = 4H gate rows (i, f, g, o). acc_t = at::opmath_type<scalar_t> (float for half types).
 #pragma once
 
+#include "seqkernels/lstm_backend.h"
+
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 
@@ -18,13 +20,6 @@
 namespace seqkernels {
 namespace cuda {
 
-// SEQKERNELS_LSTM_BACKEND, the same variable and values as the CPU backend:
-//   auto (default)       the persistent kernel where the heuristic picks it
-//   persistent           the persistent kernel wherever it applies (else cuBLAS, silently)
-//   gemm | cublas        never the persistent kernel
-// Read on every call (a test or a user may change it between calls); anything else raises.
-enum class LstmBackend { kAuto, kPersistent, kCublas };
-LstmBackend lstm_backend_from_env();
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved
 // gates/cells (training), h_n and c_n exactly as the cuBLAS loop of lstm.cu does.
