@@ -3,6 +3,7 @@ half of the batch, against one process computing the same loss over the whole ba
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -41,6 +42,13 @@ def _worker(rank: int, init_file: str, out_file: str) -> None:
             torch.save({name: p.grad for name, p in model.module.named_parameters()}, out_file)
     finally:
         dist.destroy_process_group()
+    # After a clean destroy_process_group, torch 2.13's gloo backend still aborts at
+    # interpreter exit in ~1 run of 5 ("terminate called without an active exception", with
+    # torch.nn.Linear as well). The results are on disk, so leave without running the C++
+    # static destructors; an exception above still reaches mp.spawn as a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
