@@ -3,27 +3,18 @@
 // ValueError or RuntimeError); nothing is read from device memory.
 #include "seqkernels/convrnn_checks.h"
 #include "seqkernels/error_format.h"
+#include "seqkernels/tensor_checks.h"
 
 #include <c10/util/Exception.h>
 
 namespace seqkernels {
 namespace {
 
-bool is_floating(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
-}
+constexpr const char* kOp = "seqkernels.convrnn";
 
-// Same device and dtype as ref, contiguous, and exactly the expected shape.
 void check_like(const at::Tensor& ref, const char* ref_name, const at::Tensor& t, const char* name,
                 at::IntArrayRef shape) {
-  TORCH_CHECK(t.defined(), "seqkernels.convrnn: ", name, " is undefined");
-  TORCH_CHECK(t.device() == ref.device(), "seqkernels.convrnn: ", name, " is on ", t.device(), " but ", ref_name,
-              " is on ", ref.device());
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "seqkernels.convrnn: ", name, " has dtype ",
-                   t.scalar_type(), " but ", ref_name, " has dtype ", ref.scalar_type());
-  TORCH_CHECK(t.sizes() == shape, "seqkernels.convrnn: ", name, " must have shape ", seqkernels::shape(shape), ", got ",
-              seqkernels::shape(t.sizes()));
-  TORCH_CHECK(t.is_contiguous(), "seqkernels.convrnn: ", name, " must be contiguous");
+  check_tensor_like(kOp, ref, ref_name, t, name, shape);
 }
 
 // The sequence tensor (x forward, y backward) [B, T, C, N] and weight [C, C, K], plus flags.
@@ -39,7 +30,7 @@ ConvRnnSizes check_common(const at::Tensor& seq, const char* seq_name, const at:
 
   TORCH_CHECK(seq.defined() && seq.dim() == 4, "seqkernels.convrnn: ", seq_name, " must be 4-D [B, T, C, N], got ",
               num(seq.defined() ? seq.dim() : 0), "-D");
-  TORCH_CHECK(is_floating(seq.scalar_type()), "seqkernels.convrnn: ", seq_name,
+  TORCH_CHECK(is_floating_dtype(seq.scalar_type()), "seqkernels.convrnn: ", seq_name,
                    " must be float32, float64, bfloat16 or float16, got ", seq.scalar_type());
   TORCH_CHECK(seq.is_contiguous(), "seqkernels.convrnn: ", seq_name, " must be contiguous");
   s.B = seq.size(0);

@@ -56,4 +56,27 @@ TORCH_LIBRARY(seqkernels, m) {
   m.def(
       "convrnn_backward(Tensor grad_y, Tensor grad_h_T, Tensor weight, Tensor h0, Tensor y, int padding_mode, "
       "int nonlinearity, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias, Tensor grad_h0)");
+
+  // One ConvLSTM layer (Shi et al., 2015), the whole sequence in one call, 'same' zero
+  // padding (KH/2, KW/2), stride 1. Per step, with * the 2-D cross-correlation:
+  //   z = w_ih * x_t + w_hh * h_{t-1} + bias;  i = sig(z_i + w_ci c_{t-1}), f = sig(z_f + w_cf c_{t-1}),
+  //   g = tanh(z_g), c_t = f c_{t-1} + i g, o = sig(z_o + w_co c_t), h_t = o tanh(c_t).
+  // Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gate
+  // channels (i, f, g, o), H x W the frame, KH x KW the (odd) kernel.
+  //   x [T, B, Ci, H, W], h0/c0 [B, C, H, W], w_ih [G, Ci, KH, KW], w_hh [G, C, KH, KW],
+  //   bias [G] (b_ih + b_hh) or None, peephole [3, C, H, W] (w_ci, w_cf, w_co) or None
+  //   training    save what backward needs (gates, cells); inference saves nothing
+  // Returns y [T, B, C, H, W] (h_1 .. h_T), h_n / c_n [B, C, H, W], gates [T, B, G, H, W]
+  //   (activated i, f, g, o; [0] in inference), cells [T, B, C, H, W] (c_t; [0] in inference).
+  m.def(
+      "convlstm_forward(Tensor x, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? bias, "
+      "Tensor? peephole, bool training) -> (Tensor y, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
+  // Gradients of convlstm_forward (training=True) given those of y, h_n and c_n (None: zero).
+  // Returns grad_x, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias [G] ([0] if has_bias
+  //   is false), grad_peephole [3, C, H, W] ([0] without peepholes).
+  m.def(
+      "convlstm_backward(Tensor? grad_y, Tensor? grad_h_n, Tensor? grad_c_n, Tensor x, Tensor h0, Tensor c0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? peephole, Tensor y, Tensor gates, Tensor cells, bool has_bias) "
+      "-> (Tensor grad_x, Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, Tensor grad_bias, "
+      "Tensor grad_peephole)");
 }

@@ -12,8 +12,11 @@
 #                  itself), the CUDA tests of tests/test_lstm.py again with SEQKERNELS_LSTM_BACKEND=
 #                  persistent and =cublas, the rest of tests/test_lstm.py, extra checks
 #   sanitizer.log  compute-sanitizer memcheck, racecheck, synccheck and initcheck of
-#                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent)
-#   bench.json, bench.md, bench.log   benchmarks/bench_lstm.py
+#                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent); memcheck of
+#                  scripts/check_convrnn_cuda.py and check_convlstm_cuda.py --small, racecheck and
+#                  synccheck of the ConvRNN kernels
+#   bench.json, bench.md, bench.log   benchmarks/bench_lstm.py (bench.log: every suite's progress)
+#   conv_bench.md  benchmarks/bench_convlstm.py and bench_convrnn.py tables
 #   summary.txt    device, versions, each step's rc and duration, test and sanitizer totals
 #
 # Packages missing on the GPU machine (no network there) travel as wheels in .whl/ (carry it):
@@ -21,8 +24,8 @@
 #
 # Env: GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
 # skip: build tests tests_persistent tests_cublas memcheck racecheck synccheck initcheck
-# memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent extra bench
-# cputests), BENCH_ARGS (extra
+# memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent conv_memcheck
+# conv_racecheck extra conv_extra bench conv_bench cputests), BENCH_ARGS (extra
 # arguments for bench_lstm.py, e.g. "--quick"), OUT.
 set -u
 export PYTHONUNBUFFERED=1
@@ -135,13 +138,31 @@ for backend in cublas persistent; do
     --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
 done
 
-# ---- 4. extra checks: CUDA-graph capture, a 70000-step sequence ----------------------------
+# The conv ops: memcheck both (cuDNN's convolutions run inside ConvLSTM's), racecheck and
+# synccheck the ConvRNN kernels (ours use shared memory and block barriers; ConvLSTM's own
+# kernels use neither).
+run_step conv_memcheck "memcheck (convrnn, convlstm)" 90 "$SAN_LOG" bash -c "$export_san compute-sanitizer \
+  --tool memcheck --leak-check no --error-exitcode 99 $PY scripts/check_convrnn_cuda.py --small && $export_san \
+  compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 $PY scripts/check_convlstm_cuda.py --small"
+run_step conv_racecheck "racecheck + synccheck (convrnn)" 90 "$SAN_LOG" bash -c "$export_san compute-sanitizer \
+  --tool racecheck --error-exitcode 99 $PY scripts/check_convrnn_cuda.py --small && $export_san \
+  compute-sanitizer --tool synccheck --error-exitcode 99 $PY scripts/check_convrnn_cuda.py --small"
+
+# ---- 4. extra checks: CUDA-graph capture, a 70000-step sequence, the conv ops' full sweeps --
 run_step extra "extra checks" 45 "$TESTS_LOG" "$PY" scripts/sanitize_lstm.py --extra
+run_step conv_extra "conv op sweeps (+ ConvLSTM CUDA graph, ConvRNN bad inputs)" 90 "$TESTS_LOG" bash -c \
+  "$PY scripts/check_convlstm_cuda.py --graph && $PY scripts/check_convrnn_cuda.py --bad-inputs"
 
 # ---- 5. benchmark -------------------------------------------------------------------------
 # shellcheck disable=SC2086
 run_step bench bench 180 "$OUT/bench.log" \
   "$PY" benchmarks/bench_lstm.py --device cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" ${BENCH_ARGS:-}
+
+# The conv suites: tables only (conv_bench.md), records in /tmp.
+run_step conv_bench "conv benchmarks" 150 "$OUT/bench.log" bash -c \
+  "$PY benchmarks/bench_convlstm.py --device cuda --json /tmp/convlstm_cuda.json --markdown $OUT/conv_bench.md.lstm \
+   ; $PY benchmarks/bench_convrnn.py --device cuda --json /tmp/convrnn_cuda.json --markdown $OUT/conv_bench.md.rnn \
+   ; cat $OUT/conv_bench.md.lstm $OUT/conv_bench.md.rnn > $OUT/conv_bench.md 2>/dev/null; rm -f $OUT/conv_bench.md.*"
 
 # ---- 6. the rest of the LSTM test file (CPU parts; CI runs them too) ---------------------
 run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
@@ -161,7 +182,7 @@ run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize_lstm: [0-9]+ failure" "$SAN_LOG" | sed 's/^/  /'
   grep -E "^FAIL " "$SAN_LOG" | head -10 | sed 's/^/  /'
   echo "extra checks:"
-  grep -E "^(ok  |FAIL) (cuda-graph|T=)" "$TESTS_LOG" | sed 's/^/  /'
+  grep -E "^(ok  |FAIL) (cuda-graph|T=)|^(ALL OK|FAILURES)$|bad inputs raised" "$TESTS_LOG" | sed 's/^/  /'
   echo "ptxas (per kernel: registers, spills):"
   # ptxas -v prints "Compiling entry function 'X'", then a spill line, then a register line.
   awk '/Compiling entry function/ { match($0, /_Z[^'"'"']*/); fn = substr($0, RSTART, RLENGTH) }
@@ -169,11 +190,13 @@ run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
        /Used [0-9]+ registers/ { regs = $0; sub(/.*ptxas info *: */, "", regs);
                                  if (fn != "") print "  " fn "\n      " regs " | " spill; fn = "" }' \
     "$BUILD_LOG" | (command -v c++filt >/dev/null && c++filt || cat) | sed -E -e 's/\(anonymous namespace\):://g' -e 's/>\(.*\)$/>/' | head -80
-  if [ -f "$OUT/bench.md" ]; then
-    echo
-    echo "benchmark (bench.md):"
-    cat "$OUT/bench.md"
-  fi
+  for md in bench.md conv_bench.md; do
+    if [ -f "$OUT/$md" ]; then
+      echo
+      echo "benchmark ($md):"
+      cat "$OUT/$md"
+    fi
+  done
 } >>"$SUMMARY" 2>&1
 echo
 echo "==================== summary ===================="

@@ -1,0 +1,190 @@
+"""The ConvLSTM op: torch.ops.seqkernels.convlstm_forward / convlstm_backward, their fake
+(meta) functions for torch.compile, autograd, and the functional ``convlstm``.
+
+Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gate
+channels (i, f, g, o), H x W the frame, KH x KW the (odd) kernel. The schema is
+documented in csrc/registration.cpp; the semantics, as a plain loop, in
+seqkernels/reference/convlstm.py.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["convlstm"]
+
+_forward = torch.ops.seqkernels.convlstm_forward.default
+_backward = torch.ops.seqkernels.convlstm_backward.default
+_FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
+
+
+def _fail(message: str) -> None:
+    raise ValueError(f"seqkernels.convlstm: {message}")
+
+
+def _check_tensor(t: Tensor, shape: tuple[int, ...], name: str, legend: str, like: Tensor) -> None:
+    if tuple(t.shape) != shape:
+        _fail(f"{name} must have shape {legend} = {shape}, got {tuple(t.shape)} (no broadcasting)")
+    if t.dtype != like.dtype:
+        _fail(f"{name} has dtype {t.dtype} but x has dtype {like.dtype}")
+    if t.device != like.device:
+        _fail(f"{name} is on {t.device} but x is on {like.device}")
+
+
+def convlstm(
+    x: Tensor,
+    h0: Tensor | None,
+    c0: Tensor | None,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Tensor | None = None,
+    bias_hh: Tensor | None = None,
+    peephole_weights: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One ConvLSTM layer over a whole sequence, 'same' zero padding, stride 1:
+
+        z = conv2d(x_t, weight_ih) + bias_ih + conv2d(h_{t-1}, weight_hh) + bias_hh
+        i = sigmoid(z_i + w_ci * c_{t-1}),  f = sigmoid(z_f + w_cf * c_{t-1}),  g = tanh(z_g)
+        c_t = f * c_{t-1} + i * g,  o = sigmoid(z_o + w_co * c_t),  h_t = o * tanh(c_t)
+
+    (the peephole terms only with ``peephole_weights``; gates in nn.LSTM's order i, f, g, o).
+
+    Args:
+        x: (T, B, Ci, H, W) input frames.
+        h0, c0: (B, C, H, W) initial states, or None for zeros.
+        weight_ih: (4C, Ci, KH, KW); weight_hh: (4C, C, KH, KW); KH and KW odd.
+        bias_ih, bias_hh: (4C,) or None; both are added, as in nn.LSTM.
+        peephole_weights: (w_ci, w_cf, w_co), each (C, H, W), or None.
+
+    Returns:
+        (output (T, B, C, H, W) = h_1 .. h_T, (h_T, c_T) each (B, C, H, W)), differentiable in
+        every tensor argument. One dtype (float32, float64, bfloat16; float16 on the GPU) and
+        one device for all tensors.
+    """
+    if x.dim() != 5:
+        _fail(f"x must be 5-D (T, B, Ci, H, W), got shape {tuple(x.shape)}")
+    if weight_hh.dim() != 4 or weight_hh.shape[0] != 4 * weight_hh.shape[1] or weight_hh.shape[1] < 1:
+        _fail(f"weight_hh must be (4C, C, KH, KW), got shape {tuple(weight_hh.shape)}")
+    T, B, Ci, H, W = x.shape
+    G, C, KH, KW = weight_hh.shape
+    if KH % 2 == 0 or KW % 2 == 0:
+        _fail(f"kernel sizes must be odd for 'same' padding, got {KH} x {KW}")
+    _check_tensor(weight_hh, (G, C, KH, KW), "weight_hh", "(4C, C, KH, KW)", x)
+    _check_tensor(weight_ih, (G, Ci, KH, KW), "weight_ih", "(4C, Ci, KH, KW)", x)
+    for name, b in (("bias_ih", bias_ih), ("bias_hh", bias_hh)):
+        if b is not None:
+            _check_tensor(b, (G,), name, "(4C,)", x)
+    for name, s in (("h0", h0), ("c0", c0)):
+        if s is not None:
+            _check_tensor(s, (B, C, H, W), name, "(B, C, H, W)", x)
+    peephole = None
+    if peephole_weights is not None:
+        if not isinstance(peephole_weights, (tuple, list)) or len(peephole_weights) != 3:
+            _fail("peephole_weights must be a tuple (w_ci, w_cf, w_co)")
+        for name, w in zip(("w_ci", "w_cf", "w_co"), peephole_weights):
+            _check_tensor(w, (C, H, W), name, "(C, H, W)", x)
+        peephole = torch.stack(tuple(peephole_weights))
+    h0 = x.new_zeros(B, C, H, W) if h0 is None else h0
+    c0 = x.new_zeros(B, C, H, W) if c0 is None else c0
+    if T == 0 or B == 0 or Ci == 0 or H == 0 or W == 0:  # nothing to run: the state passes through
+        return x.new_empty(T, B, C, H, W), (h0.clone(), c0.clone())
+    if bias_ih is None or bias_hh is None:
+        bias = bias_ih if bias_hh is None else bias_hh
+    else:
+        bias = bias_ih + bias_hh
+    training = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, h0, c0, weight_ih, weight_hh, bias, peephole)
+    )
+    y, h_n, c_n, _, _ = _forward(
+        x.contiguous(),
+        h0.contiguous(),
+        c0.contiguous(),
+        weight_ih.contiguous(),
+        weight_hh.contiguous(),
+        None if bias is None else bias.contiguous(),
+        None if peephole is None else peephole.contiguous(),
+        training,
+    )
+    return y, (h_n, c_n)
+
+
+@torch.library.register_fake("seqkernels::convlstm_forward")
+def _convlstm_forward_fake(x, h0, c0, w_ih, w_hh, bias, peephole, training):
+    torch._check(x.dim() == 5, lambda: "seqkernels.convlstm: x must be 5-D [T, B, Ci, H, W]")
+    torch._check(w_hh.dim() == 4, lambda: "seqkernels.convlstm: w_hh must be 4-D [G, C, KH, KW]")
+    T, B, _, H, W = x.shape
+    G, C = w_hh.shape[0], w_hh.shape[1]
+    saved = (x.new_empty(T, B, G, H, W), x.new_empty(T, B, C, H, W)) if training else (x.new_empty(0), x.new_empty(0))
+    return x.new_empty(T, B, C, H, W), x.new_empty(B, C, H, W), x.new_empty(B, C, H, W), *saved
+
+
+@torch.library.register_fake("seqkernels::convlstm_backward")
+def _convlstm_backward_fake(grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, peephole, y, gates, cells, has_bias):
+    G = w_hh.shape[0]
+    return (
+        torch.empty_like(x),
+        torch.empty_like(h0),
+        torch.empty_like(c0),
+        torch.empty_like(w_ih),
+        torch.empty_like(w_hh),
+        w_hh.new_empty(G if has_bias else 0),
+        torch.empty_like(peephole) if peephole is not None else x.new_empty(0),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    args = dict(zip(_FORWARD_ARGS, inputs))
+    y, _, _, gates, cells = output
+    if not args["training"]:
+        ctx.inference_only = True  # backward raises: nothing was saved
+        return
+    ctx.inference_only = False
+    ctx.has_bias = args["bias"] is not None
+    ctx.has_peephole = args["peephole"] is not None
+    ctx.save_for_backward(
+        args["x"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["peephole"], y, gates, cells
+    )
+
+
+def _dense(grad: Tensor | None) -> Tensor | None:
+    # Autograd may hand over expanded (stride-0) gradients; the kernels take contiguous ones.
+    return None if grad is None else grad.contiguous()
+
+
+def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
+    if ctx.inference_only:
+        raise RuntimeError(
+            "seqkernels.convlstm: convlstm_forward ran with training=False and saved nothing for backward"
+        )
+    x, h0, c0, w_ih, w_hh, peephole, y, gates, cells = ctx.saved_tensors
+    dx, dh0, dc0, dw_ih, dw_hh, dbias, dpeephole = _backward(
+        _dense(grad_y), _dense(grad_h_n), _dense(grad_c_n), x, h0, c0, w_ih, w_hh, peephole, y, gates, cells,
+        ctx.has_bias,
+    )
+    # One gradient per convlstm_forward argument, in schema order.
+    grads = {
+        "x": dx, "h0": dh0, "c0": dc0, "w_ih": dw_ih, "w_hh": dw_hh,
+        "bias": dbias if ctx.has_bias else None, "peephole": dpeephole if ctx.has_peephole else None,
+        "training": None,
+    }  # fmt: skip
+    return tuple(grads[name] for name in _FORWARD_ARGS)
+
+
+torch.library.register_autograd("seqkernels::convlstm_forward", _convlstm_backward, setup_context=_setup_context)
+
+
+def _convlstm_backward_not_differentiable(ctx, *grads):
+    raise NotImplementedError("seqkernels.convlstm: double backward (differentiating the gradient) is not supported")
+
+
+def _convlstm_backward_setup_context(ctx, inputs, output):
+    pass
+
+
+# Without this, autograd would treat convlstm_backward's outputs as constants and a second
+# backward (create_graph=True) would silently return wrong gradients.
+torch.library.register_autograd(
+    "seqkernels::convlstm_backward",
+    _convlstm_backward_not_differentiable,
+    setup_context=_convlstm_backward_setup_context,
+)
