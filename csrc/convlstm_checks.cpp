@@ -77,8 +77,8 @@ ConvLstmSizes check_convlstm_backward(const std::optional<at::Tensor>& grad_y, c
   check_state(s, x, h0, "h0");
   check_state(s, x, c0, "c0");
   check_tensor_like(kOp, x, "x", y, "y", {s.T, s.B, s.C, s.H, s.W});
-  check_tensor_like(kOp, x, "x", cells, "cells (saved by a training forward)", {s.T, s.B, s.C, s.H, s.W});
-  check_tensor_like(kOp, x, "x", gates, "gates (saved by a training forward)", {s.T, s.B, s.G, s.H, s.W});
+  check_tensor_like(kOp, x, "x", cells, "cells (saved by a training forward)", {s.T, s.B, s.H, s.W, s.C});
+  check_tensor_like(kOp, x, "x", gates, "gates (saved by a training forward)", {s.T, s.B, s.H, s.W, s.G});
   if (present(grad_y)) check_tensor_like(kOp, x, "x", *grad_y, "grad_y", {s.T, s.B, s.C, s.H, s.W});
   if (present(grad_h_n)) check_state(s, x, *grad_h_n, "grad_h_n");
   if (present(grad_c_n)) check_state(s, x, *grad_c_n, "grad_c_n");

@@ -66,8 +66,9 @@ TORCH_LIBRARY(seqkernels, m) {
   //   x [T, B, Ci, H, W], h0/c0 [B, C, H, W], w_ih [G, Ci, KH, KW], w_hh [G, C, KH, KW],
   //   bias [G] (b_ih + b_hh) or None, peephole [3, C, H, W] (w_ci, w_cf, w_co) or None
   //   training    save what backward needs (gates, cells); inference saves nothing
-  // Returns y [T, B, C, H, W] (h_1 .. h_T), h_n / c_n [B, C, H, W], gates [T, B, G, H, W]
-  //   (activated i, f, g, o; [0] in inference), cells [T, B, C, H, W] (c_t; [0] in inference).
+  // Returns y [T, B, C, H, W] (h_1 .. h_T), h_n / c_n [B, C, H, W], and, saved for backward
+  //   channels-last (the kernels' layout), gates [T, B, H, W, G] (activated i, f, g, o) and
+  //   cells [T, B, H, W, C] (c_t); each [0] in inference.
   m.def(
       "convlstm_forward(Tensor x, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? bias, "
       "Tensor? peephole, bool training) -> (Tensor y, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");

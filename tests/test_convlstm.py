@@ -449,8 +449,9 @@ def test_op_outputs(device):
         x, h0, c0, w_ih, w_hh, b, peep, _ = _op_args(T, B, Ci, C, H, W, (3, 3), True, True, training, device, False)
         y, h_n, c_n, gates, cells = _forward_op(x, h0, c0, w_ih, w_hh, b, peep, training)
         assert y.shape == (T, B, C, H, W) and h_n.shape == (B, C, H, W) and c_n.shape == (B, C, H, W)
-        assert gates.shape == ((T, B, 4 * C, H, W) if training else (0,))
-        assert cells.shape == ((T, B, C, H, W) if training else (0,))
+        # Saved for backward in the kernels' channels-last layout.
+        assert gates.shape == ((T, B, H, W, 4 * C) if training else (0,))
+        assert cells.shape == ((T, B, H, W, C) if training else (0,))
         assert torch.equal(h_n, y[-1])
     for has_bias, with_peep in ((True, True), (False, False)):
         p = peep if with_peep else None

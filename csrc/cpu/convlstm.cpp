@@ -1,12 +1,12 @@
 // The ConvLSTM on the CPU: convlstm_forward / convlstm_backward (schemas in
 // csrc/registration.cpp, checks in csrc/convlstm_checks.cpp, the time loop in
 // seqkernels/convlstm_loop.h). This file is the fused pointwise pass of a step: one sweep
-// over the [B, C, HW] elements that reads the four gates of each element from the two
-// convolutions' outputs, applies the cell of seqkernels/convlstm_cell.h and writes h, c and
-// the saved gates (backward: dz and dc). Rows (b, c) are split over threads; the inner loop
-// over the HW contiguous pixels vectorises (float32 through FastFloatMath).
+// over the channels-last [B, P, C] elements that reads the four gates of each element from
+// the two convolutions' outputs, applies the cell of seqkernels/convlstm_cell.h and writes
+// h, c and the saved gates (backward: dz and dc). Pixels are split over threads; the inner
+// loop over a pixel's C contiguous channels vectorises (float32 through FastFloatMath).
 //
-// Shape legend: T steps, B batch, C hidden channels, G = 4C, HW pixels of a frame.
+// Shape legend: B batch, P = H·W pixels, C hidden channels, G = 4C.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -20,72 +20,98 @@ namespace {
 
 using at::Tensor;
 
-// Rows of HW pixels per parallel chunk: at least ~16k elements of work each.
-int64_t row_grain(int64_t HW) { return std::max<int64_t>(1, (int64_t(1) << 14) / HW); }
+// Pixels per parallel chunk: at least ~16k elements of work each.
+int64_t pixel_grain(int64_t C) { return std::max<int64_t>(1, (int64_t(1) << 14) / C); }
 
+// The C channels of one pixel. GCC vectorises the loop over c only when the pointers are
+// __restrict function parameters (restrict locals loaded from the step struct are ignored).
+//   zx, zh, act: [G] of the pixel; c_prev, h, c_out: [C]; peep: [3, P, C] at the pixel
+//   (stride PC between the three weights), unused without peepholes.
 template <bool kPeephole, bool kTraining, class scalar_t>
-void forward_rows(const ConvLstmForwardStep<scalar_t>& s) {
+void forward_channels(const scalar_t* __restrict zx, const scalar_t* __restrict zh,
+                      const scalar_t* __restrict c_prev, const scalar_t* __restrict peep, int64_t PC,
+                      scalar_t* __restrict h, scalar_t* __restrict c_out, scalar_t* __restrict act_out, int64_t C) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = typename CpuMath<acc_t>::type;
-  const int64_t CHW = s.C * s.HW;
-  at::parallel_for(0, s.B * s.C, row_grain(s.HW), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / s.C, ch = row % s.C;
-      const int64_t gate0 = b * 4 * CHW + ch * s.HW;  // gate q of the row at gate0 + q·CHW
-      const int64_t state = row * s.HW;
-      const scalar_t* peep = kPeephole ? s.peep + ch * s.HW : nullptr;
-      for (int64_t p = 0; p < s.HW; ++p) {
-        const int64_t z = gate0 + p;
-        const LstmGates<acc_t> pre{
-            acc_t(s.zx[z]) + acc_t(s.zh[z]), acc_t(s.zx[z + CHW]) + acc_t(s.zh[z + CHW]),
-            acc_t(s.zx[z + 2 * CHW]) + acc_t(s.zh[z + 2 * CHW]), acc_t(s.zx[z + 3 * CHW]) + acc_t(s.zh[z + 3 * CHW])};
-        Peephole<acc_t> w{};
-        if constexpr (kPeephole) w = {acc_t(peep[p]), acc_t(peep[CHW + p]), acc_t(peep[2 * CHW + p])};
-        LstmGates<acc_t> act;
-        acc_t c, h;
-        convlstm_cell_forward<kPeephole, Math>(pre, acc_t(s.c_prev[state + p]), w, act, c, h);
-        s.h[state + p] = scalar_t(h);
-        s.c[state + p] = scalar_t(c);
-        if constexpr (kTraining) {
-          s.act[z] = scalar_t(act.i);
-          s.act[z + CHW] = scalar_t(act.f);
-          s.act[z + 2 * CHW] = scalar_t(act.g);
-          s.act[z + 3 * CHW] = scalar_t(act.o);
-        }
-      }
+  for (int64_t c = 0; c < C; ++c) {
+    const LstmGates<acc_t> pre{acc_t(zx[c]) + acc_t(zh[c]), acc_t(zx[C + c]) + acc_t(zh[C + c]),
+                               acc_t(zx[2 * C + c]) + acc_t(zh[2 * C + c]), acc_t(zx[3 * C + c]) + acc_t(zh[3 * C + c])};
+    Peephole<acc_t> w{};
+    if constexpr (kPeephole) w = {acc_t(peep[c]), acc_t(peep[PC + c]), acc_t(peep[2 * PC + c])};
+    LstmGates<acc_t> act;
+    acc_t c_t, h_t;
+    convlstm_cell_forward<kPeephole, Math>(pre, acc_t(c_prev[c]), w, act, c_t, h_t);
+    h[c] = scalar_t(h_t);
+    c_out[c] = scalar_t(c_t);
+    if constexpr (kTraining) {
+      act_out[c] = scalar_t(act.i);
+      act_out[C + c] = scalar_t(act.f);
+      act_out[2 * C + c] = scalar_t(act.g);
+      act_out[3 * C + c] = scalar_t(act.o);
+    }
+  }
+}
+
+template <bool kPeephole, bool kTraining, class scalar_t>
+void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
+  const int64_t C = s.C, G = 4 * s.C, PC = s.P * s.C;
+  at::parallel_for(0, s.B * s.P, pixel_grain(C), [&](int64_t begin, int64_t end) {
+    for (int64_t pixel = begin; pixel < end; ++pixel) {
+      forward_channels<kPeephole, kTraining>(s.zx + pixel * G, s.zh + pixel * G, s.c_prev + pixel * C,
+                                             kPeephole ? s.peep + (pixel % s.P) * C : nullptr, PC, s.h + pixel * C,
+                                             s.c + pixel * C, kTraining ? s.act + pixel * G : nullptr, C);
+    }
+  });
+}
+
+// The C channels of one pixel in backward (see forward_channels).
+//   act, dz: [G]; c, c_prev, dy, dh_rec, dc: [C]; dy and dh_rec are read only when kDy /
+//   kDhRec (template flags, so that no branch stops the loop from vectorising).
+template <bool kPeephole, bool kDy, bool kDhRec, class scalar_t, class acc_t>
+void backward_channels(const scalar_t* __restrict act_in, const scalar_t* __restrict c_t,
+                       const scalar_t* __restrict c_prev, const scalar_t* __restrict peep, int64_t PC,
+                       const scalar_t* __restrict dy, const scalar_t* __restrict dh_rec, acc_t* __restrict dc,
+                       scalar_t* __restrict dz, int64_t C) {
+  using Math = typename CpuMath<acc_t>::type;
+  for (int64_t c = 0; c < C; ++c) {
+    const LstmGates<acc_t> act{acc_t(act_in[c]), acc_t(act_in[C + c]), acc_t(act_in[2 * C + c]),
+                               acc_t(act_in[3 * C + c])};
+    Peephole<acc_t> w{};
+    if constexpr (kPeephole) w = {acc_t(peep[c]), acc_t(peep[PC + c]), acc_t(peep[2 * PC + c])};
+    acc_t dh(0);
+    if constexpr (kDy) dh += acc_t(dy[c]);
+    if constexpr (kDhRec) dh += acc_t(dh_rec[c]);
+    LstmGates<acc_t> dpre;
+    acc_t dc_prev;
+    convlstm_cell_backward<kPeephole, Math>(act, acc_t(c_t[c]), acc_t(c_prev[c]), w, dh, dc[c], dpre, dc_prev);
+    dc[c] = dc_prev;
+    dz[c] = scalar_t(dpre.i);
+    dz[C + c] = scalar_t(dpre.f);
+    dz[2 * C + c] = scalar_t(dpre.g);
+    dz[3 * C + c] = scalar_t(dpre.o);
+  }
+}
+
+template <bool kPeephole, bool kDy, bool kDhRec, class scalar_t>
+void backward_pixels(const ConvLstmBackwardStep<scalar_t>& s) {
+  const int64_t C = s.C, G = 4 * s.C, PC = s.P * s.C;
+  at::parallel_for(0, s.B * s.P, pixel_grain(C), [&](int64_t begin, int64_t end) {
+    for (int64_t pixel = begin; pixel < end; ++pixel) {
+      const int64_t state = pixel * C;
+      backward_channels<kPeephole, kDy, kDhRec>(s.act + pixel * G, s.c + state, s.c_prev + state,
+                                                kPeephole ? s.peep + (pixel % s.P) * C : nullptr, PC,
+                                                kDy ? s.dy + state : nullptr, kDhRec ? s.dh_rec + state : nullptr,
+                                                s.dc + state, s.dz + pixel * G, C);
     }
   });
 }
 
 template <bool kPeephole, class scalar_t>
-void backward_rows(const ConvLstmBackwardStep<scalar_t>& s) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using Math = typename CpuMath<acc_t>::type;
-  const int64_t CHW = s.C * s.HW;
-  at::parallel_for(0, s.B * s.C, row_grain(s.HW), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / s.C, ch = row % s.C;
-      const int64_t gate0 = b * 4 * CHW + ch * s.HW;
-      const int64_t state = row * s.HW;
-      const scalar_t* peep = kPeephole ? s.peep + ch * s.HW : nullptr;
-      for (int64_t p = 0; p < s.HW; ++p) {
-        const int64_t z = gate0 + p, e = state + p;
-        const LstmGates<acc_t> act{acc_t(s.act[z]), acc_t(s.act[z + CHW]), acc_t(s.act[z + 2 * CHW]),
-                                   acc_t(s.act[z + 3 * CHW])};
-        Peephole<acc_t> w{};
-        if constexpr (kPeephole) w = {acc_t(peep[p]), acc_t(peep[CHW + p]), acc_t(peep[2 * CHW + p])};
-        const acc_t dh = (s.dy ? acc_t(s.dy[e]) : acc_t(0)) + (s.dh_rec ? acc_t(s.dh_rec[e]) : acc_t(0));
-        LstmGates<acc_t> dpre;
-        acc_t dc_prev;
-        convlstm_cell_backward<kPeephole, Math>(act, acc_t(s.c[e]), acc_t(s.c_prev[e]), w, dh, s.dc[e], dpre, dc_prev);
-        s.dc[e] = dc_prev;
-        s.dz[z] = scalar_t(dpre.i);
-        s.dz[z + CHW] = scalar_t(dpre.f);
-        s.dz[z + 2 * CHW] = scalar_t(dpre.g);
-        s.dz[z + 3 * CHW] = scalar_t(dpre.o);
-      }
-    }
-  });
+void backward_pixels_dispatch(const ConvLstmBackwardStep<scalar_t>& s) {
+  if (s.dy && s.dh_rec) backward_pixels<kPeephole, true, true>(s);
+  else if (s.dy) backward_pixels<kPeephole, true, false>(s);
+  else if (s.dh_rec) backward_pixels<kPeephole, false, true>(s);
+  else backward_pixels<kPeephole, false, false>(s);
 }
 
 struct CpuPointwise {
@@ -94,16 +120,16 @@ struct CpuPointwise {
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {
     const bool peep = s.peep != nullptr, training = s.act != nullptr;
-    if (peep && training) forward_rows<true, true>(s);
-    else if (peep) forward_rows<true, false>(s);
-    else if (training) forward_rows<false, true>(s);
-    else forward_rows<false, false>(s);
+    if (peep && training) forward_pixels<true, true>(s);
+    else if (peep) forward_pixels<true, false>(s);
+    else if (training) forward_pixels<false, true>(s);
+    else forward_pixels<false, false>(s);
   }
 
   template <class scalar_t>
   static void backward_step(const ConvLstmBackwardStep<scalar_t>& s) {
-    if (s.peep) backward_rows<true>(s);
-    else backward_rows<false>(s);
+    if (s.peep) backward_pixels_dispatch<true>(s);
+    else backward_pixels_dispatch<false>(s);
   }
 };
 

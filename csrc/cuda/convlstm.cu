@@ -1,11 +1,11 @@
 // The ConvLSTM on the GPU: convlstm_forward / convlstm_backward (schemas in
 // csrc/registration.cpp, checks in csrc/convlstm_checks.cpp, the time loop in
 // seqkernels/convlstm_loop.h with cuDNN's convolutions). This file is the fused pointwise
-// pass of a step: one thread per (b, c, pixel) element reads the element's four gates from
+// pass of a step: one thread per channels-last (b, pixel, c) element reads its four gates from
 // the two convolutions' outputs, applies the cell of seqkernels/convlstm_cell.h in float
 // (double for float64) and writes h, c and the saved gates (backward: dz and dc).
 //
-// Shape legend: B batch, C hidden channels, G = 4C, HW pixels of a frame; CHW = C·HW.
+// Shape legend: B batch, P = H·W pixels, C hidden channels, G = 4C; layouts in convlstm_loop.h.
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -39,15 +39,15 @@ int blocks_for(int64_t n) {
 template <bool kPeephole, bool kTraining, class scalar_t>
 __global__ void __launch_bounds__(kThreads) forward_kernel(ConvLstmForwardStep<scalar_t> s) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t CHW = s.C * s.HW, n = s.B * CHW;
+  const int64_t C = s.C, PC = s.P * s.C, n = s.B * PC;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = e / CHW, within = e - b * CHW;  // within = c·HW + pixel
-    const int64_t z = b * 4 * CHW + within;
-    const LstmGates<acc_t> pre{acc_t(s.zx[z]) + acc_t(s.zh[z]), acc_t(s.zx[z + CHW]) + acc_t(s.zh[z + CHW]),
-                               acc_t(s.zx[z + 2 * CHW]) + acc_t(s.zh[z + 2 * CHW]),
-                               acc_t(s.zx[z + 3 * CHW]) + acc_t(s.zh[z + 3 * CHW])};
+    const int64_t pixel = e / C, c_idx = e - pixel * C;  // pixel = b·P + p
+    const int64_t z = pixel * 4 * C + c_idx, within = e % PC;  // within = p·C + c
+    const LstmGates<acc_t> pre{acc_t(s.zx[z]) + acc_t(s.zh[z]), acc_t(s.zx[z + C]) + acc_t(s.zh[z + C]),
+                               acc_t(s.zx[z + 2 * C]) + acc_t(s.zh[z + 2 * C]),
+                               acc_t(s.zx[z + 3 * C]) + acc_t(s.zh[z + 3 * C])};
     Peephole<acc_t> w{};
-    if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[CHW + within]), acc_t(s.peep[2 * CHW + within])};
+    if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
     LstmGates<acc_t> act;
     acc_t c, h;
     convlstm_cell_forward<kPeephole, CudaMath<acc_t>>(pre, acc_t(s.c_prev[e]), w, act, c, h);
@@ -55,9 +55,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ConvLstmForwardStep<s
     s.c[e] = scalar_t(c);
     if constexpr (kTraining) {
       s.act[z] = scalar_t(act.i);
-      s.act[z + CHW] = scalar_t(act.f);
-      s.act[z + 2 * CHW] = scalar_t(act.g);
-      s.act[z + 3 * CHW] = scalar_t(act.o);
+      s.act[z + C] = scalar_t(act.f);
+      s.act[z + 2 * C] = scalar_t(act.g);
+      s.act[z + 3 * C] = scalar_t(act.o);
     }
   }
 }
@@ -65,14 +65,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ConvLstmForwardStep<s
 template <bool kPeephole, class scalar_t>
 __global__ void __launch_bounds__(kThreads) backward_kernel(ConvLstmBackwardStep<scalar_t> s) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t CHW = s.C * s.HW, n = s.B * CHW;
+  const int64_t C = s.C, PC = s.P * s.C, n = s.B * PC;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = e / CHW, within = e - b * CHW;
-    const int64_t z = b * 4 * CHW + within;
-    const LstmGates<acc_t> act{acc_t(s.act[z]), acc_t(s.act[z + CHW]), acc_t(s.act[z + 2 * CHW]),
-                               acc_t(s.act[z + 3 * CHW])};
+    const int64_t pixel = e / C, c_idx = e - pixel * C;
+    const int64_t z = pixel * 4 * C + c_idx, within = e % PC;
+    const LstmGates<acc_t> act{acc_t(s.act[z]), acc_t(s.act[z + C]), acc_t(s.act[z + 2 * C]), acc_t(s.act[z + 3 * C])};
     Peephole<acc_t> w{};
-    if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[CHW + within]), acc_t(s.peep[2 * CHW + within])};
+    if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
     const acc_t dh = (s.dy ? acc_t(s.dy[e]) : acc_t(0)) + (s.dh_rec ? acc_t(s.dh_rec[e]) : acc_t(0));
     LstmGates<acc_t> dpre;
     acc_t dc_prev;
@@ -80,9 +79,9 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(ConvLstmBackwardStep
                                                       dc_prev);
     s.dc[e] = dc_prev;
     s.dz[z] = scalar_t(dpre.i);
-    s.dz[z + CHW] = scalar_t(dpre.f);
-    s.dz[z + 2 * CHW] = scalar_t(dpre.g);
-    s.dz[z + 3 * CHW] = scalar_t(dpre.o);
+    s.dz[z + C] = scalar_t(dpre.f);
+    s.dz[z + 2 * C] = scalar_t(dpre.g);
+    s.dz[z + 3 * C] = scalar_t(dpre.o);
   }
 }
 
@@ -93,7 +92,7 @@ struct CudaPointwise {
 
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {
-    const int blocks = blocks_for(s.B * s.C * s.HW);
+    const int blocks = blocks_for(s.B * s.P * s.C);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const bool peep = s.peep != nullptr, training = s.act != nullptr;
     if (peep && training) forward_kernel<true, true><<<blocks, kThreads, 0, stream>>>(s);
@@ -105,7 +104,7 @@ struct CudaPointwise {
 
   template <class scalar_t>
   static void backward_step(const ConvLstmBackwardStep<scalar_t>& s) {
-    const int blocks = blocks_for(s.B * s.C * s.HW);
+    const int blocks = blocks_for(s.B * s.P * s.C);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     if (s.peep) backward_kernel<true><<<blocks, kThreads, 0, stream>>>(s);
     else backward_kernel<false><<<blocks, kThreads, 0, stream>>>(s);

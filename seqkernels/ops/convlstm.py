@@ -114,7 +114,8 @@ def _convlstm_forward_fake(x, h0, c0, w_ih, w_hh, bias, peephole, training):
     torch._check(w_hh.dim() == 4, lambda: "seqkernels.convlstm: w_hh must be 4-D [G, C, KH, KW]")
     T, B, _, H, W = x.shape
     G, C = w_hh.shape[0], w_hh.shape[1]
-    saved = (x.new_empty(T, B, G, H, W), x.new_empty(T, B, C, H, W)) if training else (x.new_empty(0), x.new_empty(0))
+    # Saved for backward in the kernels' channels-last layout: gates [T, B, H, W, G], cells [T, B, H, W, C].
+    saved = (x.new_empty(T, B, H, W, G), x.new_empty(T, B, H, W, C)) if training else (x.new_empty(0), x.new_empty(0))
     return x.new_empty(T, B, C, H, W), x.new_empty(B, C, H, W), x.new_empty(B, C, H, W), *saved
 
 

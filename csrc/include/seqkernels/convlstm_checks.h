@@ -25,8 +25,8 @@ ConvLstmSizes check_convlstm_forward(const at::Tensor& x, const at::Tensor& h0, 
                                      const at::Tensor& w_ih, const at::Tensor& w_hh,
                                      const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& peephole);
 
-// The forward's arguments (bias as has_bias) plus y and cells [T, B, C, H, W], gates
-// [T, B, G, H, W] saved by a training forward, and the output gradients (each None or the
+// The forward's arguments (bias as has_bias) plus y [T, B, C, H, W], and gates
+// [T, B, H, W, G] and cells [T, B, H, W, C] (channels-last) saved by a training forward, and the output gradients (each None or the
 // shape of its output).
 ConvLstmSizes check_convlstm_backward(const std::optional<at::Tensor>& grad_y, const std::optional<at::Tensor>& grad_h_n,
                                       const std::optional<at::Tensor>& grad_c_n, const at::Tensor& x,
