@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._autograd import forbid_double_backward
+
 __all__ = ["convlstm"]
 
 _forward = torch.ops.seqkernels.convlstm_forward.default
@@ -145,6 +147,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(
         args["x"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["peephole"], y, gates, cells
     )
+    ctx.mark_non_differentiable(gates, cells)
 
 
 def _dense(grad: Tensor | None) -> Tensor | None:
@@ -174,18 +177,4 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
 torch.library.register_autograd("seqkernels::convlstm_forward", _convlstm_backward, setup_context=_setup_context)
 
 
-def _convlstm_backward_not_differentiable(ctx, *grads):
-    raise NotImplementedError("seqkernels.convlstm: double backward (differentiating the gradient) is not supported")
-
-
-def _convlstm_backward_setup_context(ctx, inputs, output):
-    pass
-
-
-# Without this, autograd would treat convlstm_backward's outputs as constants and a second
-# backward (create_graph=True) would silently return wrong gradients.
-torch.library.register_autograd(
-    "seqkernels::convlstm_backward",
-    _convlstm_backward_not_differentiable,
-    setup_context=_convlstm_backward_setup_context,
-)
+forbid_double_backward("seqkernels::convlstm_backward", "seqkernels.convlstm")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._autograd import dense_grad, forbid_double_backward
+
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
 
 _forward = torch.ops.seqkernels.convrnn_forward.default
@@ -149,17 +151,11 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(args["weight"], args["h0"], y)
 
 
-def _dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
-    # Autograd hands over None for unused outputs and expanded (stride-0) gradients for
-    # sums; the kernels take dense, contiguous gradients.
-    return torch.zeros_like(like) if grad is None else grad.contiguous()
-
-
 def _convrnn_backward(ctx, grad_y, grad_h_T):
     weight, h0, y = ctx.saved_tensors
     dx, dw, db, dh0 = _backward(
-        _dense_grad(grad_y, y),
-        _dense_grad(grad_h_T, h0),
+        dense_grad(grad_y, y),
+        dense_grad(grad_h_T, h0),
         weight,
         h0,
         y,
@@ -178,20 +174,4 @@ def _convrnn_backward(ctx, grad_y, grad_h_T):
 torch.library.register_autograd("seqkernels::convrnn_forward", _convrnn_backward, setup_context=_setup_context)
 
 
-def _convrnn_backward_not_differentiable(ctx, *grads):
-    raise NotImplementedError(
-        "seqkernels.convrnn: double backward (differentiating the gradient) is not supported"
-    )
-
-
-def _convrnn_backward_setup_context(ctx, inputs, output):
-    pass
-
-
-# Without this, autograd would treat convrnn_backward's outputs as constants and a second
-# backward (create_graph=True) would silently return wrong gradients.
-torch.library.register_autograd(
-    "seqkernels::convrnn_backward",
-    _convrnn_backward_not_differentiable,
-    setup_context=_convrnn_backward_setup_context,
-)
+forbid_double_backward("seqkernels::convrnn_backward", "seqkernels.convrnn")

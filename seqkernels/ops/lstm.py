@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._autograd import dense_grad, forbid_double_backward
+
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
 _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
@@ -96,18 +98,12 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(gates, cells)
 
 
-def _dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
-    # Autograd hands over None for unused outputs and expanded (stride-0) gradients for
-    # sums; the kernels take dense, contiguous gradients.
-    return torch.zeros_like(like) if grad is None else grad.contiguous()
-
-
 def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
     x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells = ctx.saved_tensors
     dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr = _backward(
-        _dense_grad(grad_y, y),
-        _dense_grad(grad_h_n, h0),
-        _dense_grad(grad_c_n, c0),
+        dense_grad(grad_y, y),
+        dense_grad(grad_h_n, h0),
+        dense_grad(grad_c_n, c0),
         x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells,
         ctx.reverse,
         ctx.has_bias,
@@ -124,18 +120,4 @@ def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
 torch.library.register_autograd("seqkernels::lstm_forward", _lstm_backward, setup_context=_setup_context)
 
 
-def _lstm_backward_not_differentiable(ctx, *grads):
-    raise NotImplementedError(
-        "seqkernels.lstm: double backward (differentiating the gradient) is not supported"
-    )
-
-
-def _lstm_backward_setup_context(ctx, inputs, output):
-    pass
-
-
-# Without this, autograd would treat lstm_backward's outputs as constants and a second
-# backward (create_graph=True) would silently return wrong gradients.
-torch.library.register_autograd(
-    "seqkernels::lstm_backward", _lstm_backward_not_differentiable, setup_context=_lstm_backward_setup_context
-)
+forbid_double_backward("seqkernels::lstm_backward", "seqkernels.lstm")

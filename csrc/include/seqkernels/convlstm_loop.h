@@ -92,26 +92,29 @@ inline std::tuple<Tensor, Tensor, Tensor> conv_backward(const Tensor& grad_out, 
                                   g.stride, g.padding, g.dilation, false, g.output_padding, 1, mask);
 }
 
-// A contiguous [..., H, W, C] buffer viewed as the [..., C, H, W] tensor it stores.
-inline Tensor nchw_view(const Tensor& nhwc) {
-  const int64_t d = nhwc.dim();
-  std::vector<int64_t> order(d);
-  for (int64_t i = 0; i < d - 3; ++i) order[i] = i;
-  order[d - 3] = d - 1;
-  order[d - 2] = d - 3;
-  order[d - 1] = d - 2;
-  return nhwc.permute(order);
-}
-
-// The [..., C, H, W] values of t in a contiguous [..., H, W, C] buffer of dtype.
-inline Tensor to_nhwc_buffer(const Tensor& t, at::ScalarType dtype) {
+// Moves the channel dimension of a [..., C, H, W] tensor last (to_back) or back from last.
+inline Tensor move_channels(const Tensor& t, bool to_back) {
   const int64_t d = t.dim();
   std::vector<int64_t> order(d);
   for (int64_t i = 0; i < d - 3; ++i) order[i] = i;
-  order[d - 3] = d - 2;
-  order[d - 2] = d - 1;
-  order[d - 1] = d - 3;
-  return t.permute(order).to(dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  if (to_back) {  // [..., C, H, W] -> [..., H, W, C]
+    order[d - 3] = d - 2;
+    order[d - 2] = d - 1;
+    order[d - 1] = d - 3;
+  } else {  // [..., H, W, C] -> [..., C, H, W]
+    order[d - 3] = d - 1;
+    order[d - 2] = d - 3;
+    order[d - 1] = d - 2;
+  }
+  return t.permute(order);
+}
+
+// A contiguous [..., H, W, C] buffer viewed as the [..., C, H, W] tensor it stores.
+inline Tensor nchw_view(const Tensor& nhwc) { return move_channels(nhwc, false); }
+
+// The [..., C, H, W] values of t in a contiguous [..., H, W, C] buffer of dtype.
+inline Tensor to_nhwc_buffer(const Tensor& t, at::ScalarType dtype) {
+  return move_channels(t, true).to(dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
 
 template <class T>

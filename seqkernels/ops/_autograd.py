@@ -1,0 +1,25 @@
+"""Autograd plumbing shared by the ops' registrations (seqkernels/ops/<cell>.py)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
+    """Autograd hands over None for unused outputs and expanded (stride-0) gradients for
+    sums; kernels that take dense, contiguous gradients get zeros or a contiguous copy."""
+    return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+
+def forbid_double_backward(backward_op: str, label: str) -> None:
+    """Register an autograd formula for ``backward_op`` ("seqkernels::<cell>_backward") that
+    raises: without one, autograd would treat the backward op's outputs as constants and a
+    second backward (create_graph=True) would silently return wrong gradients."""
+
+    def _not_differentiable(ctx, *grads):
+        raise NotImplementedError(f"{label}: double backward (differentiating the gradient) is not supported")
+
+    def _setup_context(ctx, inputs, output):
+        pass
+
+    torch.library.register_autograd(backward_op, _not_differentiable, setup_context=_setup_context)
