@@ -111,6 +111,8 @@ setup(
     packages=find_packages(include=["seqkernels", "seqkernels.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
+    # pip install 'seqkernels[plot]': the benchmarks' --plot (benchmarks/harness.py).
+    extras_require={"plot": ["matplotlib"]},
     ext_modules=[EXTENSION],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

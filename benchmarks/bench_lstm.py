@@ -25,23 +25,20 @@ Examples:
   python benchmarks/bench_lstm.py --quick               # a smoke run (a few cells)
   python benchmarks/bench_lstm.py --batch 1 8 --hidden 256 --mode infer --markdown table.md
   python benchmarks/bench_lstm.py --device cuda --tf32 both --json bench_results/h100.json
+  python benchmarks/bench_lstm.py --quick --plot lstm.png   # also a PNG (needs matplotlib)
 
 The table goes to stdout, one progress line per cell to stderr, the records to --json
-(default bench_results/lstm_<device>.json). SEQKERNELS_LSTM_BACKEND, if set, is recorded.
+(default bench_results/lstm_<device>.json), with --plot PATH.png a figure of the speed-up
+and µs per step against B, one line per H. SEQKERNELS_LSTM_BACKEND, if set, is recorded.
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import hashlib
 import itertools
 import os
-import subprocess
 import sys
 import time
-import traceback
-
 import warnings
 
 import torch
@@ -53,13 +50,7 @@ warnings.filterwarnings("ignore", message="RNN module weights are not part of si
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-try:
-    import seqkernels  # noqa: E402
-except ImportError as exc:  # the package raises with the reason when _C is missing
-    raise SystemExit(
-        f"bench_lstm: cannot import seqkernels ({exc}).\n"
-        "Build it first: pip install --no-build-isolation --no-deps -e .  (or bash scripts/bench.sh)"
-    ) from exc
+seqkernels = harness.import_seqkernels("bench_lstm")
 
 SUITE = "lstm-small-batch"
 OURS = "seqkernels"
@@ -75,11 +66,9 @@ QUICK = {
     "cpu": {"batch": [1, 8], "hidden": [256], "dtype": ["float32"]},
     "cuda": {"batch": [1, 64], "hidden": [256], "dtype": ["float32", "bfloat16"]},
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-# Error floors for the correctness check, relative to max|reference| of each tensor.
-# The check: err(seqkernels) <= 2 * err(nn.LSTM) + floor, both against float64.
-FLOOR = {"float64": 1e-9, "float32": 1e-4, "tf32": 5e-3, "float16": 5e-3, "bfloat16": 3e-2}
+DTYPES = harness.DTYPES
+# The correctness check: err(seqkernels) <= 2 * err(nn.LSTM) + FLOOR[dtype], both against float64.
+FLOOR = harness.FLOOR
 
 
 # --------------------------------------------------------------------------------------
@@ -185,54 +174,9 @@ class Cell:
         return self._results(module, self.x.detach(), self.h0, self.c0)
 
 
-def rel_errors(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
-    """max|got - ref| / max|ref| per tensor (NaN propagates and fails the check)."""
-    errs = {}
-    for k, r in ref.items():
-        if k not in got:
-            raise AssertionError(f"missing result {k!r} (gradient not computed?)")
-        g = got[k]
-        if g.shape != r.shape:
-            raise AssertionError(f"{k}: shape {tuple(g.shape)} != reference {tuple(r.shape)}")
-        scale = r.abs().max().item()
-        errs[k] = (g - r).abs().max().item() / max(scale, 1e-30)
-    return errs
-
-
-def check(name: str, errs: dict[str, float], peer_errs: dict[str, float], floor: float) -> list[str]:
-    """Failures of ``errs`` against err <= 2 * peer_err + floor, as readable lines."""
-    bad = []
-    for k, e in errs.items():
-        bound = 2 * peer_errs[k] + floor
-        if not e <= bound:  # NaN fails
-            bad.append(f"{name} {k}: rel. error {e:.3g} > bound {bound:.3g} (nn.LSTM's {peer_errs[k]:.3g})")
-    return bad
-
-
 # --------------------------------------------------------------------------------------
 # Running the suite
 # --------------------------------------------------------------------------------------
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-        return (out.stdout.strip() or None) if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def extension_build() -> dict:
-    """Which build of seqkernels._C is measured: file, size, modification time, sha256."""
-    path = getattr(seqkernels._C, "__file__", None)
-    if not path or not os.path.exists(path):
-        return {"file": path}
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
-    return {"file": os.path.basename(path), "bytes": os.path.getsize(path),
-            "mtime_utc": mtime.isoformat(timespec="seconds"), "sha256_16": digest}
-
-
 def run_cell(args, device: torch.device, env: dict, B: int, H: int, dtype_name: str, mode: str,
              tf32: str, seed: int) -> dict:
     dtype = DTYPES[dtype_name]
@@ -270,28 +214,22 @@ def run_cell(args, device: torch.device, env: dict, B: int, H: int, dtype_name: 
     # Correctness, once, before any timing.
     floor = FLOOR["tf32" if tf32_active else dtype_name]
     ref = cell.reference()
-    peer_errs = rel_errors(cell.results(cell.peer), ref)
-    ours_errs = rel_errors(cell.results(cell.ours), ref)
-    failures = check(OURS, ours_errs, peer_errs, floor)
+    peer_errs = harness.rel_errors(cell.results(cell.peer), ref)
+    ours_errs = harness.rel_errors(cell.results(cell.ours), ref)
+    failures = harness.check(OURS, ours_errs, peer_errs, floor, PEER)
     record["rel_error"] = {OURS: ours_errs, PEER: peer_errs, "floor": floor}
 
     fns = {OURS: cell.fn(cell.ours), PEER: cell.fn(cell.peer)}
-    graphs = {}
     if cuda and mode == "infer" and not args.no_graphs:
-        for name, module in ((PEER_GRAPH, cell.peer), (OURS_GRAPH, cell.ours)):
-            try:
-                graphs[name] = harness.capture_cuda_graph(cell.infer_fn(module))
-            except Exception as exc:  # a capture failure is a finding, not a crash
-                record.setdefault("graph_errors", {})[name] = f"{type(exc).__name__}: {exc}"
-                harness.progress(f"  ! CUDA graph capture failed for {name}: {exc}")
-                torch.cuda.synchronize()
+        graphs = harness.capture_graphs({PEER_GRAPH: cell.infer_fn(cell.peer), OURS_GRAPH: cell.infer_fn(cell.ours)},
+                                        record)
         if OURS_GRAPH in graphs:
             y, (hn, cn) = graphs[OURS_GRAPH].replay()
             torch.cuda.synchronize()
             got = {"y": y.double(), "h_n": hn.double(), "c_n": cn.double()}
-            graph_errs = rel_errors(got, ref)
+            graph_errs = harness.rel_errors(got, ref)
             record["rel_error"][OURS_GRAPH] = graph_errs
-            failures += check(OURS_GRAPH, graph_errs, peer_errs, floor)
+            failures += harness.check(OURS_GRAPH, graph_errs, peer_errs, floor, PEER)
         fns.update(graphs)
     del ref
 
@@ -301,12 +239,7 @@ def run_cell(args, device: torch.device, env: dict, B: int, H: int, dtype_name: 
         return record
 
     before = cell.clear_grads if mode == "train" else None
-    other = harness.OtherLoad()
-    timings = harness.measure_interleaved(fns, device, warmup=args.warmup, iters=args.iters, before_each=before)
-    record["other_load_cores"] = other.cores()
-    record["timings"] = {k: t.summary() for k, t in timings.items()}
-    record["ms"] = {k: t.median_ms for k, t in timings.items()}
-    record["us_per_step"] = {k: t.median_ms * 1e3 / args.seq_len for k, t in timings.items()}
+    harness.time_candidates(record, fns, device, args, args.seq_len, before_each=before)
     ms = record["ms"]
     record["speedup"] = {
         f"{OURS} vs {PEER}": harness.speedup(ms.get(PEER), ms.get(OURS)),
@@ -334,16 +267,6 @@ def columns(device: str) -> list[harness.Column]:
     ms = lambda key: (lambda r: r["ms"].get(key))  # noqa: E731
     status = lambda r: r["status"].upper() if r["status"] != "ok" else None  # noqa: E731
 
-    def met(r):
-        if r["status"] != "ok":
-            return r["status"].upper()
-        text = "" if r.get("target_speedup") is None else (
-            f"≥{r['target_speedup']:g}× " + ("yes" if r["target_met"] else "**no**"))
-        other = r.get("other_load_cores")
-        if other is not None and other > 0.1:
-            text += f" (noisy: {other:.1f} other cores busy)"
-        return text
-
     cols = [
         harness.Column("B", lambda r: r["B"], "{}"),
         harness.Column("H", lambda r: r["H"], "{}"),
@@ -368,42 +291,28 @@ def columns(device: str) -> list[harness.Column]:
             harness.Column("peak MB (ours / cuDNN)",
                            lambda r: f"{r['peak_mb'][OURS]:.1f} / {r['peak_mb'][PEER]:.1f}"),
         ]
-    cols.append(harness.Column("target (vs eager)", met, align="left"))
+    cols.append(harness.Column("target (vs eager)", harness.target_text, align="left"))
     return cols
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--quick", action="store_true", help="a small subset of the grid, for smoke runs and CI")
     p.add_argument("--batch", type=int, nargs="+", help="batch sizes (replace the grid's)")
     p.add_argument("--hidden", type=int, nargs="+", help="hidden sizes (I = H) (replace the grid's)")
     p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), help="dtypes (replace the grid's)")
     p.add_argument("--mode", nargs="+", choices=["infer", "train"], default=["infer", "train"])
-    p.add_argument("--tf32", choices=["on", "off", "both"], default="on",
-                   help="GPU float32 rows: on = PyTorch defaults (cuDNN TF32 on, matmul TF32 off); "
-                        "off = both switches off for both sides; both = a row of each")
     p.add_argument("--seq-len", type=int, default=256, help="T (default 256, the suite's)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default 3 CPU, 10 GPU)")
-    p.add_argument("--iters", type=int, default=None,
-                   help=f"timed calls per candidate, >= {harness.MIN_TIMED_CALLS} (default 20 CPU, 50 GPU)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; default torch's)")
-    p.add_argument("--no-graphs", action="store_true", help="GPU: skip the CUDA-graph columns")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="records file (default bench_results/lstm_<device>.json)")
-    p.add_argument("--markdown", default=None, help="also write the table (with a heading) to this file")
-    args = p.parse_args(argv)
-    if args.iters is not None and args.iters < harness.MIN_TIMED_CALLS:
-        p.error(f"--iters must be >= {harness.MIN_TIMED_CALLS}")
-    return args
+    harness.add_common_args(p, "lstm_<device>.json", tf32_and_graphs=True)
+    return harness.parse_common(p, argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = harness.setup_device(args, "bench_lstm")
     cuda = device.type == "cuda"
-    args.commit = git_commit()
+    args.commit = harness.git_commit()
 
     grid = dict((QUICK if args.quick else GRID)[device.type])
     if args.batch:
@@ -412,17 +321,17 @@ def main(argv=None) -> int:
         grid["hidden"] = args.hidden
     if args.dtype:
         grid["dtype"] = args.dtype
-    tf32_modes = {"on": ["on"], "off": ["off"], "both": ["on", "off"]}[args.tf32]
 
     cells = []
     for dtype_name, H, B, mode in itertools.product(grid["dtype"], grid["hidden"], grid["batch"], args.mode):
-        for tf32 in (tf32_modes if cuda and dtype_name == "float32" else ["n/a"]):
+        for tf32 in (harness.TF32_ROWS[args.tf32] if cuda and dtype_name == "float32" else ["n/a"]):
             cells.append((B, H, dtype_name, mode, tf32))
 
     env = harness.environment(device)
-    env["extension"] = extension_build()
+    env["extension"] = harness.extension_build(seqkernels)
     json_path = args.json or os.path.join("bench_results", f"lstm_{device.type}.json")
-    document = {"suite": SUITE, "environment": env, "argv": sys.argv[1:], "records": []}
+    document = {"suite": SUITE, "environment": env, "argv": sys.argv[1:] if argv is None else list(argv),
+                "ours": OURS, "peer": PEER, "plot_series": ["H"], "records": []}
     harness.progress(
         f"bench_lstm: {len(cells)} cells on {env['device_name']} ({device}), torch {env['torch']}, "
         f"{env['threads']} threads, T={args.seq_len}, warm-up {args.warmup}, {args.iters} timed calls each"
@@ -437,27 +346,20 @@ def main(argv=None) -> int:
         harness.progress(f"bench_lstm: warning: other processes keep {busy:.2f} cores busy: timings will be noisy "
                          "(each cell records other_load_cores; cells above 0.1 are marked NOISY)")
 
-    failed = 0
-    t_start = time.perf_counter()
-    for i, (B, H, dtype_name, mode, tf32) in enumerate(cells):
-        label = f"B={B} H={H} {dtype_name} {mode}" + (f" tf32={tf32}" if tf32 != "n/a" else "")
-        try:
-            record = run_cell(args, device, env, B, H, dtype_name, mode, tf32, seed=args.seed + i)
-        except Exception as exc:
-            traceback.print_exc(file=sys.stderr)
-            record = {"suite": SUITE, **env, "T": args.seq_len, "B": B, "I": H, "H": H, "dtype": dtype_name,
-                      "mode": mode, "tf32": tf32, "status": "error", "error": f"{type(exc).__name__}: {exc}"}
-            if cuda:
-                torch.cuda.synchronize()
-        document["records"].append(record)
-        harness.write_json(json_path, document)
+    def label(cell):
+        B, H, dtype_name, mode, tf32 = cell
+        return f"B={B} H={H} {dtype_name} {mode}" + (f" tf32={tf32}" if tf32 != "n/a" else "")
 
-        head = f"[{i + 1}/{len(cells)}] {label}:"
-        if record["status"] != "ok":
-            failed += 1
-            bar = "!" * 78
-            harness.progress(f"{bar}\n{head} {record['status'].upper()}: {record.get('error')}\n{bar}")
-            continue
+    def run(i, cell):
+        B, H, dtype_name, mode, tf32 = cell
+        return run_cell(args, device, env, B, H, dtype_name, mode, tf32, seed=args.seed + i)
+
+    def error_record(cell):
+        B, H, dtype_name, mode, tf32 = cell
+        return {"suite": SUITE, **env, "T": args.seq_len, "B": B, "I": H, "H": H, "dtype": dtype_name,
+                "mode": mode, "tf32": tf32}
+
+    def describe(record):
         ms = record["ms"]
         parts = [f"{OURS} {ms[OURS]:.3f} ms ({record['us_per_step'][OURS]:.2f} us/step)"]
         for name in (PEER, PEER_GRAPH, OURS_GRAPH):
@@ -468,27 +370,16 @@ def main(argv=None) -> int:
         other = record.get("other_load_cores")
         if other is not None and other > 0.1:
             parts.append(f"NOISY: other processes kept {other:.2f} cores busy")
-        harness.progress(f"{head} " + " | ".join(parts))
+        return " | ".join(parts)
 
+    failed = harness.run_cells("bench_lstm", cells, run, label, error_record, describe, document, json_path, device)
     table = harness.markdown_table(document["records"], columns(device.type))
-    elapsed = time.perf_counter() - t_start
-    document["elapsed_s"] = elapsed
-    harness.write_json(json_path, document)
-    print(table)
-    harness.progress(f"bench_lstm: {len(cells) - failed}/{len(cells)} cells ok in {elapsed:.0f} s; records in {json_path}")
-    if args.markdown:
-        heading = (
-            f"LSTM small-batch suite on {env['device_name']} ({device.type}, {env['threads']} threads), "
-            f"torch {env['torch']}, {env['date']}; T={args.seq_len}, I=H, 1 layer, batch-second; "
-            f"median of {args.iters} interleaved calls after {args.warmup} warm-up."
-        )
-        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(heading + "\n\n" + table + "\n")
-    if failed:
-        harness.progress(f"bench_lstm: {failed} cell(s) FAILED (see above and {json_path})")
-        return 1
-    return 0
+    heading = (
+        f"LSTM small-batch suite on {env['device_name']} ({device.type}, {env['threads']} threads), "
+        f"torch {env['torch']}, {env['date']}; T={args.seq_len}, I=H, 1 layer, batch-second; "
+        f"median of {args.iters} interleaved calls after {args.warmup} warm-up."
+    )
+    return harness.finish("bench_lstm", args, document, json_path, table, heading, failed)
 
 
 if __name__ == "__main__":

@@ -17,24 +17,53 @@ Method (docs: /work/shared/performance.md, docs/benchmarks.md):
   by one call above what was allocated before it.
 
 Nothing here knows about LSTMs: one script per cell (``bench_<cell>.py``) builds the
-callables and the records.
+callables and the records; the harness runs the cells (``run_cells``: a progress line per
+cell with the time left, the JSON rewritten after every cell), checks correctness
+(``rel_errors``, ``check``), times them (``time_candidates``) and writes the output
+(``finish``: the markdown table, the JSON, and with ``--plot`` a PNG).
+
+Re-plotting a JSON written earlier (e.g. fetched from a GPU machine) needs no benchmark:
+
+  python benchmarks/harness.py plot bench_results/lstm_cuda.json lstm_cuda.png
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as _dt
+import hashlib
+import importlib.util
 import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+import traceback
 from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
 MIN_TIMED_CALLS = 20
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+# Error floors of the correctness checks, relative to max|reference| of each tensor:
+# err(seqkernels) <= 2 * err(peer) + floor, both against a float64 reference.
+FLOOR = {"float64": 1e-9, "float32": 1e-4, "tf32": 5e-3, "float16": 5e-3, "bfloat16": 3e-2}
+TF32_ROWS = {"on": ["on"], "off": ["off"], "both": ["on", "off"]}
+
+
+def import_seqkernels(script: str):
+    """``import seqkernels``, or exit with the reason and how to build it."""
+    try:
+        import seqkernels
+    except ImportError as exc:  # the package raises with the reason when _C is missing
+        raise SystemExit(
+            f"{script}: cannot import seqkernels ({exc}).\n"
+            "Build it first: pip install --no-build-isolation --no-deps -e .  (or bash scripts/bench.sh)"
+        ) from exc
+    return seqkernels
 
 
 # --------------------------------------------------------------------------------------
@@ -113,6 +142,28 @@ def environment(device: torch.device) -> dict:
         env["capability"] = f"{props.major}.{props.minor}"
         env["cudnn"] = torch.backends.cudnn.version()
     return env
+
+
+def git_commit() -> str | None:
+    """The short commit hash of the checkout the benchmarks run from (None outside git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def extension_build(seqkernels) -> dict:
+    """Which build of seqkernels._C is measured: file, size, modification time, sha256."""
+    path = getattr(seqkernels._C, "__file__", None)
+    if not path or not os.path.exists(path):
+        return {"file": path}
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    mtime = _dt.datetime.fromtimestamp(os.path.getmtime(path), _dt.timezone.utc)
+    return {"file": os.path.basename(path), "bytes": os.path.getsize(path),
+            "mtime_utc": mtime.isoformat(timespec="seconds"), "sha256_16": digest}
 
 
 def load_average() -> list[float] | None:
@@ -246,6 +297,45 @@ def measure_interleaved(
     return {name: Timing(s) for name, s in samples.items()}
 
 
+def time_candidates(record: dict, fns: Mapping[str, Callable[[], object]], device: torch.device, args,
+                    steps: int, before_each: Callable[[], None] | None = None) -> dict[str, Timing]:
+    """``measure_interleaved`` with ``args.warmup`` / ``args.iters``; fills the record's
+    ``other_load_cores``, ``timings``, ``ms`` (medians) and ``us_per_step`` (ms over ``steps``)."""
+    other = OtherLoad()
+    timings = measure_interleaved(fns, device, warmup=args.warmup, iters=args.iters, before_each=before_each)
+    record["other_load_cores"] = other.cores()
+    record["timings"] = {k: t.summary() for k, t in timings.items()}
+    record["ms"] = {k: t.median_ms for k, t in timings.items()}
+    record["us_per_step"] = {k: v * 1e3 / steps for k, v in record["ms"].items()}
+    return timings
+
+
+# --------------------------------------------------------------------------------------
+# Correctness before timing
+# --------------------------------------------------------------------------------------
+def rel_errors(got: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """max|got - ref| / max|ref| per tensor (NaN propagates and fails the check)."""
+    errs = {}
+    for k, r in ref.items():
+        if k not in got:
+            raise AssertionError(f"missing result {k!r} (gradient not computed?)")
+        if got[k].shape != r.shape:
+            raise AssertionError(f"{k}: shape {tuple(got[k].shape)} != reference {tuple(r.shape)}")
+        errs[k] = (got[k] - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+    return errs
+
+
+def check(name: str, errs: Mapping[str, float], peer_errs: Mapping[str, float], floor: float,
+          peer: str = "the peer") -> list[str]:
+    """Failures of ``errs`` against err <= 2 * peer_err + floor, as readable lines."""
+    bad = []
+    for k, e in errs.items():
+        bound = 2 * peer_errs[k] + floor
+        if not e <= bound:  # NaN fails
+            bad.append(f"{name} {k}: rel. error {e:.3g} > bound {bound:.3g} ({peer}'s {peer_errs[k]:.3g})")
+    return bad
+
+
 # --------------------------------------------------------------------------------------
 # CUDA graphs and memory
 # --------------------------------------------------------------------------------------
@@ -284,6 +374,20 @@ def capture_cuda_graph(fn: Callable[[], object], *, warmup: int = 3, no_grad: bo
         output = fn()
     torch.cuda.synchronize()
     return CapturedGraph(graph, output, pool)
+
+
+def capture_graphs(fns: Mapping[str, Callable[[], object]], record: dict) -> dict[str, CapturedGraph]:
+    """Captures each inference callable into a CUDA graph; a capture that fails is recorded
+    under ``record["graph_errors"]`` and reported (a finding, not a crash)."""
+    graphs = {}
+    for name, fn in fns.items():
+        try:
+            graphs[name] = capture_cuda_graph(fn)
+        except Exception as exc:
+            record.setdefault("graph_errors", {})[name] = f"{type(exc).__name__}: {exc}"
+            progress(f"  ! CUDA graph capture failed for {name}: {exc}")
+            torch.cuda.synchronize()
+    return graphs
 
 
 def peak_memory_bytes(fn: Callable[[], object], device: torch.device, before: Callable[[], None] | None = None) -> int | None:
@@ -373,3 +477,241 @@ def setup_device(args, suite: str) -> "torch.device":
     args.warmup = args.warmup if args.warmup is not None else (10 if cuda else 3)
     args.iters = args.iters if args.iters is not None else (50 if cuda else 20)
     return device
+
+
+# --------------------------------------------------------------------------------------
+# The command line every suite shares, the loop over cells, the output
+# --------------------------------------------------------------------------------------
+PLOT_EXTRA = "matplotlib"
+
+
+def add_common_args(p: argparse.ArgumentParser, json_default: str, *, tf32_and_graphs: bool = False) -> None:
+    """The options of every bench script: device, warm-up and timed calls, threads, seed,
+    output files; with ``tf32_and_graphs`` also --tf32 and --no-graphs (GPU suites)."""
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    if tf32_and_graphs:
+        p.add_argument("--tf32", choices=["on", "off", "both"], default="on",
+                       help="GPU float32 rows: on = PyTorch defaults (cuDNN TF32 on, matmul TF32 off); "
+                            "off = both switches off for both sides; both = a row of each")
+        p.add_argument("--no-graphs", action="store_true", help="GPU: skip the CUDA-graph columns")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default 3 CPU, 10 GPU)")
+    p.add_argument("--iters", type=int, default=None,
+                   help=f"timed calls per candidate, >= {MIN_TIMED_CALLS} (default 20 CPU, 50 GPU)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; default torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help=f"records file (default bench_results/{json_default})")
+    p.add_argument("--markdown", default=None, help="also write the table (with a heading) to this file")
+    p.add_argument("--plot", default=None, metavar="PATH.png",
+                   help="also plot the run: speed-up over the peer and µs per step against batch size, "
+                        f"one line per size (needs {PLOT_EXTRA}: pip install {PLOT_EXTRA})")
+
+
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def parse_common(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """``p.parse_args(argv)`` plus the checks of the common options, made before anything
+    runs: --iters large enough, matplotlib importable when --plot is given."""
+    args = p.parse_args(argv)
+    if args.iters is not None and args.iters < MIN_TIMED_CALLS:
+        p.error(f"--iters must be >= {MIN_TIMED_CALLS}")
+    if args.plot is not None and not have_matplotlib():
+        p.error(f"--plot needs matplotlib, which is not installed: pip install {PLOT_EXTRA} "
+                "(or pip install 'seqkernels[plot]')")
+    return args
+
+
+def target_text(r: dict) -> str:
+    """The target column: "≥2× yes" / "≥2× **no**" (and ", memory yes/no" where measured),
+    marked noisy when other processes kept more than 0.1 cores busy; the status if not ok."""
+    if r["status"] != "ok":
+        return r["status"].upper()
+    text = "" if r.get("target_speedup") is None else (
+        f"≥{r['target_speedup']:g}× " + ("yes" if r["target_met"] else "**no**"))
+    if r.get("memory_met") is not None:
+        text += ", memory " + ("yes" if r["memory_met"] else "**no**")
+    other = r.get("other_load_cores")
+    if other is not None and other > 0.1:
+        text += f" (noisy: {other:.1f} other cores busy)"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds} s"
+
+
+def run_cells(script: str, cells: Sequence, run: Callable[[int, object], dict], label: Callable[[object], str],
+              error_record: Callable[[object], dict], describe: Callable[[dict], str], document: dict,
+              json_path: str, device: torch.device) -> int:
+    """Runs ``run(i, cell)`` for every cell and appends its record to ``document["records"]``,
+    rewriting ``json_path`` after each (a crash mid-run keeps the cells done). An exception is
+    reported with its traceback and recorded as ``error_record(cell)`` with status "error".
+    One progress line per cell on stderr: ``[i/n, ~time left] label: describe(record)``, or a
+    loud block for a cell that is not ok. Sets ``document["elapsed_s"]``; returns the number
+    of cells that failed."""
+    failed = 0
+    t_start = time.perf_counter()
+    n = len(cells)
+    for i, cell in enumerate(cells):
+        try:
+            record = run(i, cell)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            record = {**error_record(cell), "status": "error", "error": f"{type(exc).__name__}: {exc}"}
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        document["records"].append(record)
+        write_json(json_path, document)
+        elapsed = time.perf_counter() - t_start
+        remaining = elapsed / (i + 1) * (n - i - 1)
+        left = f", ~{_duration(remaining)} left" if remaining >= 1 else ""
+        head = f"[{i + 1}/{n}{left}] {label(cell)}:"
+        if record["status"] != "ok":
+            failed += 1
+            progress(f"{'!' * 78}\n{head} {record['status'].upper()}: {record.get('error')}\n{'!' * 78}")
+            continue
+        progress(f"{head} {describe(record)}")
+    document["elapsed_s"] = time.perf_counter() - t_start
+    return failed
+
+
+def finish(script: str, args, document: dict, json_path: str, table: str, heading: str, failed: int,
+           notes: Sequence[str] = ()) -> int:
+    """The end of a run: the JSON (with the elapsed time), the table on stdout (then
+    ``notes``), a summary line, the markdown file (--markdown) and the plot (--plot).
+    Returns the exit status: 1 if any cell failed."""
+    write_json(json_path, document)
+    print(table)
+    for note in notes:
+        print("\n" + note)
+    n = len(document["records"])
+    progress(f"{script}: {n - failed}/{n} cells ok in {document['elapsed_s']:.0f} s; records in {json_path}")
+    if args.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(heading + "\n\n" + table + "\n")
+    if args.plot:
+        if any(r.get("status") == "ok" for r in document["records"]):
+            plot_document(document, args.plot)
+            progress(f"{script}: plot in {args.plot}")
+        else:
+            progress(f"{script}: no cell ran to the end: no plot written")
+    if failed:
+        progress(f"{script}: {failed} cell(s) FAILED (see above and {json_path})")
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# Plots (matplotlib, optional: pip install matplotlib)
+# --------------------------------------------------------------------------------------
+# The size dimensions that make one line of a plot, per suite (x is always the batch B); a
+# document names its own in "plot_series", this is the fallback for older files.
+PLOT_SERIES = {"lstm-small-batch": ["H"], "convrnn": ["T", "C", "N", "K"], "convlstm": ["T", "Ci", "C", "H", "W", "K"]}
+_MODE_STYLE = {"infer": "-", "train": "--"}
+_DTYPE_MARKER = {"float32": "o", "bfloat16": "s", "float16": "^", "float64": "D"}
+
+
+def _first_speedup(r: dict) -> float | None:
+    """The speed-up over the eager peer: a number, or the first entry of the dict."""
+    s = r.get("speedup")
+    if isinstance(s, dict):
+        return next(iter(s.values()), None)
+    return s
+
+
+def plot_records(records: Sequence[dict], path: str, *, series: Sequence[str], title: str,
+                 ours: str = "seqkernels", peer: str = "the peer") -> None:
+    """Writes a PNG of two panels against batch size B (log x): the speed-up over the peer,
+    and seqkernels' µs per time step. One colour per value of ``series`` (the size fields
+    that make a line, e.g. ["H"]), the line style per mode (infer solid, train dashed), the
+    marker per dtype (hollow: TF32 off). Records whose status is not "ok" are left out."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    ok = [r for r in records if r.get("status") == "ok"]
+    if not ok:
+        raise ValueError("no record with status 'ok' to plot")
+
+    def size_key(r):
+        return tuple(r.get(k) for k in series)
+
+    def style_key(r):
+        return (r.get("mode", "?"), r.get("dtype", "?"), r.get("tf32") if r.get("tf32") in ("on", "off") else None)
+
+    sizes = sorted({size_key(r) for r in ok}, key=lambda k: tuple((v is None, v) for v in k))
+    styles = sorted({style_key(r) for r in ok}, key=lambda k: tuple(str(v) for v in k))
+    fig = Figure(figsize=(13, 5.2), layout="constrained")
+    ax_s, ax_t = fig.subplots(1, 2)
+    colours = [f"C{i % 10}" for i in range(len(sizes))]
+    batches = sorted({r["B"] for r in ok})
+    for ci, size in enumerate(sizes):
+        for mode, dtype, tf32 in styles:
+            rows = sorted((r for r in ok if size_key(r) == size and style_key(r) == (mode, dtype, tf32)),
+                          key=lambda r: r["B"])
+            if not rows:
+                continue
+            name = ", ".join(f"{k}={v}" for k, v in zip(series, size))
+            label = f"{name} {mode} {dtype}" + (f" TF32 {tf32}" if tf32 else "")
+            style = dict(color=colours[ci], linestyle=_MODE_STYLE.get(mode, ":"),
+                         marker=_DTYPE_MARKER.get(dtype, "x"), fillstyle="none" if tf32 == "off" else "full")
+            xs = [r["B"] for r in rows]
+            ax_s.plot(xs, [_first_speedup(r) or float("nan") for r in rows], label=label, **style)
+            ax_t.plot(xs, [r["us_per_step"].get(ours, float("nan")) for r in rows], label=label, **style)
+    ax_s.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax_s.set_ylabel(f"speed-up over {peer} (×, higher is better)")
+    ax_t.set_ylabel(f"{ours} µs per step (lower is better)")
+    speedups = [s for s in map(_first_speedup, ok) if s]
+    log_axes = [ax_t] + ([ax_s] if speedups and max(speedups) > 20 * min(speedups) else [])
+    for ax in log_axes:  # plain numbers on log axes: 1, 2, 5, 10, 20, 50, ...
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
+    for ax in (ax_s, ax_t):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.xaxis.set_minor_locator(NullLocator())  # only the measured batch sizes are ticked
+        ax.set_xlabel("batch size B")
+        ax.grid(True, which="major", alpha=0.3)
+    ax_s.legend(fontsize="small")
+    fig.suptitle(title)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def plot_document(document: dict, path: str) -> None:
+    """``plot_records`` for a document as the bench scripts write it (their --json)."""
+    env = document.get("environment", {})
+    suite = document.get("suite", "benchmark")
+    series = document.get("plot_series") or PLOT_SERIES.get(suite) or ["H"]
+    title = (f"{suite}: {env.get('device_name', '?')} ({env.get('device', '?')}), torch {env.get('torch', '?')}, "
+             f"{env.get('date', '')}")
+    plot_records(document["records"], path, series=series, title=title,
+                 ours=document.get("ours", "seqkernels"), peer=document.get("peer", "the peer"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Benchmark harness tools.")
+    sub = p.add_subparsers(dest="command", required=True)
+    pp = sub.add_parser("plot", help="plot a JSON written by a bench script (--json) to a PNG")
+    pp.add_argument("json", help="the records file (bench_results/<suite>_<device>.json)")
+    pp.add_argument("png", help="the image to write")
+    args = p.parse_args(argv)
+    if not have_matplotlib():
+        p.error(f"plot needs matplotlib, which is not installed: pip install {PLOT_EXTRA}")
+    with open(args.json, encoding="utf-8") as f:
+        document = json.load(f)
+    try:
+        plot_document(document, args.png)
+    except ValueError as exc:
+        raise SystemExit(f"harness plot: {args.json}: {exc}") from exc
+    progress(f"harness plot: {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

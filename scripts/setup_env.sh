@@ -4,7 +4,7 @@
 # packages the caller names, then builds seqkernels in place against that torch, without
 # build isolation and without dependency resolution. Idempotent. Messages go to stderr.
 #
-#   SETUP_NAME=test.sh; source scripts/setup_env.sh; setup_seqkernels pytest hypothesis ninja numpy
+#   SETUP_NAME=test.sh; source scripts/setup_env.sh; setup_seqkernels pytest hypothesis ninja numpy matplotlib
 #
 # Environment: PYTHON (default python3), SEQKERNELS_TORCH_VERSION (default 2.13.0), and the
 # build's SEQKERNELS_CUDA / DEBUG / TORCH_CUDA_ARCH_LIST / MAX_JOBS (see README.md).

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 import seqkernels
 from seqkernels import ConvLSTM, convlstm
 from seqkernels.reference import convlstm_module_reference, convlstm_reference
+from _helpers import check_cuda_graph_replays
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 1e-5)}  # (rtol, atol per unit magnitude)
@@ -714,45 +715,8 @@ def test_cuda_graph_forward_and_training_step(dtype):
         torch.manual_seed(3)
         T, B, Ci, C, H, W = 5, 3, 4, 8, 12, 10
         model = ConvLSTM(Ci, C, (3, 5), num_layers=2, peephole=True, spatial_size=(H, W)).to("cuda", dtype)
-        twin = copy.deepcopy(model)
         static_x = torch.randn(T, B, Ci, H, W, device="cuda", dtype=dtype)
-
-        # Warm up on a side stream (lazy initialisation stays out of the capture).
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                with torch.no_grad():
-                    model(static_x)
-                y, _ = model(static_x)
-                y.float().square().mean().backward()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-
-        g_inf = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g_inf), torch.no_grad():
-            inf_out, (inf_h, inf_c) = model(static_x)
-        model.zero_grad(set_to_none=True)
-        g_train = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g_train):
-            y, _ = model(static_x)
-            y.float().square().mean().backward()
-        tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
-        for trial in range(2):
-            static_x.copy_(torch.randn(T, B, Ci, H, W, device="cuda", dtype=dtype))
-            g_inf.replay()
-            g_train.replay()
-            torch.cuda.synchronize()
-            with torch.no_grad():
-                e_out, (e_h, e_c) = twin(static_x)
-            torch.testing.assert_close(inf_out, e_out, **tol)
-            torch.testing.assert_close(inf_h, e_h, **tol)
-            torch.testing.assert_close(inf_c, e_c, **tol)
-            twin.zero_grad(set_to_none=True)
-            ey, _ = twin(static_x)
-            ey.float().square().mean().backward()
-            for (name, p), q in zip(model.named_parameters(), twin.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"grad {name} trial {trial}: {m}")
+        check_cuda_graph_replays(model, static_x)
     finally:
         matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 

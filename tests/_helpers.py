@@ -1,0 +1,52 @@
+"""Test helpers shared by several test modules (import as ``from _helpers import ...``:
+pytest puts this directory on sys.path, as it does for conftest.py)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def check_cuda_graph_replays(model: torch.nn.Module, static_x: torch.Tensor) -> None:
+    """Captures inference and a training step (forward + backward of the mean square of the
+    output) of ``model`` on ``static_x`` in two CUDA graphs, after a warm-up on a side stream
+    (lazy initialisation stays out of the capture); then, twice, copies fresh data into
+    ``static_x``, replays both and checks outputs, final states and every parameter gradient
+    against eager calls of an identical copy of the model. ``model(x)`` returns
+    ``(y, (h, c))``."""
+    twin = copy.deepcopy(model)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            with torch.no_grad():
+                model(static_x)
+            y, _ = model(static_x)
+            y.float().square().mean().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    g_inf = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g_inf), torch.no_grad():
+        inf_out, (inf_h, inf_c) = model(static_x)
+    model.zero_grad(set_to_none=True)
+    g_train = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g_train):
+        y, _ = model(static_x)
+        y.float().square().mean().backward()
+    tol = dict(rtol=2e-2, atol=2e-2) if static_x.dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
+    for trial in range(2):
+        static_x.copy_(torch.randn_like(static_x))
+        g_inf.replay()
+        g_train.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            e_out, (e_h, e_c) = twin(static_x)
+        torch.testing.assert_close(inf_out, e_out, **tol)
+        torch.testing.assert_close(inf_h, e_h, **tol)
+        torch.testing.assert_close(inf_c, e_c, **tol)
+        twin.zero_grad(set_to_none=True)
+        ey, _ = twin(static_x)
+        ey.float().square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"grad {name} trial {trial}: {m}")

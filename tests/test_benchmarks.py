@@ -1,0 +1,94 @@
+"""The benchmark harness's output: the plot of a run (--plot), and a bench script run end to
+end on the CPU (tiny shapes). Never asserts a timing: benchmarks are not tests."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import harness  # noqa: E402
+
+if os.environ.get("CI"):
+    import matplotlib  # noqa: F401  scripts/test.sh installs it: in CI these tests must run
+else:
+    pytest.importorskip("matplotlib")  # an optional extra (pip install matplotlib)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def lstm_records() -> list[dict]:
+    """Records as bench_lstm.py writes them (only the fields the plot reads, plus a failure)."""
+    records = []
+    for H in (256, 512):
+        for B in (1, 8, 64):
+            for mode in ("infer", "train"):
+                for dtype, tf32 in (("float32", "on"), ("float32", "off"), ("bfloat16", "n/a")):
+                    records.append({
+                        "suite": "lstm-small-batch", "B": B, "H": H, "I": H, "T": 256, "dtype": dtype, "mode": mode,
+                        "tf32": tf32, "status": "ok",
+                        "ms": {"seqkernels": 1.0 + B / 64, "nn.LSTM": 2.0},
+                        "us_per_step": {"seqkernels": (1.0 + B / 64) * 1e3 / 256, "nn.LSTM": 2e3 / 256},
+                        "speedup": {"seqkernels vs nn.LSTM": 2.0 / (1.0 + B / 64), "seqkernels vs nn.LSTM graph": 1.1},
+                    })
+    records.append({"suite": "lstm-small-batch", "B": 8, "H": 256, "dtype": "float32", "mode": "infer",
+                    "status": "error", "error": "RuntimeError: boom"})
+    return records
+
+
+def test_plot_records_writes_a_png(tmp_path):
+    path = tmp_path / "sub" / "lstm.png"
+    harness.plot_records(lstm_records(), str(path), series=["H"], title="lstm-small-batch: test", peer="nn.LSTM")
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def test_plot_subcommand_replots_a_json(tmp_path):
+    document = {"suite": "lstm-small-batch", "environment": {"device": "cpu", "device_name": "test CPU",
+                                                             "torch": "2.13.0", "date": "2026-11-21"},
+                "records": lstm_records()}
+    # A scalar speed-up (as bench_convrnn.py records it) plots as well.
+    document["records"][0]["speedup"] = 1.5
+    src = tmp_path / "lstm_cpu.json"
+    src.write_text(json.dumps(document))
+    out = tmp_path / "replot.png"
+    assert harness.main(["plot", str(src), str(out)]) == 0
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_without_a_successful_record_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="status 'ok'"):
+        harness.plot_records(lstm_records()[-1:], str(tmp_path / "x.png"), series=["H"], title="t")
+
+
+def test_plot_flag_needs_matplotlib(monkeypatch, capsys):
+    """Without matplotlib, --plot fails while parsing the arguments, before any benchmark."""
+    monkeypatch.setattr(harness, "have_matplotlib", lambda: False)
+    import argparse
+
+    p = argparse.ArgumentParser()
+    harness.add_common_args(p, "x.json")
+    with pytest.raises(SystemExit) as exc:
+        harness.parse_common(p, ["--plot", "out.png"])
+    assert exc.value.code == 2
+    assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_bench_convlstm_quick_end_to_end(tmp_path):
+    """The smoke run of a bench script: table on stdout, records in the JSON, the PNG."""
+    js, png, md = tmp_path / "convlstm.json", tmp_path / "convlstm.png", tmp_path / "table.md"
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_convlstm.py"), "--quick", "--device", "cpu",
+                          "--json", str(js), "--plot", str(png), "--markdown", str(md)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr  # non-zero only for a cell that failed (a missed target is not)
+    document = json.loads(js.read_text())
+    assert document["suite"] == "convlstm" and len(document["records"]) == 4
+    assert all(r["status"] == "ok" for r in document["records"]), out.stderr
+    assert "| B, T, Ci, C, H×W, K |" in out.stdout and "[4/4]" in out.stderr
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    assert md.read_text().startswith("ConvLSTM suite on")

@@ -1,0 +1,85 @@
+"""`python -m seqkernels`: the configuration report and the LSTM loop choice per shape."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from seqkernels._config import lstm_loop_choice, ops
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SEQKERNELS_LSTM_BACKEND"}  # auto
+    return subprocess.run([sys.executable, "-m", "seqkernels", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def test_ops_listed_from_the_dispatcher():
+    names = ops()
+    for cell in ("lstm", "convrnn", "convlstm"):
+        assert f"{cell}_forward" in names and f"{cell}_backward" in names, names
+        assert names.index(f"{cell}_forward") < names.index(f"{cell}_backward")
+
+
+def test_report_lists_every_op():
+    out = run_cli()
+    assert out.returncode == 0, out.stderr
+    for op in ops():
+        assert f"  {op}: (True," in out.stdout, out.stdout  # registered on the CPU
+
+
+@pytest.mark.parametrize("batch,dtype,proj,loop", [
+    (32, torch.float32, 0, "persistent"),
+    (33, torch.float32, 0, "gemm"),
+    (1, torch.float64, 0, "gemm"),
+    (1, torch.float32, 8, "gemm"),
+])
+def test_cpu_choice_mirrors_use_persistent_loop(monkeypatch, batch, dtype, proj, loop):
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    choice = lstm_loop_choice(batch, 256, dtype, proj, "cpu")
+    assert choice["forward"][0] == choice["backward"][0] == loop
+
+
+def test_cpu_choice_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    assert lstm_loop_choice(64, 256)["forward"][0] == "persistent"
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    assert lstm_loop_choice(1, 256)["forward"][0] == "gemm"
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fast")
+    with pytest.raises(ValueError, match="SEQKERNELS_LSTM_BACKEND"):
+        lstm_loop_choice(1, 256)
+
+
+@pytest.mark.parametrize("batch,hidden,dtype,forward,backward", [
+    (16, 1024, torch.float32, "persistent", "cublas"),   # 64 KiB state
+    (32, 256, torch.float32, "persistent", "persistent"),  # 32 KiB
+    (64, 512, torch.bfloat16, "persistent", "cublas"),  # 64 KiB
+    (64, 512, torch.float32, "cublas", "cublas"),  # 128 KiB
+    (65, 8, torch.float32, "cublas", "cublas"),  # beyond the kernel's B <= 64
+])
+def test_cuda_choice_mirrors_the_state_size_rule(monkeypatch, batch, hidden, dtype, forward, backward):
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    choice = lstm_loop_choice(batch, hidden, dtype, 0, "cuda")
+    assert (choice["forward"][0], choice["backward"][0]) == (forward, backward)
+    if forward == "persistent":
+        assert "occupancy check at launch" in choice["forward"][1]
+    assert lstm_loop_choice(batch, hidden, dtype, 4, "cuda")["forward"][0] == "cublas"  # projection
+
+
+def test_cli_prints_the_choice_and_why():
+    out = run_cli("--batch", "16", "--hidden", "512", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "LSTM time loop for B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
+    assert "forward: persistent (auto: float32, no projection, B = 16 <= 32)" in out.stdout
+    out = run_cli("--batch", "64", "--hidden", "256", "--device", "cuda")
+    assert out.returncode == 0, out.stderr
+    assert "forward: persistent" in out.stdout and "backward (training): cublas" in out.stdout
+    assert "64 KiB > 32 KiB" in out.stdout
+
+
+def test_cli_rejects_half_a_shape():
+    out = run_cli("--batch", "4")
+    assert out.returncode == 2 and "--batch and --hidden go together" in out.stderr
