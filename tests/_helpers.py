@@ -50,3 +50,37 @@ def check_cuda_graph_replays(model: torch.nn.Module, static_x: torch.Tensor) -> 
         ey.float().square().mean().backward()
         for (name, p), q in zip(model.named_parameters(), twin.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"grad {name} trial {trial}: {m}")
+
+
+def _max_abs(t: torch.Tensor) -> float:
+    return t.detach().double().abs().max().item() if t.numel() else 0.0
+
+
+def assert_low_precision_close(actual: dict, ref64: dict, baseline: dict, dtype: torch.dtype, what: str, *,
+                               sums: dict, small_tensor: int, ulps: float, sum_ulps: float) -> None:
+    """flash-attention's rule for bf16/fp16 results: every entry's max error against the
+    float64 reference is at most twice the error of the same computation run by the
+    reference in ``dtype`` (``baseline``), plus eps = ``ulps`` units of ``dtype`` at the
+    entry's magnitude (+1e-6). For tensors under ``small_tensor`` elements the baseline error
+    is at least the baseline's largest error over all entries (a handful of elements is a
+    small sample of the error); for reduced gradients (keys of ``sums``: the sum of their
+    terms' magnitudes) eps is at least ``sum_ulps`` units of that sum."""
+    assert baseline is not None and baseline.keys() == ref64.keys()
+    unit = torch.finfo(dtype).eps
+    pooled = max(_max_abs(baseline[k].double() - ref64[k]) for k in ref64)
+    for key, ref in ref64.items():
+        got = actual[key]
+        assert got.shape == ref.shape, f"{what}: {key}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+        assert got.dtype == dtype, f"{what}: {key}: dtype {got.dtype} != {dtype}"
+        assert torch.isfinite(got).all(), f"{what}: {key}: non-finite values"
+        err = _max_abs(got.double() - ref)
+        err_base = _max_abs(baseline[key].double() - ref)
+        if ref.numel() < small_tensor:
+            err_base = max(err_base, pooled)
+        eps = ulps * unit * _max_abs(ref) + 1e-6
+        if key in sums:
+            eps = max(eps, sum_ulps * unit * sums[key])
+        assert err <= 2 * err_base + eps, (
+            f"{what}: {key} ({dtype}): max error {err:.3g} vs float64 reference exceeds 2 * {err_base:.3g} "
+            f"(the low-precision reference's error) + {eps:.3g}"
+        )

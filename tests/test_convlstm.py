@@ -31,7 +31,7 @@ from torch import Tensor, nn
 import seqkernels
 from seqkernels import ConvLSTM, convlstm
 from seqkernels.reference import convlstm_module_reference, convlstm_reference
-from _helpers import check_cuda_graph_replays
+from _helpers import assert_low_precision_close, check_cuda_graph_replays
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 1e-5)}  # (rtol, atol per unit magnitude)
@@ -81,26 +81,8 @@ def compare(actual: dict, ref64: dict, dtype: torch.dtype, what: str, baseline: 
         for key in ref64:
             assert_close(actual[key], ref64[key], dtype, f"{what}: {key}")
         return
-    assert baseline is not None and baseline.keys() == ref64.keys()
-    pooled = max(_max_abs(baseline[k].double() - ref64[k]) for k in ref64)
-    sums = sums or {}
-    for key, ref in ref64.items():
-        got = actual[key]
-        assert got.shape == ref.shape, f"{what}: {key}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-        assert got.dtype == dtype, f"{what}: {key}: dtype {got.dtype} != {dtype}"
-        assert torch.isfinite(got).all(), f"{what}: {key}: non-finite values"
-        err = _max_abs(got.double() - ref)
-        err_base = _max_abs(baseline[key].double() - ref)
-        if ref.numel() < SMALL_TENSOR:
-            err_base = max(err_base, pooled)
-        eps = torch.finfo(dtype).eps * _max_abs(ref) + 1e-6
-        if key in sums:
-            # One rounding (unit roundoff eps / 2) per term: the worst case of the sum.
-            eps = max(eps, 0.5 * torch.finfo(dtype).eps * sums[key])
-        assert err <= 2 * err_base + eps, (
-            f"{what}: {key} ({dtype}): max error {err:.3g} vs float64 reference exceeds 2 * {err_base:.3g} "
-            f"(the low-precision reference's error) + {eps:.3g}"
-        )
+    assert_low_precision_close(actual, ref64, baseline, dtype, what, sums=sums or {}, small_tensor=SMALL_TENSOR,
+                               ulps=1, sum_ulps=0.5)
 
 
 def reduction_sums(layers: list[dict], x: Tensor, hx: tuple[Tensor, Tensor] | None, upstream: dict) -> dict:

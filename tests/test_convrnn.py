@@ -23,6 +23,8 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
+from _helpers import assert_low_precision_close
+
 import seqkernels
 from seqkernels import ConvRNN, convrnn, convrnn_forward
 from seqkernels.reference import convrnn_reference, convrnn_template_reference
@@ -81,25 +83,8 @@ def compare(
         for key in ref64:
             assert_close(actual[key], ref64[key], dtype, f"{what}: {key}")
         return
-    assert baseline is not None
-    pooled = max(_max_abs(baseline[k].double() - ref64[k]) for k in ref64)
-    sums = reduction_scales(ref64, h0)
-    for key, ref in ref64.items():
-        got = actual[key]
-        assert got.shape == ref.shape, f"{what}: {key}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-        assert got.dtype == dtype, f"{what}: {key}: dtype {got.dtype} != {dtype}"
-        assert torch.isfinite(got).all(), f"{what}: {key}: non-finite values"
-        err = _max_abs(got.double() - ref)
-        err_base = _max_abs(baseline[key].double() - ref)
-        if ref.numel() < SMALL_TENSOR:
-            err_base = max(err_base, pooled)
-        eps = 2 * torch.finfo(dtype).eps * _max_abs(ref) + 1e-6
-        if key in sums:
-            eps = max(eps, torch.finfo(dtype).eps * sums[key])
-        assert err <= 2 * err_base + eps, (
-            f"{what}: {key} ({dtype}): max error {err:.3g} vs float64 reference exceeds 2 * {err_base:.3g} "
-            f"(the low-precision reference's error) + {eps:.3g}"
-        )
+    assert_low_precision_close(actual, ref64, baseline, dtype, what, sums=reduction_scales(ref64, h0),
+                               small_tensor=SMALL_TENSOR, ulps=2, sum_ulps=1)
 
 
 def make_tensors(B, T, C, N, K, bias, with_h0, device, dtype=torch.float64, w_scale=1.0) -> dict:
