@@ -52,7 +52,8 @@ def check_cuda_graph_replays(model: torch.nn.Module, static_x: torch.Tensor) -> 
             torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"grad {name} trial {trial}: {m}")
 
 
-def _max_abs(t: torch.Tensor) -> float:
+def max_abs(t: torch.Tensor) -> float:
+    """max |t| in float64 (0 for an empty tensor)."""
     return t.detach().double().abs().max().item() if t.numel() else 0.0
 
 
@@ -67,17 +68,17 @@ def assert_low_precision_close(actual: dict, ref64: dict, baseline: dict, dtype:
     terms' magnitudes) eps is at least ``sum_ulps`` units of that sum."""
     assert baseline is not None and baseline.keys() == ref64.keys()
     unit = torch.finfo(dtype).eps
-    pooled = max(_max_abs(baseline[k].double() - ref64[k]) for k in ref64)
+    pooled = max(max_abs(baseline[k].double() - ref64[k]) for k in ref64)
     for key, ref in ref64.items():
         got = actual[key]
         assert got.shape == ref.shape, f"{what}: {key}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
         assert got.dtype == dtype, f"{what}: {key}: dtype {got.dtype} != {dtype}"
         assert torch.isfinite(got).all(), f"{what}: {key}: non-finite values"
-        err = _max_abs(got.double() - ref)
-        err_base = _max_abs(baseline[key].double() - ref)
+        err = max_abs(got.double() - ref)
+        err_base = max_abs(baseline[key].double() - ref)
         if ref.numel() < small_tensor:
             err_base = max(err_base, pooled)
-        eps = ulps * unit * _max_abs(ref) + 1e-6
+        eps = ulps * unit * max_abs(ref) + 1e-6
         if key in sums:
             eps = max(eps, sum_ulps * unit * sums[key])
         assert err <= 2 * err_base + eps, (

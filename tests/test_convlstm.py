@@ -31,7 +31,7 @@ from torch import Tensor, nn
 import seqkernels
 from seqkernels import ConvLSTM, convlstm
 from seqkernels.reference import convlstm_module_reference, convlstm_reference
-from _helpers import assert_low_precision_close, check_cuda_graph_replays
+from _helpers import assert_low_precision_close, check_cuda_graph_replays, max_abs
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 1e-5)}  # (rtol, atol per unit magnitude)
@@ -51,10 +51,6 @@ def dtypes_on(device: str) -> list[torch.dtype]:
 # --------------------------------------------------------------------------------------
 # Comparison helpers
 # --------------------------------------------------------------------------------------
-def _max_abs(t: Tensor) -> float:
-    return t.detach().double().abs().max().item() if t.numel() else 0.0
-
-
 def assert_close(actual: Tensor, expected: Tensor, dtype: torch.dtype, name: str) -> None:
     """|actual - expected| <= rtol * |expected| + atol * max(1, max|expected|), per dtype."""
     assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
@@ -63,7 +59,7 @@ def assert_close(actual: Tensor, expected: Tensor, dtype: torch.dtype, name: str
         actual.detach().double(),
         expected.detach().double(),
         rtol=rtol,
-        atol=atol * max(1.0, _max_abs(expected)),
+        atol=atol * max(1.0, max_abs(expected)),
         msg=lambda m: f"{name} ({dtype}): {m}",
     )
 

@@ -23,7 +23,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from _helpers import assert_low_precision_close
+from _helpers import assert_low_precision_close, max_abs
 
 import seqkernels
 from seqkernels import ConvRNN, convrnn, convrnn_forward
@@ -43,10 +43,6 @@ ACT = {"tanh": 0, "relu": 1}
 # --------------------------------------------------------------------------------------
 # Comparison helpers
 # --------------------------------------------------------------------------------------
-def _max_abs(t: Tensor) -> float:
-    return t.detach().double().abs().max().item() if t.numel() else 0.0
-
-
 def assert_close(actual: Tensor, expected: Tensor, dtype: torch.dtype, name: str) -> None:
     """|actual - expected| <= tol * (|expected| + max(1, max|expected|)), tol per dtype."""
     assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
@@ -55,7 +51,7 @@ def assert_close(actual: Tensor, expected: Tensor, dtype: torch.dtype, name: str
         actual.detach().double(),
         expected.detach().double(),
         rtol=tol,
-        atol=tol * max(1.0, _max_abs(expected)),
+        atol=tol * max(1.0, max_abs(expected)),
         msg=lambda m: f"{name} ({dtype}): {m}",
     )
 
@@ -65,7 +61,7 @@ def reduction_scales(ref64: dict, h0: Tensor | None) -> dict[str, float]:
     rounding error scales with sum |terms|, not with the (possibly cancelling) result. The
     largest per-channel sum of |g| (g = grad_x), times max |h| for the weight."""
     g_sum = ref64["grad_x"].abs().sum(dim=(0, 1, 3)).max().item()
-    h_max = max(_max_abs(ref64["y"]), 0.0 if h0 is None else _max_abs(h0))
+    h_max = max(max_abs(ref64["y"]), 0.0 if h0 is None else max_abs(h0))
     return {"grad_bias": g_sum, "grad_weight": g_sum * max(h_max, 1.0)}
 
 

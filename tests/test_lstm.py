@@ -30,6 +30,8 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pack_sequence
 
+from _helpers import max_abs
+
 import seqkernels
 from seqkernels import LSTM, LSTMCell, lstm_layer, replace_lstm
 from seqkernels.reference import lstm_cell_reference, lstm_layer_reference, lstm_reference
@@ -50,10 +52,6 @@ _backward_op = torch.ops.seqkernels.lstm_backward
 # --------------------------------------------------------------------------------------
 # Comparison helpers
 # --------------------------------------------------------------------------------------
-def _max_abs(t: Tensor) -> float:
-    return t.detach().double().abs().max().item() if t.numel() else 0.0
-
-
 def assert_close(actual: Tensor, expected: Tensor, dtype: torch.dtype, name: str) -> None:
     """actual (computed in `dtype`, float32 or float64) against expected (same dtype or a
     float64 reference): |actual - expected| <= tol * (|expected| + max(1, max|expected|))."""
@@ -63,7 +61,7 @@ def assert_close(actual: Tensor, expected: Tensor, dtype: torch.dtype, name: str
         actual.detach().double(),
         expected.detach().double(),
         rtol=tol,
-        atol=tol * max(1.0, _max_abs(expected)),
+        atol=tol * max(1.0, max_abs(expected)),
         msg=lambda m: f"{name} ({dtype}): {m}",
     )
 
@@ -86,9 +84,9 @@ def assert_low_precision_close(
     assert actual.dtype == dtype, f"{name}: dtype {actual.dtype} != {dtype}"
     assert torch.isfinite(actual).all(), f"{name}: non-finite values"
     ref = reference64.detach().double()
-    scale = _max_abs(ref)
-    err = _max_abs(actual.double() - ref)
-    err_baseline = max(_max_abs(b.double() - ref) for b in baselines)
+    scale = max_abs(ref)
+    err = max_abs(actual.double() - ref)
+    err_baseline = max(max_abs(b.double() - ref) for b in baselines)
     if ref.numel() < SMALL_TENSOR:
         err_baseline = max(err_baseline, pooled_err)
     eps = 2 * torch.finfo(dtype).eps * scale + 1e-6
@@ -110,7 +108,7 @@ def compare_results(actual: dict, expected: dict, dtype: torch.dtype, what: str)
 
 def compare_low_precision(actual: dict, reference64: dict, baselines: list[dict], dtype, what: str) -> None:
     assert actual.keys() == reference64.keys(), f"{what}: {sorted(actual)} != {sorted(reference64)}"
-    pooled_err = max(_max_abs(b[key].double() - reference64[key]) for key in reference64 for b in baselines)
+    pooled_err = max(max_abs(b[key].double() - reference64[key]) for key in reference64 for b in baselines)
     for key in reference64:
         assert_low_precision_close(
             actual[key], reference64[key], [b[key] for b in baselines], dtype, f"{what}: {key}", pooled_err

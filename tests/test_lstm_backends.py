@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 import seqkernels
 from seqkernels import lstm_layer
 from seqkernels.reference import lstm_layer_reference
-from _helpers import check_cuda_graph_replays
+from _helpers import check_cuda_graph_replays, max_abs
 
 pytestmark = pytest.mark.cuda
 
@@ -83,10 +83,6 @@ def precision(request):
         yield request.param
 
 
-def _max_abs(t: torch.Tensor) -> float:
-    return t.detach().double().abs().max().item() if t.numel() else 0.0
-
-
 def check(got: dict, ref64: dict, precision: str, what: str, baselines: list[dict] | None = None) -> None:
     """got (on the GPU, in the precision's dtype) against the float64 reference, key by key."""
     assert got.keys() == ref64.keys(), f"{what}: {sorted(got)} != {sorted(ref64)}"
@@ -95,11 +91,11 @@ def check(got: dict, ref64: dict, precision: str, what: str, baselines: list[dic
         r = ref.detach().double().cpu()
         assert a.shape == r.shape, f"{what} {key}: shape {tuple(a.shape)} != {tuple(r.shape)}"
         assert torch.isfinite(a).all(), f"{what} {key}: non-finite values"
-        err = _max_abs(a - r)
-        scale = max(1.0, _max_abs(r))
+        err = max_abs(a - r)
+        scale = max(1.0, max_abs(r))
         if precision in LOW:
-            base = max(_max_abs(b[key].detach().double().cpu() - r) for b in baselines)
-            bound = 2 * base + torch.finfo(DTYPE[precision]).eps * _max_abs(r) + 1e-6
+            base = max(max_abs(b[key].detach().double().cpu() - r) for b in baselines)
+            bound = 2 * base + torch.finfo(DTYPE[precision]).eps * max_abs(r) + 1e-6
             assert err <= bound, f"{what} {key} ({precision}): error {err:.3g} > 2 * {base:.3g} + eps"
         else:
             bound = TOL[precision] * scale
