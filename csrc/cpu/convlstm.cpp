@@ -3,7 +3,7 @@
 // seqkernels/convlstm_loop.h). This file is the fused pointwise pass of a step: one sweep
 // over the channels-last [B, P, C] elements that reads the four gates of each element from
 // the two convolutions' outputs, applies the cell of seqkernels/convlstm_cell.h and writes
-// h, c and the saved gates (backward: dz and dc). Pixels are split over threads; the inner
+// h, c, y and the saved gates (backward: dz and dc). Pixels are split over threads; the inner
 // loop over a pixel's C contiguous channels vectorises (float32 through FastFloatMath).
 //
 // Shape legend: B batch, P = H·W pixels, C hidden channels, G = 4C.
@@ -25,17 +25,18 @@ int64_t pixel_grain(int64_t C) { return std::max<int64_t>(1, (int64_t(1) << 14) 
 
 // The C channels of one pixel. GCC vectorises the loop over c only when the pointers are
 // __restrict function parameters (restrict locals loaded from the step struct are ignored).
-//   zx, zh, act: [G] of the pixel; c_prev, h, c_out: [C]; peep: [3, P, C] at the pixel
-//   (stride PC between the three weights), unused without peepholes.
+//   z, zh: [G] of the pixel (z is overwritten by the activated gates in training: each
+//   element is read, then written, through this one pointer); c_prev, h, c_out: [C]; peep:
+//   [3, P, C] at the pixel (stride PC between the three weights), unused without peepholes.
 template <bool kPeephole, bool kTraining, class scalar_t>
-void forward_channels(const scalar_t* __restrict zx, const scalar_t* __restrict zh,
-                      const scalar_t* __restrict c_prev, const scalar_t* __restrict peep, int64_t PC,
-                      scalar_t* __restrict h, scalar_t* __restrict c_out, scalar_t* __restrict act_out, int64_t C) {
+void forward_channels(scalar_t* __restrict z, const scalar_t* __restrict zh, const scalar_t* __restrict c_prev,
+                      const scalar_t* __restrict peep, int64_t PC, scalar_t* __restrict h,
+                      scalar_t* __restrict c_out, int64_t C) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = typename CpuMath<acc_t>::type;
   for (int64_t c = 0; c < C; ++c) {
-    const LstmGates<acc_t> pre{acc_t(zx[c]) + acc_t(zh[c]), acc_t(zx[C + c]) + acc_t(zh[C + c]),
-                               acc_t(zx[2 * C + c]) + acc_t(zh[2 * C + c]), acc_t(zx[3 * C + c]) + acc_t(zh[3 * C + c])};
+    const LstmGates<acc_t> pre{acc_t(z[c]) + acc_t(zh[c]), acc_t(z[C + c]) + acc_t(zh[C + c]),
+                               acc_t(z[2 * C + c]) + acc_t(zh[2 * C + c]), acc_t(z[3 * C + c]) + acc_t(zh[3 * C + c])};
     Peephole<acc_t> w{};
     if constexpr (kPeephole) w = {acc_t(peep[c]), acc_t(peep[PC + c]), acc_t(peep[2 * PC + c])};
     LstmGates<acc_t> act;
@@ -44,22 +45,27 @@ void forward_channels(const scalar_t* __restrict zx, const scalar_t* __restrict 
     h[c] = scalar_t(h_t);
     c_out[c] = scalar_t(c_t);
     if constexpr (kTraining) {
-      act_out[c] = scalar_t(act.i);
-      act_out[C + c] = scalar_t(act.f);
-      act_out[2 * C + c] = scalar_t(act.g);
-      act_out[3 * C + c] = scalar_t(act.o);
+      z[c] = scalar_t(act.i);
+      z[C + c] = scalar_t(act.f);
+      z[2 * C + c] = scalar_t(act.g);
+      z[3 * C + c] = scalar_t(act.o);
     }
   }
 }
 
 template <bool kPeephole, bool kTraining, class scalar_t>
 void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
-  const int64_t C = s.C, G = 4 * s.C, PC = s.P * s.C;
-  at::parallel_for(0, s.B * s.P, pixel_grain(C), [&](int64_t begin, int64_t end) {
+  const int64_t C = s.C, G = 4 * s.C, P = s.P, PC = P * C;
+  at::parallel_for(0, s.B * P, pixel_grain(C), [&](int64_t begin, int64_t end) {
     for (int64_t pixel = begin; pixel < end; ++pixel) {
-      forward_channels<kPeephole, kTraining>(s.zx + pixel * G, s.zh + pixel * G, s.c_prev + pixel * C,
-                                             kPeephole ? s.peep + (pixel % s.P) * C : nullptr, PC, s.h + pixel * C,
-                                             s.c + pixel * C, kTraining ? s.act + pixel * G : nullptr, C);
+      scalar_t* h = s.h + pixel * C;
+      forward_channels<kPeephole, kTraining>(s.z + pixel * G, s.zh + pixel * G, s.c_prev + pixel * C,
+                                             kPeephole ? s.peep + (pixel % P) * C : nullptr, PC, h, s.c + pixel * C,
+                                             C);
+      // y_t in the output's layout: the pixel's channels P apart.
+      const int64_t b = pixel / P, p = pixel - b * P;
+      scalar_t* y = s.y + b * PC + p;
+      for (int64_t c = 0; c < C; ++c) y[c * P] = h[c];
     }
   });
 }
@@ -119,7 +125,7 @@ struct CpuPointwise {
 
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {
-    const bool peep = s.peep != nullptr, training = s.act != nullptr;
+    const bool peep = s.peep != nullptr, training = s.training;
     if (peep && training) forward_pixels<true, true>(s);
     else if (peep) forward_pixels<true, false>(s);
     else if (training) forward_pixels<false, true>(s);

@@ -3,7 +3,7 @@
 // seqkernels/convlstm_loop.h with cuDNN's convolutions). This file is the fused pointwise
 // pass of a step: one thread per channels-last (b, pixel, c) element reads its four gates from
 // the two convolutions' outputs, applies the cell of seqkernels/convlstm_cell.h in float
-// (double for float64) and writes h, c and the saved gates (backward: dz and dc).
+// (double for float64) and writes h, c, y and the saved gates (backward: dz and dc).
 //
 // Shape legend: B batch, P = H·W pixels, C hidden channels, G = 4C; layouts in convlstm_loop.h.
 #include <ATen/OpMathType.h>
@@ -39,13 +39,14 @@ int blocks_for(int64_t n) {
 template <bool kPeephole, bool kTraining, class scalar_t>
 __global__ void __launch_bounds__(kThreads) forward_kernel(ConvLstmForwardStep<scalar_t> s) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t C = s.C, PC = s.P * s.C, n = s.B * PC;
+  const int64_t C = s.C, P = s.P, PC = P * C, n = s.B * PC;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t pixel = e / C, c_idx = e - pixel * C;  // pixel = b·P + p
     const int64_t z = pixel * 4 * C + c_idx, within = e % PC;  // within = p·C + c
-    const LstmGates<acc_t> pre{acc_t(s.zx[z]) + acc_t(s.zh[z]), acc_t(s.zx[z + C]) + acc_t(s.zh[z + C]),
-                               acc_t(s.zx[z + 2 * C]) + acc_t(s.zh[z + 2 * C]),
-                               acc_t(s.zx[z + 3 * C]) + acc_t(s.zh[z + 3 * C])};
+    // All four pre-activations are read before any gate is written over them (training).
+    const LstmGates<acc_t> pre{acc_t(s.z[z]) + acc_t(s.zh[z]), acc_t(s.z[z + C]) + acc_t(s.zh[z + C]),
+                               acc_t(s.z[z + 2 * C]) + acc_t(s.zh[z + 2 * C]),
+                               acc_t(s.z[z + 3 * C]) + acc_t(s.zh[z + 3 * C])};
     Peephole<acc_t> w{};
     if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
     LstmGates<acc_t> act;
@@ -53,11 +54,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ConvLstmForwardStep<s
     convlstm_cell_forward<kPeephole, CudaMath<acc_t>>(pre, acc_t(s.c_prev[e]), w, act, c, h);
     s.h[e] = scalar_t(h);
     s.c[e] = scalar_t(c);
+    const int64_t b = pixel / P, p = pixel - b * P;
+    s.y[(b * C + c_idx) * P + p] = scalar_t(h);
     if constexpr (kTraining) {
-      s.act[z] = scalar_t(act.i);
-      s.act[z + C] = scalar_t(act.f);
-      s.act[z + 2 * C] = scalar_t(act.g);
-      s.act[z + 3 * C] = scalar_t(act.o);
+      s.z[z] = scalar_t(act.i);
+      s.z[z + C] = scalar_t(act.f);
+      s.z[z + 2 * C] = scalar_t(act.g);
+      s.z[z + 3 * C] = scalar_t(act.o);
     }
   }
 }
@@ -94,7 +97,7 @@ struct CudaPointwise {
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {
     const int blocks = blocks_for(s.B * s.P * s.C);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const bool peep = s.peep != nullptr, training = s.act != nullptr;
+    const bool peep = s.peep != nullptr, training = s.training;
     if (peep && training) forward_kernel<true, true><<<blocks, kThreads, 0, stream>>>(s);
     else if (peep) forward_kernel<true, false><<<blocks, kThreads, 0, stream>>>(s);
     else if (training) forward_kernel<false, true><<<blocks, kThreads, 0, stream>>>(s);

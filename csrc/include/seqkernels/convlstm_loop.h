@@ -1,10 +1,15 @@
 // The ConvLSTM time loop, written once for every backend (csrc/cpu/convlstm.cpp,
 // csrc/cuda/convlstm.cu). The convolutions are ATen's (oneDNN on the CPU, cuDNN on the
 // GPU); the loop and the gate math are ours:
-//   forward   one convolution of all T·B input frames (w_ih * x + bias) before the loop;
-//             per step the state convolution w_hh * h_{t-1} and one fused pointwise pass
-//             (Backend::forward_step) that adds the two, applies the gates and peepholes,
-//             writes h_t, c_t, and in training the activated gates.
+//   forward   the input convolution w_ih * x + bias of many frames at once: in training all
+//             T·B frames before the loop, written straight into the buffer that keeps the
+//             activated gates for backward (the pointwise pass overwrites each step's
+//             pre-activations with its gates, so they cost no extra memory); in inference
+//             chunks of steps, bounded to half the output's size (inference_chunk). Per step
+//             the state convolution w_hh * h_{t-1} and one fused pointwise pass
+//             (Backend::forward_step) that adds the two, applies the gates and peepholes, and
+//             writes c_t, h_t (channels-last, the next convolution's input) and y_t (in the
+//             output's layout, so no whole-sequence transposition follows).
 //   backward  reverse time: per step one fused pointwise pass (Backend::backward_step)
 //             giving dz_t (the gate pre-activations' gradient) and dc_{t-1} in place, then
 //             the state convolution's input gradient w_hhᵀ * dz_t, which is dh_{t-1}'s
@@ -28,6 +33,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "seqkernels/convlstm_checks.h"
@@ -36,16 +42,17 @@ namespace seqkernels {
 
 // One forward step of the fused pointwise pass, channels-last: element (b, p, c) of a state
 // is at (b·P + p)·C + c, its gate q at (b·P + p)·G + q·C + c, its peephole weight q at
-// (q·P + p)·C + c.
+// (q·P + p)·C + c; only y_t is in the output's layout, (b·C + c)·P + p.
 template <class scalar_t>
 struct ConvLstmForwardStep {
-  const scalar_t* zx;      // [B, P, G] w_ih * x_t + bias
+  scalar_t* z;             // [B, P, G] in: w_ih * x_t + bias; out (training): the activated gates
   const scalar_t* zh;      // [B, P, G] w_hh * h_{t-1}
   const scalar_t* c_prev;  // [B, P, C] c_{t-1}
   const scalar_t* peep;    // [3, P, C] w_ci, w_cf, w_co, or nullptr
   scalar_t* h;             // [B, P, C] h_t
   scalar_t* c;             // [B, P, C] c_t
-  scalar_t* act;           // [B, P, G] activated gates, or nullptr (inference)
+  scalar_t* y;             // [B, C, P] h_t again, in the output's layout (y_t)
+  bool training;           // write the activated gates over z
   int64_t B, P, C;
 };
 
@@ -122,6 +129,13 @@ T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
+// Steps per input convolution in inference: as many as keep the chunk's buffers (its NHWC
+// input copy, Ci channels, and pre-activations, G) within half of the output y (T·C per
+// pixel), so that peak memory stays near the output's own size.
+inline int64_t inference_chunk(const ConvLstmSizes& s) {
+  return std::clamp<int64_t>(s.T * s.C / (2 * (s.G + s.Ci)), 1, s.T);
+}
+
 inline Tensor optional_nhwc_buffer(const std::optional<Tensor>& t, at::ScalarType dtype) {
   return t.has_value() && t->defined() ? to_nhwc_buffer(*t, dtype) : Tensor();
 }
@@ -141,43 +155,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const int64_t P = s.H * s.W, state = s.B * P * s.C, gate_step = s.B * P * s.G;
   const at::ScalarType dtype = x.scalar_type();
 
-  // [T·B, G, H, W] in NHWC memory: the input half of every step's pre-activations, biases included.
-  const Tensor zx =
-      conv(to_nhwc(x.view({s.T * s.B, s.Ci, s.H, s.W})), to_nhwc(w_ih), s.has_bias ? bias : std::nullopt, geom);
-  const Tensor w_hh_nhwc = to_nhwc(w_hh);
-  // Every h_t, [T, B, H, W, C]: the next step's convolution input, and y at the end.
-  Tensor hs = at::empty({s.T, s.B, s.H, s.W, s.C}, x.options());
-  // Inference keeps c in two alternating buffers; training keeps every c_t for backward.
+  const Tensor x_frames = x.view({s.T * s.B, s.Ci, s.H, s.W});
+  const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
+  const std::optional<Tensor> bias_or_none = s.has_bias ? bias : std::nullopt;
+  const int64_t chunk = training ? s.T : inference_chunk(s);
+  Tensor y = at::empty({s.T, s.B, s.C, s.H, s.W}, x.options());
+  // h_t alternates between two channels-last buffers: step t reads one and writes the other.
+  Tensor h_pair = at::empty({2, s.B, s.H, s.W, s.C}, x.options());
+  // Inference keeps c in two alternating buffers too; training keeps every c_t for backward.
   Tensor cells = at::empty({training ? s.T : 2, s.B, s.H, s.W, s.C}, x.options());
-  Tensor gates = training ? at::empty({s.T, s.B, s.H, s.W, s.G}, x.options()) : at::empty({0}, x.options());
   const Tensor h0_nhwc = to_nhwc(h0), c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
+  Tensor z;  // [n·B, G, H, W] in NHWC memory: the pre-activations' input half for steps t0 .. t0 + n - 1
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_forward", [&] {
     ConvLstmForwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);
+    step.training = training;
     step.B = s.B;
     step.P = P;
     step.C = s.C;
     Tensor h_prev = h0_nhwc;
     const scalar_t* c_prev = c0_nhwc.data_ptr<scalar_t>();
     for (int64_t t = 0; t < s.T; ++t) {
+      if (t % chunk == 0) {
+        const int64_t n = std::min(chunk, s.T - t);
+        z = conv(to_nhwc(x_frames.narrow(0, t * s.B, n * s.B)), w_ih_nhwc, bias_or_none, geom);
+      }
       const Tensor zh = conv(h_prev, w_hh_nhwc, std::nullopt, geom);
-      step.zx = zx.data_ptr<scalar_t>() + t * gate_step;
+      step.z = z.data_ptr<scalar_t>() + (t % chunk) * gate_step;
       step.zh = zh.data_ptr<scalar_t>();
       step.c_prev = c_prev;
-      step.h = hs.data_ptr<scalar_t>() + t * state;
+      step.h = h_pair.data_ptr<scalar_t>() + (t % 2) * state;
       step.c = cells.data_ptr<scalar_t>() + (training ? t : t % 2) * state;
-      step.act = training ? gates.data_ptr<scalar_t>() + t * gate_step : nullptr;
+      step.y = y.data_ptr<scalar_t>() + t * state;
       Backend::forward_step(step);
-      h_prev = nchw_view(hs.select(0, t));
+      h_prev = nchw_view(h_pair.select(0, t % 2));
       c_prev = step.c;
     }
   });
-  Tensor y = nchw_view(hs).contiguous();
   Tensor h_n = y.select(0, s.T - 1).clone();
   // A copy (not .contiguous(), which may return a view): outputs must not alias each other.
   Tensor c_n = nchw_view(cells.select(0, training ? s.T - 1 : (s.T - 1) % 2)).clone(at::MemoryFormat::Contiguous);
+  Tensor gates = training ? move_channels(z, true).view({s.T, s.B, s.H, s.W, s.G}) : at::empty({0}, x.options());
   if (!training) cells = at::empty({0}, x.options());
   return {y, h_n, c_n, gates, cells};
 }
@@ -201,7 +221,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // dL/dc is carried in the accumulation type: it sums over the whole remaining sequence.
   Tensor dc = grad_c_n.has_value() && grad_c_n->defined() ? to_nhwc_buffer(*grad_c_n, acc_dtype)
                                                           : at::zeros({s.B, s.H, s.W, s.C}, x.options().dtype(acc_dtype));
-  const Tensor dy = optional_nhwc_buffer(grad_y, dtype);
+  // dL/dy_t, copied into channels-last one step at a time (a whole-sequence copy would cost
+  // another output's worth of memory).
+  const bool has_dy = grad_y.has_value() && grad_y->defined();
+  Tensor dy_step = has_dy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
   const Tensor w_hh_nhwc = to_nhwc(w_hh);
@@ -222,7 +245,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       step.act = gates.data_ptr<scalar_t>() + t * gate_step;
       step.c = cells.data_ptr<scalar_t>() + t * state;
       step.c_prev = t > 0 ? cells.data_ptr<scalar_t>() + (t - 1) * state : c0_nhwc.data_ptr<scalar_t>();
-      step.dy = dy.defined() ? dy.data_ptr<scalar_t>() + t * state : nullptr;
+      if (has_dy) nchw_view(dy_step).copy_(grad_y->select(0, t));
+      step.dy = ptr_or_null<scalar_t>(dy_step);
       step.dh_rec = dh_rec.defined() ? dh_rec.data_ptr<scalar_t>() : nullptr;
       step.dz = dz.data_ptr<scalar_t>() + t * gate_step;
       Backend::backward_step(step);
