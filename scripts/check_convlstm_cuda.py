@@ -8,9 +8,10 @@ the GPU against a plain float64 loop on the CPU with autograd, for compute-sanit
     python scripts/check_convlstm_cuda.py --device cpu    # the same checks on the CPU kernels
 
 Every configuration checks y, h_n, c_n and all gradients (x, h0, c0, w_ih, w_hh, bias,
-peephole) by relative Frobenius error, and that two backward calls agree bit for bit (with
-torch.backends.cudnn.deterministic, as the convolutions' weight gradients need). Exits
-non-zero on a mismatch or a non-finite value.
+peephole) by relative Frobenius error (within TOL, or within twice the error of the same
+loop run with PyTorch's own convolutions in that dtype on that device), and that two
+backward calls agree bit for bit (with torch.backends.cudnn.deterministic, as the
+convolutions' weight gradients need). Exits non-zero on a mismatch or a non-finite value.
 """
 from __future__ import annotations
 
@@ -95,10 +96,26 @@ def check(cfg, dtype, dev):
     same_inference = torch.equal(y, y_inf) and torch.equal(h_n, h_inf) and torch.equal(c_n, c_inf)
     det = all(torch.equal(p, q) for p, q in zip(grads, grads2))
     finite = all(torch.isfinite(t).all() for t in (y, h_n, c_n, *grads))
+    # The same loop in this dtype on this device (PyTorch's own convolutions, autograd): the
+    # error the convolution library itself makes here. Below float64, cuDNN may pick
+    # algorithms (FFT, Winograd) whose error exceeds TOL at larger kernels and channel
+    # counts; a result within twice that library error is as good as the convolutions allow.
+    floor = {k: 0.0 for k in errs}
+    if dtype != torch.float64:
+        pl = {k: d[k].clone().requires_grad_() for k in names}
+        yp, hp, cp = reference(*(pl.get(k) for k in ("x", "h0", "c0", "w_ih", "w_hh", "bias", "peephole")))
+        loss_p = (yp * d["gy"]).sum() + (hp * d["gh"]).sum() + (cp * d["gc"]).sum()
+        grads_p = dict(zip(names, torch.autograd.grad(loss_p, [pl[k] for k in names])))
+        floor = {"y": rel(yp.detach().cpu(), yr.detach()), "h_n": rel(hp.detach().cpu(), hr.detach()),
+                 "c_n": rel(cp.detach().cpu(), cr.detach())}
+        floor.update({f"grad_{k}": rel(grads_p[k].cpu(), ref_grads[k]) for k in names})
+    bound = {k: max(TOL[dtype], 2 * floor[k]) for k in errs}
     worst = max(errs.values())
-    ok = worst <= TOL[dtype] and det and finite and same_inference
-    print(f"{'ok  ' if ok else 'FAIL'} {cfg} {str(dtype):15s} worst {worst:.2e} deterministic={det} "
-          f"inference==training={same_inference} " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
+    within = all(errs[k] <= bound[k] for k in errs)
+    ok = within and det and finite and same_inference
+    print(f"{'ok  ' if ok else 'FAIL'} {cfg} {str(dtype):15s} worst {worst:.2e} (PyTorch loop here: worst "
+          f"{max(floor.values()):.2e}) deterministic={det} inference==training={same_inference} "
+          + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
     return ok
 
 

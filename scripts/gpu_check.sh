@@ -15,16 +15,17 @@
 #                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent); memcheck of
 #                  scripts/check_convrnn_cuda.py and check_convlstm_cuda.py --small, racecheck and
 #                  synccheck of the ConvRNN kernels
-#   bench.json, bench.md, bench.log   benchmarks/bench_lstm.py (bench.log: every suite's progress)
-#   conv_bench.md  benchmarks/bench_convlstm.py and bench_convrnn.py tables
-#   summary.txt    device, versions, each step's rc and duration, test and sanitizer totals
+#   bench.json, bench.log   benchmarks/bench_lstm.py records (bench.log: every suite's progress)
+#   convlstm.json, convrnn.json   benchmarks/bench_convlstm.py and bench_convrnn.py records
+#   summary.txt    device, versions, each step's rc and duration, test and sanitizer totals,
+#                  the ptxas report and every benchmark table (markdown)
 #
 # Packages missing on the GPU machine (no network there) travel as wheels in .whl/ (carry it):
 # they are installed into /tmp/site and put on PYTHONPATH.
 #
 # Env: GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
 # skip: build tests tests_persistent tests_cublas memcheck racecheck synccheck initcheck
-# memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent conv_memcheck
+# memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent initcheck_mm conv_memcheck
 # conv_racecheck extra conv_extra bench conv_bench cputests), BENCH_ARGS (extra
 # arguments for bench_lstm.py, e.g. "--quick"), OUT.
 set -u
@@ -41,6 +42,7 @@ PY="${PYTHON:-python3}"
 BUDGET="${GPU_CHECK_BUDGET:-560}"
 SKIP=" ${GPU_CHECK_SKIP:-} "
 T0=$(date +%s)
+rm -f /tmp/bench.md /tmp/convlstm.md /tmp/convrnn.md  # tables of an earlier run on a warm machine
 DEADLINE=$((T0 + BUDGET))
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -125,18 +127,40 @@ export_san="env PYTORCH_NO_CUDA_MEMORY_CACHING=1"
 # Each tool once per LSTM backend: the cuBLAS loop (keys memcheck ...) and the persistent
 # kernels (keys memcheck_persistent ...; racecheck checks their shared-memory hazards,
 # synccheck their barriers).
+# racecheck reports shared-memory hazards inside cuBLAS's own Hopper GEMM kernels (nvjet_*,
+# seen 2026-11-21 in the persistent backend's bf16 weight-gradient GEMMs, with correct
+# results): those kernels are NVIDIA's, so racecheck skips them and checks ours.
+RACE_EXCLUDE=()
+if compute-sanitizer --help 2>/dev/null | grep -q -- "--kernel-name-exclude"; then
+  RACE_EXCLUDE=(--kernel-name-exclude kns=nvjet)
+fi
 for backend in cublas persistent; do
   sfx=""
   [ "$backend" = persistent ] && sfx="_persistent"
   run_step "memcheck$sfx" "memcheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool memcheck \
     --leak-check no --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
   run_step "racecheck$sfx" "racecheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool racecheck \
-    --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
+    "${RACE_EXCLUDE[@]}" --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
   run_step "synccheck$sfx" "synccheck ($backend)" 60 "$SAN_LOG" $export_san compute-sanitizer --tool synccheck \
     --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
-  run_step "initcheck$sfx" "initcheck ($backend)" 60 "$SAN_LOG" $export_san compute-sanitizer --tool initcheck \
+  run_step "initcheck$sfx" "initcheck ($backend)" 150 "$SAN_LOG" $export_san compute-sanitizer --tool initcheck \
     --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
 done
+# initcheck flags reads of half-type results that cuBLAS wrote (seen 2026-11-21: the
+# cuBLAS backend's bf16 weight gradients, correct to 4e-3). The same check of plain
+# torch.mm results tells a tool limitation (cuBLAS's Hopper kernels store through the
+# tensor memory accelerator) from a gap in our code.
+run_step initcheck_mm "initcheck (plain torch.mm, bf16/fp16/fp32)" 60 "$SAN_LOG" $export_san compute-sanitizer \
+  --tool initcheck --error-exitcode 99 "$PY" -c "
+import torch
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for m, k, n in ((32, 10, 5), (32, 10, 8), (10, 32, 5), (64, 256, 64)):
+        a = torch.randn(m, k, device='cuda').to(dtype)
+        b = torch.randn(k, n, device='cuda').to(dtype)
+        s = (a @ b).double().sum().item()
+        torch.cuda.synchronize()
+        print('mm', dtype, (m, k, n), 'ok', flush=True)
+"
 
 # The conv ops: memcheck both (cuDNN's convolutions run inside ConvLSTM's), racecheck and
 # synccheck the ConvRNN kernels (ours use shared memory and block barriers; ConvLSTM's own
@@ -156,13 +180,12 @@ run_step conv_extra "conv op sweeps (+ ConvLSTM CUDA graph, ConvRNN bad inputs)"
 # ---- 5. benchmark -------------------------------------------------------------------------
 # shellcheck disable=SC2086
 run_step bench bench 180 "$OUT/bench.log" \
-  "$PY" benchmarks/bench_lstm.py --device cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" ${BENCH_ARGS:-}
+  "$PY" benchmarks/bench_lstm.py --device cuda --json "$OUT/bench.json" --markdown /tmp/bench.md ${BENCH_ARGS:-}
 
-# The conv suites: tables only (conv_bench.md), records in /tmp.
+# The conv suites: records in $OUT (for plots), tables into the summary.
 run_step conv_bench "conv benchmarks" 150 "$OUT/bench.log" bash -c \
-  "$PY benchmarks/bench_convlstm.py --device cuda --json /tmp/convlstm_cuda.json --markdown $OUT/conv_bench.md.lstm \
-   ; $PY benchmarks/bench_convrnn.py --device cuda --json /tmp/convrnn_cuda.json --markdown $OUT/conv_bench.md.rnn \
-   ; cat $OUT/conv_bench.md.lstm $OUT/conv_bench.md.rnn > $OUT/conv_bench.md 2>/dev/null; rm -f $OUT/conv_bench.md.*"
+  "$PY benchmarks/bench_convlstm.py --device cuda --json $OUT/convlstm.json --markdown /tmp/convlstm.md \
+   ; $PY benchmarks/bench_convrnn.py --device cuda --json $OUT/convrnn.json --markdown /tmp/convrnn.md"
 
 # ---- 6. the rest of the LSTM test file (CPU parts; CI runs them too) ---------------------
 run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
@@ -190,11 +213,11 @@ run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
        /Used [0-9]+ registers/ { regs = $0; sub(/.*ptxas info *: */, "", regs);
                                  if (fn != "") print "  " fn "\n      " regs " | " spill; fn = "" }' \
     "$BUILD_LOG" | (command -v c++filt >/dev/null && c++filt || cat) | sed -E -e 's/\(anonymous namespace\):://g' -e 's/>\(.*\)$/>/' | head -80
-  for md in bench.md conv_bench.md; do
-    if [ -f "$OUT/$md" ]; then
+  for md in bench.md convlstm.md convrnn.md; do
+    if [ -f "/tmp/$md" ]; then
       echo
       echo "benchmark ($md):"
-      cat "$OUT/$md"
+      cat "/tmp/$md"
     fi
   done
 } >>"$SUMMARY" 2>&1
