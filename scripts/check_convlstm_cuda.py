@@ -91,11 +91,12 @@ def check(cfg, dtype, dev):
     grads = BWD(*bwd_args)
     grads2 = BWD(*bwd_args)
     got = dict(zip(("x", "h0", "c0", "w_ih", "w_hh", "bias", "peephole"), grads))
-    errs = {"y": rel(y.cpu(), yr.detach()), "h_n": rel(h_n.cpu(), hr.detach()), "c_n": rel(c_n.cpu(), cr.detach())}
+    errs = {"y": rel(y.cpu(), yr.detach()), "h_n": rel(h_n.cpu(), hr.detach()), "c_n": rel(c_n.cpu(), cr.detach()),
+            "y_inference": rel(y_inf.cpu(), yr.detach()), "h_n_inference": rel(h_inf.cpu(), hr.detach()),
+            "c_n_inference": rel(c_inf.cpu(), cr.detach())}
     errs.update({f"grad_{k}": rel(got[k].cpu(), ref_grads[k]) for k in names})
-    same_inference = torch.equal(y, y_inf) and torch.equal(h_n, h_inf) and torch.equal(c_n, c_inf)
     det = all(torch.equal(p, q) for p, q in zip(grads, grads2))
-    finite = all(torch.isfinite(t).all() for t in (y, h_n, c_n, *grads))
+    finite = all(torch.isfinite(t).all() for t in (y, h_n, c_n, y_inf, h_inf, c_inf, *grads))
     # The same loop in this dtype on this device (PyTorch's own convolutions, autograd): the
     # error the convolution library itself makes here. Below float64, cuDNN may pick
     # algorithms (FFT, Winograd) whose error exceeds TOL at larger kernels and channel
@@ -108,13 +109,14 @@ def check(cfg, dtype, dev):
         grads_p = dict(zip(names, torch.autograd.grad(loss_p, [pl[k] for k in names])))
         floor = {"y": rel(yp.detach().cpu(), yr.detach()), "h_n": rel(hp.detach().cpu(), hr.detach()),
                  "c_n": rel(cp.detach().cpu(), cr.detach())}
+        floor.update({f"{k}_inference": floor[k] for k in ("y", "h_n", "c_n")})
         floor.update({f"grad_{k}": rel(grads_p[k].cpu(), ref_grads[k]) for k in names})
     bound = {k: max(TOL[dtype], 2 * floor[k]) for k in errs}
     worst = max(errs.values())
     within = all(errs[k] <= bound[k] for k in errs)
-    ok = within and det and finite and same_inference
+    ok = within and det and finite
     print(f"{'ok  ' if ok else 'FAIL'} {cfg} {str(dtype):15s} worst {worst:.2e} (PyTorch loop here: worst "
-          f"{max(floor.values()):.2e}) deterministic={det} inference==training={same_inference} "
+          f"{max(floor.values()):.2e}) deterministic={det} "
           + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
     return ok
 

@@ -25,8 +25,9 @@ int64_t pixel_grain(int64_t C) { return std::max<int64_t>(1, (int64_t(1) << 14) 
 
 // The C channels of one pixel. GCC vectorises the loop over c only when the pointers are
 // __restrict function parameters (restrict locals loaded from the step struct are ignored).
-//   z, zh: [G] of the pixel (z is overwritten by the activated gates in training: each
-//   element is read, then written, through this one pointer); c_prev, h, c_out: [C]; peep:
+//   z, zh: [G] of the pixel (training: z + zh, and z is overwritten by the activated gates,
+//   each element read, then written, through this one pointer; inference: z alone, zh
+//   unused); c_prev, h, c_out: [C]; peep:
 //   [3, P, C] at the pixel (stride PC between the three weights), unused without peepholes.
 template <bool kPeephole, bool kTraining, class scalar_t>
 void forward_channels(scalar_t* __restrict z, const scalar_t* __restrict zh, const scalar_t* __restrict c_prev,
@@ -35,8 +36,13 @@ void forward_channels(scalar_t* __restrict z, const scalar_t* __restrict zh, con
   using acc_t = at::opmath_type<scalar_t>;
   using Math = typename CpuMath<acc_t>::type;
   for (int64_t c = 0; c < C; ++c) {
-    const LstmGates<acc_t> pre{acc_t(z[c]) + acc_t(zh[c]), acc_t(z[C + c]) + acc_t(zh[C + c]),
-                               acc_t(z[2 * C + c]) + acc_t(zh[2 * C + c]), acc_t(z[3 * C + c]) + acc_t(zh[3 * C + c])};
+    LstmGates<acc_t> pre{acc_t(z[c]), acc_t(z[C + c]), acc_t(z[2 * C + c]), acc_t(z[3 * C + c])};
+    if constexpr (kTraining) {  // the state convolution's half (inference: already in z)
+      pre.i += acc_t(zh[c]);
+      pre.f += acc_t(zh[C + c]);
+      pre.g += acc_t(zh[2 * C + c]);
+      pre.o += acc_t(zh[3 * C + c]);
+    }
     Peephole<acc_t> w{};
     if constexpr (kPeephole) w = {acc_t(peep[c]), acc_t(peep[PC + c]), acc_t(peep[2 * PC + c])};
     LstmGates<acc_t> act;
@@ -58,7 +64,7 @@ void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
   const int64_t C = s.C, G = 4 * s.C, P = s.P, PC = P * C;
   at::parallel_for(0, s.B * P, pixel_grain(C), [&](int64_t begin, int64_t end) {
     for (int64_t pixel = begin; pixel < end; ++pixel) {
-      scalar_t* h = s.h + pixel * C;
+      scalar_t* h = s.h + pixel * s.h_stride;
       forward_channels<kPeephole, kTraining>(s.z + pixel * G, s.zh + pixel * G, s.c_prev + pixel * C,
                                              kPeephole ? s.peep + (pixel % P) * C : nullptr, PC, h, s.c + pixel * C,
                                              C);

@@ -44,15 +44,19 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ConvLstmForwardStep<s
     const int64_t pixel = e / C, c_idx = e - pixel * C;  // pixel = b·P + p
     const int64_t z = pixel * 4 * C + c_idx, within = e % PC;  // within = p·C + c
     // All four pre-activations are read before any gate is written over them (training).
-    const LstmGates<acc_t> pre{acc_t(s.z[z]) + acc_t(s.zh[z]), acc_t(s.z[z + C]) + acc_t(s.zh[z + C]),
-                               acc_t(s.z[z + 2 * C]) + acc_t(s.zh[z + 2 * C]),
-                               acc_t(s.z[z + 3 * C]) + acc_t(s.zh[z + 3 * C])};
+    LstmGates<acc_t> pre{acc_t(s.z[z]), acc_t(s.z[z + C]), acc_t(s.z[z + 2 * C]), acc_t(s.z[z + 3 * C])};
+    if constexpr (kTraining) {  // the state convolution's half (inference: already in z)
+      pre.i += acc_t(s.zh[z]);
+      pre.f += acc_t(s.zh[z + C]);
+      pre.g += acc_t(s.zh[z + 2 * C]);
+      pre.o += acc_t(s.zh[z + 3 * C]);
+    }
     Peephole<acc_t> w{};
     if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
     LstmGates<acc_t> act;
     acc_t c, h;
     convlstm_cell_forward<kPeephole, CudaMath<acc_t>>(pre, acc_t(s.c_prev[e]), w, act, c, h);
-    s.h[e] = scalar_t(h);
+    s.h[pixel * s.h_stride + c_idx] = scalar_t(h);
     s.c[e] = scalar_t(c);
     const int64_t b = pixel / P, p = pixel - b * P;
     s.y[(b * C + c_idx) * P + p] = scalar_t(h);

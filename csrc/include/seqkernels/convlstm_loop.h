@@ -1,13 +1,15 @@
 // The ConvLSTM time loop, written once for every backend (csrc/cpu/convlstm.cpp,
 // csrc/cuda/convlstm.cu). The convolutions are ATen's (oneDNN on the CPU, cuDNN on the
 // GPU); the loop and the gate math are ours:
-//   forward   the input convolution w_ih * x + bias of many frames at once: in training all
-//             T·B frames before the loop, written straight into the buffer that keeps the
-//             activated gates for backward (the pointwise pass overwrites each step's
-//             pre-activations with its gates, so they cost no extra memory); in inference
-//             chunks of steps, bounded to half the output's size (inference_chunk). Per step
-//             the state convolution w_hh * h_{t-1} and one fused pointwise pass
-//             (Backend::forward_step) that adds the two, applies the gates and peepholes, and
+//   forward   training: one convolution w_ih * x + bias of all T·B input frames before the
+//             loop, written straight into the buffer that keeps the activated gates for
+//             backward (the pointwise pass overwrites each step's pre-activations with its
+//             gates, so they cost no extra memory); per step the state convolution
+//             w_hh * h_{t-1}. Inference keeps no gates, so instead of a whole-sequence
+//             pre-activation buffer (4x the output) each step convolves [x_t, h_{t-1}], held
+//             side by side in one buffer, with [w_ih | w_hh]: one convolution per step and
+//             memory near the output's own. Then one fused pointwise pass
+//             (Backend::forward_step) adds the parts, applies the gates and peepholes, and
 //             writes c_t, h_t (channels-last, the next convolution's input) and y_t (in the
 //             output's layout, so no whole-sequence transposition follows).
 //   backward  reverse time: per step one fused pointwise pass (Backend::backward_step)
@@ -33,7 +35,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
-#include <algorithm>
 #include <tuple>
 
 #include "seqkernels/convlstm_checks.h"
@@ -45,14 +46,18 @@ namespace seqkernels {
 // (q·P + p)·C + c; only y_t is in the output's layout, (b·C + c)·P + p.
 template <class scalar_t>
 struct ConvLstmForwardStep {
-  scalar_t* z;             // [B, P, G] in: w_ih * x_t + bias; out (training): the activated gates
-  const scalar_t* zh;      // [B, P, G] w_hh * h_{t-1}
+  // Training: z = w_ih * x_t + bias, zh = w_hh * h_{t-1}, and the activated gates are written
+  // over z. Inference: z = [w_ih | w_hh] * [x_t, h_{t-1}] + bias, the whole pre-activation
+  // (zh is nullptr), nothing written back.
+  scalar_t* z;             // [B, P, G]
+  const scalar_t* zh;      // [B, P, G] or nullptr
   const scalar_t* c_prev;  // [B, P, C] c_{t-1}
   const scalar_t* peep;    // [3, P, C] w_ci, w_cf, w_co, or nullptr
-  scalar_t* h;             // [B, P, C] h_t
+  scalar_t* h;             // h_t: pixel b·P + p's C channels at (b·P + p)·h_stride
   scalar_t* c;             // [B, P, C] c_t
   scalar_t* y;             // [B, C, P] h_t again, in the output's layout (y_t)
-  bool training;           // write the activated gates over z
+  bool training;
+  int64_t h_stride;        // C, or Ci + C where h_t shares its buffer with x_t (inference)
   int64_t B, P, C;
 };
 
@@ -129,13 +134,6 @@ T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-// Steps per input convolution in inference: as many as keep the chunk's buffers (its NHWC
-// input copy, Ci channels, and pre-activations, G) within half of the output y (T·C per
-// pixel), so that peak memory stays near the output's own size.
-inline int64_t inference_chunk(const ConvLstmSizes& s) {
-  return std::clamp<int64_t>(s.T * s.C / (2 * (s.G + s.Ci)), 1, s.T);
-}
-
 inline Tensor optional_nhwc_buffer(const std::optional<Tensor>& t, at::ScalarType dtype) {
   return t.has_value() && t->defined() ? to_nhwc_buffer(*t, dtype) : Tensor();
 }
@@ -156,48 +154,61 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const at::ScalarType dtype = x.scalar_type();
 
   const Tensor x_frames = x.view({s.T * s.B, s.Ci, s.H, s.W});
-  const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
   const std::optional<Tensor> bias_or_none = s.has_bias ? bias : std::nullopt;
-  const int64_t chunk = training ? s.T : inference_chunk(s);
   Tensor y = at::empty({s.T, s.B, s.C, s.H, s.W}, x.options());
-  // h_t alternates between two channels-last buffers: step t reads one and writes the other.
-  Tensor h_pair = at::empty({2, s.B, s.H, s.W, s.C}, x.options());
-  // Inference keeps c in two alternating buffers too; training keeps every c_t for backward.
+  // Training keeps every c_t for backward; inference two alternating buffers.
   Tensor cells = at::empty({training ? s.T : 2, s.B, s.H, s.W, s.C}, x.options());
-  const Tensor h0_nhwc = to_nhwc(h0), c0_nhwc = to_nhwc_buffer(c0, dtype);
+  const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
-  Tensor z;  // [n·B, G, H, W] in NHWC memory: the pre-activations' input half for steps t0 .. t0 + n - 1
+  // The convolutions' weights and state buffers, channels-last. Training: w_hh alone, and h_t
+  // alternating between two [B, H, W, C] buffers (step t reads one, writes the other).
+  // Inference: [w_ih | w_hh] over one [B, H, W, Ci + C] buffer that holds x_t next to h_{t-1}
+  // (the step writes h_t over h_{t-1} once the convolution has read it).
+  const Tensor w_nhwc = to_nhwc(training ? w_hh : at::cat({w_ih, w_hh}, 1));
+  const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
+  Tensor h_buf = at::empty({training ? 2 : 1, s.B, s.H, s.W, h_channels}, x.options());
+  if (!training) nchw_view(h_buf.select(0, 0)).narrow(1, s.Ci, s.C).copy_(h0);
+  // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
+  // each step's pre-activations with its activated gates, the buffer saved for backward.
+  const Tensor zx = training ? conv(to_nhwc(x_frames), to_nhwc(w_ih), bias_or_none, geom) : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_forward", [&] {
     ConvLstmForwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);
     step.training = training;
+    step.h_stride = h_channels;
     step.B = s.B;
     step.P = P;
     step.C = s.C;
-    Tensor h_prev = h0_nhwc;
+    Tensor h_prev = to_nhwc(h0);  // training: the state convolution's input
     const scalar_t* c_prev = c0_nhwc.data_ptr<scalar_t>();
     for (int64_t t = 0; t < s.T; ++t) {
-      if (t % chunk == 0) {
-        const int64_t n = std::min(chunk, s.T - t);
-        z = conv(to_nhwc(x_frames.narrow(0, t * s.B, n * s.B)), w_ih_nhwc, bias_or_none, geom);
+      Tensor z;  // must outlive the step: it holds this step's pre-activations
+      if (training) {
+        z = conv(h_prev, w_nhwc, std::nullopt, geom);
+        step.z = zx.data_ptr<scalar_t>() + t * gate_step;
+        step.zh = z.data_ptr<scalar_t>();
+        step.h = h_buf.data_ptr<scalar_t>() + (t % 2) * state;
+      } else {
+        const Tensor xh = nchw_view(h_buf.select(0, 0));  // [B, Ci + C, H, W]
+        xh.narrow(1, 0, s.Ci).copy_(x.select(0, t));
+        z = conv(xh, w_nhwc, bias_or_none, geom);
+        step.z = z.data_ptr<scalar_t>();
+        step.zh = nullptr;
+        step.h = h_buf.data_ptr<scalar_t>() + s.Ci;
       }
-      const Tensor zh = conv(h_prev, w_hh_nhwc, std::nullopt, geom);
-      step.z = z.data_ptr<scalar_t>() + (t % chunk) * gate_step;
-      step.zh = zh.data_ptr<scalar_t>();
       step.c_prev = c_prev;
-      step.h = h_pair.data_ptr<scalar_t>() + (t % 2) * state;
       step.c = cells.data_ptr<scalar_t>() + (training ? t : t % 2) * state;
       step.y = y.data_ptr<scalar_t>() + t * state;
       Backend::forward_step(step);
-      h_prev = nchw_view(h_pair.select(0, t % 2));
+      if (training) h_prev = nchw_view(h_buf.select(0, t % 2));
       c_prev = step.c;
     }
   });
   Tensor h_n = y.select(0, s.T - 1).clone();
   // A copy (not .contiguous(), which may return a view): outputs must not alias each other.
   Tensor c_n = nchw_view(cells.select(0, training ? s.T - 1 : (s.T - 1) % 2)).clone(at::MemoryFormat::Contiguous);
-  Tensor gates = training ? move_channels(z, true).view({s.T, s.B, s.H, s.W, s.G}) : at::empty({0}, x.options());
+  Tensor gates = training ? move_channels(zx, true).view({s.T, s.B, s.H, s.W, s.G}) : at::empty({0}, x.options());
   if (!training) cells = at::empty({0}, x.options());
   return {y, h_n, c_n, gates, cells};
 }

@@ -1,0 +1,83 @@
+"""Where ConvLSTM's GPU memory goes: peak bytes (above what was allocated before) of the
+forward in inference, the forward in training and the backward alone, for seqkernels and
+for the benchmark's concat-conv loop, with cuDNN benchmark mode on and off (benchmark mode
+may pick algorithms with large workspaces). Diagnostic output for scripts/gpu_check.sh.
+
+    python scripts/convlstm_memory.py                      # the benchmark's two shapes
+    python scripts/convlstm_memory.py --shape 16 10 16 64 16 16 5
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from bench_convlstm import PeerConvLSTM  # noqa: E402
+
+import seqkernels  # noqa: E402
+
+SHAPES = [(16, 10, 16, 64, 16, 16, 5), (4, 20, 64, 64, 64, 64, 3)]  # B, T, Ci, C, H, W, K
+MB = 2**20
+
+
+def peak_mb(fn) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / MB
+
+
+def measure(shape, benchmark: bool) -> None:
+    torch.backends.cudnn.benchmark = benchmark
+    B, T, Ci, C, H, W, K = shape
+    peer = PeerConvLSTM(Ci, C, K).cuda()
+    ours = seqkernels.ConvLSTM(Ci, C, K, batch_first=True).cuda()
+    x = torch.randn(B, T, Ci, H, W, device="cuda")
+    h0, c0 = torch.randn(B, C, H, W, device="cuda"), torch.randn(B, C, H, W, device="cuda")
+    candidates = {
+        "seqkernels": lambda inp: ours(inp, (h0[None], c0[None]))[0],
+        "loop": lambda inp: peer(inp, (h0, c0))[0],
+    }
+    state_mb = B * C * H * W * 4 / MB
+    print(f"shape (B, T, Ci, C, H, W, K)={shape} cudnn.benchmark={benchmark}: one state {state_mb:.2f} MB, "
+          f"y {T * state_mb:.1f} MB", flush=True)
+    for name, run in candidates.items():
+        for _ in range(2):  # warm-up: algorithm search, caches
+            with torch.no_grad():
+                run(x)
+            xg = x.clone().requires_grad_()
+            run(xg).sum().backward()
+        with torch.no_grad():
+            infer = peak_mb(lambda: run(x))
+        xg = x.clone().requires_grad_()
+        holder = {}
+        fwd = peak_mb(lambda: holder.setdefault("y", run(xg)))
+        loss = holder["y"].sum()
+        bwd = peak_mb(lambda: loss.backward())
+        del holder, loss
+        print(f"  {name:10s} infer {infer:8.1f} MB | train forward {fwd:8.1f} MB, backward alone {bwd:8.1f} MB",
+              flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", type=int, nargs=7, action="append", metavar=("B", "T", "CI", "C", "H", "W", "K"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("convlstm_memory: needs a CUDA device", file=sys.stderr)
+        return 2
+    for shape in args.shape or SHAPES:
+        for benchmark in (True, False):
+            measure(tuple(shape), benchmark)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
