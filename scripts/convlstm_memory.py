@@ -66,6 +66,27 @@ def measure(shape, benchmark: bool) -> None:
               flush=True)
 
 
+def pieces(shape) -> None:
+    """The backward's convolution calls alone (what convlstm_loop.h issues), peak above
+    their inputs: how much of the backward's peak is cuDNN's own (workspace, layout copies)."""
+    B, T, Ci, C, H, W, K = shape
+    G, cl = 4 * C, torch.channels_last
+    aten = torch.ops.aten.convolution_backward.default
+    pad = [K // 2, K // 2]
+    w_ih = torch.randn(G, Ci, K, K, device="cuda").contiguous(memory_format=cl)
+    w_hh = torch.randn(G, C, K, K, device="cuda").contiguous(memory_format=cl)
+    for frames in (T * B, max(B, T * B // 4), B):
+        dz = torch.randn(frames, G, H, W, device="cuda").contiguous(memory_format=cl)
+        x = torch.randn(frames, Ci, H, W, device="cuda").contiguous(memory_format=cl)
+        h = torch.randn(frames, C, H, W, device="cuda").contiguous(memory_format=cl)
+        common = ([1, 1], pad, [1, 1], False, [0, 0], 1)
+        a = peak_mb(lambda: aten(dz, x, w_ih, [G], *common, [True, True, True]))
+        b = peak_mb(lambda: aten(dz, h, w_hh, None, *common, [False, True, False]))
+        c = peak_mb(lambda: aten(dz, h, w_hh, None, *common, [True, False, False]))
+        print(f"  {frames:4d} frames: dx+dw_ih+db {a:8.1f} MB, dw_hh {b:8.1f} MB, dh (input grad) {c:8.1f} MB "
+              f"(dz itself {dz.numel() * 4 / MB:.1f} MB)", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", type=int, nargs=7, action="append", metavar=("B", "T", "CI", "C", "H", "W", "K"))
@@ -76,6 +97,9 @@ def main() -> int:
     for shape in args.shape or SHAPES:
         for benchmark in (True, False):
             measure(tuple(shape), benchmark)
+        torch.backends.cudnn.benchmark = True
+        print(f"backward convolutions of {tuple(shape)} alone (cudnn.benchmark=True):", flush=True)
+        pieces(tuple(shape))
     return 0
 
 

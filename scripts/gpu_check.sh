@@ -207,7 +207,7 @@ run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
   echo "  racecheck hazards outside cuBLAS's nvjet kernels: $(grep -E "Race reported between" "$SAN_LOG" | grep -vc nvjet)"
   grep -E "^FAIL " "$SAN_LOG" | head -10 | sed 's/^/  /'
   echo "ConvLSTM memory (scripts/convlstm_memory.py):"
-  grep -E "^shape \(B, T|^  (seqkernels|loop) " "$OUT/bench.log" | sed 's/^/  /'
+  grep -E "^shape \(B, T|^  (seqkernels|loop) |^backward convolutions|^ +[0-9]+ frames:" "$OUT/bench.log" | sed 's/^/  /'
   echo "extra checks:"
   grep -E "^(ok  |FAIL) (cuda-graph|T=)|^(ALL OK|FAILURES)$|bad inputs raised" "$TESTS_LOG" | sed 's/^/  /'
   echo "ptxas (per kernel: registers, spills):"
