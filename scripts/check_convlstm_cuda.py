@@ -36,6 +36,7 @@ FULL = [
     (2, 2, 4, 3, 6, 6, 3, 5, False, True),
     (5, 4, 8, 16, 9, 11, 3, 3, True, True),
     (3, 2, 16, 32, 16, 16, 5, 5, True, False),
+    (9, 2, 3, 4, 5, 6, 3, 3, True, True),  # backward chunks of 2 steps, then a last one of 1
 ]
 SMALL = FULL[:4]
 

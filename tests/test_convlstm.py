@@ -194,7 +194,8 @@ def randomize(module: nn.Module, scale: float = 1.0) -> nn.Module:
 @st.composite
 def configs(draw):
     return dict(
-        T=draw(st.one_of(st.just(1), st.integers(2, 4))),
+        # 8..11 steps: the backward's weight gradients run over several multi-step chunks.
+        T=draw(st.one_of(st.just(1), st.integers(2, 4), st.integers(8, 11))),
         B=draw(st.one_of(st.just(1), st.integers(2, 3))),
         Ci=draw(st.integers(1, 4)),
         C=draw(st.integers(1, 4)),
@@ -362,6 +363,7 @@ GRADCHECK_CASES = [
     (2, 1, 1, 2, 3, 5, (3, 5), True, True),
     (1, 2, 3, 1, 2, 2, (1, 1), False, True),
     (2, 2, 2, 1, 1, 3, (5, 3), True, False),
+    (9, 1, 1, 2, 2, 3, (3, 3), True, True),  # backward chunks of 2 steps, then a last one of 1
 ]
 
 

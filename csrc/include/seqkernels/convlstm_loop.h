@@ -12,12 +12,13 @@
 //             (Backend::forward_step) adds the parts, applies the gates and peepholes, and
 //             writes c_t, h_t (channels-last, the next convolution's input) and y_t (in the
 //             output's layout, so no whole-sequence transposition follows).
-//   backward  reverse time: per step one fused pointwise pass (Backend::backward_step)
-//             giving dz_t (the gate pre-activations' gradient) and dc_{t-1} in place, then
-//             the state convolution's input gradient w_hhᵀ * dz_t, which is dh_{t-1}'s
-//             recurrent part. After the loop, dx, dw_ih, dbias and dw_hh are each one
-//             convolution backward over all T·B frames, and the peephole gradients one
-//             reduction each.
+//   backward  reverse time (dL/dy_t converted to channels-last one step at a time): per
+//             step one fused pointwise pass (Backend::backward_step) giving dz_t (the gate
+//             pre-activations' gradient) and dc_{t-1} in place, then the state
+//             convolution's input gradient w_hhᵀ * dz_t, which is dh_{t-1}'s recurrent part.
+//             Every quarter of the sequence, dx, dw_ih, dbias and dw_hh of its steps are one
+//             convolution backward each over all its frames, and the peephole gradients one
+//             reduction each, accumulated over the quarters.
 // Inside, every activation is channels-last (NHWC: a pixel's channels contiguous). Both
 // oneDNN and cuDNN convolve that layout without reordering it (measured on the CPU here:
 // the per-step convolution 1.2-1.5x faster than in NCHW), and the pointwise pass reads a
@@ -35,6 +36,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "seqkernels/convlstm_checks.h"
@@ -228,7 +230,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::ScalarType dtype = x.scalar_type();
   const at::ScalarType acc_dtype = at::toOpMathType(dtype);
 
-  Tensor dz = at::empty({s.T, s.B, s.H, s.W, s.G}, x.options());
+  // The reverse loop runs in chunks of `chunk` steps; after each chunk its weight, bias,
+  // input and peephole gradients are one convolution backward (or reduction) over all its
+  // frames, accumulated. Whole-sequence calls would need dL/dz of every step at once (4
+  // states per step, next to the 6 per step saved by the forward) plus cuDNN's workspace
+  // for T·B frames; a quarter of the sequence per call keeps the large batched calls and
+  // bounds that memory.
+  const int64_t chunk = std::max<int64_t>(1, s.T / 4);
+  Tensor dz = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.G}, x.options());
+  Tensor h_prev = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.C}, x.options());  // h_{t-1} of the chunk
   // dL/dc is carried in the accumulation type: it sums over the whole remaining sequence.
   Tensor dc = grad_c_n.has_value() && grad_c_n->defined() ? to_nhwc_buffer(*grad_c_n, acc_dtype)
                                                           : at::zeros({s.B, s.H, s.W, s.C}, x.options().dtype(acc_dtype));
@@ -238,11 +248,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   Tensor dy_step = has_dy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
-  const Tensor w_hh_nhwc = to_nhwc(w_hh);
+  const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
+  const Tensor x_frames = x.view({s.T * s.B, s.Ci, s.H, s.W});
   // dL/dh from step t+1 as an NHWC [B, C, H, W] tensor (first from h_n).
   Tensor dh_rec = grad_h_n.has_value() && grad_h_n->defined() ? to_nhwc(*grad_h_n) : Tensor();
   // h0 stands in for h_{t-1} in the input-gradient calls: only its shape and layout matter.
   const Tensor h_like = to_nhwc(h0);
+
+  // The summed gradients accumulate over chunks in the accumulation type.
+  const auto acc_opts = x.options().dtype(acc_dtype);
+  Tensor grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
+  Tensor grad_w_ih = at::zeros(w_ih.sizes(), acc_opts), grad_w_hh = at::zeros(w_hh.sizes(), acc_opts);
+  Tensor grad_bias = has_bias ? at::zeros({s.G}, acc_opts) : at::empty({0}, x.options());
+  // [3, H, W, C] accumulated: w_ci, w_cf, w_co.
+  Tensor grad_peep_nhwc = s.has_peephole ? at::zeros({3, s.H, s.W, s.C}, acc_opts) : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -252,50 +271,61 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     step.B = s.B;
     step.P = P;
     step.C = s.C;
-    for (int64_t t = s.T - 1; t >= 0; --t) {
-      step.act = gates.data_ptr<scalar_t>() + t * gate_step;
-      step.c = cells.data_ptr<scalar_t>() + t * state;
-      step.c_prev = t > 0 ? cells.data_ptr<scalar_t>() + (t - 1) * state : c0_nhwc.data_ptr<scalar_t>();
-      if (has_dy) nchw_view(dy_step).copy_(grad_y->select(0, t));
-      step.dy = ptr_or_null<scalar_t>(dy_step);
-      step.dh_rec = dh_rec.defined() ? dh_rec.data_ptr<scalar_t>() : nullptr;
-      step.dz = dz.data_ptr<scalar_t>() + t * gate_step;
-      Backend::backward_step(step);
-      dh_rec = to_nhwc(std::get<0>(
-          conv_backward(nchw_view(dz.select(0, t)), h_like, w_hh_nhwc, false, geom, {true, false, false})));
+    for (int64_t end = s.T; end > 0; end -= chunk) {
+      const int64_t t0 = std::max<int64_t>(0, end - chunk), n = end - t0;
+      for (int64_t t = end - 1; t >= t0; --t) {
+        step.act = gates.data_ptr<scalar_t>() + t * gate_step;
+        step.c = cells.data_ptr<scalar_t>() + t * state;
+        step.c_prev = t > 0 ? cells.data_ptr<scalar_t>() + (t - 1) * state : c0_nhwc.data_ptr<scalar_t>();
+        if (has_dy) nchw_view(dy_step).copy_(grad_y->select(0, t));
+        step.dy = ptr_or_null<scalar_t>(dy_step);
+        step.dh_rec = dh_rec.defined() ? dh_rec.data_ptr<scalar_t>() : nullptr;
+        step.dz = dz.data_ptr<scalar_t>() + (t - t0) * gate_step;
+        Backend::backward_step(step);
+        dh_rec = to_nhwc(std::get<0>(conv_backward(nchw_view(dz.select(0, t - t0)), h_like, w_hh_nhwc, false, geom,
+                                                   {true, false, false})));
+      }
+      // The chunk's frames: dz and h_{t-1} of steps t0 .. end - 1.
+      const Tensor dz_frames = nchw_view(dz.narrow(0, 0, n).view({n * s.B, s.H, s.W, s.G}));
+      const Tensor h_prev_n = h_prev.narrow(0, 0, n);
+      if (t0 == 0) {
+        nchw_view(h_prev_n.select(0, 0)).copy_(h0);
+        if (n > 1) nchw_view(h_prev_n.narrow(0, 1, n - 1)).copy_(y.narrow(0, 0, n - 1));
+      } else {
+        nchw_view(h_prev_n).copy_(y.narrow(0, t0 - 1, n));
+      }
+      grad_w_hh.add_(std::get<1>(conv_backward(dz_frames, nchw_view(h_prev_n.view({n * s.B, s.H, s.W, s.C})),
+                                               w_hh_nhwc, false, geom, {false, true, false})));
+      auto [gx, gw_ih, gb] = conv_backward(dz_frames, to_nhwc(x_frames.narrow(0, t0 * s.B, n * s.B)), w_ih_nhwc,
+                                           has_bias, geom, {true, true, has_bias});
+      grad_x.narrow(0, t0, n).copy_(gx.view({n, s.B, s.Ci, s.H, s.W}));
+      grad_w_ih.add_(gw_ih);
+      if (has_bias) grad_bias.add_(gb);
+      if (s.has_peephole) {
+        const Tensor dz_gates = dz.narrow(0, 0, n).view({n, s.B, s.H, s.W, 4, s.C}).to(acc_dtype);
+        const Tensor c_t = cells.narrow(0, t0, n).to(acc_dtype);
+        const Tensor c_prev = t0 == 0 ? at::cat({c0_nhwc.unsqueeze(0).to(acc_dtype), c_t.narrow(0, 0, n - 1)})
+                                      : cells.narrow(0, t0 - 1, n).to(acc_dtype);
+        const std::vector<int64_t> over_time_and_batch{0, 1};
+        grad_peep_nhwc.select(0, 0).add_((dz_gates.select(4, 0) * c_prev).sum(over_time_and_batch));
+        grad_peep_nhwc.select(0, 1).add_((dz_gates.select(4, 1) * c_prev).sum(over_time_and_batch));
+        grad_peep_nhwc.select(0, 2).add_((dz_gates.select(4, 3) * c_t).sum(over_time_and_batch));
+      }
     }
   });
 
-  const Tensor dz_frames = nchw_view(dz.view({s.T * s.B, s.H, s.W, s.G}));
-  // h_{t-1} of every step, NHWC: h0, then y's first T-1 steps.
-  Tensor h_prev = at::empty({s.T, s.B, s.H, s.W, s.C}, x.options());
-  nchw_view(h_prev.select(0, 0)).copy_(h0);
-  if (s.T > 1) nchw_view(h_prev.narrow(0, 1, s.T - 1)).copy_(y.narrow(0, 0, s.T - 1));
-  Tensor grad_w_hh = std::get<1>(conv_backward(dz_frames, nchw_view(h_prev.view({s.T * s.B, s.H, s.W, s.C})),
-                                               w_hh_nhwc, false, geom, {false, true, false}))
-                         .contiguous();
-  auto [grad_x, grad_w_ih, grad_bias] = conv_backward(dz_frames, to_nhwc(x.view({s.T * s.B, s.Ci, s.H, s.W})),
-                                                      to_nhwc(w_ih), has_bias, geom, {true, true, has_bias});
-  grad_x = grad_x.contiguous().view({s.T, s.B, s.Ci, s.H, s.W});
-  grad_w_ih = grad_w_ih.contiguous();
-  if (!has_bias) grad_bias = at::empty({0}, x.options());
-
-  Tensor grad_peephole = at::empty({0}, x.options());
-  if (s.has_peephole) {
-    const Tensor dz_gates = dz.view({s.T, s.B, s.H, s.W, 4, s.C}).to(acc_dtype);
-    const Tensor c_t = cells.to(acc_dtype);
-    const Tensor c_prev = at::cat({c0_nhwc.unsqueeze(0).to(acc_dtype), c_t.narrow(0, 0, s.T - 1)});
-    const std::vector<int64_t> over_time_and_batch{0, 1};
-    // [3, H, W, C] -> [3, C, H, W]
-    grad_peephole = nchw_view(at::stack({(dz_gates.select(4, 0) * c_prev).sum(over_time_and_batch),
-                                         (dz_gates.select(4, 1) * c_prev).sum(over_time_and_batch),
-                                         (dz_gates.select(4, 3) * c_t).sum(over_time_and_batch)}))
-                        .to(dtype)
-                        .contiguous();
-  }
+  // [3, H, W, C] -> [3, C, H, W]
+  Tensor grad_peephole =
+      s.has_peephole ? nchw_view(grad_peep_nhwc).to(dtype).contiguous() : at::empty({0}, x.options());
   Tensor grad_h0 = dh_rec.contiguous();
   Tensor grad_c0 = nchw_view(dc).to(dtype).contiguous();
-  return {grad_x, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_peephole};
+  return {grad_x,
+          grad_h0,
+          grad_c0,
+          grad_w_ih.to(dtype).contiguous(),
+          grad_w_hh.to(dtype).contiguous(),
+          has_bias ? grad_bias.to(dtype) : grad_bias,
+          grad_peephole};
 }
 
 }  // namespace seqkernels
