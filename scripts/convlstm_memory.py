@@ -90,6 +90,39 @@ def pieces(shape) -> None:
               f"(dz itself {dz.numel() * 4 / MB:.1f} MB)", flush=True)
 
 
+def live_at_peak(shape, top: int = 12) -> None:
+    """The allocations alive at the peak of seqkernels' training backward (allocator
+    history), largest first, each with the innermost frames that made it."""
+    B, T, Ci, C, H, W, K = shape
+    ours = seqkernels.ConvLSTM(Ci, C, K, batch_first=True).cuda()
+    x = torch.randn(B, T, Ci, H, W, device="cuda", requires_grad=True)
+    for _ in range(2):
+        ours(x)[0].sum().backward()
+    y = ours(x)[0]
+    loss = y.sum()
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=200000, context="all", stacks="all")
+    loss.backward()
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    live, total, best, best_live = {}, 0, -1, {}
+    for event in snapshot["device_traces"][torch.cuda.current_device()]:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+            total += event["size"]
+            if total > best:
+                best, best_live = total, dict(live)
+        elif event["action"] in ("free_requested", "free_completed") and event["addr"] in live:
+            total -= live.pop(event["addr"])["size"]
+    print(f"seqkernels backward {shape}: {best / MB:.1f} MB allocated by the backward at its peak; largest:")
+    for event in sorted(best_live.values(), key=lambda e: -e["size"])[:top]:
+        names = [f.get("name", "?") for f in event.get("frames", [])]
+        ours_frames = [n for n in names if "seqkernels" in n or "convolution" in n or "cudnn" in n.lower()]
+        where = " < ".join(n[:70] for n in (ours_frames or names)[:3])
+        print(f"    {event['size'] / MB:7.2f} MB  {where}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", type=int, nargs=7, action="append", metavar=("B", "T", "CI", "C", "H", "W", "K"))
@@ -103,6 +136,7 @@ def main() -> int:
         torch.backends.cudnn.benchmark = True
         print(f"backward convolutions of {tuple(shape)} alone (cudnn.benchmark=True):", flush=True)
         pieces(tuple(shape))
+        live_at_peak(tuple(shape))
     return 0
 
 

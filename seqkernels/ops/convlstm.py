@@ -148,6 +148,10 @@ def _setup_context(ctx, inputs, output):
         args["x"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["peephole"], y, gates, cells
     )
     ctx.mark_non_differentiable(gates, cells)
+    # Unused outputs (always gates and cells, often h_n and c_n) get None, not a zero tensor
+    # of their size: autograd would otherwise allocate zeros as large as the saved gates
+    # (4x the output) in every backward.
+    ctx.set_materialize_grads(False)
 
 
 def _dense(grad: Tensor | None) -> Tensor | None:

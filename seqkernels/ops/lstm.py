@@ -96,6 +96,10 @@ def _setup_context(ctx, inputs, output):
         y, gates, cells,
     )
     ctx.mark_non_differentiable(gates, cells)
+    # Unused outputs (always gates and cells, often h_n and c_n) get None, not a zero tensor
+    # of their size: autograd would otherwise allocate zeros as large as the saved gates
+    # (4x the output) in every backward.
+    ctx.set_materialize_grads(False)
 
 
 def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
