@@ -11,6 +11,15 @@ def dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
     return torch.zeros_like(like) if grad is None else grad.contiguous()
 
 
+def mark_saved_outputs(ctx, *saved: Tensor) -> None:
+    """For ops that return what backward needs (saved gates, cell states) as extra outputs:
+    they are not differentiable, and unused outputs (always these, often h_n and c_n) reach
+    backward as None rather than as zero tensors of their size, which autograd would
+    otherwise allocate in every backward (for the gates, 4x the output)."""
+    ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)
+
+
 def forbid_double_backward(backward_op: str, label: str) -> None:
     """Register an autograd formula for ``backward_op`` ("seqkernels::<cell>_backward") that
     raises: without one, autograd would treat the backward op's outputs as constants and a

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import forbid_double_backward
+from ._autograd import forbid_double_backward, mark_saved_outputs
 
 __all__ = ["convlstm"]
 
@@ -147,11 +147,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(
         args["x"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["peephole"], y, gates, cells
     )
-    ctx.mark_non_differentiable(gates, cells)
-    # Unused outputs (always gates and cells, often h_n and c_n) get None, not a zero tensor
-    # of their size: autograd would otherwise allocate zeros as large as the saved gates
-    # (4x the output) in every backward.
-    ctx.set_materialize_grads(False)
+    mark_saved_outputs(ctx, gates, cells)
 
 
 def _dense(grad: Tensor | None) -> Tensor | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import dense_grad, forbid_double_backward
+from ._autograd import dense_grad, forbid_double_backward, mark_saved_outputs
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
@@ -95,11 +95,7 @@ def _setup_context(ctx, inputs, output):
         args["x"], args["batch_sizes"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["w_hr"],
         y, gates, cells,
     )
-    ctx.mark_non_differentiable(gates, cells)
-    # Unused outputs (always gates and cells, often h_n and c_n) get None, not a zero tensor
-    # of their size: autograd would otherwise allocate zeros as large as the saved gates
-    # (4x the output) in every backward.
-    ctx.set_materialize_grads(False)
+    mark_saved_outputs(ctx, gates, cells)
 
 
 def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
