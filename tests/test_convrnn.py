@@ -23,7 +23,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from _helpers import assert_low_precision_close, max_abs
+from _helpers import assert_low_precision_close, check_cuda_graph_replays, max_abs
 
 import seqkernels
 from seqkernels import ConvRNN, convrnn, convrnn_forward
@@ -643,3 +643,27 @@ def test_direct_op_call_with_bad_sizes_raises_on_every_device(device):
     x, w = torch.randn(2, 3, 1, 8, device=device), torch.randn(1, 1, 3, device=device)
     with pytest.raises(RuntimeError, match=r"h0 must have shape \[2, 1, 8\], got \[1, 1, 8\]"):
         torch.ops.seqkernels.convrnn_forward(x, w, None, torch.randn(1, 1, 8, device=device), 0, 0)
+
+
+class _StatesAsPair(nn.Module):
+    """ConvRNN's (y, h_T) as (y, (h_T, h_T)): the (y, (h, c)) contract of the shared
+    CUDA-graph check."""
+
+    def __init__(self, rnn: ConvRNN) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        y, h = self.rnn(x)
+        return y, (h, h)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("padding_mode", ["circular", "zeros"])
+def test_cuda_graph_forward_and_training_step(padding_mode):
+    """Inference and a training step captured in CUDA graphs; replays on fresh input agree
+    with eager calls of an identical model (outputs, final state, weight and bias grads)."""
+    torch.manual_seed(5)
+    model = _StatesAsPair(ConvRNN(3, 3, padding_mode=padding_mode)).cuda()
+    check_cuda_graph_replays(model, torch.randn(4, 12, 3, 16, device="cuda"))
