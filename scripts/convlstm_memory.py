@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from bench_convlstm import PeerConvLSTM  # noqa: E402
+from harness import peak_memory_bytes  # noqa: E402
 
 import seqkernels  # noqa: E402
 
@@ -24,14 +25,7 @@ MB = 2**20
 
 
 def peak_mb(fn) -> float:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak / MB
+    return peak_memory_bytes(fn, torch.device("cuda")) / MB
 
 
 def measure(shape, benchmark: bool) -> None:

@@ -169,7 +169,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const Tensor w_nhwc = to_nhwc(training ? w_hh : at::cat({w_ih, w_hh}, 1));
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
   Tensor h_buf = at::empty({training ? 2 : 1, s.B, s.H, s.W, h_channels}, x.options());
-  if (!training) nchw_view(h_buf.select(0, 0)).narrow(1, s.Ci, s.C).copy_(h0);
+  // The buffers as the convolutions' [B, channels, H, W] inputs, made once for the whole loop.
+  const Tensor h_views[2] = {nchw_view(h_buf.select(0, 0)), training ? nchw_view(h_buf.select(0, 1)) : Tensor()};
+  const Tensor x_slot = training ? Tensor() : h_views[0].narrow(1, 0, s.Ci);  // inference: x_t's channels
+  if (!training) h_views[0].narrow(1, s.Ci, s.C).copy_(h0);
   // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
   // each step's pre-activations with its activated gates, the buffer saved for backward.
   const Tensor zx = training ? conv(to_nhwc(x_frames), to_nhwc(w_ih), bias_or_none, geom) : Tensor();
@@ -192,9 +195,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
         step.zh = z.data_ptr<scalar_t>();
         step.h = h_buf.data_ptr<scalar_t>() + (t % 2) * state;
       } else {
-        const Tensor xh = nchw_view(h_buf.select(0, 0));  // [B, Ci + C, H, W]
-        xh.narrow(1, 0, s.Ci).copy_(x.select(0, t));
-        z = conv(xh, w_nhwc, bias_or_none, geom);
+        x_slot.copy_(x.select(0, t));
+        z = conv(h_views[0], w_nhwc, bias_or_none, geom);  // [x_t, h_{t-1}]
         step.z = z.data_ptr<scalar_t>();
         step.zh = nullptr;
         step.h = h_buf.data_ptr<scalar_t>() + s.Ci;
@@ -203,7 +205,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
       step.c = cells.data_ptr<scalar_t>() + (training ? t : t % 2) * state;
       step.y = y.data_ptr<scalar_t>() + t * state;
       Backend::forward_step(step);
-      if (training) h_prev = nchw_view(h_buf.select(0, t % 2));
+      if (training) h_prev = h_views[t % 2];
       c_prev = step.c;
     }
   });
