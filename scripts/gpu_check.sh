@@ -26,7 +26,7 @@
 # Env: GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
 # skip: build tests tests_persistent tests_cublas memcheck racecheck synccheck initcheck
 # memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent initcheck_mm conv_memcheck
-# conv_racecheck extra conv_extra bench conv_bench conv_memory cputests), BENCH_ARGS (extra
+# conv_racecheck extra conv_extra examples bench conv_bench conv_memory cputests), BENCH_ARGS (extra
 # arguments for bench_lstm.py, e.g. "--quick"), OUT.
 set -u
 export PYTHONUNBUFFERED=1
@@ -176,6 +176,10 @@ run_step extra "extra checks" 45 "$TESTS_LOG" "$PY" scripts/sanitize_lstm.py --e
 run_step conv_extra "conv op sweeps (+ ConvLSTM CUDA graph, ConvRNN bad inputs)" 90 "$TESTS_LOG" bash -c \
   "$PY scripts/check_convlstm_cuda.py --graph && $PY scripts/check_convrnn_cuda.py --bad-inputs"
 
+# ---- 4b. the examples at their default settings on this host's CPU and GPU (wall time, and
+# each example's own ms/step or ms/chunk lines) -------------------------------------------
+run_step examples "examples (cpu, cuda)" 150 "$TESTS_LOG" "$PY" scripts/time_examples.py --devices cpu cuda
+
 # ---- 5. benchmark -------------------------------------------------------------------------
 # shellcheck disable=SC2086
 run_step bench bench 180 "$OUT/bench.log" \
@@ -208,6 +212,8 @@ run_step cputests "pytest tests/test_lstm.py -m 'not cuda'" 120 "$TESTS_LOG" \
   grep -E "^FAIL " "$SAN_LOG" | head -10 | sed 's/^/  /'
   echo "ConvLSTM memory (scripts/convlstm_memory.py):"
   grep -E "^shape \(B, T|^  (seqkernels|loop) |^backward convolutions|^ +[0-9]+ frames:" "$OUT/bench.log" | sed 's/^/  /'
+  echo "examples (scripts/time_examples.py):"
+  grep -E "^example |^    .* ms" "$TESTS_LOG" | sed 's/^/  /'
   echo "extra checks:"
   grep -E "^(ok  |FAIL) (cuda-graph|T=)|^(ALL OK|FAILURES)$|bad inputs raised" "$TESTS_LOG" | sed 's/^/  /'
   echo "ptxas (per kernel: registers, spills):"
