@@ -35,16 +35,19 @@ NOISE = 0.1  # std of the distractor noise added to every unit at every delay st
 AMPLITUDE = 2.0  # how hard a symbol is written into the ring
 
 
-def make_batch(batch: int, delay: int, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [B, T, C, N] with T = ITEMS + delay, targets [B, ITEMS] (symbol indices)."""
-    steps = ITEMS + delay
-    targets = torch.randint(0, SYMBOLS, (batch, ITEMS), generator=generator)
-    x = torch.zeros(batch, steps, SYMBOLS, RING)
+def make_batch(batch: int, delay: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, T, C, N] with T = ITEMS + delay, targets [B, ITEMS] (symbol indices), made on the
+    generator's device: built on the host, the batch would cost more than the model's step on
+    a GPU."""
+    steps, device = ITEMS + delay, generator.device
+    targets = torch.randint(0, SYMBOLS, (batch, ITEMS), generator=generator, device=device)
+    x = torch.zeros(batch, steps, SYMBOLS, RING, device=device)
     # Symbol s enters at step s, on ring unit 0, as a one-hot over the channels.
-    x[torch.arange(batch)[:, None], torch.arange(ITEMS)[None, :], targets, 0] = AMPLITUDE
+    rows = torch.arange(batch, device=device)[:, None]
+    x[rows, torch.arange(ITEMS, device=device)[None, :], targets, 0] = AMPLITUDE
     # Distractors: noise on every unit during the delay (the items' steps stay clean).
-    x[:, ITEMS:] += NOISE * torch.randn(batch, delay, SYMBOLS, RING, generator=generator)
-    return x.to(device), targets.to(device)
+    x[:, ITEMS:] += NOISE * torch.randn(batch, delay, SYMBOLS, RING, generator=generator, device=device)
+    return x, targets
 
 
 class DelayedRecall(nn.Module):
@@ -60,25 +63,25 @@ class DelayedRecall(nn.Module):
         return self.readout(h_T.flatten(1)).view(-1, ITEMS, SYMBOLS)
 
 
-def accuracy(model: nn.Module, delay: int, generator: torch.Generator, device, batch: int = 1024) -> float:
-    x, targets = make_batch(batch, delay, generator, device)
+def accuracy(model: nn.Module, delay: int, generator: torch.Generator, batch: int = 1024) -> float:
+    x, targets = make_batch(batch, delay, generator)
     with torch.no_grad():
         return (model(x).argmax(-1) == targets).float().mean().item()
 
 
 def main(steps: int = 400, delay: int = 20, batch: int = 64, device: str = "cpu", seed: int = 0) -> dict:
     torch.manual_seed(seed)
-    train_gen = torch.Generator().manual_seed(seed)
-    test_gen = torch.Generator().manual_seed(seed + 1)  # fresh sequences, never trained on
+    train_gen = torch.Generator(device=device).manual_seed(seed)
+    test_gen = torch.Generator(device=device).manual_seed(seed + 1)  # fresh sequences, never trained on
     model = DelayedRecall().to(device)
     # The recurrent kernel acts T times per sequence: a step that suits the readout would
     # throw the ring out of its regime, so it learns 10x more slowly.
     optimizer = torch.optim.Adam([{"params": model.rnn.parameters(), "lr": 1e-3},
                                   {"params": model.readout.parameters(), "lr": 1e-2}])
-    before = accuracy(model, delay, test_gen, device)
+    before = accuracy(model, delay, test_gen)
     losses, start = [], time.perf_counter()
     for _ in range(steps):
-        x, targets = make_batch(batch, delay, train_gen, device)
+        x, targets = make_batch(batch, delay, train_gen)
         loss = nn.functional.cross_entropy(model(x).reshape(-1, SYMBOLS), targets.reshape(-1))
         optimizer.zero_grad()
         loss.backward()
@@ -91,7 +94,7 @@ def main(steps: int = 400, delay: int = 20, batch: int = 64, device: str = "cpu"
         "losses": losses,
         "seconds_per_step": seconds,
         "accuracy_before": before,
-        "accuracy": accuracy(model, delay, test_gen, device),
+        "accuracy": accuracy(model, delay, test_gen),
         "chance": 1.0 / SYMBOLS,
         "sequence_length": ITEMS + delay,
     }

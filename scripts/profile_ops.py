@@ -1,0 +1,120 @@
+"""Where a call's GPU time goes: the CUDA kernels of one seqkernels op call, per kernel
+(torch.profiler), for the benchmark shapes of the conv suites and the LSTM streaming example.
+
+    python scripts/profile_ops.py [--iters 20]
+
+For each case prints the wall time of a call (host included, as the benchmark's events see
+it), the summed kernel time per call, and the kernels sorted by their time. Diagnostic only:
+the benchmark scripts are what the tables come from.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import seqkernels
+
+
+def cases(dev):
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=dev)
+
+    for B, T, C, N, K in ((32, 128, 1, 16, 3), (8, 1024, 6, 256, 3)):
+        x, w, h0, b = rnd(B, T, C, N), rnd(C, C, K) / (C * K) ** 0.5, rnd(B, C, N), rnd(C)
+        name = f"convrnn B={B} T={T} C={C} N={N} K={K}"
+
+        def infer(x=x, w=w, h0=h0, b=b):
+            with torch.no_grad():
+                seqkernels.convrnn(x, w, h0, b)
+
+        leaves = [t.clone().requires_grad_() for t in (x, w, h0, b)]
+
+        def train(leaves=leaves):
+            for t in leaves:
+                t.grad = None
+            y, hT = seqkernels.convrnn(*leaves)
+            (y.sum() + hT.sum()).backward()
+
+        yield name + " infer", infer
+        yield name + " train", train
+
+    for B, T, Ci, C, S, K in ((16, 10, 16, 64, 16, 5), (4, 20, 64, 64, 64, 3)):
+        m = seqkernels.ConvLSTM(Ci, C, K, batch_first=True, device=dev)
+        x = rnd(B, T, Ci, S, S)
+        name = f"convlstm B={B} T={T} Ci={Ci} C={C} {S}x{S} K={K}"
+
+        def c_infer(m=m, x=x):
+            with torch.no_grad():
+                m(x)
+
+        xl = x.clone().requires_grad_()
+
+        def c_train(m=m, x=xl):
+            m.zero_grad(set_to_none=True)
+            m(x)[0].sum().backward()
+
+        yield name + " infer", c_infer
+        yield name + " train", c_train
+
+    lstm = seqkernels.LSTM(80, 320, num_layers=3, proj_size=160, device=dev).eval()
+    chunk = rnd(8, 1, 80)
+    with torch.no_grad():
+        _, state = lstm(chunk)
+
+    def stream(lstm=lstm, chunk=chunk, state=state):
+        with torch.no_grad():
+            lstm(chunk, state)
+
+    for dtype in (torch.bfloat16, torch.float32):
+        one = seqkernels.LSTM(256, 256, device=dev, dtype=dtype).eval()
+        seq = rnd(256, 1, 256).to(dtype)
+
+        def lstm_infer(one=one, seq=seq):
+            with torch.no_grad():
+                one(seq)
+
+        yield f"lstm B=1 T=256 H=256 {dtype} infer", lstm_infer
+
+    yield "lstm streaming chunk (3 layers, H=320, proj 160, T=8, B=1)", stream
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--device", default="cuda", help="cpu only checks that the cases run")
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    for name, fn in cases(args.device):
+        for _ in range(5):
+            fn()
+        sync(args.device)
+        walls = []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            fn()
+            sync(args.device)
+            walls.append(time.perf_counter() - t0)
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(args.iters):
+                fn()
+            sync(args.device)
+        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        total = sum(e.self_device_time_total for e in kernels) / args.iters
+        wall = sorted(walls)[len(walls) // 2] * 1e6
+        print(f"\n== {name}: wall {wall:.1f} us/call (median), kernels {total:.1f} us/call")
+        for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:8]:
+            print(f"   {e.self_device_time_total / args.iters:9.1f} us  x{e.count / args.iters:5.1f}  {e.key[:110]}")
+
+
+if __name__ == "__main__":
+    main()
