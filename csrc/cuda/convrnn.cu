@@ -17,7 +17,9 @@
 //   buffered: the next chunk of S·CN inputs (contiguous in memory) is copied asynchronously
 //   (cp.async) while the current chunk is computed, so no step waits on global memory.
 //   For K = 3 and C·N >= 1024 a tiled variant runs instead: a thread owns 4 consecutive units of
-//   a channel and reuses each padded state value it reads for up to 3 outputs.
+//   a channel and reuses each padded state value it reads for up to 3 outputs. For states of at
+//   most 32 units (C·N <= 32, C·K <= 32) a warp variant runs: one warp per sequence, the state
+//   in registers, taps by shuffles, no barrier (the template's shape, C = 1, N = 16).
 // Backward: the same block design in reverse time, with the adjoint convolution
 //   g_t = (grad_y[t] + carry_t)·act'(y_t) -> grad_x[t] (act' = 1 - y² for tanh, y > 0 for relu)
 //   carry_{t-1}[ci, m] = Σ_{co,k} w[co,ci,K-1-k]·gpad_t[co, m+k]   (gpad: g padded R left, L right)
@@ -311,26 +313,227 @@ __global__ void __launch_bounds__(kMaxSeqThreads) convrnn_backward_kernel(
 }
 
 // ---------------------------------------------------------------------------------------
+// Warp kernels (states of at most 32 units, C·N <= 32, and C·K <= 32 taps): one warp per
+// sequence, lane e = c·N + n holds its unit's state in a register for all T steps and reads its
+// K·C taps from the other lanes with shuffles: no shared memory, no block barrier, so a step
+// costs a chain of shuffles, FMAs and the activation. x (backward: grad_y and y) is loaded
+// kWarpPrefetch steps ahead into registers (the step loop is unrolled by that much), off the
+// dependency chain. Same summation order as conv_unit, so the same values as the block kernels.
+// ---------------------------------------------------------------------------------------
+
+constexpr int kWarpMaxUnits = 32;
+constexpr int kWarpsPerBlock = 4;  // sequences per block
+constexpr int kWarpPrefetch = 8;   // steps loaded ahead
+constexpr int kWarpFewTaps = 4;    // a second, shorter instantiation for C·K <= 4 (the template's C = 1, K = 3)
+
+// The taps of one lane's unit (c, n): tap j = ci·K + k reads ring unit (ci, n + k - left) of the
+// state (wrapped around the ring, or 0 outside it with zero padding) with weight w[j].
+template <class acc_t, int TAPS>
+struct WarpRingTaps {
+  acc_t w[TAPS];
+  int src[TAPS];         // the lane holding the tap's unit
+  unsigned int valid;    // bit j: tap j lies on the ring (zero padding), else it reads 0
+  int count;             // C·K
+
+  // weight_at(ci, k): the tap's weight for this lane's channel (only called for active lanes).
+  template <class WeightAt>
+  __device__ __forceinline__ WarpRingTaps(int C, int N, int K, int left, int n, bool active, bool circular,
+                                          WeightAt weight_at)
+      : valid(0), count(C * K) {
+#pragma unroll
+    for (int j = 0; j < TAPS; ++j) {
+      w[j] = acc_t(0);
+      src[j] = 0;
+      if (j < count && active) {
+        const int ci = j / K, k = j - ci * K;
+        int m = n + k - left;
+        bool on_ring = true;
+        if (circular) {
+          m = ((m % N) + N) % N;
+        } else {
+          on_ring = m >= 0 && m < N;
+        }
+        src[j] = ci * N + (on_ring ? m : 0);
+        valid |= on_ring ? (1u << j) : 0u;
+        w[j] = weight_at(ci, k);
+      }
+    }
+  }
+
+  // Σ_j w[j]·state[src[j]]: every lane of the warp must call it (shuffles), with its own state h.
+  __device__ __forceinline__ acc_t conv(acc_t h) const {
+    acc_t s = acc_t(0);
+#pragma unroll
+    for (int j = 0; j < TAPS; ++j) {
+      if (j < count) {  // warp-uniform
+        const acc_t v = __shfl_sync(0xffffffffu, h, src[j]);
+        s += w[j] * (((valid >> j) & 1u) ? v : acc_t(0));
+      }
+    }
+    return s;
+  }
+};
+
+template <class scalar_t, class acc_t, int TAPS>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) convrnn_forward_warp_kernel(
+    const scalar_t* __restrict__ x,       // [B, T, C, N] inputs
+    const scalar_t* __restrict__ weight,  // [C, C, K] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ bias,    // [C] or nullptr
+    const scalar_t* __restrict__ h0,      // [B, C, N] initial state
+    scalar_t* __restrict__ y,             // [B, T, C, N] out: h_1 .. h_T
+    scalar_t* __restrict__ h_T,           // [B, C, N] out: h_T
+    int64_t B, int64_t T, int C, int N, int K, bool circular, bool relu) {
+  constexpr int P = kWarpPrefetch;
+  const int lane = threadIdx.x % 32;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (b >= B) return;  // whole warps only
+  const int CN = C * N;
+  const bool active = lane < CN;
+  const int c = active ? lane / N : 0;
+  const int n = active ? lane - c * N : 0;
+  const WarpRingTaps<acc_t, TAPS> taps(C, N, K, K / 2, n, active, circular, [&](int ci, int k) {
+    return static_cast<acc_t>(weight[(static_cast<int64_t>(c) * C + ci) * K + k]);
+  });
+  const acc_t bias_c = bias != nullptr && active ? static_cast<acc_t>(bias[c]) : acc_t(0);
+  acc_t h = active ? static_cast<acc_t>(h0[b * CN + lane]) : acc_t(0);
+  const scalar_t* xb = x + b * T * CN + lane;
+  scalar_t* yb = y + b * T * CN + lane;
+
+  scalar_t xq[P];  // xq[p]: x of the next step t ≡ p (mod P)
+#pragma unroll
+  for (int p = 0; p < P; ++p) xq[p] = active && p < T ? xb[p * CN] : scalar_t(0);
+  for (int64_t t0 = 0; t0 < T; t0 += P) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t t = t0 + p;
+      if (t < T) {  // warp-uniform
+        const acc_t s = taps.conv(h);
+        const acc_t xv = static_cast<acc_t>(xq[p]);
+        if (active && t + P < T) xq[p] = xb[(t + P) * CN];
+        const scalar_t out = static_cast<scalar_t>(activate(xv + bias_c + s, relu));
+        if (active) yb[t * CN] = out;
+        h = static_cast<acc_t>(out);  // the rounded value is the state (as in the block kernels)
+      }
+    }
+  }
+  if (active) h_T[b * CN + lane] = static_cast<scalar_t>(h);
+}
+
+// Reverse time: g_t = (grad_y[t] + carry_t)·act'(y_t), carry_t = the adjoint convolution of
+// g_{t+1} (grad_h_T at t = T - 1), grad_h0 = the adjoint convolution of g_0.
+template <class scalar_t, class acc_t, int TAPS>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) convrnn_backward_warp_kernel(
+    const scalar_t* __restrict__ grad_y,    // [B, T, C, N] dL/dy
+    const scalar_t* __restrict__ grad_h_T,  // [B, C, N] dL/dh_T
+    const scalar_t* __restrict__ weight,    // [C, C, K] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ y,         // [B, T, C, N] forward outputs h_1 .. h_T
+    scalar_t* __restrict__ grad_x,          // [B, T, C, N] out: g_t
+    scalar_t* __restrict__ grad_h0,         // [B, C, N] out: dL/dh0
+    int64_t B, int64_t T, int C, int N, int K, bool circular, bool relu) {
+  constexpr int P = kWarpPrefetch;
+  const int lane = threadIdx.x % 32;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (b >= B) return;
+  const int CN = C * N;
+  const bool active = lane < CN;
+  const int c = active ? lane / N : 0;
+  const int n = active ? lane - c * N : 0;
+  // carry[c, n] = Σ_{co,k} w[co, c, K-1-k]·g[co, n + k - R] (conv_unit's order over the adjoint wt)
+  const WarpRingTaps<acc_t, TAPS> taps(C, N, K, K - 1 - K / 2, n, active, circular, [&](int co, int k) {
+    return static_cast<acc_t>(weight[(static_cast<int64_t>(co) * C + c) * K + (K - 1 - k)]);
+  });
+  const scalar_t* gyb = grad_y + b * T * CN + lane;
+  const scalar_t* yb = y + b * T * CN + lane;
+  scalar_t* gxb = grad_x + b * T * CN + lane;
+  const acc_t carry_T = active ? static_cast<acc_t>(grad_h_T[b * CN + lane]) : acc_t(0);
+
+  scalar_t gq[P], yq[P];  // slot p: step t = T - 1 - p (mod P)
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int64_t t = T - 1 - p;
+    gq[p] = active && t >= 0 ? gyb[t * CN] : scalar_t(0);
+    yq[p] = active && t >= 0 ? yb[t * CN] : scalar_t(0);
+  }
+  acc_t g = acc_t(0);  // g_{t+1}
+  for (int64_t t0 = T - 1; t0 >= 0; t0 -= P) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t t = t0 - p;
+      if (t >= 0) {  // warp-uniform
+        const acc_t carry = t == T - 1 ? carry_T : taps.conv(g);
+        const acc_t gy = static_cast<acc_t>(gq[p]);
+        const acc_t yv = static_cast<acc_t>(yq[p]);
+        if (active && t - P >= 0) {
+          gq[p] = gyb[(t - P) * CN];
+          yq[p] = yb[(t - P) * CN];
+        }
+        g = activate_grad(gy + carry, yv, relu);
+        if (active) gxb[t * CN] = static_cast<scalar_t>(g);
+      }
+    }
+  }
+  const acc_t dh0 = taps.conv(g);
+  if (active) grad_h0[b * CN + lane] = static_cast<scalar_t>(dh0);
+}
+
+// ---------------------------------------------------------------------------------------
 // Tiled persistent kernels (fixed K = KT, used for C·N >= kTileMinUnits): a thread owns tiles of
 // V consecutive ring units of one channel, so each padded input value read from shared memory
 // serves up to KT outputs and each weight V outputs (the per-unit kernels above are bound by
-// shared-memory traffic at these sizes). Rows of a padded buffer are NPs = ceil(N/V)·V + KT - 1
-// wide, so a tile's window never leaves its row; the columns past N + KT - 1 stay zero and only
-// feed outputs n >= N, which are discarded.
+// shared-memory traffic at these sizes). Rows of a padded buffer are NPs = tile_row_stride(N)
+// wide: ceil(N/V)·V + KT - 1 rounded up to 4 values, so a tile's window never leaves its row and
+// starts 16-byte aligned, and is read with vector loads (scalar loads at a stride of V values
+// from the lanes of a warp would hit the same banks V ways). The columns past N + KT - 1 stay
+// zero and only feed outputs n >= N, which are discarded.
 // ---------------------------------------------------------------------------------------
+
+template <int KT, int V>
+__host__ __device__ constexpr int tile_row_stride(int N) {
+  return ((N + V - 1) / V * V + KT - 1 + 3) / 4 * 4;
+}
+
+// win[j] = pr[j] for j < W, with 16-byte loads (pr 16-byte aligned, in shared memory).
+template <int W, class acc_t>
+__device__ __forceinline__ void load_window(const acc_t* pr, acc_t (&win)[W]) {
+  static_assert(std::is_same_v<acc_t, float> || std::is_same_v<acc_t, double>, "acc_t is float or double");
+  constexpr int E = 16 / sizeof(acc_t);  // values per 16-byte load
+  constexpr int VEC = W / E * E;
+#pragma unroll
+  for (int j = 0; j < VEC; j += E) {
+    if constexpr (E == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(pr + j);
+      win[j] = q.x;
+      win[j + 1] = q.y;
+      win[j + 2] = q.z;
+      win[j + 3] = q.w;
+    } else {
+      const double2 q = *reinterpret_cast<const double2*>(pr + j);
+      win[j] = q.x;
+      win[j + 1] = q.y;
+    }
+  }
+  if constexpr (E == 4 && W - VEC >= 2) {
+    const float2 q = *reinterpret_cast<const float2*>(pr + VEC);
+    win[VEC] = q.x;
+    win[VEC + 1] = q.y;
+    if constexpr (W - VEC == 3) win[VEC + 2] = pr[VEC + 2];
+  } else {
+#pragma unroll
+    for (int j = VEC; j < W; ++j) win[j] = pr[j];
+  }
+}
 
 // acc[v] = Σ_{ci,k} w_row[ci, k]·pad[ci, n0 + v + k] for v < V (same summation order as conv_unit).
 template <int KT, int V, class acc_t>
 __device__ __forceinline__ void conv_tile(const acc_t* w_row,  // [C, KT] the output channel's weights
-                                          const acc_t* pad,    // [C, NPs] padded input rows
+                                          const acc_t* pad,    // [C, NPs] padded input rows (16-byte aligned)
                                           int C, int NPs, int n0, acc_t (&acc)[V]) {
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[v] = acc_t(0);
   for (int ci = 0; ci < C; ++ci) {
     const acc_t* pr = pad + static_cast<int64_t>(ci) * NPs + n0;
     acc_t win[V + KT - 1];
-#pragma unroll
-    for (int j = 0; j < V + KT - 1; ++j) win[j] = pr[j];
+    load_window(pr, win);
 #pragma unroll
     for (int k = 0; k < KT; ++k) {
       const acc_t wv = w_row[ci * KT + k];
@@ -369,7 +572,7 @@ __global__ void __launch_bounds__(kMaxSeqThreads) convrnn_forward_tiled_kernel(
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int K = KT;
   const int NPl = N + K - 1, L = K / 2, CN = C * N;
-  const int NT = (N + V - 1) / V, NPs = NT * V + K - 1, Q = C * NT;
+  const int NT = (N + V - 1) / V, NPs = tile_row_stride<KT, V>(N), Q = C * NT;
   acc_t* hbuf0 = reinterpret_cast<acc_t*>(smem_raw);    // [C, NPs]
   acc_t* hbuf1 = hbuf0 + C * NPs;                         // [C, NPs]
   acc_t* w = hbuf1 + C * NPs;                             // [C, C, K]
@@ -452,7 +655,7 @@ __global__ void __launch_bounds__(kMaxSeqThreads) convrnn_backward_tiled_kernel(
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int K = KT;
   const int NPl = N + K - 1, L = K / 2, R = K - 1 - L, CN = C * N;
-  const int NT = (N + V - 1) / V, NPs = NT * V + K - 1, Q = C * NT;
+  const int NT = (N + V - 1) / V, NPs = tile_row_stride<KT, V>(N), Q = C * NT;
   acc_t* gbuf0 = reinterpret_cast<acc_t*>(smem_raw);   // [C, NPs]
   acc_t* gbuf1 = gbuf0 + C * NPs;                        // [C, NPs]
   acc_t* wt = gbuf1 + C * NPs;                           // [C, C, K] adjoint weight
@@ -693,6 +896,14 @@ bool stageable(const Tensor& t, int64_t CN) {
          reinterpret_cast<std::uintptr_t>(t.data_ptr<scalar_t>()) % U == 0;
 }
 
+// The warp kernels take states of at most 32 units with at most 32 taps (C·K; only zero
+// padding allows K > N).
+bool fits_one_warp(const ConvRnnSizes& s) { return s.C * s.N <= kWarpMaxUnits && s.C * s.K <= kWarpMaxUnits; }
+
+unsigned int warp_kernel_blocks(const ConvRnnSizes& s) {
+  return static_cast<unsigned int>((s.B + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
 template <class scalar_t>
 std::tuple<Tensor, Tensor> convrnn_forward_impl(const ConvRnnSizes& s, const Tensor& x, const Tensor& weight,
                                                 const std::optional<Tensor>& bias, const Tensor& h0) {
@@ -701,9 +912,25 @@ std::tuple<Tensor, Tensor> convrnn_forward_impl(const ConvRnnSizes& s, const Ten
   Tensor y = at::empty({s.B, s.T, s.C, s.N}, x.options());
   Tensor h_T = at::empty({s.B, s.C, s.N}, x.options());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (fits_one_warp(s)) {
+    const auto launch = [&](auto kernel) {
+      kernel<<<warp_kernel_blocks(s), 32 * kWarpsPerBlock, 0, stream>>>(
+          x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), s.has_bias ? bias->data_ptr<scalar_t>() : nullptr,
+          h0.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h_T.data_ptr<scalar_t>(), s.B, s.T, C, N, K, s.circular,
+          s.relu);
+    };
+    if (s.C * s.K <= kWarpFewTaps) {
+      launch(convrnn_forward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>);
+    } else {
+      launch(convrnn_forward_warp_kernel<scalar_t, acc_t, kWarpMaxUnits>);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {y, h_T};
+  }
   if (s.K == kTileK && s.C * s.N >= kTileMinUnits) {
     const int64_t NT = (s.N + kTileV - 1) / kTileV;
-    const size_t fixed = (2 * s.C * (NT * kTileV + s.K - 1) + s.C * s.C * s.K + s.C) * sizeof(acc_t);
+    const int64_t NPs = tile_row_stride<kTileK, kTileV>(N);
+    const size_t fixed = (2 * s.C * NPs + s.C * s.C * s.K + s.C) * sizeof(acc_t);
     const SeqPlan p = plan_sequence(s, s.C * NT, fixed, static_cast<size_t>(s.C * s.N) * sizeof(scalar_t),
                                     stageable<scalar_t>(x, s.C * s.N), "seqkernels.convrnn_forward");
     auto kernel = convrnn_forward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;
@@ -744,9 +971,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_impl(const ConvRnnSi
 
   // 1. Reverse-time sequence: grad_x (= g) and grad_h0.
   const bool stage_bwd = stageable<scalar_t>(grad_y, CN) && stageable<scalar_t>(y, CN);
-  if (s.K == kTileK && CN >= kTileMinUnits) {
+  if (fits_one_warp(s)) {
+    const auto launch = [&](auto kernel) {
+      kernel<<<warp_kernel_blocks(s), 32 * kWarpsPerBlock, 0, stream>>>(
+          grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+          y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.B, s.T, C, N, K,
+          s.circular, s.relu);
+    };
+    if (s.C * s.K <= kWarpFewTaps) {
+      launch(convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>);
+    } else {
+      launch(convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpMaxUnits>);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else if (s.K == kTileK && CN >= kTileMinUnits) {
     const int64_t NT = (s.N + kTileV - 1) / kTileV;
-    const size_t fixed = (2 * s.C * (NT * kTileV + s.K - 1) + s.C * s.C * s.K) * sizeof(acc_t);
+    const int64_t NPs = tile_row_stride<kTileK, kTileV>(N);
+    const size_t fixed = (2 * s.C * NPs + s.C * s.C * s.K) * sizeof(acc_t);
     const SeqPlan p = plan_sequence(s, s.C * NT, fixed, 2 * static_cast<size_t>(CN) * sizeof(scalar_t),
                                     stage_bwd, "seqkernels.convrnn_backward");
     auto kernel = convrnn_backward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;

@@ -349,8 +349,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
     return {y, hbuf, c_n, gates, cells};
   }
-  hbuf.copy_(h0);
+  // With a projection, in the forward direction the recurrent GEMM reads h_{t-1} straight from
+  // y (h0 at the first step): batch sizes never grow, so step t's rows are rows of step t-1, and
+  // only the rows whose sequence ends at a step are copied into hbuf (h_n). In reverse the rows
+  // that start late take h0, so h_{t-1} is kept whole in hbuf and copied there every step.
+  const bool proj_from_y = proj && !reverse;
+  if (!proj_from_y) hbuf.copy_(h0);
   cbuf.copy_(c0);
+  const scalar_t* h_prev_p = proj_from_y ? h0.data_ptr<scalar_t>() : hbuf_p;
 
   // 16-byte accesses when every base pointer allows them (row offsets are multiples of H).
   const bool vec4 = H % 4 == 0 && aligned_for<4>(pre_p) && aligned_for<4>(bias_p) && aligned_for<4>(cbuf_p) &&
@@ -386,7 +392,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const int64_t off = s.offsets[t];
     acc_t* pre_t = pre_p + off * G;
     // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ
-    cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, bt, G, Hout, sc_t(1), hbuf_p, Hout, w_hh_p, Hout,
+    cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, bt, G, Hout, sc_t(1), h_prev_p, Hout, w_hh_p, Hout,
                                       sc_t(1), pre_t, G);
     scalar_t* y_t = y_p + off * Hout;
     launch_step(pre_t, training ? gates_p + off * G : nullptr, training ? cells_p + off * H : nullptr,
@@ -395,8 +401,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
       // y[rows][bt, P] = m[bt, H] · W_hr[P, H]ᵀ, then h_t = y[rows].
       cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::T, bt, P, H, sc_t(1), mbuf_p, H, w_hr_p, H, sc_t(0),
                                            y_t, P);
-      C10_CUDA_CHECK(cudaMemcpyAsync(hbuf_p, y_t, static_cast<size_t>(bt * P) * sizeof(scalar_t),
-                                     cudaMemcpyDeviceToDevice, stream));
+      // Rows [first, bt) of hbuf get y_t: every row in reverse, in the forward direction the rows
+      // whose sequence ends here (none run at step t + 1).
+      const int64_t first = !proj_from_y ? 0 : (step + 1 < T ? s.batch_sizes[t + 1] : 0);
+      if (first < bt) {
+        C10_CUDA_CHECK(cudaMemcpyAsync(hbuf_p + first * P, y_t + first * P,
+                                       static_cast<size_t>((bt - first) * P) * sizeof(scalar_t),
+                                       cudaMemcpyDeviceToDevice, stream));
+      }
+      if (proj_from_y) h_prev_p = y_t;
     }
   }
 
