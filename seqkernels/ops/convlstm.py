@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import forbid_double_backward, mark_saved_outputs
+from ._autograd import call_op, forbid_double_backward, mark_saved_outputs
 
 __all__ = ["convlstm"]
 
@@ -97,7 +97,9 @@ def convlstm(
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, h0, c0, weight_ih, weight_hh, bias, peephole)
     )
-    y, h_n, c_n, _, _ = _forward(
+    y, h_n, c_n, _, _ = call_op(
+        _forward,
+        training,
         x.contiguous(),
         h0.contiguous(),
         c0.contiguous(),

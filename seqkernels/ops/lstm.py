@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import dense_grad, forbid_double_backward, mark_saved_outputs
+from ._autograd import call_op, dense_grad, forbid_double_backward, mark_saved_outputs
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
@@ -38,7 +38,9 @@ def lstm_layer(
     """
     tensors = (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
     training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    y, h_n, c_n, _, _ = _forward(
+    y, h_n, c_n, _, _ = call_op(
+        _forward,
+        training,
         x.contiguous(),
         batch_sizes,
         h0.contiguous(),
