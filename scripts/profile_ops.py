@@ -10,12 +10,17 @@ the benchmark scripts are what the tables come from.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import seqkernels
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from harness import synchronize  # noqa: E402
 
 
 def cases(dev):
@@ -83,31 +88,27 @@ def cases(dev):
     yield "lstm streaming chunk (3 layers, H=320, proj 160, T=8, B=1)", stream
 
 
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda", help="cpu only checks that the cases run")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
+    device = torch.device(args.device)
     for name, fn in cases(args.device):
         for _ in range(5):
             fn()
-        sync(args.device)
+        synchronize(device)
         walls = []
         for _ in range(args.iters):
             t0 = time.perf_counter()
             fn()
-            sync(args.device)
+            synchronize(device)
             walls.append(time.perf_counter() - t0)
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(args.iters):
                 fn()
-            sync(args.device)
+            synchronize(device)
         kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
         total = sum(e.self_device_time_total for e in kernels) / args.iters
         wall = sorted(walls)[len(walls) // 2] * 1e6

@@ -907,9 +907,20 @@ bool stageable(const Tensor& t, int64_t CN) {
          reinterpret_cast<std::uintptr_t>(t.data_ptr<scalar_t>()) % U == 0;
 }
 
+// Shared memory of a tiled kernel besides its staged inputs: the two padded state rows sets,
+// the weight and (forward) the bias, in acc_t.
+template <class acc_t>
+size_t tiled_fixed_bytes(const ConvRnnSizes& s, bool aligned, bool with_bias) {
+  const int64_t NPs = tile_row_stride<kTileK, kTileV>(static_cast<int>(s.N), aligned);
+  return static_cast<size_t>(2 * s.C * NPs + s.C * s.C * s.K + (with_bias ? s.C : 0)) * sizeof(acc_t);
+}
+
 // The warp kernels take states of at most 32 units with at most 32 taps (C·K; only zero
 // padding allows K > N).
 bool fits_one_warp(const ConvRnnSizes& s) { return s.C * s.N <= kWarpMaxUnits && s.C * s.K <= kWarpMaxUnits; }
+
+// The shorter warp-kernel instantiation suffices.
+bool few_taps(const ConvRnnSizes& s) { return s.C * s.K <= kWarpFewTaps; }
 
 unsigned int warp_kernel_blocks(const ConvRnnSizes& s) {
   return static_cast<unsigned int>((s.B + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -924,27 +935,20 @@ std::tuple<Tensor, Tensor> convrnn_forward_impl(const ConvRnnSizes& s, const Ten
   Tensor h_T = at::empty({s.B, s.C, s.N}, x.options());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (fits_one_warp(s)) {
-    const auto launch = [&](auto kernel) {
-      kernel<<<warp_kernel_blocks(s), 32 * kWarpsPerBlock, 0, stream>>>(
-          x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), s.has_bias ? bias->data_ptr<scalar_t>() : nullptr,
-          h0.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h_T.data_ptr<scalar_t>(), s.B, s.T, C, N, K, s.circular,
-          s.relu);
-    };
-    if (s.C * s.K <= kWarpFewTaps) {
-      launch(convrnn_forward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>);
-    } else {
-      launch(convrnn_forward_warp_kernel<scalar_t, acc_t, kWarpMaxUnits>);
-    }
+    const auto kernel = few_taps(s) ? convrnn_forward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>
+                                    : convrnn_forward_warp_kernel<scalar_t, acc_t, kWarpMaxUnits>;
+    kernel<<<warp_kernel_blocks(s), 32 * kWarpsPerBlock, 0, stream>>>(
+        x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), s.has_bias ? bias->data_ptr<scalar_t>() : nullptr,
+        h0.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h_T.data_ptr<scalar_t>(), s.B, s.T, C, N, K, s.circular,
+        s.relu);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {y, h_T};
   }
   if (s.K == kTileK && s.C * s.N >= kTileMinUnits) {
     const int64_t NT = (s.N + kTileV - 1) / kTileV;
-    const auto fixed_bytes = [&](bool aligned) {
-      return (2 * s.C * tile_row_stride<kTileK, kTileV>(N, aligned) + s.C * s.C * s.K + s.C) * sizeof(acc_t);
-    };
-    const bool aligned = fixed_bytes(true) <= static_cast<size_t>(max_smem_per_block());
-    const SeqPlan p = plan_sequence(s, s.C * NT, fixed_bytes(aligned), static_cast<size_t>(s.C * s.N) * sizeof(scalar_t),
+    const bool aligned = tiled_fixed_bytes<acc_t>(s, true, true) <= static_cast<size_t>(max_smem_per_block());
+    const SeqPlan p = plan_sequence(s, s.C * NT, tiled_fixed_bytes<acc_t>(s, aligned, true),
+                                    static_cast<size_t>(s.C * s.N) * sizeof(scalar_t),
                                     stageable<scalar_t>(x, s.C * s.N), "seqkernels.convrnn_forward");
     auto kernel = convrnn_forward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;
     allow_smem(kernel, p.smem);
@@ -985,25 +989,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_impl(const ConvRnnSi
   // 1. Reverse-time sequence: grad_x (= g) and grad_h0.
   const bool stage_bwd = stageable<scalar_t>(grad_y, CN) && stageable<scalar_t>(y, CN);
   if (fits_one_warp(s)) {
-    const auto launch = [&](auto kernel) {
-      kernel<<<warp_kernel_blocks(s), 32 * kWarpsPerBlock, 0, stream>>>(
-          grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-          y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.B, s.T, C, N, K,
-          s.circular, s.relu);
-    };
-    if (s.C * s.K <= kWarpFewTaps) {
-      launch(convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>);
-    } else {
-      launch(convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpMaxUnits>);
-    }
+    const auto kernel = few_taps(s) ? convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>
+                                    : convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpMaxUnits>;
+    kernel<<<warp_kernel_blocks(s), 32 * kWarpsPerBlock, 0, stream>>>(
+        grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+        y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.B, s.T, C, N, K,
+        s.circular, s.relu);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else if (s.K == kTileK && CN >= kTileMinUnits) {
     const int64_t NT = (s.N + kTileV - 1) / kTileV;
-    const auto fixed_bytes = [&](bool aligned) {
-      return (2 * s.C * tile_row_stride<kTileK, kTileV>(N, aligned) + s.C * s.C * s.K) * sizeof(acc_t);
-    };
-    const bool aligned = fixed_bytes(true) <= static_cast<size_t>(max_smem_per_block());
-    const SeqPlan p = plan_sequence(s, s.C * NT, fixed_bytes(aligned), 2 * static_cast<size_t>(CN) * sizeof(scalar_t),
+    const bool aligned = tiled_fixed_bytes<acc_t>(s, true, false) <= static_cast<size_t>(max_smem_per_block());
+    const SeqPlan p = plan_sequence(s, s.C * NT, tiled_fixed_bytes<acc_t>(s, aligned, false),
+                                    2 * static_cast<size_t>(CN) * sizeof(scalar_t),
                                     stage_bwd, "seqkernels.convrnn_backward");
     auto kernel = convrnn_backward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;
     allow_smem(kernel, p.smem);

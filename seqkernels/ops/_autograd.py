@@ -5,13 +5,18 @@ import torch
 from torch import Tensor
 
 
-def call_op(op, records_grad: bool, *args):
+def records_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd records a call on these inputs: grad mode on and one requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def call_op(op, recording: bool, *args):
     """``op(*args)``, and below autograd when autograd would record nothing (grad mode off, or
     no input requires grad) and torch.compile is not tracing: there the op's autograd kernel
     (the Python function of register_autograd) would only redispatch, which costs a few
     microseconds per call, a measurable share of a small op on a GPU (a ConvRNN of the
     template's shape runs in ~30 us)."""
-    if records_grad or torch.compiler.is_compiling():
+    if recording or torch.compiler.is_compiling():
         return op(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)

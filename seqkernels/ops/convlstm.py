@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_op, forbid_double_backward, mark_saved_outputs
+from ._autograd import call_op, forbid_double_backward, mark_saved_outputs, records_grad
 
 __all__ = ["convlstm"]
 
@@ -94,9 +94,7 @@ def convlstm(
         bias = bias_ih if bias_hh is None else bias_hh
     else:
         bias = bias_ih + bias_hh
-    training = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, h0, c0, weight_ih, weight_hh, bias, peephole)
-    )
+    training = records_grad(x, h0, c0, weight_ih, weight_hh, bias, peephole)
     y, h_n, c_n, _, _ = call_op(
         _forward,
         training,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_op, dense_grad, forbid_double_backward
+from ._autograd import call_op, dense_grad, forbid_double_backward, records_grad
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
 
@@ -86,12 +86,9 @@ def convrnn(
         h0 = x.new_zeros(B, C, N)
     if B == 0 or T == 0:  # nothing to run: the state passes through unchanged
         return x.new_empty(B, T, C, N), h0.clone()
-    records_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, h0, bias)
-    )
     return call_op(
         _forward,
-        records_grad,
+        records_grad(x, weight, h0, bias),
         x.contiguous(),
         weight.contiguous(),
         None if bias is None else bias.contiguous(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_op, dense_grad, forbid_double_backward, mark_saved_outputs
+from ._autograd import call_op, dense_grad, forbid_double_backward, mark_saved_outputs, records_grad
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
@@ -36,8 +36,7 @@ def lstm_layer(
     batch_sizes: [T] int64 on the CPU, non-increasing; h0: [B, Hout]; c0: [B, H].
     Returns y [N, Hout], h_n [B, Hout], c_n [B, H].
     """
-    tensors = (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
-    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    training = records_grad(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
     y, h_n, c_n, _, _ = call_op(
         _forward,
         training,
