@@ -8,10 +8,16 @@ Method (docs: /work/shared/performance.md, docs/benchmarks.md):
   another process) falls on all of them alike.
 - Warm-up calls first (they build caches, pick algorithms, fault pages in), then at least
   ``MIN_TIMED_CALLS`` timed calls; the figure reported is the median.
+- Each timed call directly follows an untimed call of the same candidate (``warm_each``;
+  ``--no-warm-each`` turns it off): interleaving alone times every call right after a
+  different candidate, with that candidate's code and data in the host's caches. On an H200
+  host (2026-11-21) that tripled the host cost of a 0.24 ms ConvRNN training call following
+  the reference loop's call (1.0 ms), and it falls hardest on the candidate that takes least.
 - On a GPU each call is timed with a pair of CUDA events recorded on the current stream
-  after a ``torch.cuda.synchronize()``; the host launch cost of an eager call is part of
-  what the events see, as it is part of what a user waits for. On the CPU each call is
-  timed with ``time.perf_counter``.
+  after a ``torch.cuda.synchronize()``; the events are created before the timed calls (an
+  event made on first use inside the timed window added 0.3 ms to the median of that call,
+  same host). The host launch cost of an eager call is part of what the events see, as it is
+  part of what a user waits for. On the CPU each call is timed with ``time.perf_counter``.
 - ``capture_cuda_graph`` captures a callable into a CUDA graph (warm-up on a side stream,
   then capture) and returns the replay; ``peak_memory_bytes`` measures the peak allocated
   by one call above what was allocated before it.
@@ -253,11 +259,13 @@ def measure_interleaved(
     warmup: int = 3,
     iters: int = MIN_TIMED_CALLS,
     before_each: Callable[[], None] | None = None,
+    warm_each: bool = True,
 ) -> dict[str, Timing]:
     """Times each callable ``iters`` times after ``warmup`` untimed calls, interleaved.
 
     Round r calls the candidates in the order rotated by r. ``before_each`` (untimed) runs
-    before every call, e.g. to clear gradients.
+    before every call, e.g. to clear gradients. With ``warm_each`` every timed call follows
+    an untimed call of the same candidate.
     """
     if iters < MIN_TIMED_CALLS:
         raise ValueError(f"at least {MIN_TIMED_CALLS} timed calls are needed, got {iters}")
@@ -267,21 +275,30 @@ def measure_interleaved(
             if before_each is not None:
                 before_each()
             fns[name]()
-    synchronize(device)
-
     samples: dict[str, list[float]] = {name: [] for name in names}
     cuda = device.type == "cuda"
+    if cuda:  # every event made (recorded once) before any timed call
+        pool = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(len(names))]
+        for start, end in pool:
+            start.record()
+            end.record()
+    synchronize(device)
+
     for r in range(iters):
         order = names[r % len(names):] + names[: r % len(names)]
         events = []
-        for name in order:
+        for i, name in enumerate(order):
+            fn = fns[name]
+            if warm_each:
+                if before_each is not None:
+                    before_each()
+                fn()
             if before_each is not None:
                 before_each()
-            fn = fns[name]
             if cuda:
                 torch.cuda.synchronize(device)
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
+                start, end = pool[i]
                 start.record()
                 fn()
                 end.record()
@@ -302,7 +319,9 @@ def time_candidates(record: dict, fns: Mapping[str, Callable[[], object]], devic
     """``measure_interleaved`` with ``args.warmup`` / ``args.iters``; fills the record's
     ``other_load_cores``, ``timings``, ``ms`` (medians) and ``us_per_step`` (ms over ``steps``)."""
     other = OtherLoad()
-    timings = measure_interleaved(fns, device, warmup=args.warmup, iters=args.iters, before_each=before_each)
+    timings = measure_interleaved(fns, device, warmup=args.warmup, iters=args.iters, before_each=before_each,
+                                  warm_each=not args.no_warm_each)
+    record["warm_each"] = not args.no_warm_each
     record["other_load_cores"] = other.cores()
     record["timings"] = {k: t.summary() for k, t in timings.items()}
     record["ms"] = {k: t.median_ms for k, t in timings.items()}
@@ -497,6 +516,9 @@ def add_common_args(p: argparse.ArgumentParser, json_default: str, *, tf32_and_g
     p.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default 3 CPU, 10 GPU)")
     p.add_argument("--iters", type=int, default=None,
                    help=f"timed calls per candidate, >= {MIN_TIMED_CALLS} (default 20 CPU, 50 GPU)")
+    p.add_argument("--no-warm-each", action="store_true",
+                   help="time each call right after the previous candidate's, without an untimed call of the "
+                        "same candidate first (the method before 2026-11-21)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; default torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help=f"records file (default bench_results/{json_default})")
