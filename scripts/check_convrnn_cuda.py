@@ -17,6 +17,7 @@ Frobenius error, and that two backward calls agree bit for bit. Exits non-zero o
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -40,14 +41,24 @@ FULL = [
     (1, 7, 2, 3, 5, False, False, True),  # zero padding wider than the ring
     (4, 33, 3, 5, 4, True, True, True),  # even K
     (2, 100, 1, 16, 3, True, False, False),  # the template shape's layout, several staged chunks
-    (2, 40, 6, 256, 3, True, False, True),  # several units per thread, several chunks
+    (2, 40, 6, 256, 3, True, False, True),  # the benchmark's large shape (cluster G = 8)
     (2, 23, 5, 129, 6, False, True, True),
-    (1, 6, 40, 300, 3, True, False, True),  # C·N = 12000, tiled
+    (1, 6, 40, 300, 3, True, False, True),  # C·N = 12000 (> 8 · 1024: no cluster), tiled
     (2, 7, 4, 257, 3, True, False, True),  # tiled, a partial last tile
     (1, 5, 8, 130, 3, False, True, True),  # tiled, zero padding, a partial last tile
-    (1, 5, 3, 345, 5, True, True, False),  # C·N > 1024 with K = 5: the per-unit kernels
+    (1, 5, 3, 345, 5, True, True, False),  # C·N > 1024 with K = 5, N odd: the per-unit kernels
+    # The cluster forward (C·N >= 1024, N split into G = 8 or 4 equal segments of >= K units, C·N / G <= 512);
+    # every configuration with C·N >= 1024 also runs with SEQKERNELS_CONVRNN_CLUSTER=0 (one block):
+    (3, 11, 4, 256, 4, True, True, True),  # even K (L = 2, R = 1), G = 8
+    (2, 9, 2, 512, 5, False, False, True),  # zero padding, K = 5, G = 8
+    (1, 13, 16, 64, 3, True, False, False),  # 16 channels, segments of 8 units
+    (2, 6, 4, 256, 1, True, True, True),  # K = 1 (no halo), G = 8
+    (1, 20, 2, 516, 7, True, False, True),  # G = 4 (516 / 8 is not whole)
+    (1, 7, 26, 40, 5, True, True, True),  # segments exactly K = 5 units wide, G = 8, halos every 2 steps
+    (2, 30, 4, 1024, 3, False, False, True),  # G = 8, halos every step (no threads for wider ones)
 ]
-SMALL = [FULL[0], FULL[2], FULL[3], (2, 9, 3, 40, 3, False, True, True), (2, 7, 4, 257, 3, True, False, True)]
+SMALL = [FULL[0], FULL[2], FULL[3], (2, 9, 3, 40, 3, False, True, True), (2, 7, 4, 257, 3, True, False, True),
+         (2, 9, 4, 256, 3, True, False, True), (1, 5, 2, 516, 4, False, True, True)]
 
 
 def rel(a, b):
@@ -94,7 +105,8 @@ def check(cfg, dtype, dev):
     worst = max(errs.values())
     tol = TOL_RELU16[dtype] if relu and dtype in TOL_RELU16 else TOL[dtype]
     ok = worst <= tol and det and all(torch.isfinite(t).all() for t in (y, hT, gx, gw, gh0))
-    print(f"{'ok  ' if ok else 'FAIL'} {cfg} {str(dtype):15s} worst {worst:.2e} deterministic={det} "
+    cluster = os.environ.get("SEQKERNELS_CONVRNN_CLUSTER", "1")
+    print(f"{'ok  ' if ok else 'FAIL'} {cfg} cluster={cluster} {str(dtype):15s} worst {worst:.2e} deterministic={det} "
           + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
     return ok
 
@@ -183,8 +195,12 @@ def main():
     cfgs = SMALL if args.small else FULL
     dtypes = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
     for cfg in cfgs:
-        for dt in dtypes:
-            ok &= check(cfg, dt, dev)
+        B, T, C, N, K = cfg[:5]
+        for cluster in ("1", "0") if C * N >= 1024 else ("1",):
+            os.environ["SEQKERNELS_CONVRNN_CLUSTER"] = cluster  # read by the op at every call
+            for dt in dtypes:
+                ok &= check(cfg, dt, dev)
+    os.environ.pop("SEQKERNELS_CONVRNN_CLUSTER", None)
     if args.bench:
         bench(dev)
     if args.bad_inputs:

@@ -222,6 +222,44 @@ def test_long_sequence_5000_steps(device):
     compare(got, ref64, torch.float32, "5000 steps")
 
 
+LARGE_STATE_CASES = [
+    # (B, T, C, N, K, padding_mode, nonlinearity): C·N >= 1024, where the CUDA forward splits a
+    # sequence over a thread-block cluster (G = N's largest divisor in {8, 4} leaving segments of
+    # >= K units, C·N / G <= 512; halos traded every H <= 4 steps, H = 1 where the block has no
+    # threads for wider halos), else one block runs (tiled for K = 3).
+    pytest.param(2, 9, 6, 256, 3, "circular", "tanh", id="G8-k3"),
+    pytest.param(2, 7, 4, 256, 4, "circular", "relu", id="G8-even-k"),
+    pytest.param(1, 6, 2, 512, 5, "zeros", "tanh", id="G8-zeros-k5"),
+    pytest.param(1, 5, 26, 40, 5, "circular", "tanh", id="G8-segments-of-k"),
+    pytest.param(1, 5, 16, 64, 3, "circular", "tanh", id="G8-k3-16-channels"),
+    pytest.param(1, 6, 4, 1024, 3, "zeros", "tanh", id="G8-halo-every-step"),
+    pytest.param(2, 5, 2, 516, 7, "circular", "tanh", id="G4"),
+    pytest.param(1, 6, 2, 516, 4, "zeros", "relu", id="G4-zeros-even-k"),
+    pytest.param(1, 6, 8, 130, 3, "zeros", "relu", id="N-not-split-one-block"),
+    pytest.param(1, 4, 4, 257, 3, "circular", "tanh", id="odd-N-one-block"),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cluster", ["1", "0"], ids=["cluster", "one-block"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("B, T, C, N, K, padding_mode, nonlinearity", LARGE_STATE_CASES)
+def test_cuda_large_states_match_reference(monkeypatch, cluster, dtype, B, T, C, N, K, padding_mode, nonlinearity):
+    """Large rings on CUDA, with the cluster forward allowed and turned off
+    (SEQKERNELS_CONVRNN_CLUSTER=0): values and every gradient against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_CONVRNN_CLUSTER", cluster)  # read by the op at every call
+    torch.manual_seed(B * 1000 + N + K)
+    tensors = make_tensors(B, T, C, N, K, True, True, "cuda")
+    upstream = {
+        "y": torch.randn(B, T, C, N, dtype=torch.float64, device="cuda"),
+        "h_T": torch.randn(B, C, N, dtype=torch.float64, device="cuda"),
+    }
+    got = run(convrnn, tensors, dtype, padding_mode, nonlinearity, upstream)
+    ref64 = run(convrnn_reference, tensors, torch.float64, padding_mode, nonlinearity, upstream)
+    compare(got, ref64, dtype, f"C={C} N={N} K={K} cluster={cluster}")
+
+
 # --------------------------------------------------------------------------------------
 # opcheck
 # --------------------------------------------------------------------------------------

@@ -16,7 +16,11 @@
 //   one __syncthreads per step. x is staged through shared memory S steps at a time, double-
 //   buffered: the next chunk of S·CN inputs (contiguous in memory) is copied asynchronously
 //   (cp.async) while the current chunk is computed, so no step waits on global memory.
-//   For K = 3 and C·N >= 1024 a tiled variant runs instead: a thread owns 4 consecutive units of
+//   For C·N >= 1024, where the ring splits into 8 or 4 equal segments of at least K units
+//   (C·N / G <= 512), a thread-block-cluster variant spreads each sequence over that many blocks,
+//   which trade halos every few steps (see convrnn_forward_cluster_kernel;
+//   SEQKERNELS_CONVRNN_CLUSTER=0 turns it off).
+//   Otherwise, for K = 3 and C·N >= 1024 a tiled variant runs: a thread owns 4 consecutive units of
 //   a channel and reuses each padded state value it reads for up to 3 outputs. For states of at
 //   most 32 units (C·N <= 32, C·K <= 32) a warp variant runs: one warp per sequence, the state
 //   in registers, taps by shuffles, no barrier (the template's shape, C = 1, N = 16).
@@ -33,7 +37,7 @@
 // Supported sizes: the state (2·C·NP) plus weight (C·C·K) and bias of acc_t must fit in one
 // block's shared memory (227 KB on Hopper: e.g. C = 16, N = 1024, K = 9 in float32 needs 141 KB),
 // and so must one (b, t) row of the weight-gradient reduction ((C·N + C·NP) acc_t); otherwise a
-// RuntimeError says so (a thread-block-cluster version for larger C × N is future work). Inputs
+// RuntimeError says so (the cluster forward splits the state over blocks, but backward does not yet). Inputs
 // are staged only when a step's slice is a multiple of the copy unit (4 bytes; 8 for float64):
 // 16-bit types with odd C·N read them from global memory directly (correct, slower).
 // Everything runs on the current stream with caching-allocator buffers: no host synchronisation,
@@ -49,9 +53,13 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "seqkernels/convrnn_checks.h"
@@ -756,6 +764,263 @@ __global__ void __launch_bounds__(kMaxSeqThreads) convrnn_backward_tiled_kernel(
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Thread-block-cluster forward (sm_90): one cluster of G blocks per sequence, for large states
+// (C·N >= kClusterMinUnits), where one block per sequence leaves most SMs idle and each of its
+// threads carries several units through a long dependency chain per step. Block r of the
+// cluster owns the ring segment n in [r·Ns, (r+1)·Ns) (Ns = N / G) of every channel.
+// Halos travel between blocks only every H steps (ghost zones): a block keeps its segment with
+// halos H·L wide on the left and H·R on the right (row width NPs = Ns + H·(K - 1), column j holds
+// ring unit r·Ns + j - H·L), and after an exchange computes H steps on its own, each step on a
+// region one tap narrower on either side (step q = 0 .. H-1 of a block: columns
+// [L·(q+1), NPs - R·(q+1))), so that the H-th step yields exactly the segment; the units of the
+// neighbours' segments it recomputes on the way are the price of not synchronising with them.
+// One thread per column of the widest region (C·(Ns + (H-1)·(K-1)) threads), the state double-
+// buffered in shared memory with one __syncthreads per step. At an exchange, each thread whose
+// unit lies in a neighbour's halo sends its h with st.async into that neighbour's inbox, which
+// counts the bytes on the inbox's mbarrier (distributed shared memory); the neighbour waits on
+// its mbarrier and copies the inbox into its halo columns. Two inboxes, alternating: a block
+// sends exchange k only after it received its neighbour's exchange k-1, which the neighbour
+// sent after copying out exchange k-2 from the same inbox. No cluster-wide barrier per step:
+// barrier.cluster's release compiles to a GPU-scope memory fence that also waits for the
+// step's outstanding x loads and y stores. µs per step at (8, 1024, 6, 256, 3), float32, H200,
+// 2026-11-21: 0.82 with a cluster barrier per step, 0.60 with an st.async exchange every step,
+// 0.46 with this kernel (ncu had shown the step bound by instruction issue, ~190 instructions
+// per warp and step, mostly address and branch arithmetic: hence the channel-fastest layout and
+// the 16-byte window loads below). Zero padding keeps the columns off the ring at 0 (never
+// computed). x is loaded kClusterPrefetch steps ahead into registers. Same summation order as
+// conv_unit, so the same values as the block kernels. Used only where G blocks can be
+// co-resident (cudaOccupancyMaxActiveClusters), else the one-block kernels run.
+// ---------------------------------------------------------------------------------------
+
+constexpr int kClusterMaxBlocks = 8;     // the portable cluster size limit
+constexpr int kClusterMaxThreads = 512;  // one thread per column of the widest region (128 registers)
+constexpr int kClusterPrefetch = 8;      // steps of x loaded ahead
+constexpr int kClusterMaxExchangeSteps = 4;  // H at most
+constexpr int64_t kClusterMinUnits = 1024;
+constexpr int kClusterUnrolledK = 3;     // the instantiations with the taps unrolled: K = 3, C <= 8
+constexpr int kClusterUnrolledMaxC = 8;
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The address of the same shared-memory location in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
+}
+
+// One arrival on bar that also expects `bytes` more to be written into this block by st.async.
+__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the phase of bar with the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Stores v at the cluster shared address `remote` and counts its bytes on the mbarrier at the
+// cluster shared address `remote_bar` (same block).
+__device__ __forceinline__ void store_async(uint32_t remote, float v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
+               "r"(__float_as_uint(v)), "r"(remote_bar)
+               : "memory");
+}
+__device__ __forceinline__ void store_async(uint32_t remote, double v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(remote),
+               "l"(__double_as_longlong(v)), "r"(remote_bar)
+               : "memory");
+}
+
+// The state is stored channel-fastest, hseg[col][ci] with rows of CS channels: a unit's taps
+// (columns j - L .. j + R of every input channel) are one contiguous window. KT > 0: K = KT and
+// CS = PC (C rounded up to 4 or 8, the padding channels zero): the window is read with 16-byte
+// loads, the thread's weights held in registers, the taps unrolled. KT = 0: any C and K, CS = C,
+// scalar loads. Either way conv_unit's summation order (ci outer, k inner).
+// Dynamic shared memory: bars [2] (uint64), hseg [2][NPs, CS], inbox [2][C, H·(K-1)], w [C, C, K],
+// bias [C] (acc_t).
+template <class scalar_t, class acc_t, int KT, int PC>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1) convrnn_forward_cluster_kernel(
+    const scalar_t* __restrict__ x,       // [B, T, C, N] inputs
+    const scalar_t* __restrict__ weight,  // [C, C, K] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ bias,    // [C] or nullptr
+    const scalar_t* __restrict__ h0,      // [B, C, N] initial state
+    scalar_t* __restrict__ y,             // [B, T, C, N] out: h_1 .. h_T
+    scalar_t* __restrict__ h_T,           // [B, C, N] out: h_T
+    int64_t T, int C, int N, int K,
+    int H,  // steps between halo exchanges
+    bool circular, bool relu) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int G = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int L = K / 2, R = K - 1 - L, WL = H * L, WR = H * R, W = WL + WR;
+  const int Ns = N / G, NPs = Ns + W, U = Ns + (H - 1) * (K - 1), CN = C * N;
+  const int CS = KT > 0 ? PC : C;                            // channels per column in hseg
+  const int buf = NPs * CS;                                  // one state buffer
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_raw);    // [2] one per inbox
+  acc_t* hseg = reinterpret_cast<acc_t*>(smem_raw + 16);     // [2][NPs, CS] (16-byte aligned)
+  acc_t* inbox = hseg + 2 * buf;                             // [2][C, W]: left halo, then right
+  acc_t* w = inbox + 2 * C * W;                              // [C, C, K]
+  acc_t* bs = w + C * C * K;                                 // [C]
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t b = blockIdx.x / G;
+  // Halo traffic, with zero padding not across the ring's ends: this block receives C·WL values
+  // from its left neighbour and C·WR from its right one per exchange.
+  const bool from_left = circular || rank > 0, from_right = circular || rank < G - 1;
+  const bool exchanges = W > 0 && T > H;
+  const uint32_t halo_bytes = static_cast<uint32_t>(((from_left ? WL : 0) + (from_right ? WR : 0)) * C * sizeof(acc_t));
+
+  if (tid == 0) {
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
+    if (exchanges) mbarrier_arrive_expect(&bars[1], halo_bytes);  // exchange 1 lands in inbox 1
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  for (int i = tid; i < 2 * buf; i += nt) hseg[i] = acc_t(0);  // padding channels and zero padding stay 0
+  for (int i = tid; i < C * C * K; i += nt) w[i] = static_cast<acc_t>(weight[i]);
+  for (int i = tid; i < C; i += nt) bs[i] = bias != nullptr ? static_cast<acc_t>(bias[i]) : acc_t(0);
+  __syncthreads();
+  // h0 of the segment and of its halo columns (buffer 0): column col holds ring unit r·Ns + col - WL.
+  const scalar_t* h0b = h0 + b * CN;
+  for (int i = tid; i < NPs * C; i += nt) {
+    const int col = i / C, ci = i - col * C;
+    int m = rank * Ns + col - WL;
+    bool on_ring = true;
+    if (circular) {
+      m = (m + N) % N;  // |m| < N: H·L, H·R <= Ns
+    } else {
+      on_ring = m >= 0 && m < N;
+    }
+    if (on_ring) hseg[col * CS + ci] = static_cast<acc_t>(h0b[ci * N + m]);
+  }
+
+  // This thread's unit: channel c (fastest: a warp's lanes share windows) at column j = L + u of
+  // the widest region, ring unit m.
+  const bool active = tid < C * U;
+  const int u = active ? tid / C : 0;
+  const int c = active ? tid - u * C : 0;
+  const int j = L + u;
+  int m = rank * Ns + j - WL;
+  bool on_ring = active;
+  if (circular) {
+    m = (m + N) % N;
+  } else {
+    on_ring = on_ring && m >= 0 && m < N;
+  }
+  const bool in_segment = j >= WL && j < WL + Ns;
+  const int64_t e = static_cast<int64_t>(c) * N + (on_ring ? m : 0);
+  // At an exchange a segment unit feeds the left block's right halo (its first WR units) and the
+  // right block's left halo (its last WL units).
+  const bool to_left = on_ring && in_segment && j < WL + WR && from_left;
+  const bool to_right = on_ring && in_segment && j >= Ns && from_right;  // j >= WL + Ns - WL
+  const uint32_t inbox_bytes = static_cast<uint32_t>(C * W * sizeof(acc_t));
+  const uint32_t inbox_local = shared_address(inbox), bars_local = shared_address(bars);
+  const int left = (rank + G - 1) % G, right = (rank + 1) % G;
+  const uint32_t left_slot = cluster_address(inbox_local, left) + (c * W + WL + (j - WL)) * sizeof(acc_t);
+  const uint32_t right_slot = cluster_address(inbox_local, right) + (c * W + (j - Ns)) * sizeof(acc_t);
+  const uint32_t left_bars = cluster_address(bars_local, left), right_bars = cluster_address(bars_local, right);
+  const acc_t bias_c = bs[c];
+  constexpr int TAPS = KT > 0 ? KT * PC : 1;
+  acc_t w_reg[TAPS];  // w[c, ci, k] at ci·KT + k, 0 for padding channels (KT > 0)
+#pragma unroll
+  for (int i = 0; i < TAPS; ++i) {
+    const int ci = KT > 0 ? i / KT : 0, k = KT > 0 ? i - ci * KT : 0;
+    w_reg[i] = KT > 0 && ci < C ? w[(c * C + ci) * K + k] : acc_t(0);
+  }
+  const acc_t* window = hseg + (j - L) * CS;  // + the buffer's offset
+  acc_t* own = hseg + j * CS + c;
+  const scalar_t* xnext = x + b * T * CN + e;  // x of the next step to load
+  scalar_t* yt = y + b * T * CN + e;           // y of the current step
+  cluster.sync();  // every block's barriers and buffers initialised before any write into them
+
+  constexpr int P = kClusterPrefetch;
+  scalar_t xq[P];  // xq[p]: x of the next step t ≡ p (mod P)
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    xq[p] = on_ring && p < T ? *xnext : scalar_t(0);
+    xnext += CN;
+  }
+  int q = 0;  // step within the current exchange period
+  for (int64_t t0 = 0; t0 < T; t0 += P) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t t = t0 + p;  // step t computes h_{t+1} from h_t (buffer t mod 2)
+      if (t < T) {               // block-uniform
+        const int cur = static_cast<int>(t & 1) * buf, nxt = buf - cur;
+        if (q == 0 && t > 0 && exchanges) {
+          // h_t arrived with exchange k = t / H in inbox k mod 2: copy it into the halo columns.
+          const int64_t k = t / H;
+          const int box = static_cast<int>(k & 1);
+          mbarrier_wait(&bars[box], static_cast<uint32_t>(((k - 1) / 2) & 1));
+          if (tid == 0 && (k + 1) * H < T) mbarrier_arrive_expect(&bars[box ^ 1], halo_bytes);  // exchange k + 1
+          const acc_t* in = inbox + box * C * W;
+          for (int i = tid; i < C * W; i += nt) {
+            const int ci = i / W, col = i - ci * W;  // col < WL: left halo, else right halo
+            if (col < WL ? from_left : from_right) hseg[cur + (col < WL ? col : Ns + col) * CS + ci] = in[i];
+          }
+          __syncthreads();
+        }
+        const bool live = on_ring && j >= L * (q + 1) && j < NPs - R * (q + 1);  // this step's region
+        const bool load = on_ring && t + P < T;
+        const scalar_t xv = xq[p];
+        if (load) xq[p] = *xnext;
+        xnext += CN;
+        if (live) {
+          acc_t conv = acc_t(0);
+          if constexpr (KT > 0) {
+            acc_t win[KT * PC];  // win[k·PC + ci] = h_t[ci, column j - L + k]
+            load_window(window + cur, win);
+#pragma unroll
+            for (int ci = 0; ci < PC; ++ci) {
+#pragma unroll
+              for (int k = 0; k < KT; ++k) conv += w_reg[ci * KT + k] * win[k * PC + ci];
+            }
+          } else {
+            const acc_t* w_row = w + c * C * K;
+            for (int ci = 0; ci < C; ++ci) {
+              for (int k = 0; k < K; ++k) conv += w_row[ci * K + k] * window[cur + k * C + ci];
+            }
+          }
+          const scalar_t out = static_cast<scalar_t>(activate(static_cast<acc_t>(xv) + bias_c + conv, relu));
+          const acc_t h = static_cast<acc_t>(out);  // the rounded value is the state
+          own[nxt] = h;
+          if (in_segment) {
+            *yt = out;
+            if (t == T - 1) h_T[b * CN + e] = out;
+          }
+          if (q == H - 1 && t + 1 < T && exchanges) {  // h_{t+1} goes to the neighbours
+            const uint32_t box = static_cast<uint32_t>(((t + 1) / H) & 1);
+            if (to_left) store_async(left_slot + box * inbox_bytes, h, left_bars + box * sizeof(uint64_t));
+            if (to_right) store_async(right_slot + box * inbox_bytes, h, right_bars + box * sizeof(uint64_t));
+          }
+        }
+        yt += CN;
+        __syncthreads();  // h_{t+1} complete in nxt, every read of cur done
+        q = q == H - 1 ? 0 : q + 1;
+      }
+    }
+  }
+  cluster.sync();  // every exchange was waited for inside the loop; no block exits before the others
+}
+
 // Partial sums of the weight and bias gradients over one block's rows r = b·T + t in
 // [blockIdx.x·rows_per_block, ...). Output o < C·C·K is grad_w[co, ci, k] (o = (co·C + ci)·K + k),
 // o in [C·C·K, C·C·K + C) is grad_bias[o - C·C·K]. Thread tid works on output
@@ -926,6 +1191,67 @@ unsigned int warp_kernel_blocks(const ConvRnnSizes& s) {
   return static_cast<unsigned int>((s.B + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
+// Blocks per sequence of the cluster forward kernel: the largest G in {8, 4} that splits the
+// ring into equal segments of at least K units (so each halo comes from one neighbour) with a
+// thread for each unit of a segment; 0 where no G fits, the state is small (one block is quicker), or
+// SEQKERNELS_CONVRNN_CLUSTER=0 turns the cluster kernel off (for comparisons and tests).
+int cluster_blocks(const ConvRnnSizes& s) {
+  if (s.C * s.N < kClusterMinUnits) return 0;
+  const char* env = std::getenv("SEQKERNELS_CONVRNN_CLUSTER");
+  if (env != nullptr && std::string(env) == "0") return 0;
+  for (int G = kClusterMaxBlocks; G >= 4; G /= 2) {  // G = 2 would need C·N <= 1024
+    if (s.N % G == 0 && s.N / G >= s.K && s.C * (s.N / G) <= kClusterMaxThreads) return G;
+  }
+  return 0;
+}
+
+// Launches the cluster forward kernel where cluster_blocks() allows it and the device can hold a
+// cluster of its blocks; returns false (nothing launched) otherwise.
+template <class scalar_t>
+bool launch_forward_cluster(const ConvRnnSizes& s, const Tensor& x, const Tensor& weight,
+                            const std::optional<Tensor>& bias, const Tensor& h0, Tensor& y, Tensor& h_T,
+                            cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int G = cluster_blocks(s);
+  if (G == 0) return false;
+  const int C = static_cast<int>(s.C), N = static_cast<int>(s.N), K = static_cast<int>(s.K);
+  const int Ns = N / G, L = K / 2, R = K - 1 - L, reach = std::max(L, R);
+  // Steps between halo exchanges: halos of at most one neighbour's segment, the widest region
+  // (Ns + (H-1)·(K-1) columns per channel) within a block's threads.
+  int H = reach == 0 ? 1 : std::min(kClusterMaxExchangeSteps, Ns / reach);
+  while (H > 1 && C * (Ns + (H - 1) * (K - 1)) > kClusterMaxThreads) --H;
+  const int W = H * (K - 1), NPs = Ns + W;
+  // K = 3 with C <= 8: the vectorised instantiation, channels padded to 4 or 8.
+  const bool unrolled = K == kClusterUnrolledK && C <= kClusterUnrolledMaxC;
+  const int CS = !unrolled ? C : C <= 4 ? 4 : 8;
+  const size_t smem = 16 + static_cast<size_t>(2 * NPs * CS + 2 * C * W + C * C * K + C) * sizeof(acc_t);
+  if (smem > static_cast<size_t>(max_smem_per_block())) return false;
+  auto kernel = !unrolled ? convrnn_forward_cluster_kernel<scalar_t, acc_t, 0, 0>
+                : C <= 4  ? convrnn_forward_cluster_kernel<scalar_t, acc_t, kClusterUnrolledK, 4>
+                          : convrnn_forward_cluster_kernel<scalar_t, acc_t, kClusterUnrolledK, 8>;
+  allow_smem(kernel, smem);
+  cudaLaunchAttribute cluster_dim;
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim.x = static_cast<unsigned int>(G);
+  cluster_dim.val.clusterDim.y = 1;
+  cluster_dim.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned int>(s.B * G));
+  config.blockDim = dim3(static_cast<unsigned int>(round_up(C * (Ns + (H - 1) * (K - 1)), 32)));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &cluster_dim;
+  config.numAttrs = 1;
+  int clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  if (clusters < 1) return false;
+  const scalar_t* bias_ptr = s.has_bias ? bias->data_ptr<scalar_t>() : nullptr;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), bias_ptr,
+                                    h0.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h_T.data_ptr<scalar_t>(), s.T, C,
+                                    N, K, H, s.circular, s.relu));
+  return true;
+}
+
 template <class scalar_t>
 std::tuple<Tensor, Tensor> convrnn_forward_impl(const ConvRnnSizes& s, const Tensor& x, const Tensor& weight,
                                                 const std::optional<Tensor>& bias, const Tensor& h0) {
@@ -944,6 +1270,7 @@ std::tuple<Tensor, Tensor> convrnn_forward_impl(const ConvRnnSizes& s, const Ten
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {y, h_T};
   }
+  if (launch_forward_cluster<scalar_t>(s, x, weight, bias, h0, y, h_T, stream)) return {y, h_T};
   if (s.K == kTileK && s.C * s.N >= kTileMinUnits) {
     const int64_t NT = (s.N + kTileV - 1) / kTileV;
     const bool aligned = tiled_fixed_bytes<acc_t>(s, true, true) <= static_cast<size_t>(max_smem_per_block());
