@@ -27,7 +27,8 @@
 # skip: build tests tests_persistent tests_cublas memcheck racecheck synccheck initcheck
 # memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent initcheck_mm conv_memcheck
 # conv_racecheck extra conv_extra examples bench conv_bench conv_memory cputests), BENCH_ARGS (extra
-# arguments for bench_lstm.py, e.g. "--quick"), OUT.
+# arguments for bench_lstm.py, e.g. "--quick"), GPU_CHECK_TESTS (the pytest targets of the first
+# test step, default tests/; e.g. tests/test_convrnn.py for a ConvRNN-only run), OUT.
 set -u
 export PYTHONUNBUFFERED=1
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
@@ -110,8 +111,9 @@ fi
 # ---- 2. tests -----------------------------------------------------------------------------
 TESTS_LOG="$OUT/tests.log"
 : >"$TESTS_LOG"
-run_step tests "pytest -m cuda tests/" 200 "$TESTS_LOG" \
-  "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE --durations=10 tests/
+# shellcheck disable=SC2086
+run_step tests "pytest -m cuda ${GPU_CHECK_TESTS:-tests/}" 200 "$TESTS_LOG" \
+  "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE --durations=10 ${GPU_CHECK_TESTS:-tests/}
 # The LSTM's CUDA tests on each backend forced (auto, above, picks per call).
 for backend in persistent cublas; do
   run_step "tests_$backend" "pytest -m cuda tests/test_lstm.py (SEQKERNELS_LSTM_BACKEND=$backend)" 150 "$TESTS_LOG" \

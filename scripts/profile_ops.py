@@ -88,6 +88,89 @@ def cases(dev):
     yield "lstm streaming chunk (3 layers, H=320, proj 160, T=8, B=1)", stream
 
 
+def timing_methods(device, iters):
+    """The ConvRNN template shape's training call timed several ways: CUDA events (as the
+    benchmark's harness: created per call, or created once) or the host clock, alone or right
+    after a call of the reference loop (as the interleaved benchmark runs them), with Python's
+    garbage collector as is, collected first, or off. Tells a measurement effect from the
+    op's own cost."""
+    import gc
+
+    from seqkernels.reference import convrnn_reference
+
+    g = torch.Generator(device=device).manual_seed(0)
+    B, T, C, N, K = 32, 128, 1, 16, 3
+    leaves = [t.requires_grad_() for t in (torch.randn(B, T, C, N, generator=g, device=device),
+                                           torch.randn(C, C, K, generator=g, device=device) / 3 ** 0.5,
+                                           torch.randn(B, C, N, generator=g, device=device),
+                                           torch.randn(C, generator=g, device=device))]
+
+    def train(impl):
+        for t in leaves:
+            t.grad = None
+        y, h_T = impl(leaves[0], leaves[1], leaves[2], leaves[3], "circular", "tanh")
+        (y.float().sum() + h_T.float().sum()).backward()
+
+    def ours():
+        train(seqkernels.convrnn)
+
+    def ref_train():
+        train(convrnn_reference)
+
+    def ref_infer():
+        with torch.no_grad():
+            convrnn_reference(*leaves, "circular", "tanh")
+
+    cuda = device.type == "cuda"
+    kept = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+
+    def timed(clock, gc_off):
+        synchronize(device)
+        if gc_off:
+            gc.disable()
+        try:
+            if clock == "host" or not cuda:
+                t0 = time.perf_counter()
+                ours()
+                synchronize(device)
+                return (time.perf_counter() - t0) * 1e6
+            start, end = kept if clock == "events kept" else (torch.cuda.Event(enable_timing=True),
+                                                               torch.cuda.Event(enable_timing=True))
+            start.record()
+            ours()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3
+        finally:
+            gc.enable()
+
+    variants = [  # (label, what runs before, clock, gc off during the call)
+        ("alone", None, "events", False),
+        ("alone", None, "events kept", False),
+        ("alone", None, "host", False),
+        ("after reference train", ref_train, "events", False),
+        ("after reference train", ref_train, "host", False),
+        ("after reference train, gc.collect()", lambda: (ref_train(), gc.collect()), "host", False),
+        ("after reference train, gc off", ref_train, "host", True),
+        ("after reference infer", ref_infer, "host", False),
+        ("after reference train, 5 ms sleep", lambda: (ref_train(), synchronize(device), time.sleep(0.005)),
+         "host", False),
+    ]
+    for _ in range(5):
+        ours()
+        ref_train()
+    print("\n== convrnn template train (32, 128, 1, 16, 3): one call, median us")
+    for label, before, clock, gc_off in variants:
+        samples = []
+        for _ in range(iters):
+            if before is not None:
+                before()
+            samples.append(timed(clock, gc_off))
+        samples.sort()
+        print(f"   {clock:11s} {label:46s} {samples[len(samples) // 2]:9.1f} "
+              f"(min {samples[0]:.1f})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
@@ -95,6 +178,7 @@ def main():
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     device = torch.device(args.device)
+    timing_methods(device, args.iters)
     for name, fn in cases(args.device):
         for _ in range(5):
             fn()
