@@ -125,7 +125,7 @@ def gates_ifog_to_ifgo(t: torch.Tensor, C: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 # One cell
 # --------------------------------------------------------------------------------------
-class Cell:
+class Cell(harness.ModuleCell):
     """The modules and tensors of one (shape, dtype, mode, TF32) cell."""
 
     def __init__(self, device, shape, dtype, mode, seed):
@@ -156,31 +156,6 @@ class Cell:
             return y, h, c
         y, (h, c) = module(x, (h0[None], c0[None]))
         return y, h[0], c[0]
-
-    # -- the callables that are timed ---------------------------------------------------
-    def infer_fn(self, module):
-        def run():
-            with torch.no_grad():
-                return self.call(module, self.x, self.h0, self.c0)
-
-        return run
-
-    def train_fn(self, module):
-        def run():
-            y = self.call(module, self.x, self.h0, self.c0)[0]
-            y.float().sum().backward()
-            return y
-
-        return run
-
-    def fn(self, module):
-        return self.infer_fn(module) if self.mode == "infer" else self.train_fn(module)
-
-    def clear_grads(self) -> None:
-        for m in (self.ours, self.peer, self.ref):
-            for p in m.parameters():
-                p.grad = None
-        self.x.grad = None
 
     # -- correctness ---------------------------------------------------------------------
     def _results(self, module, x, h0, c0) -> dict[str, torch.Tensor]:

@@ -99,7 +99,7 @@ def graph_target(device: str, batch: int, mode: str) -> float | None:
 # --------------------------------------------------------------------------------------
 # One cell
 # --------------------------------------------------------------------------------------
-class Cell:
+class Cell(harness.ModuleCell):
     """The models and tensors of one (B, H, dtype, mode, TF32) cell."""
 
     def __init__(self, device: torch.device, T: int, B: int, H: int, dtype: torch.dtype, mode: str, seed: int):
@@ -124,30 +124,9 @@ class Cell:
         if mode == "train":
             self.x.requires_grad_(True)
 
-    # -- the callables that are timed ---------------------------------------------------
-    def infer_fn(self, module):
-        def run():
-            with torch.no_grad():
-                return module(self.x, (self.h0, self.c0))
-
-        return run
-
-    def train_fn(self, module):
-        def run():
-            y, _ = module(self.x, (self.h0, self.c0))
-            y.float().sum().backward()
-            return y
-
-        return run
-
-    def fn(self, module):
-        return self.infer_fn(module) if self.mode == "infer" else self.train_fn(module)
-
-    def clear_grads(self) -> None:
-        for m in (self.ours, self.peer, self.ref):
-            for p in m.parameters():
-                p.grad = None
-        self.x.grad = None
+    def call(self, module, x, h0, c0):
+        """module(x, (h0, c0)): (y, (h_n, c_n))."""
+        return module(x, (h0, c0))
 
     # -- correctness ---------------------------------------------------------------------
     def _results(self, module, x, h0, c0) -> dict[str, torch.Tensor]:

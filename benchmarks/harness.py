@@ -355,6 +355,45 @@ def check(name: str, errs: Mapping[str, float], peer_errs: Mapping[str, float], 
     return bad
 
 
+class ModuleCell:
+    """The timed callables of a cell whose candidates are modules ``self.ours``, ``self.peer``
+    and ``self.ref`` called as ``self.call(module, x, h0, c0)`` (first result: the output)
+    on the cell's ``self.x``, ``self.h0``, ``self.c0``, in ``self.mode`` "infer" (forward
+    under ``no_grad``) or "train" (forward + backward of the output's float sum)."""
+
+    mode: str
+    x: torch.Tensor
+    h0: torch.Tensor
+    c0: torch.Tensor
+
+    def call(self, module, x, h0, c0):
+        raise NotImplementedError
+
+    def infer_fn(self, module):
+        def run():
+            with torch.no_grad():
+                return self.call(module, self.x, self.h0, self.c0)
+
+        return run
+
+    def train_fn(self, module):
+        def run():
+            y = self.call(module, self.x, self.h0, self.c0)[0]
+            y.float().sum().backward()
+            return y
+
+        return run
+
+    def fn(self, module):
+        return self.infer_fn(module) if self.mode == "infer" else self.train_fn(module)
+
+    def clear_grads(self) -> None:
+        for m in (self.ours, self.peer, self.ref):
+            for p in m.parameters():
+                p.grad = None
+        self.x.grad = None
+
+
 # --------------------------------------------------------------------------------------
 # CUDA graphs and memory
 # --------------------------------------------------------------------------------------
