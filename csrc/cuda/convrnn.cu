@@ -1213,7 +1213,7 @@ bool launch_forward_cluster(const ConvRnnSizes& s, const Tensor& x, const Tensor
                             cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = cluster_blocks(s);
-  if (G == 0) return false;
+  if (G == 0 || s.B > 0x7fffffff / G) return false;  // grid B·G blocks
   const int C = static_cast<int>(s.C), N = static_cast<int>(s.N), K = static_cast<int>(s.K);
   const int Ns = N / G, L = K / 2, R = K - 1 - L, reach = std::max(L, R);
   // Steps between halo exchanges: halos of at most one neighbour's segment, the widest region
