@@ -37,9 +37,10 @@
 // Supported sizes: the state (2·C·NP) plus weight (C·C·K) and bias of acc_t must fit in one
 // block's shared memory (227 KB on Hopper: e.g. C = 16, N = 1024, K = 9 in float32 needs 141 KB),
 // and so must one (b, t) row of the weight-gradient reduction ((C·N + C·NP) acc_t); otherwise a
-// RuntimeError says so (the cluster forward splits the state over blocks, but backward does not yet). Inputs
-// are staged only when a step's slice is a multiple of the copy unit (4 bytes; 8 for float64):
-// 16-bit types with odd C·N read them from global memory directly (correct, slower).
+// RuntimeError says so (the cluster forward splits the state over blocks; backward does not
+// yet). Inputs are staged only when a step's slice is a multiple of the copy unit (4 bytes; 8
+// for float64): 16-bit types with odd C·N read them from global memory directly (correct,
+// slower).
 // Everything runs on the current stream with caching-allocator buffers: no host synchronisation,
 // CUDA-graph safe. T is a loop counter, never a launch dimension; in-kernel offsets are 64-bit.
 #include <ATen/Dispatch.h>
@@ -59,7 +60,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
-#include <string>
 #include <tuple>
 
 #include "seqkernels/convrnn_checks.h"
@@ -775,7 +775,7 @@ __global__ void __launch_bounds__(kMaxSeqThreads) convrnn_backward_tiled_kernel(
 // region one tap narrower on either side (step q = 0 .. H-1 of a block: columns
 // [L·(q+1), NPs - R·(q+1))), so that the H-th step yields exactly the segment; the units of the
 // neighbours' segments it recomputes on the way are the price of not synchronising with them.
-// One thread per column of the widest region (C·(Ns + (H-1)·(K-1)) threads), the state double-
+// One thread per unit of the widest region (C·(Ns + (H-1)·(K-1)) threads), the state double-
 // buffered in shared memory with one __syncthreads per step. At an exchange, each thread whose
 // unit lies in a neighbour's halo sends its h with st.async into that neighbour's inbox, which
 // counts the bytes on the inbox's mbarrier (distributed shared memory); the neighbour waits on
@@ -1198,7 +1198,7 @@ unsigned int warp_kernel_blocks(const ConvRnnSizes& s) {
 int cluster_blocks(const ConvRnnSizes& s) {
   if (s.C * s.N < kClusterMinUnits) return 0;
   const char* env = std::getenv("SEQKERNELS_CONVRNN_CLUSTER");
-  if (env != nullptr && std::string(env) == "0") return 0;
+  if (env != nullptr && env[0] == '0' && env[1] == '\0') return 0;
   for (int G = kClusterMaxBlocks; G >= 4; G /= 2) {  // G = 2 would need C·N <= 1024
     if (s.N % G == 0 && s.N / G >= s.K && s.C * (s.N / G) <= kClusterMaxThreads) return G;
   }
