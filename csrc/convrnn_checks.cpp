@@ -13,8 +13,8 @@ namespace {
 constexpr const char* kOp = "seqkernels.convrnn";
 
 void check_like(const at::Tensor& ref, const char* ref_name, const at::Tensor& t, const char* name,
-                at::IntArrayRef shape) {
-  check_tensor_like(kOp, ref, ref_name, t, name, shape);
+                at::IntArrayRef shape, bool contiguous = true) {
+  check_tensor_like(kOp, ref, ref_name, t, name, shape, contiguous);
 }
 
 // The sequence tensor (x forward, y backward) [B, T, C, N] and weight [C, C, K], plus flags.
@@ -68,8 +68,9 @@ ConvRnnSizes check_convrnn_backward(const at::Tensor& grad_y, const at::Tensor& 
                                     int64_t nonlinearity, bool has_bias) {
   ConvRnnSizes s = check_common(y, "y", weight, padding_mode, nonlinearity);
   s.has_bias = has_bias;
-  check_like(y, "y", grad_y, "grad_y", {s.B, s.T, s.C, s.N});
-  check_like(y, "y", grad_h_T, "grad_h_T", {s.B, s.C, s.N});
+  // The incoming gradients may have any layout (e.g. expanded, stride 0, for a sum).
+  check_like(y, "y", grad_y, "grad_y", {s.B, s.T, s.C, s.N}, false);
+  check_like(y, "y", grad_h_T, "grad_h_T", {s.B, s.C, s.N}, false);
   check_like(y, "y", h0, "h0", {s.B, s.C, s.N});
   return s;
 }

@@ -51,7 +51,8 @@ TORCH_LIBRARY(seqkernels, m) {
   m.def(
       "convrnn_forward(Tensor x, Tensor weight, Tensor? bias, Tensor h0, int padding_mode, int nonlinearity) "
       "-> (Tensor y, Tensor h_T)");
-  // Gradients of convrnn_forward given those of y and h_T. Returns grad_x [B, T, C, N],
+  // Gradients of convrnn_forward given those of y and h_T (any strides: an expanded gradient
+  // is read in place where the kernel can). Returns grad_x [B, T, C, N],
   // grad_weight [C, C, K], grad_bias [C] ([0] when has_bias is false), grad_h0 [B, C, N].
   m.def(
       "convrnn_backward(Tensor grad_y, Tensor grad_h_T, Tensor weight, Tensor h0, Tensor y, int padding_mode, "

@@ -171,13 +171,103 @@ def timing_methods(device, iters):
               f"(min {samples[0]:.1f})")
 
 
+def host_breakdown(device, iters, trace_dir):
+    """Where the ConvRNN template shape's training call spends its host time, alone and right
+    after a reference-loop training call: the host clock around the whole call and around its
+    parts (our forward with grad; an autograd backward of a one-op graph, i.e. the engine and
+    its device-thread handoff; the same with autograd's device threads off), and the
+    profiler's CPU ops of one call (self time, summed over ``iters`` calls). With
+    ``trace_dir`` also one Chrome trace per condition."""
+    from seqkernels.reference import convrnn_reference
+
+    g = torch.Generator(device=device).manual_seed(0)
+    B, T, C, N, K = 32, 128, 1, 16, 3
+    leaves = [t.requires_grad_() for t in (torch.randn(B, T, C, N, generator=g, device=device),
+                                           torch.randn(C, C, K, generator=g, device=device) / 3 ** 0.5,
+                                           torch.randn(B, C, N, generator=g, device=device),
+                                           torch.randn(C, generator=g, device=device))]
+
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    def train(impl=seqkernels.convrnn):
+        clear()
+        y, h_T = impl(leaves[0], leaves[1], leaves[2], leaves[3], "circular", "tanh")
+        (y.float().sum() + h_T.float().sum()).backward()
+
+    def forward_only():
+        clear()
+        seqkernels.convrnn(leaves[0], leaves[1], leaves[2], leaves[3], "circular", "tanh")
+
+    def trivial_backward():
+        clear()
+        leaves[0].sum().backward()
+
+    def single_thread_train():
+        torch.autograd.set_multithreading_enabled(False)
+        try:
+            train()
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+
+    def ref_train():
+        train(convrnn_reference)
+
+    parts = [("train", train), ("forward with grad", forward_only), ("x.sum().backward()", trivial_backward),
+             ("train, autograd multithreading off", single_thread_train)]
+    for _ in range(5):
+        train()
+        ref_train()
+    print("\n== convrnn template train (32, 128, 1, 16, 3): host clock, median (min) us")
+    for cond, before in (("alone", None), ("after reference train", ref_train)):
+        for label, fn in parts:
+            samples = []
+            for _ in range(iters):
+                if before is not None:
+                    before()
+                fn()
+                synchronize(device)
+                t0 = time.perf_counter()
+                fn()
+                synchronize(device)
+                samples.append((time.perf_counter() - t0) * 1e6)
+            samples.sort()
+            print(f"   {cond:22s} {label:36s} {samples[len(samples) // 2]:9.1f} ({samples[0]:.1f})")
+    for cond, before in (("alone", None), ("after reference train", ref_train)):
+        totals: dict[str, list[float]] = {}
+        for i in range(iters):
+            if before is not None:
+                before()
+            synchronize(device)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                train()
+                synchronize(device)
+            for e in prof.key_averages():
+                if e.device_type == torch.autograd.DeviceType.CPU:
+                    acc = totals.setdefault(e.key, [0.0, 0])
+                    acc[0] += e.self_cpu_time_total
+                    acc[1] += e.count
+            if trace_dir and i == iters - 1:
+                prof.export_chrome_trace(os.path.join(trace_dir, f"trace_{cond.split()[0]}.json"))
+        print(f"\n== profiler, {cond}: CPU self time per call (us), top 25")
+        for key, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:25]:
+            print(f"   {us / iters:9.1f}  x{count / iters:4.1f}  {key[:100]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda", help="cpu only checks that the cases run")
+    ap.add_argument("--what", choices=["all", "breakdown"], default="all",
+                    help="breakdown: only the host-time breakdown of the ConvRNN training call")
+    ap.add_argument("--trace-dir", default=None, help="write Chrome traces of the breakdown here")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     device = torch.device(args.device)
+    host_breakdown(device, args.iters, args.trace_dir)
+    if args.what == "breakdown":
+        return
     timing_methods(device, args.iters)
     for name, fn in cases(args.device):
         for _ in range(5):

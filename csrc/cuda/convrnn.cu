@@ -368,6 +368,12 @@ struct WarpRingTaps {
     }
   }
 
+  // state[src[j]] (0 off the ring): every lane of the warp must call it (a shuffle).
+  __device__ __forceinline__ acc_t tap(acc_t h, int j) const {
+    const acc_t v = __shfl_sync(0xffffffffu, h, src[j]);
+    return ((valid >> j) & 1u) ? v : acc_t(0);
+  }
+
   // Σ_j w[j]·state[src[j]]: every lane of the warp must call it (shuffles), with its own state h.
   __device__ __forceinline__ acc_t conv(acc_t h) const {
     acc_t s = acc_t(0);
@@ -427,18 +433,35 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) convrnn_forward_warp_kern
   if (active) h_T[b * CN + lane] = static_cast<scalar_t>(h);
 }
 
+// Element strides of the incoming gradients, which may have any layout (autograd hands over
+// expanded, stride-0 gradients for sums; reading them in place saves a copy and its launch).
+struct GradStrides {
+  int64_t yb, yt, yc, yn;  // grad_y [B, T, C, N]
+  int64_t hb, hc, hn;      // grad_h_T [B, C, N]
+};
+
 // Reverse time: g_t = (grad_y[t] + carry_t)·act'(y_t), carry_t = the adjoint convolution of
 // g_{t+1} (grad_h_T at t = T - 1), grad_h0 = the adjoint convolution of g_0.
+// With few taps (TAPS <= kWarpFewTaps, the template's shape) the kernel also sums this
+// sequence's weight and bias gradients, Σ_t g_t[c, n]·h_{t-1}[ci, n + k - K/2] and Σ_t g_t[c, n],
+// from the values it already holds (h_{t-1} is the next step's prefetched y, read by shuffles):
+// wgrad_partial[b] = this sequence's [C·C·K (+ C)] sums, which convrnn_wgrad_reduce_kernel adds
+// over b. That replaces the separate partial kernel, its launch and its second pass over
+// grad_x and y. Each lane sums P steps at a time, then adds the block to its total (shorter
+// rounding chains over long sequences); lanes of a channel are added by a fixed shuffle tree.
 template <class scalar_t, class acc_t, int TAPS>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) convrnn_backward_warp_kernel(
-    const scalar_t* __restrict__ grad_y,    // [B, T, C, N] dL/dy
-    const scalar_t* __restrict__ grad_h_T,  // [B, C, N] dL/dh_T
+    const scalar_t* __restrict__ grad_y,    // [B, T, C, N] dL/dy, strides gs.y*
+    const scalar_t* __restrict__ grad_h_T,  // [B, C, N] dL/dh_T, strides gs.h*
     const scalar_t* __restrict__ weight,    // [C, C, K] recurrent weight (out, in, k)
+    const scalar_t* __restrict__ h0,        // [B, C, N] initial state
     const scalar_t* __restrict__ y,         // [B, T, C, N] forward outputs h_1 .. h_T
     scalar_t* __restrict__ grad_x,          // [B, T, C, N] out: g_t
     scalar_t* __restrict__ grad_h0,         // [B, C, N] out: dL/dh0
-    int64_t B, int64_t T, int C, int N, int K, bool circular, bool relu) {
+    acc_t* __restrict__ wgrad_partial,      // [B, n_out] out (TAPS <= kWarpFewTaps only)
+    GradStrides gs, int64_t B, int64_t T, int C, int N, int K, bool circular, bool relu, bool has_bias) {
   constexpr int P = kWarpPrefetch;
+  constexpr bool kWgrad = TAPS <= kWarpFewTaps;
   const int lane = threadIdx.x % 32;
   const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (b >= B) return;
@@ -450,20 +473,29 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) convrnn_backward_warp_ker
   const WarpRingTaps<acc_t, TAPS> taps(C, N, K, K - 1 - K / 2, n, active, circular, [&](int co, int k) {
     return static_cast<acc_t>(weight[(static_cast<int64_t>(co) * C + c) * K + (K - 1 - k)]);
   });
-  const scalar_t* gyb = grad_y + b * T * CN + lane;
+  // The forward's taps of this lane's unit (weights unused): h_{t-1}[ci, n + k - K/2].
+  const WarpRingTaps<acc_t, TAPS> fwd(C, N, K, K / 2, n, active, circular, [](int, int) { return acc_t(0); });
+  const scalar_t* gyb = grad_y + b * gs.yb + c * gs.yc + n * gs.yn;
   const scalar_t* yb = y + b * T * CN + lane;
   scalar_t* gxb = grad_x + b * T * CN + lane;
-  const acc_t carry_T = active ? static_cast<acc_t>(grad_h_T[b * CN + lane]) : acc_t(0);
+  const acc_t carry_T = active ? static_cast<acc_t>(grad_h_T[b * gs.hb + c * gs.hc + n * gs.hn]) : acc_t(0);
+  const acc_t h0v = kWgrad && active ? static_cast<acc_t>(h0[b * CN + lane]) : acc_t(0);
 
   scalar_t gq[P], yq[P];  // slot p: step t = T - 1 - p (mod P)
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const int64_t t = T - 1 - p;
-    gq[p] = active && t >= 0 ? gyb[t * CN] : scalar_t(0);
+    gq[p] = active && t >= 0 ? gyb[t * gs.yt] : scalar_t(0);
     yq[p] = active && t >= 0 ? yb[t * CN] : scalar_t(0);
   }
+  acc_t wsum[kWgrad ? TAPS + 1 : 1];  // this lane's totals: taps j < C·K, then the bias
+#pragma unroll
+  for (int j = 0; j <= (kWgrad ? TAPS : 0); ++j) wsum[j] = acc_t(0);
   acc_t g = acc_t(0);  // g_{t+1}
   for (int64_t t0 = T - 1; t0 >= 0; t0 -= P) {
+    acc_t wblock[kWgrad ? TAPS + 1 : 1];  // the sums over this block of P steps
+#pragma unroll
+    for (int j = 0; j <= (kWgrad ? TAPS : 0); ++j) wblock[j] = acc_t(0);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int64_t t = t0 - p;
@@ -471,17 +503,52 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) convrnn_backward_warp_ker
         const acc_t carry = t == T - 1 ? carry_T : taps.conv(g);
         const acc_t gy = static_cast<acc_t>(gq[p]);
         const acc_t yv = static_cast<acc_t>(yq[p]);
+        // y_{t-1} sits in the next slot (slot 0, refilled with t0 - P at p = 0, when p = P - 1).
+        const acc_t yprev = t >= 1 ? static_cast<acc_t>(yq[(p + 1) % P]) : h0v;
         if (active && t - P >= 0) {
-          gq[p] = gyb[(t - P) * CN];
+          gq[p] = gyb[(t - P) * gs.yt];
           yq[p] = yb[(t - P) * CN];
         }
         g = activate_grad(gy + carry, yv, relu);
         if (active) gxb[t * CN] = static_cast<scalar_t>(g);
+        if constexpr (kWgrad) {
+#pragma unroll
+          for (int j = 0; j < TAPS; ++j) {
+            if (j < taps.count) wblock[j] += g * fwd.tap(yprev, j);  // warp-uniform condition
+          }
+          wblock[TAPS] += g;
+        }
       }
+    }
+    if constexpr (kWgrad) {
+#pragma unroll
+      for (int j = 0; j <= TAPS; ++j) wsum[j] += wblock[j];
     }
   }
   const acc_t dh0 = taps.conv(g);
   if (active) grad_h0[b * CN + lane] = static_cast<scalar_t>(dh0);
+  if constexpr (kWgrad) {
+    // Per channel co: the sum over its lanes, in a fixed shuffle order.
+    const int CK = C * K, n_out = C * CK + (has_bias ? C : 0);
+    acc_t* out = wgrad_partial + b * n_out;
+    for (int co = 0; co < C; ++co) {  // warp-uniform
+#pragma unroll
+      for (int j = 0; j <= TAPS; ++j) {
+        if (j < CK || j == TAPS) {
+          acc_t v = active && c == co ? wsum[j] : acc_t(0);
+#pragma unroll
+          for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+          if (lane == 0) {
+            if (j < CK) {
+              out[co * CK + j] = v;
+            } else if (has_bias) {
+              out[C * CK + co] = v;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1299,60 +1366,86 @@ std::tuple<Tensor, Tensor> convrnn_forward_impl(const ConvRnnSizes& s, const Ten
   return {y, h_T};
 }
 
+// grad_w and grad_bias from per-row-block partial sums [n_blocks, n_out], added in block order.
+template <class scalar_t, class acc_t>
+void launch_wgrad_reduce(const ConvRnnSizes& s, const Tensor& partial, Tensor& grad_w, Tensor& grad_bias,
+                         cudaStream_t stream) {
+  const int n_out = static_cast<int>(partial.size(1));
+  convrnn_wgrad_reduce_kernel<scalar_t, acc_t><<<(n_out + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, stream>>>(
+      partial.data_ptr<acc_t>(), partial.size(0), n_out, static_cast<int>(s.C * s.C * s.K), grad_w.data_ptr<scalar_t>(),
+      s.has_bias ? grad_bias.data_ptr<scalar_t>() : nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// grad_y and grad_h_T may have any strides (the warp kernel reads them in place; the block
+// kernels get contiguous copies).
 template <class scalar_t>
-std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_impl(const ConvRnnSizes& s, const Tensor& grad_y,
-                                                                 const Tensor& grad_h_T, const Tensor& weight,
+std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_impl(const ConvRnnSizes& s, const Tensor& grad_y_any,
+                                                                 const Tensor& grad_h_T_any, const Tensor& weight,
                                                                  const Tensor& h0, const Tensor& y) {
   using acc_t = at::opmath_type<scalar_t>;
   const int C = static_cast<int>(s.C), N = static_cast<int>(s.N), K = static_cast<int>(s.K);
   const int64_t CN = s.C * s.N, NP = s.N + s.K - 1;
+  const int CCK = C * C * K;
+  const int n_out = CCK + (s.has_bias ? C : 0);
   const auto opts = y.options();
+  const auto acc_opts = opts.dtype(at::toOpMathType(y.scalar_type()));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor grad_x = at::empty({s.B, s.T, s.C, s.N}, opts);
   Tensor grad_h0 = at::empty({s.B, s.C, s.N}, opts);
   Tensor grad_w = at::empty({s.C, s.C, s.K}, opts);
   Tensor grad_bias = at::empty({s.has_bias ? s.C : 0}, opts);
 
-  // 1. Reverse-time sequence: grad_x (= g) and grad_h0.
-  const bool stage_bwd = stageable<scalar_t>(grad_y, CN) && stageable<scalar_t>(y, CN);
+  // 1. Reverse-time sequence: grad_x (= g) and grad_h0 (and, fused, the weight gradient's sums).
   if (fits_one_warp(s)) {
-    const auto kernel = few_taps(s) ? convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>
+    const GradStrides gs{grad_y_any.stride(0), grad_y_any.stride(1), grad_y_any.stride(2), grad_y_any.stride(3),
+                         grad_h_T_any.stride(0), grad_h_T_any.stride(1), grad_h_T_any.stride(2)};
+    const bool fused_wgrad = few_taps(s);
+    Tensor partial = fused_wgrad ? at::empty({s.B, n_out}, acc_opts) : Tensor();
+    const auto kernel = fused_wgrad ? convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpFewTaps>
                                     : convrnn_backward_warp_kernel<scalar_t, acc_t, kWarpMaxUnits>;
     kernel<<<warp_kernel_blocks(s), 32 * kWarpsPerBlock, 0, stream>>>(
-        grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-        y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.B, s.T, C, N, K,
-        s.circular, s.relu);
+        grad_y_any.data_ptr<scalar_t>(), grad_h_T_any.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+        h0.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(),
+        fused_wgrad ? partial.data_ptr<acc_t>() : nullptr, gs, s.B, s.T, C, N, K, s.circular, s.relu, s.has_bias);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  } else if (s.K == kTileK && CN >= kTileMinUnits) {
-    const int64_t NT = (s.N + kTileV - 1) / kTileV;
-    const bool aligned = tiled_fixed_bytes<acc_t>(s, true, false) <= static_cast<size_t>(max_smem_per_block());
-    const SeqPlan p = plan_sequence(s, s.C * NT, tiled_fixed_bytes<acc_t>(s, aligned, false),
-                                    2 * static_cast<size_t>(CN) * sizeof(scalar_t),
-                                    stage_bwd, "seqkernels.convrnn_backward");
-    auto kernel = convrnn_backward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;
-    allow_smem(kernel, p.smem);
-    kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
-        grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-        y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.T, C, N, p.S, aligned,
-        s.circular, s.relu);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (fused_wgrad) {
+      launch_wgrad_reduce<scalar_t, acc_t>(s, partial, grad_w, grad_bias, stream);
+      return {grad_x, grad_w, grad_bias, grad_h0};
+    }
   } else {
-    const size_t fixed = (2 * s.C * NP + s.C * s.C * s.K) * sizeof(acc_t);
-    const SeqPlan p = plan_sequence(s, s.C * s.N, fixed, 2 * static_cast<size_t>(CN) * sizeof(scalar_t),
-                                    stage_bwd, "seqkernels.convrnn_backward");
-    auto kernel = convrnn_backward_kernel<scalar_t, acc_t>;
-    allow_smem(kernel, p.smem);
-    kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
-        grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-        y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.T, C, N, K, p.S,
-        s.circular, s.relu);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const Tensor grad_y = grad_y_any.contiguous();
+    const Tensor grad_h_T = grad_h_T_any.contiguous();
+    const bool stage_bwd = stageable<scalar_t>(grad_y, CN) && stageable<scalar_t>(y, CN);
+    if (s.K == kTileK && CN >= kTileMinUnits) {
+      const int64_t NT = (s.N + kTileV - 1) / kTileV;
+      const bool aligned = tiled_fixed_bytes<acc_t>(s, true, false) <= static_cast<size_t>(max_smem_per_block());
+      const SeqPlan p = plan_sequence(s, s.C * NT, tiled_fixed_bytes<acc_t>(s, aligned, false),
+                                      2 * static_cast<size_t>(CN) * sizeof(scalar_t),
+                                      stage_bwd, "seqkernels.convrnn_backward");
+      auto kernel = convrnn_backward_tiled_kernel<scalar_t, acc_t, kTileK, kTileV>;
+      allow_smem(kernel, p.smem);
+      kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
+          grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+          y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.T, C, N, p.S, aligned,
+          s.circular, s.relu);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      const size_t fixed = (2 * s.C * NP + s.C * s.C * s.K) * sizeof(acc_t);
+      const SeqPlan p = plan_sequence(s, s.C * s.N, fixed, 2 * static_cast<size_t>(CN) * sizeof(scalar_t),
+                                      stage_bwd, "seqkernels.convrnn_backward");
+      auto kernel = convrnn_backward_kernel<scalar_t, acc_t>;
+      allow_smem(kernel, p.smem);
+      kernel<<<static_cast<unsigned int>(s.B), p.threads, p.smem, stream>>>(
+          grad_y.data_ptr<scalar_t>(), grad_h_T.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+          y.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), grad_h0.data_ptr<scalar_t>(), s.T, C, N, K, p.S,
+          s.circular, s.relu);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   }
 
   // 2. Weight and bias gradients: fixed row partition, partial sums, fixed-order total.
   {
-    const int CCK = C * C * K;
-    const int n_out = CCK + (s.has_bias ? C : 0);
     const int64_t rows = s.B * s.T;
     const int64_t rows_per_block = (rows + kWgradBlocks - 1) / kWgradBlocks;
     const int64_t n_blocks = (rows + rows_per_block - 1) / rows_per_block;
@@ -1367,7 +1460,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_impl(const ConvRnnSi
     const int outs_per_block = kWgradThreads / S;
     const int64_t grid_y = (n_out + outs_per_block - 1) / outs_per_block;
     TORCH_CHECK(grid_y <= 65535, "seqkernels.convrnn_backward: C·C·K = ", num(CCK), " is too large for the CUDA kernel");
-    Tensor partial = at::empty({n_blocks, n_out}, opts.dtype(at::toOpMathType(y.scalar_type())));
+    Tensor partial = at::empty({n_blocks, n_out}, acc_opts);
     const size_t smem = static_cast<size_t>(RB * row_bytes);
     auto kernel = convrnn_wgrad_partial_kernel<scalar_t, acc_t>;
     allow_smem(kernel, smem);
@@ -1376,11 +1469,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_impl(const ConvRnnSi
                        partial.data_ptr<acc_t>(), s.T, rows, rows_per_block, C, N, K, static_cast<int>(RB), S, n_out,
                        s.circular);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    convrnn_wgrad_reduce_kernel<scalar_t, acc_t>
-        <<<(n_out + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, stream>>>(
-            partial.data_ptr<acc_t>(), n_blocks, n_out, CCK, grad_w.data_ptr<scalar_t>(),
-            s.has_bias ? grad_bias.data_ptr<scalar_t>() : nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_wgrad_reduce<scalar_t, acc_t>(s, partial, grad_w, grad_bias, stream);
   }
   return {grad_x, grad_w, grad_bias, grad_h0};
 }

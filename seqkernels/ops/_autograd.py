@@ -22,6 +22,16 @@ def call_op(op, recording: bool, *args):
         return op(*args)
 
 
+def call_backward_op(op, *args):
+    """A ``<cell>_backward`` op called from an autograd formula: below autograd, unless a
+    double backward is being recorded (create_graph=True and an argument requires grad),
+    where the op's own formula (``forbid_double_backward``) must run and raise. Going below
+    autograd skips that formula's Python wrapper, a sizeable share of a small training call's
+    host time."""
+    recording = torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    return call_op(op, recording, *args)
+
+
 def dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
     """Autograd hands over None for unused outputs and expanded (stride-0) gradients for
     sums; kernels that take dense, contiguous gradients get zeros or a contiguous copy."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_op, forbid_double_backward, mark_saved_outputs, records_grad
+from ._autograd import call_backward_op, call_op, forbid_double_backward, mark_saved_outputs, records_grad
 
 __all__ = ["convlstm"]
 
@@ -161,7 +161,8 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
             "seqkernels.convlstm: convlstm_forward ran with training=False and saved nothing for backward"
         )
     x, h0, c0, w_ih, w_hh, peephole, y, gates, cells = ctx.saved_tensors
-    dx, dh0, dc0, dw_ih, dw_hh, dbias, dpeephole = _backward(
+    dx, dh0, dc0, dw_ih, dw_hh, dbias, dpeephole = call_backward_op(
+        _backward,
         _dense(grad_y), _dense(grad_h_n), _dense(grad_c_n), x, h0, c0, w_ih, w_hh, peephole, y, gates, cells,
         ctx.has_bias,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_op, dense_grad, forbid_double_backward, records_grad
+from ._autograd import call_backward_op, call_op, forbid_double_backward, records_grad
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
 
@@ -155,9 +155,11 @@ def _setup_context(ctx, inputs, output):
 
 def _convrnn_backward(ctx, grad_y, grad_h_T):
     weight, h0, y = ctx.saved_tensors
-    dx, dw, db, dh0 = _backward(
-        dense_grad(grad_y, y),
-        dense_grad(grad_h_T, h0),
+    # The op reads gradients of any layout (the expanded ones of a sum without a copy).
+    dx, dw, db, dh0 = call_backward_op(
+        _backward,
+        torch.zeros_like(y) if grad_y is None else grad_y,
+        torch.zeros_like(h0) if grad_h_T is None else grad_h_T,
         weight,
         h0,
         y,

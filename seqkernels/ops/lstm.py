@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_op, dense_grad, forbid_double_backward, mark_saved_outputs, records_grad
+from ._autograd import call_backward_op, call_op, dense_grad, forbid_double_backward, mark_saved_outputs, records_grad
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
@@ -101,7 +101,8 @@ def _setup_context(ctx, inputs, output):
 
 def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
     x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells = ctx.saved_tensors
-    dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr = _backward(
+    dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr = call_backward_op(
+        _backward,
         dense_grad(grad_y, y),
         dense_grad(grad_h_n, h0),
         dense_grad(grad_c_n, c0),

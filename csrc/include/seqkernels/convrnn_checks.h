@@ -28,7 +28,8 @@ ConvRnnSizes check_convrnn_forward(const at::Tensor& x, const at::Tensor& weight
                                    const at::Tensor& h0, int64_t padding_mode, int64_t nonlinearity);
 
 // grad_y [B, T, C, N], grad_h_T [B, C, N], weight [C, C, K], h0 [B, C, N], y [B, T, C, N];
-// the same rules as check_convrnn_forward (sizes taken from y).
+// the same rules as check_convrnn_forward (sizes taken from y), except that grad_y and
+// grad_h_T may have any strides.
 ConvRnnSizes check_convrnn_backward(const at::Tensor& grad_y, const at::Tensor& grad_h_T, const at::Tensor& weight,
                                     const at::Tensor& h0, const at::Tensor& y, int64_t padding_mode,
                                     int64_t nonlinearity, bool has_bias);
