@@ -88,6 +88,24 @@ def cases(dev):
     yield "lstm streaming chunk (3 layers, H=320, proj 160, T=8, B=1)", stream
 
 
+def lstm_batch_cases(dev):
+    """float32 `infer` at the batch sizes where the cuBLAS loop trails cuDNN (TF32 on, as
+    PyTorch's default): seqkernels.LSTM and nn.LSTM with the same weights, T=256."""
+    torch.backends.cudnn.allow_tf32 = True
+    g = torch.Generator(device=dev).manual_seed(0)
+    for B, H in ((64, 512), (256, 512), (256, 256)):
+        peer = torch.nn.LSTM(H, H, device=dev).eval()
+        ours = seqkernels.LSTM(H, H, device=dev).eval()
+        ours.load_state_dict(peer.state_dict())
+        x = torch.randn(256, B, H, generator=g, device=dev)
+        for name, m in (("seqkernels", ours), ("nn.LSTM", peer)):
+            def infer(m=m, x=x):
+                with torch.no_grad():
+                    m(x)
+
+            yield f"lstm {name} B={B} H={H} T=256 float32 (TF32) infer", infer
+
+
 def timing_methods(device, iters):
     """The ConvRNN template shape's training call timed several ways: CUDA events (as the
     benchmark's harness: created per call, or created once) or the host clock, alone or right
@@ -259,17 +277,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda", help="cpu only checks that the cases run")
-    ap.add_argument("--what", choices=["all", "breakdown"], default="all",
-                    help="breakdown: only the host-time breakdown of the ConvRNN training call")
+    ap.add_argument("--what", choices=["all", "breakdown", "lstm"], default="all",
+                    help="breakdown: only the host-time breakdown of the ConvRNN training call; "
+                         "lstm: only the kernels of float32 LSTM calls at B = 64 and 256")
     ap.add_argument("--trace-dir", default=None, help="write Chrome traces of the breakdown here")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     device = torch.device(args.device)
-    host_breakdown(device, args.iters, args.trace_dir)
+    if args.what in ("all", "breakdown"):
+        host_breakdown(device, args.iters, args.trace_dir)
     if args.what == "breakdown":
         return
-    timing_methods(device, args.iters)
-    for name, fn in cases(args.device):
+    if args.what == "all":
+        timing_methods(device, args.iters)
+    for name, fn in (lstm_batch_cases if args.what == "lstm" else cases)(args.device):
         for _ in range(5):
             fn()
         synchronize(device)
