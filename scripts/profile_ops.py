@@ -106,6 +106,16 @@ def lstm_batch_cases(dev):
             yield f"lstm {name} B={B} H={H} T=256 float32 (TF32) infer", infer
 
 
+def template_leaves(device):
+    """x, weight, h0, bias of the ConvRNN template shape (32, 128, 1, 16, 3), requiring grad."""
+    g = torch.Generator(device=device).manual_seed(0)
+    B, T, C, N, K = 32, 128, 1, 16, 3
+    return [t.requires_grad_() for t in (torch.randn(B, T, C, N, generator=g, device=device),
+                                         torch.randn(C, C, K, generator=g, device=device) / K ** 0.5,
+                                         torch.randn(B, C, N, generator=g, device=device),
+                                         torch.randn(C, generator=g, device=device))]
+
+
 def timing_methods(device, iters):
     """The ConvRNN template shape's training call timed several ways: CUDA events (as the
     benchmark's harness: created per call, or created once) or the host clock, alone or right
@@ -116,12 +126,7 @@ def timing_methods(device, iters):
 
     from seqkernels.reference import convrnn_reference
 
-    g = torch.Generator(device=device).manual_seed(0)
-    B, T, C, N, K = 32, 128, 1, 16, 3
-    leaves = [t.requires_grad_() for t in (torch.randn(B, T, C, N, generator=g, device=device),
-                                           torch.randn(C, C, K, generator=g, device=device) / 3 ** 0.5,
-                                           torch.randn(B, C, N, generator=g, device=device),
-                                           torch.randn(C, generator=g, device=device))]
+    leaves = template_leaves(device)
 
     def train(impl):
         for t in leaves:
@@ -198,12 +203,7 @@ def host_breakdown(device, iters, trace_dir):
     ``trace_dir`` also one Chrome trace per condition."""
     from seqkernels.reference import convrnn_reference
 
-    g = torch.Generator(device=device).manual_seed(0)
-    B, T, C, N, K = 32, 128, 1, 16, 3
-    leaves = [t.requires_grad_() for t in (torch.randn(B, T, C, N, generator=g, device=device),
-                                           torch.randn(C, C, K, generator=g, device=device) / 3 ** 0.5,
-                                           torch.randn(B, C, N, generator=g, device=device),
-                                           torch.randn(C, generator=g, device=device))]
+    leaves = template_leaves(device)
 
     def clear():
         for t in leaves:
