@@ -433,10 +433,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> convrnn_backward_cpu(const Tensor& gr
   // W^T[i, o, k] = W[o, i, K-1-k]: the adjoint correlation's weight.
   Tensor wT = weight.to(acc).flip({2}).transpose(0, 1).contiguous();
   Tensor dw_seq = at::empty({s.B, s.C, s.C, s.K}, opts.dtype(acc));
+  Tensor db_seq = at::empty({s.B, s.C}, opts.dtype(acc));
   // The incoming gradients may have any layout (an expanded one from a sum): the loop reads dense rows.
   const c10::MaybeOwned<Tensor> grad_y_dense = grad_y.expect_contiguous();
   const c10::MaybeOwned<Tensor> grad_h_T_dense = grad_h_T.expect_contiguous();
-  Tensor db_seq = at::empty({s.B, s.C}, opts.dtype(acc));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "seqkernels_convrnn_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* gy_p = grad_y_dense->const_data_ptr<scalar_t>();

@@ -5,9 +5,10 @@ import torch
 from torch import Tensor
 
 
-def records_grad(*tensors: Tensor | None) -> bool:
-    """Whether autograd records a call on these inputs: grad mode on and one requires grad."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def records_grad(*args) -> bool:
+    """Whether autograd records a call on these arguments: grad mode on and a tensor among
+    them requires grad (None and non-tensor arguments are skipped)."""
+    return torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
 
 
 def call_op(op, recording: bool, *args):
@@ -28,8 +29,7 @@ def call_backward_op(op, *args):
     where the op's own formula (``forbid_double_backward``) must run and raise. Going below
     autograd skips that formula's Python wrapper, a sizeable share of a small training call's
     host time."""
-    recording = torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
-    return call_op(op, recording, *args)
+    return call_op(op, records_grad(*args), *args)
 
 
 def dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
