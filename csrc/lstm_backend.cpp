@@ -13,7 +13,8 @@ LstmBackend lstm_backend_from_env() {
   if (backend == "auto") return LstmBackend::kAuto;
   if (backend == "persistent") return LstmBackend::kPersistent;
   if (backend == "gemm" || backend == "cublas") return LstmBackend::kGemm;
-  TORCH_CHECK(false, "SEQKERNELS_LSTM_BACKEND must be auto, persistent, gemm or cublas, got '", backend, "'");
+  if (backend == "fused") return LstmBackend::kFused;
+  TORCH_CHECK(false, "SEQKERNELS_LSTM_BACKEND must be auto, persistent, fused, gemm or cublas, got '", backend, "'");
 }
 
 }  // namespace seqkernels

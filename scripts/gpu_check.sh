@@ -10,13 +10,17 @@
 #   build.log      pip build output, with ptxas' per-kernel register / spill report
 #   tests.log      pytest -m cuda over tests/ (tests/test_lstm_backends.py forces each LSTM backend
 #                  itself), the CUDA tests of tests/test_lstm.py again with SEQKERNELS_LSTM_BACKEND=
-#                  persistent and =cublas, the rest of tests/test_lstm.py, extra checks
+#                  persistent, =fused and =cublas, the rest of tests/test_lstm.py, extra checks
 #   sanitizer.log  compute-sanitizer memcheck, racecheck, synccheck and initcheck of
-#                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent); memcheck of
+#                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent, fused); memcheck of
 #                  scripts/check_convrnn_cuda.py and check_convlstm_cuda.py --small, racecheck and
 #                  synccheck of the ConvRNN kernels
-#   bench.json, bench.log   benchmarks/bench_lstm.py records (bench.log: every suite's progress)
+#   bench.json, bench.log   benchmarks/bench_lstm.py records (bench.log: every suite's progress, and
+#                  scripts/lstm_backend_grid.py's table: each CUDA LSTM loop forced, beside cuDNN)
+#   grid.json      scripts/lstm_backend_grid.py records
 #   convlstm.json, convrnn.json   benchmarks/bench_convlstm.py and bench_convrnn.py records
+#                  (8 files at most come back from a device call: summary, build, tests, sanitizer,
+#                  bench.json, bench.log, grid.json and one more)
 #   summary.txt    device, versions, each step's rc and duration, test and sanitizer totals,
 #                  the ptxas report and every benchmark table (markdown)
 #
@@ -24,9 +28,11 @@
 # they are installed into /tmp/site and put on PYTHONPATH.
 #
 # Env: GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
-# skip, default "initcheck initcheck_persistent initcheck_mm"; set it, even empty, to run them: build tests tests_persistent tests_cublas memcheck racecheck synccheck initcheck
-# memcheck_persistent racecheck_persistent synccheck_persistent initcheck_persistent initcheck_mm conv_memcheck
-# conv_racecheck extra conv_extra examples bench conv_bench conv_memory cputests), BENCH_ARGS (extra
+# skip, default "initcheck initcheck_persistent initcheck_fused initcheck_mm"; set it, even empty, to run them: build
+# tests tests_persistent tests_fused tests_cublas memcheck racecheck synccheck initcheck memcheck_persistent
+# racecheck_persistent synccheck_persistent initcheck_persistent memcheck_fused racecheck_fused synccheck_fused
+# initcheck_fused initcheck_mm conv_memcheck conv_racecheck extra conv_extra examples bench grid conv_bench
+# conv_memory cputests), BENCH_ARGS (extra
 # arguments for bench_lstm.py, e.g. "--quick"), GPU_CHECK_TESTS (the pytest targets of the first
 # test step, default tests/; e.g. tests/test_convrnn.py for a ConvRNN-only run), OUT.
 set -u
@@ -44,7 +50,7 @@ BUDGET="${GPU_CHECK_BUDGET:-560}"
 # initcheck is skipped unless GPU_CHECK_SKIP is set (even empty): it flags cuBLAS's half-type stores
 # (see the initcheck_mm control below) and its persistent-backend run outlasted its 150 s box on
 # one H200 (2026-11-21), which left the benchmarks without time.
-SKIP=" ${GPU_CHECK_SKIP-initcheck initcheck_persistent initcheck_mm} "
+SKIP=" ${GPU_CHECK_SKIP-initcheck initcheck_persistent initcheck_fused initcheck_mm} "
 T0=$(date +%s)
 rm -f /tmp/bench.md /tmp/convlstm.md /tmp/convrnn.md  # tables of an earlier run on a warm machine
 DEADLINE=$((T0 + BUDGET))
@@ -118,7 +124,7 @@ TESTS_LOG="$OUT/tests.log"
 run_step tests "pytest -m cuda ${GPU_CHECK_TESTS:-tests/}" 200 "$TESTS_LOG" \
   "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE --durations=10 ${GPU_CHECK_TESTS:-tests/}
 # The LSTM's CUDA tests on each backend forced (auto, above, picks per call).
-for backend in persistent cublas; do
+for backend in persistent fused cublas; do
   run_step "tests_$backend" "pytest -m cuda tests/test_lstm.py (SEQKERNELS_LSTM_BACKEND=$backend)" 150 "$TESTS_LOG" \
     env SEQKERNELS_LSTM_BACKEND=$backend "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE tests/test_lstm.py
 done
@@ -129,17 +135,17 @@ SAN_LOG="$OUT/sanitizer.log"
 # Without the caching allocator every tensor is its own cudaMalloc, so an out-of-bounds access
 # cannot hide inside a pooled block.
 export_san="env PYTORCH_NO_CUDA_MEMORY_CACHING=1"
-# Each tool once per LSTM backend: the cuBLAS loop (keys memcheck ...) and the persistent
+# Each tool once per LSTM backend: the cuBLAS loop (keys memcheck ...), the persistent
 # kernels (keys memcheck_persistent ...; racecheck checks their shared-memory hazards,
-# synccheck their barriers).
+# synccheck their barriers) and the fused-step kernels (keys memcheck_fused ...).
 # racecheck also reports shared-memory hazards inside cuBLAS's own Hopper GEMM kernels
 # (nvjet_*: seen 2026-11-21 in the persistent backend's bf16 weight-gradient GEMMs, with
 # correct results). Those kernels are NVIDIA's; the summary counts the hazards in any other
 # kernel separately. (Excluding them with --kernel-name-exclude kns=nvjet made racecheck
 # itself fail on a hardware exception in the same sweep, 2026-11-21, so they stay in.)
-for backend in cublas persistent; do
+for backend in cublas persistent fused; do
   sfx=""
-  [ "$backend" = persistent ] && sfx="_persistent"
+  [ "$backend" != cublas ] && sfx="_$backend"
   run_step "memcheck$sfx" "memcheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool memcheck \
     --leak-check no --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
   run_step "racecheck$sfx" "racecheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool racecheck \
@@ -189,6 +195,10 @@ run_step examples "examples (cpu, cuda)" 150 "$TESTS_LOG" "$PY" scripts/time_exa
 # shellcheck disable=SC2086
 run_step bench bench 180 "$OUT/bench.log" \
   "$PY" benchmarks/bench_lstm.py --device cuda --json "$OUT/bench.json" --markdown /tmp/bench.md ${BENCH_ARGS:-}
+
+# Every CUDA LSTM loop forced, beside cuDNN (the auto heuristic's evidence): the table goes to bench.log.
+run_step grid "LSTM loops side by side" 240 "$OUT/bench.log" \
+  "$PY" scripts/lstm_backend_grid.py --with-auto --json "$OUT/grid.json"
 
 # The conv suites: records in $OUT (for plots), tables into the summary.
 run_step conv_bench "conv benchmarks" 150 "$OUT/bench.log" bash -c \

@@ -3,13 +3,16 @@
     compute-sanitizer --tool memcheck python scripts/sanitize_lstm.py
     python scripts/sanitize_lstm.py --extra        # + CUDA-graph capture and a > 65535-step sequence
     python scripts/sanitize_lstm.py --backend persistent   # SEQKERNELS_LSTM_BACKEND for the run
+    python scripts/sanitize_lstm.py --backend fused        # the fused-step loop (and its own shapes)
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
 compared with a plain float64 loop on the CPU (autograd for the gradients) by relative
 Frobenius error. With --backend persistent the sweep also covers float32 with TF32 off (the
 FFMA kernels) and two larger shapes that reach the persistent kernel's other code paths
-(several m16 batch tiles; the X tile loaded in column chunks). Run under compute-sanitizer
+(several m16 batch tiles; the X tile loaded in column chunks); with --backend fused, shapes
+that reach the fused-step loop's other geometries (2 and 8 units per block, several m16 tiles
+and batch blocks, a K tail inside a chunk). Run under compute-sanitizer
 with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that every tensor is its own allocation and an
 out-of-bounds access cannot land inside a pooled block. Exits non-zero on a mismatch or a
 non-finite value.
@@ -152,7 +155,8 @@ def rnn_tf32(allowed: bool):
         torch.backends.cudnn.allow_tf32 = saved
 
 
-def sweep(gen, persistent: bool) -> int:
+def sweep(gen, backend: str) -> int:
+    persistent = backend == "persistent"
     failures = 0
     # Packed (decreasing batch sizes, sequences ending at different steps), odd sizes; H = 8
     # takes the 16-byte vector path, H = 5 the scalar one.
@@ -183,6 +187,15 @@ def sweep(gen, persistent: bool) -> int:
                     ok, line = run_case(dtype, False, reverse, True, True, batch_sizes, I, H, gen)
                 failures += not ok
                 print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
+    if backend == "fused":
+        # 2 units per block (H = 64, 40: a K tail), 8 (H = 1024), several m16 tiles (B = 17, 33),
+        # two batch blocks of 8 tiles (B = 140), packed and both directions; bf16 and TF32.
+        big = [([17, 17, 9, 3], 8, 64), ([33, 20, 2], 8, 40), ([140, 100, 100], 4, 64), ([16, 16], 8, 1024)]
+        for (batch_sizes, I, H), dtype in itertools.product(big, [torch.bfloat16, torch.float32]):
+            for reverse in (False, True):
+                ok, line = run_case(dtype, False, reverse, True, True, batch_sizes, I, H, gen)
+                failures += not ok
+                print(line, flush=True)
     return failures
 
 
@@ -248,7 +261,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extra", action="store_true", help="also CUDA-graph capture and a 70000-step sequence")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--backend", choices=["auto", "persistent", "cublas"], default=None,
+    parser.add_argument("--backend", choices=["auto", "persistent", "fused", "cublas"], default=None,
                         help="set SEQKERNELS_LSTM_BACKEND for this run (default: leave the environment as it is)")
     args = parser.parse_args()
     if args.backend is not None:
@@ -261,7 +274,7 @@ def main() -> int:
     backend = os.environ.get("SEQKERNELS_LSTM_BACKEND", "auto")
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cudnn rnn fp32_precision: {rnn_precision}  SEQKERNELS_LSTM_BACKEND={backend}", flush=True)
-    failures = sweep(gen, persistent=backend == "persistent")
+    failures = sweep(gen, backend)
     if args.extra:
         failures += extra(gen)
     print(f"sanitize_lstm: {failures} failure(s)", flush=True)

@@ -17,9 +17,16 @@ _KNOWN_OPS = ("lstm_forward", "lstm_backward", "convrnn_forward", "convrnn_backw
 # The constants of the C++ heuristics mirrored by lstm_loop_choice (keep them in step).
 CPU_PERSISTENT_MAX_BATCH = 32  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.h
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
-CUDA_AUTO_MAX_FORWARD_STATE_BYTES = 64 * 1024  # kAutoMaxForwardStateBytes, csrc/cuda/lstm_persistent.cu
-CUDA_AUTO_MAX_BACKWARD_STATE_BYTES = 32 * 1024  # kAutoMaxBackwardStateBytes, csrc/cuda/lstm_persistent.cu
-_BACKENDS = {"auto": "auto", "persistent": "persistent", "gemm": "gemm", "cublas": "gemm"}
+# csrc/cuda/lstm_loop.cuh (choose_loop)
+CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
+CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState (FMA dtypes)
+CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA = 8 * 1024  # kPersistentMaxBackwardStateMma
+CUDA_PERSISTENT_MAX_FORWARD_BATCH_HALF = 8  # kPersistentMaxForwardBatchHalf
+CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32 = 16  # kPersistentMaxForwardBatchTf32
+CUDA_FUSED_MAX_FORWARD_BH = 64 * 1024  # kFusedMaxForwardBH
+CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
+CUDA_FUSED_MAX_HIDDEN_TF32 = 512  # kFusedMaxHiddenTf32
+_BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 
 
 def ops() -> list[str]:
@@ -70,8 +77,9 @@ def config() -> dict:
         info["cuDNN RNN may use TF32 (float32 follows it)"] = torch.backends.cudnn.allow_tf32
     info["LSTM time loops"] = {
         "cpu": "persistent (float32, no proj_size, B <= 32 under auto) or gemm (BLAS)",
-        "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024; auto: state B*H*bytes "
-        "<= 64 KiB forward, <= 32 KiB backward) or cublas" if torch.cuda.is_available() else "no GPU here",
+        "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "
+        "fp16, TF32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
+        "picks" if torch.cuda.is_available() else "no GPU here",
     }
     return info
 
@@ -90,39 +98,102 @@ def show_config() -> None:
 
 def _backend_from_env() -> str:
     """SEQKERNELS_LSTM_BACKEND as csrc/lstm_backend.cpp (lstm_backend_from_env) reads it:
-    auto (default), persistent, gemm or cublas (the same loop); anything else is an error."""
+    auto (default), persistent, fused, gemm or cublas (the same loop); anything else is an error."""
     value = os.environ.get("SEQKERNELS_LSTM_BACKEND", "auto")
     if value not in _BACKENDS:
-        raise ValueError(f"SEQKERNELS_LSTM_BACKEND must be auto, persistent, gemm or cublas, got '{value}'")
+        raise ValueError(f"SEQKERNELS_LSTM_BACKEND must be auto, persistent, fused, gemm or cublas, got '{value}'")
     return _BACKENDS[value]
 
 
+def _rnn_tf32_allowed() -> bool:
+    """Whether float32 RNNs may use TF32 (what the CUDA kernels follow, as cuDNN's RNN does)."""
+    rnn = getattr(torch.backends.cudnn, "rnn", None)
+    precision = getattr(rnn, "fp32_precision", None)
+    if isinstance(precision, str) and precision not in ("none", ""):
+        return precision == "tf32"
+    try:
+        return bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:  # legacy and per-backend flags mixed
+        return True
+
+
+def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
+               backend: str) -> tuple[str, str]:
+    """choose_loop of csrc/cuda/lstm_loop.cuh, then the chosen loop's own limits that Python can
+    see (lstm_persistent.cu's common_preconditions, lstm_fused_step.cu's applies), with the reason."""
+    loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend)
+    if loop == "persistent" and (proj_size > 0 or batch > CUDA_PERSISTENT_MAX_BATCH):
+        return "cublas", f"{why}; but the persistent kernel takes no projection and B <= {CUDA_PERSISTENT_MAX_BATCH}"
+    if loop == "fused" and (proj_size > 0 or not mma or hidden % (16 // elem) != 0):
+        return "cublas", (f"{why}; but the fused-step loop needs no projection, bf16/fp16 or TF32, and "
+                          f"H % {16 // elem} == 0")
+    if loop == "persistent":
+        why += "; subject to the occupancy check at launch (cuBLAS loop if the grid cannot be co-resident)"
+    return loop, why
+
+
+def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
+                      backend: str) -> tuple[str, str]:
+    """choose_loop of csrc/cuda/lstm_loop.cuh, with the reason."""
+    if backend == "gemm":
+        return "cublas", "SEQKERNELS_LSTM_BACKEND forces the cuBLAS loop"
+    if backend in ("persistent", "fused"):
+        return backend, f"SEQKERNELS_LSTM_BACKEND={backend}"
+    if proj_size > 0:
+        return "cublas", "only the cuBLAS loop has a projection (proj_size > 0)"
+    state = batch * hidden * elem
+    kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
+    if not mma:
+        limit = CUDA_PERSISTENT_MAX_BACKWARD_STATE if backward else CUDA_PERSISTENT_MAX_FORWARD_STATE
+        if state <= limit:
+            return "persistent", f"auto, no tensor cores for this dtype/precision: {kib} <= {limit // 1024} KiB"
+        return "cublas", f"auto, no tensor cores for this dtype/precision: {kib} > {limit // 1024} KiB"
+    tf32_ok = half or hidden <= CUDA_FUSED_MAX_HIDDEN_TF32
+    if backward:
+        if state <= CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA:
+            return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA // 1024} KiB"
+        if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and tf32_ok:
+            return "fused", (f"auto: {kib} > {CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA // 1024} KiB, "
+                             f"B = {batch} <= {CUDA_FUSED_MAX_BACKWARD_BATCH}"
+                             + ("" if half else f", H <= {CUDA_FUSED_MAX_HIDDEN_TF32} (TF32)"))
+        return "cublas", (f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH}" if tf32_ok
+                          else f"auto: TF32 with H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_TF32}")
+    max_batch = CUDA_PERSISTENT_MAX_FORWARD_BATCH_HALF if half else CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32
+    if batch <= max_batch and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
+        return "persistent", f"auto: B = {batch} <= {max_batch} and {kib} <= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB"
+    if batch * hidden <= CUDA_FUSED_MAX_FORWARD_BH and tf32_ok:
+        return "fused", (f"auto: B*H = {batch * hidden} <= {CUDA_FUSED_MAX_FORWARD_BH}"
+                         + ("" if half else f", H <= {CUDA_FUSED_MAX_HIDDEN_TF32} (TF32)"))
+    return "cublas", (f"auto: B*H = {batch * hidden} > {CUDA_FUSED_MAX_FORWARD_BH}" if tf32_ok
+                      else f"auto: TF32 with H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_TF32}")
+
+
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
-                     device: str = "cpu", backend: str | None = None) -> dict:
+                     device: str = "cpu", backend: str | None = None, tf32: bool | None = None) -> dict:
     """Which time loop an LSTM layer of this shape runs, and why, for the forward and the
     backward op: a dict ``{"forward": (loop, reason), "backward": (loop, reason)}``.
 
     Mirrors the C++ selection exactly (change both together):
-      CPU:  use_persistent_loop, csrc/cpu/lstm.cpp lines 149-158, with kPersistentMaxBatch
-            (csrc/cpu/lstm_persistent.h:42): persistent for float32 without projection;
+      CPU:  use_persistent_loop, csrc/cpu/lstm.cpp, with kPersistentMaxBatch
+            (csrc/cpu/lstm_persistent.h): persistent for float32 without projection;
             under auto only while B <= 32. Forward and backward decide alike.
-      CUDA: common_preconditions, csrc/cuda/lstm_persistent.cu lines 1191-1197, and
-            auto_prefers_persistent (lines 1041-1059): no projection, 1 <= B <= 64, and under
-            auto B * H * sizeof(dtype) <= 64 KiB (forward) / 32 KiB (backward). Python cannot
-            mirror what follows at launch (plan(), lines 1149-1160: the block geometry and
-            shared memory, 4 or 8 units per block so B <= 32 where 8 are needed, e.g. at
-            H = 1024, and the co-residency/occupancy check, then the cooperative launch):
-            a persistent choice here is "subject to the occupancy check at launch", which
-            falls back to the cuBLAS loop when it fails.
-    ``backend`` is SEQKERNELS_LSTM_BACKEND's value (default: read from the environment).
+      CUDA: choose_loop, csrc/cuda/lstm_loop.cuh: persistent, fused (one kernel per step) or
+            cublas, by dtype, B, H and the state size B * H * sizeof(dtype); forward and backward
+            separately. What the chosen loop checks at launch is not mirrored: the persistent
+            kernel's limits (B <= 64; 4 or 8 units per block, so B <= 32 where 8 are needed,
+            e.g. at H = 1024) and its occupancy check; the fused loop's (bf16/fp16/TF32 only,
+            H % 8 == 0 for 16-bit types and H % 4 == 0 for TF32, 16-byte aligned h0, shared
+            memory). Where those fail, the cuBLAS loop runs.
+    ``backend`` is SEQKERNELS_LSTM_BACKEND's value (default: read from the environment);
+    ``tf32`` whether float32 RNNs may use TF32 (default: PyTorch's cuDNN RNN setting).
     """
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
     if batch < 1 or hidden < 1:
         raise ValueError(f"batch and hidden must be >= 1, got batch={batch}, hidden={hidden}")
     dtype_name = str(dtype).replace("torch.", "")
     if device == "cpu":
-        if backend == "gemm":
-            choice = ("gemm", "SEQKERNELS_LSTM_BACKEND forces the BLAS loop")
+        if backend == "gemm" or backend == "fused":
+            choice = ("gemm", f"SEQKERNELS_LSTM_BACKEND={backend}: the BLAS loop (the CPU has no fused-step loop)")
         elif dtype != torch.float32:
             choice = ("gemm", f"the persistent CPU loop is float32 only ({dtype_name} takes the BLAS loop)")
         elif proj_size > 0:
@@ -137,24 +208,12 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     if device != "cuda":
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     elem = torch.empty((), dtype=dtype).element_size()
-    state = batch * hidden * elem
-    launch = "subject to the occupancy check at launch (cuBLAS loop if the grid cannot be co-resident)"
-    result = {}
-    for op, limit in (("forward", CUDA_AUTO_MAX_FORWARD_STATE_BYTES), ("backward", CUDA_AUTO_MAX_BACKWARD_STATE_BYTES)):
-        if backend == "gemm":
-            result[op] = ("cublas", "SEQKERNELS_LSTM_BACKEND forces the cuBLAS loop")
-        elif proj_size > 0:
-            result[op] = ("cublas", "the persistent kernel has no projection (proj_size > 0)")
-        elif batch > CUDA_PERSISTENT_MAX_BATCH:
-            result[op] = ("cublas", f"B = {batch} > {CUDA_PERSISTENT_MAX_BATCH}, the persistent kernel's limit")
-        elif backend == "persistent":
-            result[op] = ("persistent", f"SEQKERNELS_LSTM_BACKEND=persistent; {launch}")
-        elif state <= limit:
-            result[op] = ("persistent", f"auto: state B*H*{elem} bytes = {state / 1024:g} KiB <= {limit // 1024} KiB; "
-                                        + launch)
-        else:
-            result[op] = ("cublas", f"auto: state B*H*{elem} bytes = {state / 1024:g} KiB > {limit // 1024} KiB")
-    return result
+    half = dtype in (torch.float16, torch.bfloat16)
+    if tf32 is None:
+        tf32 = _rnn_tf32_allowed()
+    mma = half or (dtype == torch.float32 and tf32)
+    return {op: _cuda_loop(batch, hidden, elem, mma, half, proj_size, op == "backward", backend)
+            for op in ("forward", "backward")}
 
 
 def show_lstm_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,

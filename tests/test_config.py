@@ -53,20 +53,46 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
         lstm_loop_choice(1, 256)
 
 
-@pytest.mark.parametrize("batch,hidden,dtype,forward,backward", [
-    (16, 1024, torch.float32, "persistent", "cublas"),   # 64 KiB state
-    (32, 256, torch.float32, "persistent", "persistent"),  # 32 KiB
-    (64, 512, torch.bfloat16, "persistent", "cublas"),  # 64 KiB
-    (64, 512, torch.float32, "cublas", "cublas"),  # 128 KiB
-    (65, 8, torch.float32, "cublas", "cublas"),  # beyond the kernel's B <= 64
+@pytest.mark.parametrize("batch,hidden,dtype,tf32,forward,backward", [
+    # tensor-core dtypes (csrc/cuda/lstm_loop.cuh)
+    (1, 1024, torch.bfloat16, True, "persistent", "persistent"),  # B <= 8; 2 KiB state
+    (8, 512, torch.float16, True, "persistent", "persistent"),  # 8 KiB state: the backward's limit
+    (16, 256, torch.bfloat16, True, "fused", "persistent"),  # B > 8; 8 KiB
+    (16, 1024, torch.bfloat16, True, "fused", "fused"),  # 32 KiB > 8 KiB
+    (64, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 65536
+    (256, 256, torch.bfloat16, True, "fused", "cublas"),  # B*H = 65536; backward B > 64
+    (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
+    (16, 1024, torch.float32, True, "persistent", "cublas"),  # TF32: B <= 16, 64 KiB; backward H > 512
+    (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, H <= 512
+    (64, 256, torch.float32, True, "fused", "fused"),
+    (64, 1024, torch.float32, True, "cublas", "cublas"),  # TF32 with H > 512
+    (64, 36, torch.bfloat16, True, "cublas", "persistent"),  # fused chosen, but H % 8 != 0; 4.5 KiB
+    # float32 with TF32 off, float64: the state-size rule
+    (32, 256, torch.float32, False, "persistent", "persistent"),  # 32 KiB
+    (16, 1024, torch.float32, False, "persistent", "cublas"),  # 64 KiB
+    (64, 512, torch.float32, False, "cublas", "cublas"),  # 128 KiB
+    (65, 8, torch.float64, False, "cublas", "cublas"),  # beyond the persistent kernel's B <= 64
 ])
-def test_cuda_choice_mirrors_the_state_size_rule(monkeypatch, batch, hidden, dtype, forward, backward):
+def test_cuda_choice_mirrors_choose_loop(monkeypatch, batch, hidden, dtype, tf32, forward, backward):
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
-    choice = lstm_loop_choice(batch, hidden, dtype, 0, "cuda")
+    choice = lstm_loop_choice(batch, hidden, dtype, 0, "cuda", tf32=tf32)
     assert (choice["forward"][0], choice["backward"][0]) == (forward, backward)
     if forward == "persistent":
         assert "occupancy check at launch" in choice["forward"][1]
-    assert lstm_loop_choice(batch, hidden, dtype, 4, "cuda")["forward"][0] == "cublas"  # projection
+    assert lstm_loop_choice(batch, hidden, dtype, 4, "cuda", tf32=tf32)["forward"][0] == "cublas"  # projection
+
+
+def test_cuda_choice_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+    assert lstm_loop_choice(1, 256, torch.bfloat16, 0, "cuda")["forward"][0] == "fused"
+    assert lstm_loop_choice(1, 256, torch.float64, 0, "cuda")["forward"][0] == "cublas"  # no fused float64
+    assert lstm_loop_choice(1, 256, torch.float32, 0, "cuda", tf32=False)["backward"][0] == "cublas"
+    assert lstm_loop_choice(1, 256, torch.float32, 0, "cpu")["forward"][0] == "gemm"  # no CPU fused loop
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    assert lstm_loop_choice(256, 1024, torch.bfloat16, 0, "cuda")["forward"][0] == "cublas"  # B > 64
+    assert lstm_loop_choice(16, 1024, torch.bfloat16, 0, "cuda")["backward"][0] == "persistent"
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    assert lstm_loop_choice(1, 256, torch.bfloat16, 0, "cuda")["forward"][0] == "cublas"
 
 
 def test_cli_prints_the_choice_and_why():
@@ -74,10 +100,10 @@ def test_cli_prints_the_choice_and_why():
     assert out.returncode == 0, out.stderr
     assert "LSTM time loop for B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
     assert "forward: persistent (auto: float32, no projection, B = 16 <= 32)" in out.stdout
-    out = run_cli("--batch", "64", "--hidden", "256", "--device", "cuda")
+    out = run_cli("--batch", "16", "--hidden", "256", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
-    assert "forward: persistent" in out.stdout and "backward (training): cublas" in out.stdout
-    assert "64 KiB > 32 KiB" in out.stdout
+    assert "forward: fused" in out.stdout and "backward (training): persistent" in out.stdout
+    assert "B*H = 4096 <= 65536" in out.stdout
 
 
 def test_cli_rejects_half_a_shape():

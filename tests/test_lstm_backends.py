@@ -1,6 +1,9 @@
-"""The two CUDA backends of the LSTM, each forced with SEQKERNELS_LSTM_BACKEND: the
+"""The three CUDA time loops of the LSTM, each forced with SEQKERNELS_LSTM_BACKEND: the
 persistent kernel (csrc/cuda/lstm_persistent.cu: one cooperative launch per layer and
-direction) and the cuBLAS loop (csrc/cuda/lstm.cu: a GEMM and a pointwise kernel per step).
+direction), the fused-step loop (csrc/cuda/lstm_fused_step.cu: one kernel per step, GEMM and
+gate math fused, steps overlapped by programmatic dependent launch) and the cuBLAS loop
+(csrc/cuda/lstm.cu: a GEMM and a pointwise kernel per step). A forced loop that does not
+apply to a case (e.g. the fused loop in float64) runs the cuBLAS loop, which must be right too.
 
 Ground truth: seqkernels.reference (a plain loop, autograd) and torch.nn.LSTM, both on the
 CPU in float64 with the same weights. Tolerances, relative to max(1, max|expected|):
@@ -25,12 +28,13 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import seqkernels
 from seqkernels import lstm_layer
+from seqkernels._config import lstm_loop_choice
 from seqkernels.reference import lstm_layer_reference
 from _helpers import check_cuda_graph_replays, max_abs
 
 pytestmark = pytest.mark.cuda
 
-BACKENDS = ("persistent", "cublas")
+BACKENDS = ("persistent", "fused", "cublas")
 # "tf32" is float32 with TF32 allowed for RNNs (torch.backends.cudnn.allow_tf32, which the
 # kernels follow exactly as cuDNN does); "float32" has it off.
 PRECISIONS = ("float64", "float32", "tf32", "bfloat16", "float16")
@@ -38,9 +42,6 @@ DTYPE = {"float64": torch.float64, "float32": torch.float32, "tf32": torch.float
          "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOL = {"float64": 1e-10, "float32": 3e-5, "tf32": 5e-3}
 LOW = ("bfloat16", "float16")
-# csrc/cuda/lstm_persistent.cu: auto_prefers_persistent (forward and backward choose separately)
-AUTO_MAX_FORWARD_STATE_BYTES = 64 * 1024
-AUTO_MAX_BACKWARD_STATE_BYTES = 32 * 1024
 
 
 @pytest.fixture(autouse=True)
@@ -163,8 +164,12 @@ def compare_layer(batch_sizes, I, H, reverse, bias, precision, seed=0, what="lst
 # block, padded units), 64 and 256 (4 units per block), 1024 (8 units per block, the X tile
 # loaded in column chunks for float32 and at B = 32); B = 17, 32 and 64 need several m16
 # tiles. B = 64 at H = 1024 is beyond the persistent kernel (U * B > 256): forced, it falls
-# back to the cuBLAS loop, which must be right too.
-SHAPES = [(1, 1), (3, 7), (16, 64), (17, 256), (64, 256), (1, 1024), (16, 1024), (32, 1024), (64, 1024)]
+# back to the cuBLAS loop, which must be right too. The fused-step loop: H = 1 and 7 are
+# beyond it (H % 8 for 16-bit types, H % 4 for TF32); H = 64 / 256 / 1024 take 2 / 2 / 8
+# units per block; B = 17, 32, 64 take 2 and 4 m16 tiles per block, B = 200 two batch blocks
+# of 8 tiles (one partly empty), H = 40 a K tail inside a chunk.
+SHAPES = [(1, 1), (3, 7), (16, 64), (17, 256), (64, 256), (1, 1024), (16, 1024), (32, 1024), (64, 1024), (200, 64),
+          (5, 40)]
 
 
 @pytest.mark.parametrize("B,H", SHAPES)
@@ -247,8 +252,8 @@ def test_module_matches_nn_lstm(backend, precision, B, H, packed):
 # --------------------------------------------------------------------------------------
 # Which path ran: the profiler sees the kernels by name
 # --------------------------------------------------------------------------------------
-def persistent_kernels(fn) -> set[str]:
-    """Which persistent kernels ("forward", "backward") ran during fn()."""
+def loop_kernels(fn) -> set[str]:
+    """Which native loop kernels ran during fn(): "persistent forward", "fused backward", ..."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -256,7 +261,17 @@ def persistent_kernels(fn) -> set[str]:
         fn()
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
-    return {kind for kind in ("forward", "backward") if any(f"lstm_persistent_{kind}_kernel" in n for n in names)}
+    found = set()
+    for loop, pattern in (("persistent", "lstm_persistent_{}_kernel"), ("fused", "lstm_fused_{}_step_kernel")):
+        for kind in ("forward", "backward"):
+            if any(pattern.format(kind) in n for n in names):
+                found.add(f"{loop} {kind}")
+    return found
+
+
+def persistent_kernels(fn) -> set[str]:
+    """Which persistent kernels ("forward", "backward") ran during fn()."""
+    return {k.split()[1] for k in loop_kernels(fn) if k.startswith("persistent")}
 
 
 def _train_call(dtype, B, H, T=4, proj_size=0):
@@ -275,23 +290,47 @@ def _train_call(dtype, B, H, T=4, proj_size=0):
     "precision_name,B,H",
     [("bfloat16", 1, 1024), ("bfloat16", 16, 1024), ("bfloat16", 32, 1024), ("bfloat16", 64, 256),
      ("float16", 17, 256), ("tf32", 16, 1024), ("tf32", 32, 1024), ("float32", 16, 1024), ("float32", 1, 256),
-     ("float64", 3, 7), ("float64", 16, 256)],
+     ("float64", 3, 7), ("float64", 16, 256), ("bfloat16", 16, 256), ("tf32", 64, 256), ("bfloat16", 256, 256)],
 )
-def test_persistent_path_is_taken(monkeypatch, precision_name, B, H):
-    """Forced, the persistent kernels run; auto takes them while the state exchanged per
-    step, B * H * sizeof(dtype), is at most 64 KiB in the forward and 32 KiB in the backward
-    (lstm_persistent.cu's heuristic)."""
+def test_loop_choice_is_taken(monkeypatch, precision_name, B, H):
+    """Forced, the persistent kernels run; auto runs, for the forward and the backward op
+    separately, what seqkernels._config.lstm_loop_choice (the Python mirror of
+    csrc/cuda/lstm_loop.cuh) says; cublas / gemm run neither native loop."""
     dtype = DTYPE[precision_name]
-    both = {"forward", "backward"}
-    state = B * H * torch.finfo(dtype).bits // 8
-    auto = {name for name, limit in (("forward", AUTO_MAX_FORWARD_STATE_BYTES),
-                                     ("backward", AUTO_MAX_BACKWARD_STATE_BYTES)) if state <= limit}
     with _Precision(precision_name):
-        run = _train_call(dtype, B, H)
+        run = _train_call(dtype, B, H, T=3)
         run()  # warm-up (cuBLAS handles, profiler start-up stay out of the check)
-        for value, expected in (("persistent", both), ("auto", auto), ("cublas", set()), ("gemm", set())):
+        monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+        choice = lstm_loop_choice(B, H, dtype, 0, "cuda")
+        auto = {f"{loop} {op}" for op, (loop, _) in choice.items() if loop != "cublas"}
+        persistent = {"persistent forward", "persistent backward"} if B <= 64 else set()
+        for value, expected in (("persistent", persistent), ("auto", auto), ("cublas", set()), ("gemm", set())):
             monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", value)
-            assert persistent_kernels(run) == expected, f"SEQKERNELS_LSTM_BACKEND={value}"
+            assert loop_kernels(run) == expected, f"SEQKERNELS_LSTM_BACKEND={value}: {choice}"
+
+
+@pytest.mark.parametrize("precision_name,B,H,applies", [
+    ("bfloat16", 1, 1024, True), ("bfloat16", 64, 1024, True), ("float16", 17, 256, True), ("tf32", 16, 1024, True),
+    ("tf32", 256, 512, True), ("float32", 16, 256, False), ("float64", 3, 64, False), ("bfloat16", 4, 36, False),
+])
+def test_fused_path_is_taken(monkeypatch, precision_name, B, H, applies):
+    """Forced, the fused-step kernels run where they apply: tensor-core dtypes (bf16, fp16,
+    float32 with TF32 allowed) with H % 8 == 0 (16-bit) or H % 4 == 0 (TF32); elsewhere the
+    cuBLAS loop runs (no persistent or fused kernel)."""
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H, T=3)
+        run()
+        monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+        assert loop_kernels(run) == ({"fused forward", "fused backward"} if applies else set())
+        monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+        assert not any(k.startswith("fused") for k in loop_kernels(run))
+
+
+def test_fused_path_with_projection_falls_back(monkeypatch):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+    with _Precision("bfloat16"):
+        assert loop_kernels(_train_call(torch.bfloat16, 4, 32, proj_size=8)) == set()
 
 
 def test_persistent_falls_back_cleanly(monkeypatch):

@@ -8,8 +8,14 @@
 // Step t owns packed rows [off_t, off_t + bt), bt = batch_sizes[t]; row off_t + b belongs to
 // sequence b. acc_t is float for half types (float16, bfloat16) and scalar_t otherwise.
 //
+// The time loop itself is one of three (lstm_loop.cuh chooses per call): the persistent kernel
+// (lstm_persistent.cu), one fused GEMM + gate kernel per step (lstm_fused_step.cu), or the
+// cuBLAS loop written out below, which handles every case (projection, every dtype); the
+// first two produce exactly the cuBLAS loop's outputs and saved tensors.
+//
 // Forward, per call:
 //   pre[N, G] (acc_t) = x·W_ihᵀ                                  one GEMM over all rows
+//   (persistent or fused loop, where chosen and applicable; else:)
 //   hbuf[B, Hout] = h0, cbuf[B, H] (acc_t) = c0
 //   for each step t in processing order (t = 0..T-1, or T-1..0 when reverse):
 //     pre[rows] += hbuf[:bt]·W_hhᵀ                                cuBLAS, beta = 1
@@ -20,6 +26,7 @@
 //   Rows b >= bt of hbuf / cbuf are never touched, so h_n = hbuf and c_n = cbuf at the end,
 //   for packed sequences in both directions.
 // Backward, per call (processing order reversed):
+//   (persistent or fused loop, where chosen and applicable, up to the whole-sequence GEMMs; else:)
 //   dhbuf[B, Hout] (acc_t) = grad_h_n, dcbuf[B, H] (acc_t) = grad_c_n
 //   for each step: dh = dhbuf[:bt] + grad_y[rows];
 //     projection: dHtot[rows] = dh (one small kernel), dm = dHtot[rows]·W_hr (cuBLAS)
@@ -52,6 +59,9 @@
 #include <type_traits>
 
 #include "blas.cuh"
+#include "lstm_device.cuh"
+#include "lstm_fused_step.cuh"
+#include "lstm_loop.cuh"
 #include "lstm_persistent.cuh"
 #include "seqkernels/lstm_cell.h"
 #include "seqkernels/lstm_checks.h"
@@ -65,15 +75,7 @@ using cuda::Trans;
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the kernels stride over the rest
 
-// Cell nonlinearities on the GPU: IEEE-accurate expf/tanhf (a few ulp, no fast-math
-// intrinsics) in float, exp/tanh in double. Host-callable too, so that the __host__
-// __device__ cell functions of lstm_cell.h can be instantiated with it.
-struct CudaMath {
-  static SK_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-  static SK_HOST_DEVICE double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-  static SK_HOST_DEVICE float tanh(float x) { return tanhf(x); }
-  static SK_HOST_DEVICE double tanh(double x) { return ::tanh(x); }
-};
+using cuda::CudaMath;  // IEEE cell nonlinearities (lstm_device.cuh)
 
 // V consecutive elements moved with one aligned load or store (16 bytes for V = 4 floats).
 template <class T, int V>
@@ -290,6 +292,10 @@ void check_on_cuda(const Tensor& x, const char* op) {
 template <class scalar_t>
 using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
+// 16-bit dtypes: always on tensor cores (float32 is, with TF32 allowed: blas.tf32()).
+template <class scalar_t>
+constexpr bool kHalf = std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>;
+
 template <class T>
 const T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -341,11 +347,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ.
   cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, N, G, I, sc_t(1), x_p, I, w_ih_p, I, sc_t(0), pre_p, G);
 
-  // The whole time loop in one persistent kernel where it applies (lstm_persistent.cu);
-  // it writes y, gates, cells, h_n (hbuf) and c_n (cbuf) itself.
-  if (cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, bias_p, w_hh_p,
-                                              h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p,
-                                              cells_p, hbuf_p, cbuf_p, x)) {
+  // The time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one fused
+  // kernel per step (lstm_fused_step.cu), each writing y, gates, cells, h_n (hbuf) and c_n
+  // (cbuf) itself where it applies; else the cuBLAS loop below.
+  const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), kHalf<scalar_t> || blas.tf32(),
+                                            kHalf<scalar_t>, /*backward=*/false);
+  if ((loop == cuda::Loop::kPersistent &&
+       cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, bias_p, w_hh_p,
+                                               h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p,
+                                               cells_p, hbuf_p, cbuf_p, x)) ||
+      (loop == cuda::Loop::kFused &&
+       cuda::lstm_fused_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, bias_p, w_hh_p,
+                                          h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p, cells_p,
+                                          hbuf_p, cbuf_p, x))) {
     Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
     return {y, hbuf, c_n, gates, cells};
   }
@@ -462,16 +476,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
                     aligned_for<4>(c0_p) && aligned_for<4>(dhbuf_p) && aligned_for<4>(dcbuf_p) &&
                     aligned_for<4>(dG_p) && aligned_for<4>(hprev_p);
 
-  // The whole reverse-time loop in one persistent kernel where it applies (lstm_persistent.cu):
-  // it fills dG, hprev, dhbuf (grad_h0) and dcbuf (grad_c0) as the loop below does.
-  const bool persistent = cuda::lstm_persistent_backward<scalar_t>(
-      s, reverse, blas.tf32(), w_hh_p, gates_p, cells_p, y_p, grad_y_p, h0_p, c0_p,
-      grad_h_n.data_ptr<scalar_t>(), grad_c_n.data_ptr<scalar_t>(), dG_p, hprev_p, dhbuf_p, dcbuf_p, x);
-  if (!persistent) {
+  // The reverse-time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one
+  // fused kernel per step (lstm_fused_step.cu), each filling dG, hprev, dhbuf (grad_h0) and
+  // dcbuf (grad_c0) as the cuBLAS loop below does, where it applies.
+  const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), kHalf<scalar_t> || blas.tf32(),
+                                            kHalf<scalar_t>, /*backward=*/true);
+  const scalar_t* grad_h_n_p = grad_h_n.data_ptr<scalar_t>();
+  const scalar_t* grad_c_n_p = grad_c_n.data_ptr<scalar_t>();
+  const bool native =
+      (loop == cuda::Loop::kPersistent &&
+       cuda::lstm_persistent_backward<scalar_t>(s, reverse, blas.tf32(), w_hh_p, gates_p, cells_p, y_p, grad_y_p,
+                                                h0_p, c0_p, grad_h_n_p, grad_c_n_p, dG_p, hprev_p, dhbuf_p, dcbuf_p,
+                                                x)) ||
+      (loop == cuda::Loop::kFused &&
+       cuda::lstm_fused_backward<scalar_t>(s, reverse, blas.tf32(), w_hh_p, gates_p, cells_p, y_p, grad_y_p, h0_p,
+                                           c0_p, grad_h_n_p, grad_c_n_p, dG_p, hprev_p, dhbuf_p, dcbuf_p, x));
+  if (!native) {
     dhbuf.copy_(grad_h_n);
     dcbuf.copy_(grad_c_n);
   }
-  for (int64_t step = 0; step < T && !persistent; ++step) {
+  for (int64_t step = 0; step < T && !native; ++step) {
     // Reverse of the forward's processing order.
     const int64_t t = reverse ? step : T - 1 - step;
     const int64_t bt = s.batch_sizes[t];

@@ -58,8 +58,8 @@
 // 4 units per block, B <= 32 with 8, which H > 4 * #SMs needs); at most 64 distinct batch
 // sizes; the resident weights must fit: MMA fragments cover Hp <= 1024, the FMA path keeps W
 // in shared memory (float32 H <= 1024, float64 H <= ~512); the X tile is loaded in up to 8
-// column chunks per step when B * K does not fit shared memory. Selection heuristic: see
-// auto_prefers_persistent below. SEQKERNELS_LSTM_TRACE=1 makes block 0 print the mean SM
+// column chunks per step when B * K does not fit shared memory. Whether it runs at all
+// (SEQKERNELS_LSTM_BACKEND, the auto heuristic): lstm_loop.cuh. SEQKERNELS_LSTM_TRACE=1 makes block 0 print the mean SM
 // cycles per step and phase (wait + gather, product, gate math, publication) of each launch.
 //
 // Code size matters: every step runs the whole loop body, and at ~60 KB of SASS per step the
@@ -84,6 +84,7 @@
 #include <string>
 #include <type_traits>
 
+#include "lstm_device.cuh"
 #include "seqkernels/lstm_cell.h"
 
 namespace seqkernels {
@@ -198,14 +199,6 @@ struct BwdArgs {
   acc_t* grad_c0;            // [B, H] out
   u64* dbuf;                 // [2, B, row_words] LL exchange of dG (flags zeroed before launch)
   int trace;                 // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
-};
-
-// Cell nonlinearities: the IEEE-accurate expf/tanhf of lstm.cu's CudaMath (never fast-math).
-struct PersistentMath {
-  static SK_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-  static SK_HOST_DEVICE double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-  static SK_HOST_DEVICE float tanh(float x) { return tanhf(x); }
-  static SK_HOST_DEVICE double tanh(double x) { return ::tanh(x); }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -356,46 +349,10 @@ __device__ __forceinline__ acc_t sum_partials(const acc_t* red, int kp, int stri
   }
 }
 
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
 template <class T>
 __device__ __forceinline__ uint32_t pack2(T lo, T hi) {  // bf16 / fp16 pair, lower k in the low half
   return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
 }
-
-template <class T>
-struct MmaInst;
-template <>
-struct MmaInst<c10::BFloat16> {
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct MmaInst<c10::Half> {
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct MmaInst<float> {  // TF32 operands
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
 
 template <class T>
 struct Vec4 {
@@ -658,7 +615,7 @@ template <class scalar_t, Path P, bool kTraining>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
-  using Math = PersistentMath;
+  using Math = CudaMath;
   constexpr int kCH = gather_batch<P>();
   constexpr int kKP = P == Path::kFma ? 0 : kWarps;  // depth of red: the warps (MMA) or run time (FMA)
   constexpr int sz = sizeof(scalar_t);
@@ -842,7 +799,7 @@ template <class scalar_t, Path P>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_backward_kernel(const __grid_constant__ BwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
-  using Math = PersistentMath;
+  using Math = CudaMath;
   constexpr int kCH = gather_batch<P>();
   constexpr int kKP = P == Path::kFma ? 0 : kWarps;  // depth of red: the warps (MMA) or run time (FMA)
   constexpr int sz = sizeof(scalar_t);
@@ -1038,26 +995,6 @@ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 int round_up(int a, int b) { return ceil_div(a, b) * b; }
 size_t align16(size_t x) { return (x + 15) & ~size_t{15}; }
 
-// Selection heuristic of SEQKERNELS_LSTM_BACKEND=auto, given that the persistent kernel
-// applies (no projection, U * B <= 256 with B <= 64, a co-resident grid): take it while the
-// recurrent state exchanged per step, B * H * sizeof(scalar_t), is at most 64 KiB in the
-// forward and 32 KiB in the backward (forward and backward are separate ops and choose
-// independently).
-// Why: the step time of the persistent kernel is a per-step floor (~1.3-1.9 µs on an H200)
-// plus the LL exchange, which moves 2x the state through L2 into every block each step, so it
-// grows with B * H * bytes (the backward exchanges 4x the forward's data); the cuBLAS loop
-// costs ~9-11 µs per step nearly independently of B and H up to B = 64, H = 1024.
-// Measured on one H200 (2026-11-21, T = 256, both backends forced, docs/kernels.md), ms:
-//   forward at 64 KiB: fp32 (TF32) B=64 H=256 persistent 2.45 vs cuBLAS 2.90; B=16 H=1024
-//     2.29 vs 4.06; bf16 B=64 H=512 2.47 vs 2.44 (a tie); at 128 KiB cuBLAS wins with TF32.
-//   train (forward + backward) at 32 KiB: fp32 B=32 H=256 5.13 vs 5.91; bf16 B=16 H=1024
-//     4.76 vs 6.48; at 64 KiB: fp32 B=64 H=256 10.5 vs 6.19, bf16 B=64 H=512 9.23 vs 5.86.
-constexpr int64_t kAutoMaxForwardStateBytes = 64 * 1024;
-constexpr int64_t kAutoMaxBackwardStateBytes = 32 * 1024;
-bool auto_prefers_persistent(const LstmSizes& s, int64_t elem_size, bool backward) {
-  return s.B * s.H * elem_size <= (backward ? kAutoMaxBackwardStateBytes : kAutoMaxForwardStateBytes);
-}
-
 bool build_segments(const LstmSizes& s, SegTable& tab) {
   if (s.T > INT_MAX - 1) return false;
   tab = SegTable{};
@@ -1188,12 +1125,9 @@ int trace_requested() {
   return env != nullptr && env[0] != '\0' && std::string(env) != "0";
 }
 
-bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop, int64_t elem_size, bool backward) {
-  const LstmBackend backend = lstm_backend_from_env();  // validated on every call
-  if (backend == LstmBackend::kGemm) return false;
-  if (s.P > 0 || s.B > kMaxBatch || s.B < 1 || s.H < 1 || !prop.cooperativeLaunch) return false;
-  if (backend == LstmBackend::kAuto && !auto_prefers_persistent(s, elem_size, backward)) return false;
-  return true;
+// Whether the persistent kernel can take the call at all (lstm.cu has chosen it already).
+bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop) {
+  return s.P == 0 && s.B >= 1 && s.B <= kMaxBatch && s.H >= 1 && prop.cooperativeLaunch;
 }
 
 template <class scalar_t, Path P, bool kTraining>
@@ -1245,7 +1179,7 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
                              scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
                              const at::Tensor& like) {
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
-  if (!common_preconditions(s, prop, sizeof(scalar_t), /*backward=*/false)) return false;
+  if (!common_preconditions(s, prop)) return false;
   FwdArgs<scalar_t> args{};
   if (!build_segments(s, args.seg)) return false;
   args.trace = trace_requested();
@@ -1275,7 +1209,7 @@ bool lstm_persistent_backward(const LstmSizes& s, bool reverse, bool tf32, const
                               at::opmath_type<scalar_t>* grad_h0, at::opmath_type<scalar_t>* grad_c0,
                               const at::Tensor& like) {
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
-  if (!common_preconditions(s, prop, sizeof(scalar_t), /*backward=*/true)) return false;
+  if (!common_preconditions(s, prop)) return false;
   BwdArgs<scalar_t> args{};
   if (!build_segments(s, args.seg)) return false;
   args.trace = trace_requested();

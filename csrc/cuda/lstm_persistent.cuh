@@ -1,16 +1,14 @@
 // The persistent small-batch LSTM path on the GPU: one cooperative kernel runs a layer's
 // whole time loop (forward) or its whole reverse-time loop (backward), with the recurrent
-// weights resident on chip. csrc/cuda/lstm.cu calls these after its input projection; each
-// returns false, having done nothing, when the persistent path does not apply (projection,
-// batch or hidden size beyond its limits, not enough co-resident blocks, or the backend
-// variable says cublas), and lstm.cu then runs its cuBLAS loop. Design notes, limits and
-// the selection heuristic: docs/kernels.md and the top of lstm_persistent.cu.
+// weights resident on chip. csrc/cuda/lstm.cu calls these after its input projection when
+// it has chosen this loop (lstm_loop.cuh); each returns false, having done nothing, when the
+// persistent path does not apply (projection, batch or hidden size beyond its limits, not
+// enough co-resident blocks), and lstm.cu then runs its cuBLAS loop. Design notes and limits:
+// docs/kernels.md and the top of lstm_persistent.cu.
 //
 // Shape legend: T steps, N = sum(batch_sizes) packed rows, B = batch_sizes[0], H hidden,
 // G = 4H gate rows (i, f, g, o). acc_t = at::opmath_type<scalar_t> (float for half types).
 #pragma once
-
-#include "seqkernels/lstm_backend.h"
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -19,7 +17,6 @@
 
 namespace seqkernels {
 namespace cuda {
-
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved
 // gates/cells (training), h_n and c_n exactly as the cuBLAS loop of lstm.cu does.

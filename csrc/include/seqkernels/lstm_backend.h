@@ -7,7 +7,9 @@ namespace seqkernels {
 enum class LstmBackend {
   kAuto,        // the device's heuristic picks (default)
   kPersistent,  // the persistent loop wherever it applies
-  kGemm,        // never the persistent loop ("gemm" or "cublas")
+  kGemm,        // the GEMM loop: never the persistent or fused-step loop ("gemm" or "cublas")
+  kFused,       // CUDA: the fused-step loop wherever it applies; the CPU has no such loop and
+                // runs its GEMM loop
 };
 
 // Raises (TORCH_CHECK) on any other value.

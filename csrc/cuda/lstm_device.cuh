@@ -1,0 +1,75 @@
+// Device helpers shared by the CUDA LSTM kernels (lstm.cu, lstm_persistent.cu,
+// lstm_fused_step.cu): the cell nonlinearities and the tensor-core MMA instructions.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+#include "seqkernels/lstm_cell.h"
+
+namespace seqkernels {
+namespace cuda {
+
+// Cell nonlinearities on the GPU: IEEE-accurate expf/tanhf (a few ulp, never fast-math
+// intrinsics) in float, exp/tanh in double. Host-callable too, so that the __host__
+// __device__ cell functions of lstm_cell.h can be instantiated with it.
+struct CudaMath {
+  static SK_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+  static SK_HOST_DEVICE double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+  static SK_HOST_DEVICE float tanh(float x) { return tanhf(x); }
+  static SK_HOST_DEVICE double tanh(double x) { return ::tanh(x); }
+};
+
+#if defined(__CUDACC__)
+
+// float -> TF32 (round to nearest, ties away: cuBLAS's FAST_TF32 operand rounding), as bits.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += a · b on tensor cores, fp32 accumulation, one warp:
+//   bf16 / fp16: mma.m16n8k16 (A 16x16 row-major, B 16x8 "col"), 4 + 2 registers of pairs;
+//   float:       mma.m16n8k8 with TF32 operands (already rounded with to_tf32).
+// Fragment layouts (g = lane / 4, t = lane % 4):
+//   m16n8k16: a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2/a3 = the same at k + 8;
+//             b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
+//   m16n8k8:  a0 = A[g][t], a1 = A[g+8][t], a2/a3 = the same at k + 4; b0 = B[t][g], b1 = B[t+4][g]
+//   d (both): d0/d1 = D[g][2t, 2t+1], d2/d3 = D[g+8][2t, 2t+1]
+template <class T>
+struct MmaInst;
+template <>
+struct MmaInst<c10::BFloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaInst<c10::Half> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaInst<float> {  // TF32 operands
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+#endif  // __CUDACC__
+
+}  // namespace cuda
+}  // namespace seqkernels

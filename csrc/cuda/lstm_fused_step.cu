@@ -1,0 +1,749 @@
+// Fused-step LSTM loop: one kernel per time step, the recurrent GEMM and the gate math fused,
+// consecutive steps overlapped with programmatic dependent launch (PDL, sm_90).
+//
+// Why. The cuBLAS loop of lstm.cu launches a GEMM and a pointwise kernel per step, and the
+// GEMM's gate pre-activations make a round trip through global memory between them: ~9-11 µs
+// per step on an H200, bound by two launches. The persistent kernel (lstm_persistent.cu) has
+// no launches but exchanges the whole state between all blocks every step, which grows with
+// B·H. Here a step is one launch whose only wait is the kernel boundary, and PDL hides most of
+// that boundary: step t+1's kernel is launched while step t runs, copies its slice of W_hh into
+// shared memory and loads its epilogue inputs (everything that does not depend on step t), and
+// only then waits (griddepcontrol.wait) for step t to finish.
+//
+// Shape legend: T steps, N packed rows, B = batch_sizes[0], H hidden, G = 4H gate rows
+// (i, f, g, o), bt = batch_sizes[t], U hidden units per block, NT n8 tiles per block, K the
+// GEMM depth (H forward, G backward), KC the k-columns of one chunk (64 bytes per row: 32
+// bf16/fp16 or 16 TF32 values), E = KC / 4 the values one lane holds per row and chunk.
+//
+// Forward step (one launch): block (ub, bb) owns units j in [ub·U, ub·U + U) (all four gates:
+// NC = 4U GEMM columns) and batch rows [bb·16·MT, +16·MT) of the step. It computes
+//     D[n][c] = sum_k h_{t-1}[n][k] · W_hh[row(c)][k],   c = gate·U + u, row(c) = gate·H + j
+// with mma.sync (bf16/fp16: m16n8k16; float32 with TF32 allowed: m16n8k8.tf32; fp32
+// accumulation): its W_hh rows in shared memory (B operand), h_{t-1} rows read straight from
+// global memory (L2) into A fragments. The 8 warps split the block's MT m16 tiles and K
+// (KG = 8 / MT K-groups); partial sums meet in shared memory and are added in a fixed order
+// (deterministic). Then one thread per (row, unit) adds pre = x·W_ihᵀ and the bias, applies
+// lstm_cell.h, and writes y, c (cbuf, in place: one thread owns an element), h_n where the row's
+// sequence ends, and the saved gates/cells when training.
+//
+// Backward step (one launch, reverse processing order): the same ownership; the GEMM is
+//     dh[n][u] = sum_r dG_succ[n][r] · W_hh[r][j0 + u]     (K = G, 8 columns: U <= 8, padded)
+// where dG_succ is the dG of the step processed just before (the step that continued this
+// one's state); rows whose sequence ends here take grad_h_n instead. The epilogue adds grad_y,
+// applies lstm_cell_backward and writes dG, dc (dcbuf, in place) and hprev. grad_h0 = the dG of
+// each sequence's first step times W_hh is left to cuBLAS after the loop (no step consumes it).
+//
+// The k-permutation trick. mma sums over k, so any permutation of k applied to A and B alike
+// leaves D unchanged. Within a chunk, lane (g, t) loads E consecutive values of an A row with
+// one 16-byte load (k = chunk·KC + t·E ...) and uses them as the k-slots {2t, 2t+1, 2t+8,
+// 2t+9} of two MMAs (TF32: slots {t, t+4} of two MMAs); W_hh is packed once per call (a small
+// kernel) so that lane (g, t)'s 16-byte shared-memory load of chunk c, tile nt holds exactly the
+// matching B values for column nt·8 + g. So a lane issues one 16-byte load per A row, one per
+// B tile, and two MMAs per tile per chunk: no ldmatrix, no shuffles, no bank conflicts.
+//
+// PDL and memory. Only inputs that were complete before the first step (pre, W_hh, the bias,
+// the saved forward tensors, grad_y, h0, c0, grad_h_n, grad_c_n) are read before
+// griddepcontrol.wait; everything a step writes (y, cbuf, dG, dcbuf) is read after it, with
+// ld.global.cg (L2). griddepcontrol.launch_dependents follows the wait, so at most two steps are
+// in flight and a launched kernel never waits on more than its predecessor. The first step
+// launches without the PDL attribute (it waits for everything before it, the input GEMM
+// included), which makes "complete before the first step" true for every later step too. A
+// launch after the loop (cuBLAS, the caller's next op) has no PDL attribute and waits for the
+// last step. Both the attribute and the instructions exist from sm_90 on; below that the
+// kernels run in plain stream order. CUDA graphs capture the launches with their
+// programmatic edges.
+//
+// When it runs: lstm_loop.cuh (SEQKERNELS_LSTM_BACKEND=fused forces it; auto chooses it for
+// mid-sized B·H). Limits (else the cuBLAS loop): no projection; bf16, fp16, or float32 with TF32 allowed
+// (float32 without TF32 and float64 have no tensor-core path here); H % E == 0 (bf16/fp16:
+// H % 8, TF32: H % 4) and h0 16-byte aligned (16-byte A loads); the block's W slice and
+// partial sums must fit shared memory (bf16 forward: 4U·H·2 bytes with U >= 2, so H <= 6144).
+#include "lstm_fused_step.cuh"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "blas.cuh"
+#include "lstm_device.cuh"
+#include "seqkernels/lstm_cell.h"
+
+namespace seqkernels {
+namespace cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxMT = 8;     // m16 tiles per block: 128 batch rows
+constexpr int kMaxNT = 4;     // forward: NC = 4U <= 32 columns (U <= 8)
+constexpr int kMaxItems = 4;  // epilogue (row, unit) items per thread: 16·MT·U <= 4·kThreads
+// Shared memory per block up to which two blocks (this step's and the next's) fit one SM.
+constexpr int kTwoPerSmBytes = 110 * 1024;
+
+// Geometry of one direction's loop, fixed for the call (computed on the host by plan_geometry).
+struct StepGeometry {
+  int H;        // hidden size
+  int U;        // units per block: 2, 4 or 8
+  int NT;       // n8 tiles of the GEMM: U / 2 (forward, NC = 4U), 1 (backward, U <= 8 padded)
+  int K;        // GEMM depth: H (forward) or G (backward)
+  int nchunks;  // ceil(K / KC)
+  int wvec;     // 16-byte vectors of one block's packed W slice = nchunks · NT · 32
+  int red_ld;   // row stride (floats) of the partial sums: NT·8 rounded up to 8 mod 32 (conflict-free)
+  int smem;     // dynamic shared memory bytes: W slice + partial sums
+};
+
+template <class scalar_t>
+struct FwdStepArgs {
+  using acc_t = at::opmath_type<scalar_t>;
+  StepGeometry g;
+  int bt;                  // rows of this step
+  int mt;                  // m16 tiles per block (1, 2, 4, 8); the grid's y covers bt rows
+  int n_prev;              // rows [0, n_prev) continue from h_prev / cbuf; rows [n_prev, bt) start from h0 / c0
+  int n_next;              // rows [n_next, bt) end here: their h_t is h_n
+  const uint4* w;          // packed W_hh (pack_weights_kernel, forward layout)
+  const acc_t* pre;        // [bt, G] x·W_ihᵀ of this step's rows, no bias
+  const acc_t* bias;       // [G] b_ih + b_hh, or nullptr
+  const scalar_t* h_prev;  // [n_prev, H] h_{t-1}: the y rows of the previous step
+  const scalar_t* h0;      // [B, H]
+  const scalar_t* c0;      // [B, H]
+  acc_t* cbuf;             // [B, H] c of every row's latest step (c_n at the end)
+  scalar_t* y;             // [bt, H] out: h_t
+  scalar_t* gates;         // [bt, G] out (training): activated gates
+  scalar_t* cells;         // [bt, H] out (training): c_t
+  scalar_t* h_n;           // [B, H] out: rows [n_next, bt)
+};
+
+template <class scalar_t>
+struct BwdStepArgs {
+  using acc_t = at::opmath_type<scalar_t>;
+  StepGeometry g;
+  int bt, mt;
+  int n_succ;                // rows [0, n_succ) continue into the step processed just before (dG_succ)
+  int n_prev;                // rows [0, n_prev) continue from the previous forward step (prev_cells, prev_y)
+  const uint4* w;            // packed W_hh (pack_weights_kernel, backward layout)
+  const scalar_t* dG_succ;   // [n_succ, G] dG rows of the successor step
+  const scalar_t* grad_y;    // [bt, H]
+  const scalar_t* grad_h_n;  // [B, H]
+  const scalar_t* grad_c_n;  // [B, H]
+  const scalar_t* gates;     // [bt, G] saved activated gates of this step
+  const scalar_t* cells;     // [bt, H] saved c_t
+  const scalar_t* prev_cells;  // [n_prev, H] c_{t-1}
+  const scalar_t* prev_y;      // [n_prev, H] h_{t-1}
+  const scalar_t* h0;        // [B, H]
+  const scalar_t* c0;        // [B, H]
+  acc_t* dcbuf;              // [B, H] dL/dc of every row's latest (backward) step: grad_c0 at the end
+  scalar_t* dG;              // [bt, G] out: pre-activation gradients
+  scalar_t* hprev;           // [bt, H] out: h_{t-1}
+};
+
+// ---------------------------------------------------------------------------------------
+// Device helpers
+// ---------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// This block's packed W slice into shared memory, asynchronously (waited for by wait_copies).
+__device__ __forceinline__ void copy_async(uint4* dst, const uint4* src, int nvec) {
+  for (int i = threadIdx.x; i < nvec; i += kThreads) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + i) : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+}
+
+// 16 bytes of an A row at column k (k % E == 0), through L2; zeros past the row or for a
+// missing row. float32 values are rounded to TF32.
+template <class scalar_t>
+__device__ __forceinline__ uint4 load_a(const scalar_t* row, int k, int K) {
+  if (row == nullptr || k >= K) return make_uint4(0u, 0u, 0u, 0u);
+  uint4 v = __ldcg(reinterpret_cast<const uint4*>(row + k));
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    v.x = to_tf32(__uint_as_float(v.x));
+    v.y = to_tf32(__uint_as_float(v.y));
+    v.z = to_tf32(__uint_as_float(v.z));
+    v.w = to_tf32(__uint_as_float(v.w));
+  }
+  return v;
+}
+
+// The block's GEMM: warp w takes m16 tile w % mt of the block's rows and K-group w / mt (a
+// contiguous run of chunks), and writes its partial sums to red[(kgroup·16·mt + row) · red_ld
+// + column]. a_row(r) gives block row r's A row (nullptr: a zero row). kNT is the largest
+// tile count of the kernel; g.NT the actual one.
+template <class scalar_t, int kNT, class RowFn>
+__device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const uint4* ws, const RowFn& a_row,
+                                           float* red) {
+  constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
+  constexpr int KC = 4 * E;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int kgroups = kWarps / mt, mt_w = warp % mt, kg = warp / mt;
+  const int cpw = (g.nchunks + kgroups - 1) / kgroups;
+  const int c_begin = kg * cpw, c_end = min(g.nchunks, c_begin + cpw);
+  const scalar_t* r0 = a_row(mt_w * 16 + gq);
+  const scalar_t* r1 = a_row(mt_w * 16 + gq + 8);
+  // Whether the warp's m16 tile has any row (valid rows are a prefix, so its first row says):
+  // uniform across the warp, as mma.sync needs every lane.
+  const bool tile_has_rows = a_row(mt_w * 16) != nullptr;
+  // Two accumulator sets (the chunk's first and second MMA): two independent MMA chains.
+  float acc[2][kNT][4];
+#pragma unroll
+  for (int q = 0; q < 2; ++q)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) acc[q][nt][0] = acc[q][nt][1] = acc[q][nt][2] = acc[q][nt][3] = 0.f;
+  if (tile_has_rows) {
+    constexpr int kGroup = 4;  // chunks whose A loads are in flight together (8: register spills)
+#pragma unroll 1
+    for (int c0 = c_begin; c0 < c_end; c0 += kGroup) {
+      uint4 lo[kGroup], hi[kGroup];
+#pragma unroll
+      for (int e = 0; e < kGroup; ++e) {
+        const int k = (c0 + e) * KC + tq * E;
+        const bool in = c0 + e < c_end;
+        lo[e] = load_a(in ? r0 : nullptr, k, g.K);
+        hi[e] = load_a(in ? r1 : nullptr, k, g.K);
+      }
+#pragma unroll
+      for (int e = 0; e < kGroup; ++e) {
+        if (c0 + e < c_end) {
+          const uint32_t a1[4] = {lo[e].x, hi[e].x, lo[e].y, hi[e].y};
+          const uint32_t a2[4] = {lo[e].z, hi[e].z, lo[e].w, hi[e].w};
+          const uint4* wc = ws + (c0 + e) * g.NT * 32 + lane;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            if (nt < g.NT) {
+              const uint4 b = wc[nt * 32];
+              MmaInst<scalar_t>::run(acc[0][nt], a1, b.x, b.y);
+              MmaInst<scalar_t>::run(acc[1][nt], a2, b.z, b.w);
+            }
+          }
+        }
+      }
+    }
+  }
+  float* rr = red + ((kg * mt + mt_w) * 16 + gq) * g.red_ld + 2 * tq;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    if (nt < g.NT) {
+      *reinterpret_cast<float2*>(rr + nt * 8) = make_float2(acc[0][nt][0] + acc[1][nt][0], acc[0][nt][1] + acc[1][nt][1]);
+      *reinterpret_cast<float2*>(rr + 8 * g.red_ld + nt * 8) =
+          make_float2(acc[0][nt][2] + acc[1][nt][2], acc[0][nt][3] + acc[1][nt][3]);
+    }
+  }
+}
+
+// Sum of the K-groups' partial sums of block row r, column col, in a fixed order.
+__device__ __forceinline__ float sum_partials(const float* red, const StepGeometry& g, int mt, int r, int col) {
+  const int kgroups = kWarps / mt;
+  const int stride = 16 * mt * g.red_ld;
+  const float* p = red + r * g.red_ld + col;
+  float s = 0.f;
+  for (int q = 0; q < kgroups; ++q) s += p[q * stride];
+  return s;
+}
+
+// Epilogue item p of this thread: block row r, unit u (global j); valid when the row exists in
+// this step and j < H.
+struct Item {
+  int r, u, j;
+  bool valid;
+};
+
+__device__ __forceinline__ Item make_item(const StepGeometry& g, int rows, int p) {
+  const int i = threadIdx.x + p * kThreads;
+  Item it;
+  it.r = i / g.U;
+  it.u = i - it.r * g.U;
+  it.j = blockIdx.x * g.U + it.u;
+  it.valid = it.r < rows && it.j < g.H;
+  return it;
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------
+
+// W_hh packed for block_gemm: vector ((ub·nchunks + c)·NT + nt)·32 + lane holds, for lane
+// (g, t), the E values B[k][n] at k = c·KC + t·E ... + E-1 and column n = nt·8 + g of unit block
+// ub, where forward B[k][n] = W_hh[gate·H + ub·U + u][k] (n = gate·U + u) and backward
+// B[k][n] = W_hh[k][ub·U + n] (n < U); zero outside W_hh. float32 is stored as TF32 bits.
+template <class scalar_t, bool kBackward>
+__global__ void __launch_bounds__(kThreads) pack_weights_kernel(const scalar_t* __restrict__ w_hh,  // [G, H]
+                                                                uint4* __restrict__ out,  // [unit blocks · wvec]
+                                                                StepGeometry g, int64_t total) {
+  constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
+  constexpr int KC = 4 * E;
+  const int64_t H = g.H;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; v < total;
+       v += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int lane = static_cast<int>(v & 31);
+    int64_t rest = v >> 5;
+    const int nt = static_cast<int>(rest % g.NT);
+    rest /= g.NT;
+    const int c = static_cast<int>(rest % g.nchunks);
+    const int64_t ub = rest / g.nchunks;
+    const int n = nt * 8 + (lane >> 2);
+    const int64_t k0 = static_cast<int64_t>(c) * KC + (lane & 3) * E;
+    union {
+      uint4 v4;
+      scalar_t s[E];
+      uint32_t u[4];
+    } pk;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int64_t k = k0 + e;
+      scalar_t val = static_cast<scalar_t>(0.0f);
+      if constexpr (kBackward) {
+        const int64_t j = ub * g.U + n;
+        if (n < g.U && j < H && k < 4 * H) val = w_hh[k * H + j];
+      } else {
+        const int gate = n / g.U;
+        const int64_t j = ub * g.U + (n - gate * g.U);
+        if (j < H && k < H) val = w_hh[(gate * H + j) * H + k];
+      }
+      pk.s[e] = val;
+    }
+    if constexpr (std::is_same_v<scalar_t, float>) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pk.u[e] = to_tf32(__uint_as_float(pk.u[e]));
+    }
+    out[v] = pk.v4;
+  }
+}
+
+// One forward time step (see the top of the file).
+template <class scalar_t, bool kTraining>
+__global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(const __grid_constant__ FwdStepArgs<scalar_t> a) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const StepGeometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* ws = reinterpret_cast<uint4*>(smem);                                  // [wvec] packed W slice
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(g.wvec) * 16);  // [KG][16·mt][red_ld]
+  const int64_t H = g.H, G = 4 * H;
+  const int row0 = blockIdx.y * 16 * a.mt;
+  const int rows = min(16 * a.mt, a.bt - row0);
+
+  // 1. What does not depend on the previous step: the W slice, pre and the bias.
+  copy_async(ws, a.w + static_cast<int64_t>(blockIdx.x) * g.wvec, g.wvec);
+  Item items[kMaxItems];
+  acc_t pre_r[kMaxItems][4];
+#pragma unroll
+  for (int p = 0; p < kMaxItems; ++p) {
+    items[p] = make_item(g, rows, p);
+    const Item& it = items[p];
+    if (it.valid) {
+      const acc_t* pr = a.pre + static_cast<int64_t>(row0 + it.r) * G + it.j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pre_r[p][q] = pr[q * H] + (a.bias != nullptr ? a.bias[q * H + it.j] : acc_t(0));
+    }
+  }
+
+  // 2. The previous step is complete (and visible); let the next step's kernel start.
+  pdl_wait();
+  pdl_launch_dependents();
+  acc_t c_prev[kMaxItems];
+#pragma unroll
+  for (int p = 0; p < kMaxItems; ++p) {
+    const Item& it = items[p];
+    if (it.valid) {
+      const int64_t b = row0 + it.r;
+      c_prev[p] = b < a.n_prev ? __ldcg(a.cbuf + b * H + it.j) : static_cast<acc_t>(a.c0[b * H + it.j]);
+    }
+  }
+
+  // 3. Gate pre-activations of the block's rows and units.
+  wait_copies();
+  block_gemm<scalar_t, kMaxNT>(g, a.mt, ws, [&](int r) -> const scalar_t* {
+    const int b = row0 + r;
+    if (r >= rows) return nullptr;
+    return b < a.n_prev ? a.h_prev + b * H : a.h0 + b * H;
+  }, red);
+  __syncthreads();
+
+  // 4. Gate math and outputs.
+#pragma unroll
+  for (int p = 0; p < kMaxItems; ++p) {
+    const Item& it = items[p];
+    if (!it.valid) continue;
+    acc_t pq[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pq[q] = pre_r[p][q] + sum_partials(red, g, a.mt, it.r, q * g.U + it.u);
+    LstmGates<acc_t> act;
+    acc_t c, m;
+    lstm_cell_forward<CudaMath>(LstmGates<acc_t>{pq[0], pq[1], pq[2], pq[3]}, c_prev[p], act, c, m);
+    const int64_t b = row0 + it.r;
+    const scalar_t h = static_cast<scalar_t>(m);
+    a.cbuf[b * H + it.j] = c;
+    a.y[b * H + it.j] = h;
+    if (b >= a.n_next) a.h_n[b * H + it.j] = h;
+    if constexpr (kTraining) {
+      scalar_t* gr = a.gates + b * G + it.j;
+      gr[0] = static_cast<scalar_t>(act.i);
+      gr[H] = static_cast<scalar_t>(act.f);
+      gr[2 * H] = static_cast<scalar_t>(act.g);
+      gr[3 * H] = static_cast<scalar_t>(act.o);
+      a.cells[b * H + it.j] = static_cast<scalar_t>(c);
+    }
+  }
+}
+
+// One backward time step (see the top of the file).
+template <class scalar_t>
+__global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(const __grid_constant__ BwdStepArgs<scalar_t> a) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const StepGeometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* ws = reinterpret_cast<uint4*>(smem);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(g.wvec) * 16);
+  const int64_t H = g.H, G = 4 * H;
+  const int row0 = blockIdx.y * 16 * a.mt;
+  const int rows = min(16 * a.mt, a.bt - row0);
+
+  // 1. What does not depend on the previous (backward) step.
+  copy_async(ws, a.w + static_cast<int64_t>(blockIdx.x) * g.wvec, g.wvec);
+  Item items[kMaxItems];
+  acc_t act_r[kMaxItems][4], c_r[kMaxItems], cp_r[kMaxItems], dh_r[kMaxItems];
+  scalar_t hp_r[kMaxItems];
+#pragma unroll
+  for (int p = 0; p < kMaxItems; ++p) {
+    items[p] = make_item(g, rows, p);
+    const Item& it = items[p];
+    if (it.valid) {
+      const int64_t b = row0 + it.r;
+      const scalar_t* gr = a.gates + b * G + it.j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) act_r[p][q] = static_cast<acc_t>(gr[q * H]);
+      c_r[p] = static_cast<acc_t>(a.cells[b * H + it.j]);
+      const bool cont = b < a.n_prev;
+      cp_r[p] = static_cast<acc_t>(cont ? a.prev_cells[b * H + it.j] : a.c0[b * H + it.j]);
+      hp_r[p] = cont ? a.prev_y[b * H + it.j] : a.h0[b * H + it.j];
+      dh_r[p] = static_cast<acc_t>(a.grad_y[b * H + it.j]);
+      if (b >= a.n_succ) dh_r[p] += static_cast<acc_t>(a.grad_h_n[b * H + it.j]);
+    }
+  }
+
+  // 2. The previous backward step is complete (and visible); let the next one start.
+  pdl_wait();
+  pdl_launch_dependents();
+  acc_t dc_r[kMaxItems];
+#pragma unroll
+  for (int p = 0; p < kMaxItems; ++p) {
+    const Item& it = items[p];
+    if (it.valid) {
+      const int64_t b = row0 + it.r;
+      dc_r[p] = b < a.n_succ ? __ldcg(a.dcbuf + b * H + it.j) : static_cast<acc_t>(a.grad_c_n[b * H + it.j]);
+    }
+  }
+
+  // 3. dh of the rows that continue into the successor step: dG_succ · W_hh[:, own units].
+  const bool gemm = row0 < a.n_succ;
+  wait_copies();
+  if (gemm) {
+    block_gemm<scalar_t, 1>(g, a.mt, ws, [&](int r) -> const scalar_t* {
+      const int b = row0 + r;
+      return b < a.n_succ ? a.dG_succ + b * G : nullptr;
+    }, red);
+  }
+  __syncthreads();
+
+  // 4. Gate backward and outputs.
+#pragma unroll
+  for (int p = 0; p < kMaxItems; ++p) {
+    const Item& it = items[p];
+    if (!it.valid) continue;
+    const int64_t b = row0 + it.r;
+    const acc_t dh = dh_r[p] + (b < a.n_succ ? sum_partials(red, g, a.mt, it.r, it.u) : acc_t(0));
+    LstmGates<acc_t> d;
+    acc_t dc_prev, m;
+    lstm_cell_backward<CudaMath>(LstmGates<acc_t>{act_r[p][0], act_r[p][1], act_r[p][2], act_r[p][3]}, c_r[p],
+                                 cp_r[p], dh, dc_r[p], d, dc_prev, m);
+    a.dcbuf[b * H + it.j] = dc_prev;
+    scalar_t* dr = a.dG + b * G + it.j;
+    dr[0] = static_cast<scalar_t>(d.i);
+    dr[H] = static_cast<scalar_t>(d.f);
+    dr[2 * H] = static_cast<scalar_t>(d.g);
+    dr[3 * H] = static_cast<scalar_t>(d.o);
+    a.hprev[b * H + it.j] = hp_r[p];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------
+
+template <class scalar_t>
+constexpr bool kHasMma = std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, c10::Half> ||
+                         std::is_same_v<scalar_t, float>;
+
+// Whether the fused-step loop can take the call at all (lstm.cu has chosen it already), before
+// any geometry.
+template <class scalar_t>
+bool applies(const LstmSizes& s, bool tf32, const void* a_base) {
+  if constexpr (!kHasMma<scalar_t>) {
+    return false;
+  } else {
+    if (std::is_same_v<scalar_t, float> && !tf32) return false;  // full-precision float32: no tensor cores here
+    constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
+    if (s.P > 0 || s.B < 1 || s.H < 1 || s.H % E != 0 || s.T > INT32_MAX || s.H > INT32_MAX / 4) return false;
+    return reinterpret_cast<std::uintptr_t>(a_base) % 16 == 0;  // A rows: 16-byte loads
+  }
+}
+
+// Units per block: the fewest of 2, 4, 8 that keep the unit blocks within one per SM (so that
+// the next step's blocks fit beside them), fewer where the W slice would not let two blocks
+// share an SM; false when even U = 2 does not fit shared memory.
+template <class scalar_t>
+bool plan_geometry(const LstmSizes& s, bool backward, const cudaDeviceProp& prop, StepGeometry& g) {
+  const int sz = static_cast<int>(sizeof(scalar_t));
+  const int E = 16 / sz, KC = 4 * E;
+  g.H = static_cast<int>(s.H);
+  g.K = backward ? 4 * g.H : g.H;
+  g.nchunks = (g.K + KC - 1) / KC;
+  auto fill = [&](int U) {
+    g.U = U;
+    g.NT = backward ? 1 : U / 2;
+    g.wvec = g.nchunks * g.NT * 32;
+    g.red_ld = g.NT * 8;
+    while (g.red_ld % 32 != 8) g.red_ld += 8;
+    g.smem = g.wvec * 16 + kWarps * 16 * g.red_ld * static_cast<int>(sizeof(float));
+  };
+  int U = 8;
+  for (int u : {2, 4, 8}) {
+    if ((g.H + u - 1) / u <= prop.multiProcessorCount) {
+      U = u;
+      break;
+    }
+  }
+  fill(U);
+  while (g.smem > kTwoPerSmBytes && U > 2) {
+    U /= 2;
+    fill(U);
+  }
+  return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
+}
+
+// m16 tiles per block for bt rows: all rows in one block up to 128, else blocks of 128.
+int tiles_per_block(int bt) {
+  int mt = 1;
+  while (mt < kMaxMT && 16 * mt < bt) mt *= 2;
+  return mt;
+}
+
+template <class scalar_t, bool kBackward>
+at::Tensor pack_weights(const scalar_t* w_hh, const StepGeometry& g, const at::Tensor& like, cudaStream_t stream) {
+  const int64_t unit_blocks = (g.H + g.U - 1) / g.U;
+  const int64_t total = unit_blocks * g.wvec;
+  at::Tensor packed = at::empty({total * 16}, like.options().dtype(at::kByte));
+  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 16);
+  pack_weights_kernel<scalar_t, kBackward><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
+      w_hh, reinterpret_cast<uint4*>(packed.data_ptr()), g, total);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return packed;
+}
+
+// One step's launch: after the first step with the PDL attribute (sm_90+), so that it overlaps
+// the step before it.
+template <class Kernel, class Args>
+void launch_step(Kernel kernel, const Args& args, dim3 grid, bool overlap, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(args.g.smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = overlap ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+}
+
+dim3 step_grid(const StepGeometry& g, int bt, int mt) {
+  return dim3(static_cast<unsigned>((g.H + g.U - 1) / g.U), static_cast<unsigned>((bt + 16 * mt - 1) / (16 * mt)));
+}
+
+template <class scalar_t, bool kTraining>
+void run_forward_loop(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, const scalar_t* y,
+                      const scalar_t* gates, const scalar_t* cells, const at::opmath_type<scalar_t>* pre,
+                      bool pdl, cudaStream_t stream) {
+  auto kernel = &lstm_fused_forward_step_kernel<scalar_t, kTraining>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, args.g.smem));
+  const int64_t T = s.T, H = s.H, G = s.G;
+  for (int64_t step = 0; step < T; ++step) {
+    const int64_t t = reverse ? T - 1 - step : step;
+    const int64_t bt = s.batch_sizes[t];
+    const int64_t off = s.offsets[t];
+    // The step this one continues (t-1 forward, t+1 reverse) and the one that continues it.
+    int64_t n_prev = 0, prev_off = 0, n_next = 0;
+    if (!reverse && t > 0) {
+      n_prev = bt;
+      prev_off = s.offsets[t - 1];
+    } else if (reverse && t + 1 < T) {
+      n_prev = s.batch_sizes[t + 1];
+      prev_off = s.offsets[t + 1];
+    }
+    if (!reverse && t + 1 < T) n_next = s.batch_sizes[t + 1];
+    if (reverse && t > 0) n_next = bt;  // batch sizes never shrink towards t = 0
+    args.bt = static_cast<int>(bt);
+    args.mt = tiles_per_block(args.bt);
+    args.n_prev = static_cast<int>(n_prev);
+    args.n_next = static_cast<int>(n_next);
+    args.pre = pre + off * G;
+    args.h_prev = n_prev > 0 ? y + prev_off * H : nullptr;
+    args.y = const_cast<scalar_t*>(y) + off * H;
+    args.gates = kTraining ? const_cast<scalar_t*>(gates) + off * G : nullptr;
+    args.cells = kTraining ? const_cast<scalar_t*>(cells) + off * H : nullptr;
+    launch_step(kernel, args, step_grid(args.g, args.bt, args.mt), pdl && step > 0, stream);
+  }
+}
+
+}  // namespace
+
+template <class scalar_t>
+bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
+                        const at::opmath_type<scalar_t>* pre, const at::opmath_type<scalar_t>* bias,
+                        const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y, scalar_t* gates,
+                        scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n, const at::Tensor& like) {
+  if (!applies<scalar_t>(s, tf32, h0)) return false;
+  if constexpr (!kHasMma<scalar_t>) {
+    return false;
+  } else {
+    const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+    FwdStepArgs<scalar_t> args{};
+    if (!plan_geometry<scalar_t>(s, /*backward=*/false, prop, args.g)) return false;
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const at::Tensor packed = pack_weights<scalar_t, false>(w_hh, args.g, like, stream);
+    args.w = reinterpret_cast<const uint4*>(packed.data_ptr());
+    args.bias = bias;
+    args.h0 = h0;
+    args.c0 = c0;
+    args.cbuf = c_n;
+    args.h_n = h_n;
+    const bool pdl = prop.major >= 9;
+    if (training) {
+      run_forward_loop<scalar_t, true>(s, reverse, args, y, gates, cells, pre, pdl, stream);
+    } else {
+      run_forward_loop<scalar_t, false>(s, reverse, args, y, gates, cells, pre, pdl, stream);
+    }
+    return true;
+  }
+}
+
+template <class scalar_t>
+bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scalar_t* w_hh, const scalar_t* gates,
+                         const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y, const scalar_t* h0,
+                         const scalar_t* c0, const scalar_t* grad_h_n, const scalar_t* grad_c_n, scalar_t* dG,
+                         scalar_t* hprev, at::opmath_type<scalar_t>* grad_h0, at::opmath_type<scalar_t>* grad_c0,
+                         const at::Tensor& like) {
+  using acc_t = at::opmath_type<scalar_t>;
+  if (!applies<scalar_t>(s, tf32, dG)) return false;
+  if constexpr (!kHasMma<scalar_t>) {
+    return false;
+  } else {
+    const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+    BwdStepArgs<scalar_t> args{};
+    if (!plan_geometry<scalar_t>(s, /*backward=*/true, prop, args.g)) return false;
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const at::Tensor packed = pack_weights<scalar_t, true>(w_hh, args.g, like, stream);
+    args.w = reinterpret_cast<const uint4*>(packed.data_ptr());
+    args.grad_h_n = grad_h_n;
+    args.grad_c_n = grad_c_n;
+    args.h0 = h0;
+    args.c0 = c0;
+    args.dcbuf = grad_c0;
+    auto kernel = &lstm_fused_backward_step_kernel<scalar_t>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, args.g.smem));
+    const bool pdl = prop.major >= 9;
+    const int64_t T = s.T, H = s.H, G = s.G;
+    for (int64_t step = 0; step < T; ++step) {
+      // Reverse of the forward's processing order.
+      const int64_t t = reverse ? step : T - 1 - step;
+      const int64_t bt = s.batch_sizes[t];
+      const int64_t off = s.offsets[t];
+      // The step processed just before (it continued this step's state): t+1 forward, t-1
+      // reverse; and the forward step this one continued (t-1 forward, t+1 reverse).
+      int64_t n_succ = 0, succ_off = 0, n_prev = 0, prev_off = 0;
+      if (!reverse && t + 1 < T) {
+        n_succ = s.batch_sizes[t + 1];
+        succ_off = s.offsets[t + 1];
+      } else if (reverse && t > 0) {
+        n_succ = bt;
+        succ_off = s.offsets[t - 1];
+      }
+      if (!reverse && t > 0) {
+        n_prev = bt;
+        prev_off = s.offsets[t - 1];
+      } else if (reverse && t + 1 < T) {
+        n_prev = s.batch_sizes[t + 1];
+        prev_off = s.offsets[t + 1];
+      }
+      args.bt = static_cast<int>(bt);
+      args.mt = tiles_per_block(args.bt);
+      args.n_succ = static_cast<int>(n_succ);
+      args.n_prev = static_cast<int>(n_prev);
+      args.dG_succ = n_succ > 0 ? dG + succ_off * G : nullptr;
+      args.grad_y = grad_y + off * H;
+      args.gates = gates + off * G;
+      args.cells = cells + off * H;
+      args.prev_cells = n_prev > 0 ? cells + prev_off * H : nullptr;
+      args.prev_y = n_prev > 0 ? y + prev_off * H : nullptr;
+      args.dG = dG + off * G;
+      args.hprev = hprev + off * H;
+      launch_step(kernel, args, step_grid(args.g, args.bt, args.mt), pdl && step > 0, stream);
+    }
+    // grad_h0: no step consumes dL/dh_{-1}, so dG of every sequence's first step times W_hh
+    // here. Rows [first, bt) of step t start there: forward, every row at t = 0; reverse, the
+    // rows beyond the batch size of step t+1.
+    BlasContext blas(std::is_same_v<scalar_t, float> && tf32);
+    using sc_t = float;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t bt = s.batch_sizes[t];
+      int64_t first = bt;
+      if (!reverse && t == 0) first = 0;
+      if (reverse) first = t + 1 < T ? s.batch_sizes[t + 1] : 0;
+      if (first >= bt) continue;
+      gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::N, bt - first, H, G, sc_t(1), dG + (s.offsets[t] + first) * G,
+                                  G, w_hh, H, sc_t(0), grad_h0 + first * H, H);
+    }
+    return true;
+  }
+}
+
+#define SK_INSTANTIATE_FUSED(T)                                                                                    \
+  template bool lstm_fused_forward<T>(const LstmSizes&, bool, bool, bool, const at::opmath_type<T>*,               \
+                                      const at::opmath_type<T>*, const T*, const T*, const T*, T*, T*, T*, T*,     \
+                                      at::opmath_type<T>*, const at::Tensor&);                                     \
+  template bool lstm_fused_backward<T>(const LstmSizes&, bool, bool, const T*, const T*, const T*, const T*,       \
+                                       const T*, const T*, const T*, const T*, const T*, T*, T*, at::opmath_type<T>*, \
+                                       at::opmath_type<T>*, const at::Tensor&);
+SK_INSTANTIATE_FUSED(float)
+SK_INSTANTIATE_FUSED(double)
+SK_INSTANTIATE_FUSED(c10::Half)
+SK_INSTANTIATE_FUSED(c10::BFloat16)
+#undef SK_INSTANTIATE_FUSED
+
+}  // namespace cuda
+}  // namespace seqkernels
