@@ -273,12 +273,97 @@ def host_breakdown(device, iters, trace_dir):
             print(f"   {us / iters:9.1f}  x{count / iters:4.1f}  {key[:100]}")
 
 
+def after_reference(device, iters, calls=6):
+    """How long the ConvRNN template shape's training call (and a one-op backward with no
+    seqkernels code) stays slow after other work: ``calls`` consecutive calls, each timed by
+    the host clock between synchronisations, after each of several preludes (the reference
+    loop's training call, its forward alone, its training call with autograd's device threads
+    off, ~2000 tiny kernel launches without autograd, a 1000-node CUDA backward), with the
+    process's page faults and context switches over the first call. Tells which part of the
+    preceding work leaves the host slow, and for how many calls."""
+    import resource
+
+    from seqkernels.reference import convrnn_reference
+
+    leaves = template_leaves(device)
+    small = torch.randn(64, device=device)
+
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    def train(impl=seqkernels.convrnn):
+        clear()
+        y, h_T = impl(leaves[0], leaves[1], leaves[2], leaves[3], "circular", "tanh")
+        (y.float().sum() + h_T.float().sum()).backward()
+
+    def trivial_backward():
+        clear()
+        leaves[0].sum().backward()
+
+    def ref_train():
+        train(convrnn_reference)
+
+    def ref_infer():
+        with torch.no_grad():
+            convrnn_reference(*leaves, "circular", "tanh")
+
+    def ref_train_one_thread():
+        torch.autograd.set_multithreading_enabled(False)
+        try:
+            ref_train()
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+
+    def launches():
+        for _ in range(2000):
+            small.add_(1e-7)
+
+    def chain_backward():
+        v = leaves[3]
+        for _ in range(1000):
+            v = v * 1.0001
+        clear()
+        v.sum().backward()
+
+    preludes = [("nothing", None), ("reference train", ref_train), ("reference forward (no grad)", ref_infer),
+                ("reference train, autograd threads off", ref_train_one_thread),
+                ("2000 launches, no autograd", launches), ("1000-node CUDA backward", chain_backward)]
+    for _ in range(3):
+        train()
+        ref_train()
+    for target_name, target in (("our training call", train), ("x.sum().backward()", trivial_backward)):
+        print(f"\n== {target_name} after each prelude: host us per call, median over {iters} "
+              f"(call 1 .. {calls} after the prelude); first call's minor faults, vol./invol. switches")
+        for label, before in preludes:
+            per_call = [[] for _ in range(calls)]
+            faults = []
+            for _ in range(iters):
+                if before is not None:
+                    before()
+                synchronize(device)
+                for i in range(calls):
+                    r0 = resource.getrusage(resource.RUSAGE_SELF)
+                    t0 = time.perf_counter()
+                    target()
+                    synchronize(device)
+                    per_call[i].append((time.perf_counter() - t0) * 1e6)
+                    if i == 0:
+                        r1 = resource.getrusage(resource.RUSAGE_SELF)
+                        faults.append((r1.ru_minflt - r0.ru_minflt, r1.ru_nvcsw - r0.ru_nvcsw,
+                                       r1.ru_nivcsw - r0.ru_nivcsw))
+            med = [sorted(c)[len(c) // 2] for c in per_call]
+            f = [sorted(x[k] for x in faults)[len(faults) // 2] for k in range(3)]
+            print(f"   {label:40s} " + " ".join(f"{m:7.1f}" for m in med) + f"   | {f[0]} {f[1]} {f[2]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda", help="cpu only checks that the cases run")
-    ap.add_argument("--what", choices=["all", "breakdown", "lstm"], default="all",
+    ap.add_argument("--what", choices=["all", "breakdown", "afterref", "lstm"], default="all",
                     help="breakdown: only the host-time breakdown of the ConvRNN training call; "
+                         "afterref: how long that call stays slow after other work; "
                          "lstm: only the kernels of float32 LSTM calls at B = 64 and 256")
     ap.add_argument("--trace-dir", default=None, help="write Chrome traces of the breakdown here")
     args = ap.parse_args()
@@ -286,7 +371,9 @@ def main():
     device = torch.device(args.device)
     if args.what in ("all", "breakdown"):
         host_breakdown(device, args.iters, args.trace_dir)
-    if args.what == "breakdown":
+    if args.what == "afterref":
+        after_reference(device, args.iters)
+    if args.what in ("breakdown", "afterref"):
         return
     if args.what == "all":
         timing_methods(device, args.iters)
