@@ -19,12 +19,13 @@ CPU_PERSISTENT_MAX_BATCH = 32  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.h
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
-CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState (FMA dtypes)
-CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA = 8 * 1024  # kPersistentMaxBackwardStateMma
-CUDA_PERSISTENT_MAX_FORWARD_BATCH_HALF = 8  # kPersistentMaxForwardBatchHalf
+CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
+CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32 = 16  # kPersistentMaxForwardBatchTf32
 CUDA_FUSED_MAX_FORWARD_BH = 64 * 1024  # kFusedMaxForwardBH
+CUDA_FUSED_MAX_FORWARD_BH_TF32 = 32 * 1024  # kFusedMaxForwardBHTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
+CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 16 * 1024  # kFusedMaxBackwardBHTf32
 CUDA_FUSED_MAX_HIDDEN_TF32 = 512  # kFusedMaxHiddenTf32
 _BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 
@@ -142,30 +143,34 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     if proj_size > 0:
         return "cublas", "only the cuBLAS loop has a projection (proj_size > 0)"
     state = batch * hidden * elem
+    bh = batch * hidden
     kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
     if not mma:
         limit = CUDA_PERSISTENT_MAX_BACKWARD_STATE if backward else CUDA_PERSISTENT_MAX_FORWARD_STATE
         if state <= limit:
             return "persistent", f"auto, no tensor cores for this dtype/precision: {kib} <= {limit // 1024} KiB"
         return "cublas", f"auto, no tensor cores for this dtype/precision: {kib} > {limit // 1024} KiB"
-    tf32_ok = half or hidden <= CUDA_FUSED_MAX_HIDDEN_TF32
+    if not half and not backward:
+        if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32 and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
+            return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32} and {kib} "
+                                  f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB")
+    elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
+        return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
+    if backward and half:
+        if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH:
+            return "fused", f"auto: {kib} > {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB, B = {batch} <= 64"
+        return "cublas", f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH}"
     if backward:
-        if state <= CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA:
-            return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA // 1024} KiB"
-        if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and tf32_ok:
-            return "fused", (f"auto: {kib} > {CUDA_PERSISTENT_MAX_BACKWARD_STATE_MMA // 1024} KiB, "
-                             f"B = {batch} <= {CUDA_FUSED_MAX_BACKWARD_BATCH}"
-                             + ("" if half else f", H <= {CUDA_FUSED_MAX_HIDDEN_TF32} (TF32)"))
-        return "cublas", (f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH}" if tf32_ok
-                          else f"auto: TF32 with H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_TF32}")
-    max_batch = CUDA_PERSISTENT_MAX_FORWARD_BATCH_HALF if half else CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32
-    if batch <= max_batch and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
-        return "persistent", f"auto: B = {batch} <= {max_batch} and {kib} <= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB"
-    if batch * hidden <= CUDA_FUSED_MAX_FORWARD_BH and tf32_ok:
-        return "fused", (f"auto: B*H = {batch * hidden} <= {CUDA_FUSED_MAX_FORWARD_BH}"
-                         + ("" if half else f", H <= {CUDA_FUSED_MAX_HIDDEN_TF32} (TF32)"))
-    return "cublas", (f"auto: B*H = {batch * hidden} > {CUDA_FUSED_MAX_FORWARD_BH}" if tf32_ok
-                      else f"auto: TF32 with H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_TF32}")
+        if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_HIDDEN_TF32:
+            return "fused", f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= 512"
+        return "cublas", f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > 512"
+    if half:
+        if bh <= CUDA_FUSED_MAX_FORWARD_BH:
+            return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}"
+        return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH}"
+    if bh <= CUDA_FUSED_MAX_FORWARD_BH_TF32 or (bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= CUDA_FUSED_MAX_HIDDEN_TF32):
+        return "fused", f"auto: TF32, B*H = {bh} <= 32768, or <= 65536 with H <= 512"
+    return "cublas", f"auto: TF32, B*H = {bh} > 32768 (and > 65536 or H = {hidden} > 512)"
 
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,

@@ -55,18 +55,18 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("batch,hidden,dtype,tf32,forward,backward", [
     # tensor-core dtypes (csrc/cuda/lstm_loop.cuh)
-    (1, 1024, torch.bfloat16, True, "persistent", "persistent"),  # B <= 8; 2 KiB state
-    (8, 512, torch.float16, True, "persistent", "persistent"),  # 8 KiB state: the backward's limit
-    (16, 256, torch.bfloat16, True, "fused", "persistent"),  # B > 8; 8 KiB
-    (16, 1024, torch.bfloat16, True, "fused", "fused"),  # 32 KiB > 8 KiB
-    (64, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 65536
+    (1, 1024, torch.bfloat16, True, "persistent", "persistent"),  # 2 KiB state
+    (16, 256, torch.float16, True, "persistent", "persistent"),  # 8 KiB: the limit
+    (8, 1024, torch.bfloat16, True, "fused", "fused"),  # 16 KiB
+    (64, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 65536; B <= 64
     (256, 256, torch.bfloat16, True, "fused", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
     (16, 1024, torch.float32, True, "persistent", "cublas"),  # TF32: B <= 16, 64 KiB; backward H > 512
-    (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, H <= 512
-    (64, 256, torch.float32, True, "fused", "fused"),
-    (64, 1024, torch.float32, True, "cublas", "cublas"),  # TF32 with H > 512
-    (64, 36, torch.bfloat16, True, "cublas", "persistent"),  # fused chosen, but H % 8 != 0; 4.5 KiB
+    (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, B*H <= 16384
+    (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H <= 65536, H <= 512; backward B*H > 16384
+    (32, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768
+    (64, 1024, torch.float32, True, "cublas", "cublas"),
+    (64, 100, torch.bfloat16, True, "cublas", "cublas"),  # fused chosen, but H % 8 != 0
     # float32 with TF32 off, float64: the state-size rule
     (32, 256, torch.float32, False, "persistent", "persistent"),  # 32 KiB
     (16, 1024, torch.float32, False, "persistent", "cublas"),  # 64 KiB
@@ -100,10 +100,10 @@ def test_cli_prints_the_choice_and_why():
     assert out.returncode == 0, out.stderr
     assert "LSTM time loop for B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
     assert "forward: persistent (auto: float32, no projection, B = 16 <= 32)" in out.stdout
-    out = run_cli("--batch", "16", "--hidden", "256", "--dtype", "bfloat16", "--device", "cuda")
+    out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
-    assert "forward: fused" in out.stdout and "backward (training): persistent" in out.stdout
-    assert "B*H = 4096 <= 65536" in out.stdout
+    assert "forward: fused" in out.stdout and "backward (training): fused" in out.stdout
+    assert "B*H = 8192 <= 65536" in out.stdout
 
 
 def test_cli_rejects_half_a_shape():
