@@ -54,10 +54,11 @@
 // programmatic edges.
 //
 // When it runs: lstm_loop.cuh (SEQKERNELS_LSTM_BACKEND=fused forces it; auto chooses it for
-// mid-sized B·H). Limits (else the cuBLAS loop): no projection; bf16, fp16, or float32 with TF32 allowed
-// (float32 without TF32 and float64 have no tensor-core path here); H % E == 0 (bf16/fp16:
-// H % 8, TF32: H % 4) and h0 16-byte aligned (16-byte A loads); the block's W slice and
-// partial sums must fit shared memory (bf16 forward: 4U·H·2 bytes with U >= 2, so H <= 6144).
+// mid-sized B·H). Limits (else the cuBLAS loop): no projection; bf16, fp16, or float32 with
+// TF32 allowed (float32 without TF32 and float64 have no tensor-core path here); H % E == 0
+// (bf16/fp16: H % 8, TF32: H % 4) and h0 16-byte aligned (16-byte A loads); the block's W slice
+// (4U·H·sizeof(scalar_t) bytes forward with U >= 2, 32·H·sizeof(scalar_t) backward) and partial
+// sums must fit shared memory (bf16: H up to ~14000 forward, ~3500 backward).
 #include "lstm_fused_step.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -192,8 +193,8 @@ __device__ __forceinline__ uint4 load_a(const scalar_t* row, int k, int K) {
 
 // The block's GEMM: warp w takes m16 tile w % mt of the block's rows and K-group w / mt (a
 // contiguous run of chunks), and writes its partial sums to red[(kgroup·16·mt + row) · red_ld
-// + column]. a_row(r) gives block row r's A row (nullptr: a zero row). kNT is the largest
-// tile count of the kernel; g.NT the actual one.
+// + column]. a_row(r) gives block row r's A row (nullptr: a zero row; the rows that exist are a
+// prefix of the block's rows). kNT is the largest tile count of the kernel; g.NT the actual one.
 template <class scalar_t, int kNT, class RowFn>
 __device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const uint4* ws, const RowFn& a_row,
                                            float* red) {
