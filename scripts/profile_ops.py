@@ -116,6 +116,28 @@ def template_leaves(device):
                                          torch.randn(C, generator=g, device=device))]
 
 
+class TemplateCalls:
+    """The host-time probes' calls on the template leaves: ``train(impl)`` (seqkernels.convrnn
+    or the reference loop, forward + backward), ``trivial_backward()`` (a one-op backward with
+    no seqkernels code); each clears the leaves' gradients first."""
+
+    def __init__(self, device):
+        self.leaves = template_leaves(device)
+
+    def clear(self):
+        for t in self.leaves:
+            t.grad = None
+
+    def train(self, impl=seqkernels.convrnn):
+        self.clear()
+        y, h_T = impl(*self.leaves, "circular", "tanh")
+        (y.float().sum() + h_T.float().sum()).backward()
+
+    def trivial_backward(self):
+        self.clear()
+        self.leaves[0].sum().backward()
+
+
 def timing_methods(device, iters):
     """The ConvRNN template shape's training call timed several ways: CUDA events (as the
     benchmark's harness: created per call, or created once) or the host clock, alone or right
@@ -203,24 +225,12 @@ def host_breakdown(device, iters, trace_dir):
     ``trace_dir`` also one Chrome trace per condition."""
     from seqkernels.reference import convrnn_reference
 
-    leaves = template_leaves(device)
-
-    def clear():
-        for t in leaves:
-            t.grad = None
-
-    def train(impl=seqkernels.convrnn):
-        clear()
-        y, h_T = impl(leaves[0], leaves[1], leaves[2], leaves[3], "circular", "tanh")
-        (y.float().sum() + h_T.float().sum()).backward()
+    probe = TemplateCalls(device)
+    leaves, clear, train, trivial_backward = probe.leaves, probe.clear, probe.train, probe.trivial_backward
 
     def forward_only():
         clear()
-        seqkernels.convrnn(leaves[0], leaves[1], leaves[2], leaves[3], "circular", "tanh")
-
-    def trivial_backward():
-        clear()
-        leaves[0].sum().backward()
+        seqkernels.convrnn(*leaves, "circular", "tanh")
 
     def single_thread_train():
         torch.autograd.set_multithreading_enabled(False)
@@ -285,21 +295,9 @@ def after_reference(device, iters, calls=6):
 
     from seqkernels.reference import convrnn_reference
 
-    leaves = template_leaves(device)
+    probe = TemplateCalls(device)
+    leaves, clear, train, trivial_backward = probe.leaves, probe.clear, probe.train, probe.trivial_backward
     small = torch.randn(64, device=device)
-
-    def clear():
-        for t in leaves:
-            t.grad = None
-
-    def train(impl=seqkernels.convrnn):
-        clear()
-        y, h_T = impl(leaves[0], leaves[1], leaves[2], leaves[3], "circular", "tanh")
-        (y.float().sum() + h_T.float().sum()).backward()
-
-    def trivial_backward():
-        clear()
-        leaves[0].sum().backward()
 
     def ref_train():
         train(convrnn_reference)

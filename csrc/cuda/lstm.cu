@@ -500,17 +500,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     const int64_t t = reverse ? step : T - 1 - step;
     const int64_t bt = s.batch_sizes[t];
     const int64_t off = s.offsets[t];
-    // The step whose state step t started from: t-1 forward, t+1 reverse (none at the ends).
-    // Its first n_prev rows are the same sequences as rows [0, n_prev) of step t; the other
-    // rows of step t start from h0 / c0.
-    int64_t n_prev = 0, prev_off = 0;
-    if (!reverse && t > 0) {
-      n_prev = bt;
-      prev_off = s.offsets[t - 1];
-    } else if (reverse && t + 1 < T) {
-      n_prev = s.batch_sizes[t + 1];
-      prev_off = s.offsets[t + 1];
-    }
+    // The step whose state step t started from: its first n_prev rows are the same sequences
+    // as rows [0, n_prev) of step t; the other rows of step t start from h0 / c0.
+    const StepLink prev = previous_step(s, t, reverse);
+    const int64_t n_prev = prev.rows, prev_off = prev.off;
     const scalar_t* prev_cells = n_prev > 0 ? cells_p + prev_off * H : nullptr;
     const scalar_t* prev_y = n_prev > 0 ? y_p + prev_off * Hout : nullptr;
     scalar_t* dG_t = dG_p + off * G;

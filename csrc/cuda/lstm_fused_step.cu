@@ -597,23 +597,13 @@ void run_forward_loop(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> ar
     const int64_t t = reverse ? T - 1 - step : step;
     const int64_t bt = s.batch_sizes[t];
     const int64_t off = s.offsets[t];
-    // The step this one continues (t-1 forward, t+1 reverse) and the one that continues it.
-    int64_t n_prev = 0, prev_off = 0, n_next = 0;
-    if (!reverse && t > 0) {
-      n_prev = bt;
-      prev_off = s.offsets[t - 1];
-    } else if (reverse && t + 1 < T) {
-      n_prev = s.batch_sizes[t + 1];
-      prev_off = s.offsets[t + 1];
-    }
-    if (!reverse && t + 1 < T) n_next = s.batch_sizes[t + 1];
-    if (reverse && t > 0) n_next = bt;  // batch sizes never shrink towards t = 0
+    const StepLink prev = previous_step(s, t, reverse);
     args.bt = static_cast<int>(bt);
     args.mt = tiles_per_block(args.bt);
-    args.n_prev = static_cast<int>(n_prev);
-    args.n_next = static_cast<int>(n_next);
+    args.n_prev = static_cast<int>(prev.rows);
+    args.n_next = static_cast<int>(next_step(s, t, reverse).rows);
     args.pre = pre + off * G;
-    args.h_prev = n_prev > 0 ? y + prev_off * H : nullptr;
+    args.h_prev = prev.rows > 0 ? y + prev.off * H : nullptr;
     args.y = const_cast<scalar_t*>(y) + off * H;
     args.gates = kTraining ? const_cast<scalar_t*>(gates) + off * G : nullptr;
     args.cells = kTraining ? const_cast<scalar_t*>(cells) + off * H : nullptr;
@@ -684,47 +674,30 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
       const int64_t t = reverse ? step : T - 1 - step;
       const int64_t bt = s.batch_sizes[t];
       const int64_t off = s.offsets[t];
-      // The step processed just before (it continued this step's state): t+1 forward, t-1
-      // reverse; and the forward step this one continued (t-1 forward, t+1 reverse).
-      int64_t n_succ = 0, succ_off = 0, n_prev = 0, prev_off = 0;
-      if (!reverse && t + 1 < T) {
-        n_succ = s.batch_sizes[t + 1];
-        succ_off = s.offsets[t + 1];
-      } else if (reverse && t > 0) {
-        n_succ = bt;
-        succ_off = s.offsets[t - 1];
-      }
-      if (!reverse && t > 0) {
-        n_prev = bt;
-        prev_off = s.offsets[t - 1];
-      } else if (reverse && t + 1 < T) {
-        n_prev = s.batch_sizes[t + 1];
-        prev_off = s.offsets[t + 1];
-      }
+      // The step processed just before continued this step's state (its dG gives dh); the
+      // forward step this one continued gives c_{t-1} and h_{t-1}.
+      const StepLink succ = next_step(s, t, reverse), prev = previous_step(s, t, reverse);
       args.bt = static_cast<int>(bt);
       args.mt = tiles_per_block(args.bt);
-      args.n_succ = static_cast<int>(n_succ);
-      args.n_prev = static_cast<int>(n_prev);
-      args.dG_succ = n_succ > 0 ? dG + succ_off * G : nullptr;
+      args.n_succ = static_cast<int>(succ.rows);
+      args.n_prev = static_cast<int>(prev.rows);
+      args.dG_succ = succ.rows > 0 ? dG + succ.off * G : nullptr;
       args.grad_y = grad_y + off * H;
       args.gates = gates + off * G;
       args.cells = cells + off * H;
-      args.prev_cells = n_prev > 0 ? cells + prev_off * H : nullptr;
-      args.prev_y = n_prev > 0 ? y + prev_off * H : nullptr;
+      args.prev_cells = prev.rows > 0 ? cells + prev.off * H : nullptr;
+      args.prev_y = prev.rows > 0 ? y + prev.off * H : nullptr;
       args.dG = dG + off * G;
       args.hprev = hprev + off * H;
       launch_step(kernel, args, step_grid(args.g, args.bt, args.mt), pdl && step > 0, stream);
     }
     // grad_h0: no step consumes dL/dh_{-1}, so dG of every sequence's first step times W_hh
-    // here. Rows [first, bt) of step t start there: forward, every row at t = 0; reverse, the
-    // rows beyond the batch size of step t+1.
+    // here: rows [first, bt) of step t start there (the others continue an earlier step).
     BlasContext blas(std::is_same_v<scalar_t, float> && tf32);
     using sc_t = float;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t bt = s.batch_sizes[t];
-      int64_t first = bt;
-      if (!reverse && t == 0) first = 0;
-      if (reverse) first = t + 1 < T ? s.batch_sizes[t + 1] : 0;
+      const int64_t first = previous_step(s, t, reverse).rows;
       if (first >= bt) continue;
       gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::N, bt - first, H, G, sc_t(1), dG + (s.offsets[t] + first) * G,
                                   G, w_hh, H, sc_t(0), grad_h0 + first * H, H);

@@ -24,6 +24,30 @@ struct LstmSizes {
   std::vector<int64_t> offsets;      // T + 1 entries: step t owns rows [offsets[t], offsets[t+1])
 };
 
+// A neighbour of step t in the forward's processing order (t = 0..T-1, or T-1..0 when
+// reverse): rows [0, rows) of step t are the same sequences as rows [0, rows) of step t2,
+// whose first packed row is `off`; rows = 0 at the ends. Batch sizes never grow with t, so
+// going forward every row of t came from t-1 and the first batch_sizes[t+1] rows go on into
+// t+1; in reverse the first batch_sizes[t+1] rows came from t+1 and every row goes on into t-1.
+struct StepLink {
+  int64_t rows = 0;
+  int64_t off = 0;
+};
+
+// The step whose state step t starts from (its other rows start from h0 / c0).
+inline StepLink previous_step(const LstmSizes& s, int64_t t, bool reverse) {
+  if (!reverse && t > 0) return {s.batch_sizes[t], s.offsets[t - 1]};
+  if (reverse && t + 1 < s.T) return {s.batch_sizes[t + 1], s.offsets[t + 1]};
+  return {};
+}
+
+// The step that continues step t's state (its other rows end at t: h_n / c_n).
+inline StepLink next_step(const LstmSizes& s, int64_t t, bool reverse) {
+  if (!reverse && t + 1 < s.T) return {s.batch_sizes[t + 1], s.offsets[t + 1]};
+  if (reverse && t > 0) return {s.batch_sizes[t], s.offsets[t - 1]};
+  return {};
+}
+
 LstmSizes check_lstm_forward(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Tensor& h0,
                              const at::Tensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
                              const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
