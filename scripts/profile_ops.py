@@ -138,6 +138,19 @@ class TemplateCalls:
         self.leaves[0].sum().backward()
 
 
+def single_threaded(fn):
+    """fn with autograd's device threads off (the backward runs on the calling thread)."""
+
+    def run():
+        torch.autograd.set_multithreading_enabled(False)
+        try:
+            fn()
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+
+    return run
+
+
 def timing_methods(device, iters):
     """The ConvRNN template shape's training call timed several ways: CUDA events (as the
     benchmark's harness: created per call, or created once) or the host clock, alone or right
@@ -232,12 +245,7 @@ def host_breakdown(device, iters, trace_dir):
         clear()
         seqkernels.convrnn(*leaves, "circular", "tanh")
 
-    def single_thread_train():
-        torch.autograd.set_multithreading_enabled(False)
-        try:
-            train()
-        finally:
-            torch.autograd.set_multithreading_enabled(True)
+    single_thread_train = single_threaded(train)
 
     def ref_train():
         train(convrnn_reference)
@@ -306,12 +314,7 @@ def after_reference(device, iters, calls=6):
         with torch.no_grad():
             convrnn_reference(*leaves, "circular", "tanh")
 
-    def ref_train_one_thread():
-        torch.autograd.set_multithreading_enabled(False)
-        try:
-            ref_train()
-        finally:
-            torch.autograd.set_multithreading_enabled(True)
+    ref_train_one_thread = single_threaded(ref_train)
 
     def launches():
         for _ in range(2000):

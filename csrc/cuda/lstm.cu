@@ -292,10 +292,6 @@ void check_on_cuda(const Tensor& x, const char* op) {
 template <class scalar_t>
 using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
-// 16-bit dtypes: always on tensor cores (float32 is, with TF32 allowed: blas.tf32()).
-template <class scalar_t>
-constexpr bool kHalf = std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>;
-
 template <class T>
 const T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -350,8 +346,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // The time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one fused
   // kernel per step (lstm_fused_step.cu), each writing y, gates, cells, h_n (hbuf) and c_n
   // (cbuf) itself where it applies; else the cuBLAS loop below.
-  const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), kHalf<scalar_t> || blas.tf32(),
-                                            kHalf<scalar_t>, /*backward=*/false);
+  const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
+                                            cuda::kHalfType<scalar_t>, /*backward=*/false);
   if ((loop == cuda::Loop::kPersistent &&
        cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, bias_p, w_hh_p,
                                                h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p,
@@ -479,8 +475,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   // The reverse-time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one
   // fused kernel per step (lstm_fused_step.cu), each filling dG, hprev, dhbuf (grad_h0) and
   // dcbuf (grad_c0) as the cuBLAS loop below does, where it applies.
-  const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), kHalf<scalar_t> || blas.tf32(),
-                                            kHalf<scalar_t>, /*backward=*/true);
+  const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
+                                            cuda::kHalfType<scalar_t>, /*backward=*/true);
   const scalar_t* grad_h_n_p = grad_h_n.data_ptr<scalar_t>();
   const scalar_t* grad_c_n_p = grad_c_n.data_ptr<scalar_t>();
   const bool native =

@@ -6,11 +6,16 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "seqkernels/lstm_cell.h"
 
 namespace seqkernels {
 namespace cuda {
+
+// The 16-bit dtypes: always on tensor cores (float32 is where TF32 is allowed).
+template <class scalar_t>
+constexpr bool kHalfType = std::is_same_v<scalar_t, c10::Half> || std::is_same_v<scalar_t, c10::BFloat16>;
 
 // Cell nonlinearities on the GPU: IEEE-accurate expf/tanhf (a few ulp, never fast-math
 // intrinsics) in float, exp/tanh in double. Host-callable too, so that the __host__

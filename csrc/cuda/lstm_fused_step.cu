@@ -283,6 +283,22 @@ __device__ __forceinline__ Item make_item(const StepGeometry& g, int rows, int p
   return it;
 }
 
+// After the wait: each item's value carried in `buf` [B, H] (c forward, dL/dc backward) by the
+// step before, through L2, for rows < n_carried; the initial value `init` [B, H] (c0,
+// grad_c_n) for the rows that have no such step.
+template <class acc_t, class scalar_t>
+__device__ __forceinline__ void load_carried(const Item (&items)[kMaxItems], int row0, int64_t H, int n_carried,
+                                             const acc_t* buf, const scalar_t* init, acc_t (&out)[kMaxItems]) {
+#pragma unroll
+  for (int p = 0; p < kMaxItems; ++p) {
+    const Item& it = items[p];
+    if (it.valid) {
+      const int64_t b = row0 + it.r;
+      out[p] = b < n_carried ? __ldcg(buf + b * H + it.j) : static_cast<acc_t>(init[b * H + it.j]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Kernels
 // ---------------------------------------------------------------------------------------
@@ -366,14 +382,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
   pdl_wait();
   pdl_launch_dependents();
   acc_t c_prev[kMaxItems];
-#pragma unroll
-  for (int p = 0; p < kMaxItems; ++p) {
-    const Item& it = items[p];
-    if (it.valid) {
-      const int64_t b = row0 + it.r;
-      c_prev[p] = b < a.n_prev ? __ldcg(a.cbuf + b * H + it.j) : static_cast<acc_t>(a.c0[b * H + it.j]);
-    }
-  }
+  load_carried(items, row0, H, a.n_prev, a.cbuf, a.c0, c_prev);
 
   // 3. Gate pre-activations of the block's rows and units.
   wait_copies();
@@ -450,14 +459,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(c
   pdl_wait();
   pdl_launch_dependents();
   acc_t dc_r[kMaxItems];
-#pragma unroll
-  for (int p = 0; p < kMaxItems; ++p) {
-    const Item& it = items[p];
-    if (it.valid) {
-      const int64_t b = row0 + it.r;
-      dc_r[p] = b < a.n_succ ? __ldcg(a.dcbuf + b * H + it.j) : static_cast<acc_t>(a.grad_c_n[b * H + it.j]);
-    }
-  }
+  load_carried(items, row0, H, a.n_succ, a.dcbuf, a.grad_c_n, dc_r);
 
   // 3. dh of the rows that continue into the successor step: dG_succ · W_hh[:, own units].
   const bool gemm = row0 < a.n_succ;
@@ -496,8 +498,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(c
 // ---------------------------------------------------------------------------------------
 
 template <class scalar_t>
-constexpr bool kHasMma = std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, c10::Half> ||
-                         std::is_same_v<scalar_t, float>;
+constexpr bool kHasMma = kHalfType<scalar_t> || std::is_same_v<scalar_t, float>;
 
 // Whether the fused-step loop can take the call at all (lstm.cu has chosen it already), before
 // any geometry.
@@ -508,7 +509,7 @@ bool applies(const LstmSizes& s, bool tf32, const void* a_base) {
   } else {
     if (std::is_same_v<scalar_t, float> && !tf32) return false;  // full-precision float32: no tensor cores here
     constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
-    if (s.P > 0 || s.B < 1 || s.H < 1 || s.H % E != 0 || s.T > INT32_MAX || s.H > INT32_MAX / 4) return false;
+    if (s.P > 0 || s.B < 1 || s.H < 1 || s.H % E != 0 || s.H > INT32_MAX / 4) return false;
     return reinterpret_cast<std::uintptr_t>(a_base) % 16 == 0;  // A rows: 16-byte loads
   }
 }
@@ -553,62 +554,78 @@ int tiles_per_block(int bt) {
   return mt;
 }
 
-template <class scalar_t, bool kBackward>
-at::Tensor pack_weights(const scalar_t* w_hh, const StepGeometry& g, const at::Tensor& like, cudaStream_t stream) {
-  const int64_t unit_blocks = (g.H + g.U - 1) / g.U;
-  const int64_t total = unit_blocks * g.wvec;
-  at::Tensor packed = at::empty({total * 16}, like.options().dtype(at::kByte));
-  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 16);
-  pack_weights_kernel<scalar_t, kBackward><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
-      w_hh, reinterpret_cast<uint4*>(packed.data_ptr()), g, total);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return packed;
-}
+// What a loop (forward or backward) sets up once per call, and its per-step launch.
+struct StepLoop {
+  StepGeometry g;
+  at::Tensor packed;  // W_hh in pack_weights_kernel's layout, alive for the whole loop
+  cudaStream_t stream = nullptr;
+  bool pdl = false;   // overlap the steps (sm_90+)
 
-// One step's launch: after the first step with the PDL attribute (sm_90+), so that it overlaps
-// the step before it.
-template <class Kernel, class Args>
-void launch_step(Kernel kernel, const Args& args, dim3 grid, bool overlap, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(args.g.smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = overlap ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
-}
+  // The geometry, W_hh packed for it and the kernel's shared-memory limit; false when the call
+  // does not fit (nothing launched).
+  template <class scalar_t, bool kBackward, class Kernel>
+  bool prepare(const LstmSizes& s, const scalar_t* w_hh, const at::Tensor& like, Kernel kernel) {
+    const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+    if (!plan_geometry<scalar_t>(s, kBackward, prop, g)) return false;
+    stream = at::cuda::getCurrentCUDAStream();
+    const int64_t total = (g.H + g.U - 1) / g.U * static_cast<int64_t>(g.wvec);
+    packed = at::empty({total * 16}, like.options().dtype(at::kByte));
+    const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 16);
+    pack_weights_kernel<scalar_t, kBackward><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0,
+                                               stream>>>(w_hh, reinterpret_cast<uint4*>(packed.data_ptr()), g, total);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem));
+    pdl = prop.major >= 9;
+    return true;
+  }
 
-dim3 step_grid(const StepGeometry& g, int bt, int mt) {
-  return dim3(static_cast<unsigned>((g.H + g.U - 1) / g.U), static_cast<unsigned>((bt + 16 * mt - 1) / (16 * mt)));
-}
+  const uint4* weights() const { return reinterpret_cast<const uint4*>(packed.data_ptr()); }
+
+  // Step number `step` (processing order) over bt rows; sets args.bt and args.mt. Every step
+  // after the first carries the PDL attribute, so that it overlaps the step before it.
+  template <class Kernel, class Args>
+  void launch(Kernel kernel, Args& args, int64_t step, int64_t bt) const {
+    args.bt = static_cast<int>(bt);
+    args.mt = tiles_per_block(args.bt);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>((g.H + g.U - 1) / g.U),
+                       static_cast<unsigned>((args.bt + 16 * args.mt - 1) / (16 * args.mt)));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(g.smem);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl && step > 0 ? 1 : 0;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+  }
+};
 
 template <class scalar_t, bool kTraining>
-void run_forward_loop(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, const scalar_t* y,
-                      const scalar_t* gates, const scalar_t* cells, const at::opmath_type<scalar_t>* pre,
-                      bool pdl, cudaStream_t stream) {
+bool run_forward(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, const scalar_t* w_hh,
+                 const at::opmath_type<scalar_t>* pre, scalar_t* y, scalar_t* gates, scalar_t* cells,
+                 const at::Tensor& like) {
   auto kernel = &lstm_fused_forward_step_kernel<scalar_t, kTraining>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, args.g.smem));
+  StepLoop loop;
+  if (!loop.prepare<scalar_t, false>(s, w_hh, like, kernel)) return false;
+  args.g = loop.g;
+  args.w = loop.weights();
   const int64_t T = s.T, H = s.H, G = s.G;
   for (int64_t step = 0; step < T; ++step) {
     const int64_t t = reverse ? T - 1 - step : step;
-    const int64_t bt = s.batch_sizes[t];
     const int64_t off = s.offsets[t];
     const StepLink prev = previous_step(s, t, reverse);
-    args.bt = static_cast<int>(bt);
-    args.mt = tiles_per_block(args.bt);
     args.n_prev = static_cast<int>(prev.rows);
     args.n_next = static_cast<int>(next_step(s, t, reverse).rows);
     args.pre = pre + off * G;
     args.h_prev = prev.rows > 0 ? y + prev.off * H : nullptr;
-    args.y = const_cast<scalar_t*>(y) + off * H;
-    args.gates = kTraining ? const_cast<scalar_t*>(gates) + off * G : nullptr;
-    args.cells = kTraining ? const_cast<scalar_t*>(cells) + off * H : nullptr;
-    launch_step(kernel, args, step_grid(args.g, args.bt, args.mt), pdl && step > 0, stream);
+    args.y = y + off * H;
+    args.gates = kTraining ? gates + off * G : nullptr;
+    args.cells = kTraining ? cells + off * H : nullptr;
+    loop.launch(kernel, args, step, s.batch_sizes[t]);
   }
+  return true;
 }
 
 }  // namespace
@@ -622,24 +639,14 @@ bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
-    const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
     FwdStepArgs<scalar_t> args{};
-    if (!plan_geometry<scalar_t>(s, /*backward=*/false, prop, args.g)) return false;
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const at::Tensor packed = pack_weights<scalar_t, false>(w_hh, args.g, like, stream);
-    args.w = reinterpret_cast<const uint4*>(packed.data_ptr());
     args.bias = bias;
     args.h0 = h0;
     args.c0 = c0;
     args.cbuf = c_n;
     args.h_n = h_n;
-    const bool pdl = prop.major >= 9;
-    if (training) {
-      run_forward_loop<scalar_t, true>(s, reverse, args, y, gates, cells, pre, pdl, stream);
-    } else {
-      run_forward_loop<scalar_t, false>(s, reverse, args, y, gates, cells, pre, pdl, stream);
-    }
-    return true;
+    return training ? run_forward<scalar_t, true>(s, reverse, args, w_hh, pre, y, gates, cells, like)
+                    : run_forward<scalar_t, false>(s, reverse, args, w_hh, pre, y, gates, cells, like);
   }
 }
 
@@ -654,31 +661,25 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
-    const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+    auto kernel = &lstm_fused_backward_step_kernel<scalar_t>;
+    StepLoop loop;
+    if (!loop.prepare<scalar_t, true>(s, w_hh, like, kernel)) return false;
     BwdStepArgs<scalar_t> args{};
-    if (!plan_geometry<scalar_t>(s, /*backward=*/true, prop, args.g)) return false;
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const at::Tensor packed = pack_weights<scalar_t, true>(w_hh, args.g, like, stream);
-    args.w = reinterpret_cast<const uint4*>(packed.data_ptr());
+    args.g = loop.g;
+    args.w = loop.weights();
     args.grad_h_n = grad_h_n;
     args.grad_c_n = grad_c_n;
     args.h0 = h0;
     args.c0 = c0;
     args.dcbuf = grad_c0;
-    auto kernel = &lstm_fused_backward_step_kernel<scalar_t>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, args.g.smem));
-    const bool pdl = prop.major >= 9;
     const int64_t T = s.T, H = s.H, G = s.G;
     for (int64_t step = 0; step < T; ++step) {
       // Reverse of the forward's processing order.
       const int64_t t = reverse ? step : T - 1 - step;
-      const int64_t bt = s.batch_sizes[t];
       const int64_t off = s.offsets[t];
       // The step processed just before continued this step's state (its dG gives dh); the
       // forward step this one continued gives c_{t-1} and h_{t-1}.
       const StepLink succ = next_step(s, t, reverse), prev = previous_step(s, t, reverse);
-      args.bt = static_cast<int>(bt);
-      args.mt = tiles_per_block(args.bt);
       args.n_succ = static_cast<int>(succ.rows);
       args.n_prev = static_cast<int>(prev.rows);
       args.dG_succ = succ.rows > 0 ? dG + succ.off * G : nullptr;
@@ -689,7 +690,7 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
       args.prev_y = prev.rows > 0 ? y + prev.off * H : nullptr;
       args.dG = dG + off * G;
       args.hprev = hprev + off * H;
-      launch_step(kernel, args, step_grid(args.g, args.bt, args.mt), pdl && step > 0, stream);
+      loop.launch(kernel, args, step, s.batch_sizes[t]);
     }
     // grad_h0: no step consumes dL/dh_{-1}, so dG of every sequence's first step times W_hh
     // here: rows [first, bt) of step t start there (the others continue an earlier step).

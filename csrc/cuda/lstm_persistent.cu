@@ -59,8 +59,9 @@
 // sizes; the resident weights must fit: MMA fragments cover Hp <= 1024, the FMA path keeps W
 // in shared memory (float32 H <= 1024, float64 H <= ~512); the X tile is loaded in up to 8
 // column chunks per step when B * K does not fit shared memory. Whether it runs at all
-// (SEQKERNELS_LSTM_BACKEND, the auto heuristic): lstm_loop.cuh. SEQKERNELS_LSTM_TRACE=1 makes block 0 print the mean SM
-// cycles per step and phase (wait + gather, product, gate math, publication) of each launch.
+// (SEQKERNELS_LSTM_BACKEND, the auto heuristic): lstm_loop.cuh. SEQKERNELS_LSTM_TRACE=1 makes
+// block 0 print the mean SM cycles per step and phase (wait + gather, product, gate math,
+// publication) of each launch.
 //
 // Code size matters: every step runs the whole loop body, and at ~60 KB of SASS per step the
 // kernels were bound by instruction fetch (measured with SEQKERNELS_LSTM_TRACE on an H200:
@@ -1151,9 +1152,6 @@ bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar
   args.dbuf = reinterpret_cast<u64*>(dbuf.data_ptr());
   return launch_cooperative(kernel, args, stream);
 }
-
-template <class scalar_t>
-constexpr bool kHalfType = std::is_same_v<scalar_t, c10::Half> || std::is_same_v<scalar_t, c10::BFloat16>;
 
 // Calls f(std::integral_constant<Path, path>{}) with the arithmetic path of a dtype: tensor
 // cores for half types and for float32 with TF32 allowed, FMA otherwise. Only the paths a
