@@ -35,19 +35,27 @@ LOOPS = ("persistent", "fused", "cublas")
 PEER = "cuDNN"
 
 
+# Extra candidates (--variants): the general persistent forward kernel where the direct one
+# would run (SEQKERNELS_LSTM_PERSISTENT_DIRECT=0, a diagnostic switch of lstm_persistent.cu).
+VARIANTS = {"persistent-general": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_DIRECT": "0"}}
+
+
 def forced(loop: str, fn):
-    """fn with SEQKERNELS_LSTM_BACKEND=loop for the duration of the call."""
+    """fn with SEQKERNELS_LSTM_BACKEND=loop (or a VARIANTS entry's variables) for the duration
+    of the call."""
+    env = VARIANTS.get(loop, {"SEQKERNELS_LSTM_BACKEND": loop})
 
     def run():
-        saved = os.environ.get("SEQKERNELS_LSTM_BACKEND")
-        os.environ["SEQKERNELS_LSTM_BACKEND"] = loop
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             return fn()
         finally:
-            if saved is None:
-                del os.environ["SEQKERNELS_LSTM_BACKEND"]
-            else:
-                os.environ["SEQKERNELS_LSTM_BACKEND"] = saved
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
 
     return run
 
@@ -63,7 +71,7 @@ def run_cell(args, device, B: int, H: int, dtype_name: str, mode: str) -> dict:
     ref = cell.reference()
     peer_errs = harness.rel_errors(cell.results(cell.peer), ref)
     failures = []
-    for loop in LOOPS + ("auto",):
+    for loop in LOOPS + ("auto",) + tuple(args.variants):
         errs = harness.rel_errors(forced(loop, lambda: cell.results(cell.ours))(), ref)
         failures += harness.check(loop, errs, peer_errs, floor, PEER)
     del ref
@@ -72,13 +80,18 @@ def run_cell(args, device, B: int, H: int, dtype_name: str, mode: str) -> dict:
         record["error"] = "; ".join(failures)
         return record
     fns = {PEER: cell.fn(cell.peer)}
-    timed = LOOPS + (("auto",) if args.with_auto else ())
+    timed = LOOPS + (("auto",) if args.with_auto else ()) + tuple(args.variants)
     for loop in timed:
         fns[loop] = forced(loop, cell.fn(cell.ours))
     before = cell.clear_grads if mode == "train" else None
     timings = harness.measure_interleaved(fns, device, warmup=args.warmup, iters=args.iters, before_each=before)
     record["status"] = "ok"
     record["ms"] = {k: t.median_ms for k, t in timings.items()}
+    if args.graphs and mode == "infer":
+        # Each candidate's call captured in a CUDA graph (the loop is chosen at capture time).
+        graphs = harness.capture_graphs(fns, record)
+        gt = harness.measure_interleaved(graphs, device, warmup=args.warmup, iters=args.iters)
+        record["graph_ms"] = {k: t.median_ms for k, t in gt.items()}
     best = min(LOOPS, key=lambda k: record["ms"][k])
     record["best"] = best
     record["speedup"] = {k: record["ms"][PEER] / record["ms"][k] for k in timed}
@@ -97,6 +110,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--with-auto", action="store_true", help="also time the default choice (auto)")
+    p.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS),
+                   help="extra candidates: persistent-general = the general persistent forward kernel")
+    p.add_argument("--graphs", action="store_true", help="infer: also time each candidate captured in a CUDA graph")
     p.add_argument("--json", default=None, help="write the records here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -104,7 +120,7 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cuda")
     print(f"# {harness.device_name(device)}, torch {torch.__version__}, T = {args.seq_len}, tf32 {args.tf32}")
-    cols = [PEER] + list(LOOPS) + (["auto"] if args.with_auto else [])
+    cols = [PEER] + list(LOOPS) + (["auto"] if args.with_auto else []) + list(args.variants)
     print(f"{'B':>4} {'H':>5} {'dtype':>9} {'mode':>5} | " + " ".join(f"{c:>10}" for c in cols)
           + " | best       x cuDNN" + (" | auto x cuDNN" if args.with_auto else ""))
     records, bad = [], 0
@@ -122,6 +138,10 @@ def main(argv=None) -> int:
                     print(head + " ".join(f"{r['ms'][c]:>10.3f}" for c in cols)
                           + f" | {r['best']:<10} {r['speedup'][r['best']]:5.2f}x"
                           + (f" | {r['speedup']['auto']:5.2f}x" if args.with_auto else ""), flush=True)
+                    if "graph_ms" in r:
+                        print(f"{'':>4} {'':>5} {'':>9} {'graph':>5} | "
+                              + " ".join(f"{r['graph_ms'][c]:>10.3f}" if c in r["graph_ms"] else f"{'-':>10}"
+                                         for c in cols), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"records": records, "torch": torch.__version__}, f, indent=1)

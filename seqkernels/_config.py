@@ -21,7 +21,8 @@ CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
 CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
 CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
-CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32 = 16  # kPersistentMaxForwardBatchTf32
+CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
+CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 CUDA_FUSED_MAX_FORWARD_BH = 64 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_FORWARD_BH_TF32 = 32 * 1024  # kFusedMaxForwardBHTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
@@ -151,9 +152,13 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
             return "persistent", f"auto, no tensor cores for this dtype/precision: {kib} <= {limit // 1024} KiB"
         return "cublas", f"auto, no tensor cores for this dtype/precision: {kib} > {limit // 1024} KiB"
     if not half and not backward:
-        if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32 and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
-            return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_TF32} and {kib} "
+        if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
+            return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and {kib} "
                                   f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB")
+    elif (half and not backward and batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
+          and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
+        return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "
+                              f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} (the direct forward kernel)")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
     if backward and half:

@@ -57,7 +57,11 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     # tensor-core dtypes (csrc/cuda/lstm_loop.cuh)
     (1, 1024, torch.bfloat16, True, "persistent", "persistent"),  # 2 KiB state
     (16, 256, torch.float16, True, "persistent", "persistent"),  # 8 KiB: the limit
-    (8, 1024, torch.bfloat16, True, "fused", "fused"),  # 16 KiB
+    (8, 1024, torch.bfloat16, True, "persistent", "fused"),  # 16 KiB: forward B <= 16, H <= 1024
+    (16, 1024, torch.float16, True, "persistent", "fused"),  # 32 KiB: the forward's limit
+    (17, 512, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, 17 KiB
+    (8, 2048, torch.bfloat16, True, "fused", "fused"),  # forward H > 1024
+    (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
     (64, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 65536; B <= 64
     (256, 256, torch.bfloat16, True, "fused", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
@@ -100,10 +104,12 @@ def test_cli_prints_the_choice_and_why():
     assert out.returncode == 0, out.stderr
     assert "LSTM time loop for B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
     assert "forward: persistent (auto: float32, no projection, B = 16 <= 32)" in out.stdout
-    out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
+    out = run_cli("--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
     assert "forward: fused" in out.stdout and "backward (training): fused" in out.stdout
-    assert "B*H = 8192 <= 65536" in out.stdout
+    assert "B*H = 16384 <= 65536" in out.stdout
+    out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
+    assert "forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the direct forward kernel)" in out.stdout
 
 
 def test_cli_rejects_half_a_shape():

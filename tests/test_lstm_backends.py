@@ -262,7 +262,7 @@ def loop_kernels(fn) -> set[str]:
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
     found = set()
-    for loop, pattern in (("persistent", "lstm_persistent_{}_kernel"), ("fused", "lstm_fused_{}_step_kernel")):
+    for loop, pattern in (("persistent", "lstm_persistent_{}_"), ("fused", "lstm_fused_{}_step_kernel")):
         for kind in ("forward", "backward"):
             if any(pattern.format(kind) in n for n in names):
                 found.add(f"{loop} {kind}")
@@ -341,6 +341,51 @@ def test_persistent_falls_back_cleanly(monkeypatch):
     assert persistent_kernels(_train_call(torch.float32, 4, 32, proj_size=8)) == set()
     assert persistent_kernels(_train_call(torch.float32, 65, 32)) == set()
     assert persistent_kernels(_train_call(torch.bfloat16, 33, 1024, T=2)) == set()
+
+
+def _forward_kernel_names(fn) -> set[str]:
+    """Which persistent forward kernels ran during fn(): "direct" and/or "general"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages()}
+    return ({"direct"} if any("lstm_persistent_forward_direct_kernel" in n for n in names) else set()) | (
+        {"general"} if any("lstm_persistent_forward_kernel" in n for n in names) else set())
+
+
+@pytest.mark.parametrize("precision_name,B,H,direct", [
+    ("bfloat16", 1, 1024, True), ("float16", 16, 256, True), ("bfloat16", 5, 40, True), ("tf32", 16, 512, True),
+    ("bfloat16", 17, 256, False), ("tf32", 4, 1024, False), ("float32", 4, 256, False), ("float64", 2, 16, False),
+])
+def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direct):
+    """The persistent forward runs its direct kernel (A fragments straight from the exchange
+    buffer, one barrier per step) on tensor cores at B <= 16 with at most 8 k-steps per warp
+    (H <= 1024 for 16-bit types, 512 for TF32), the general kernel elsewhere; the diagnostic
+    SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the reference's values
+    (test_layer_matches_reference and the rest run whichever applies)."""
+    dtype = DTYPE[precision_name]
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H, T=3)
+        run()
+        assert _forward_kernel_names(run) == ({"direct"} if direct else {"general"})
+        monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT", "0")
+        assert _forward_kernel_names(run) == {"general"}
+
+
+@pytest.mark.parametrize("precision_name", ["bfloat16", "tf32"])
+def test_direct_and_general_forward_match_reference(monkeypatch, precision_name):
+    """Both persistent forward kernels on one packed, reversed input (rows that start late take
+    h0/c0, 48 units: a padded last block), each against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision(precision_name):
+        for direct in ("1", "0"):
+            monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT", direct)
+            compare_layer([9, 9, 7, 4, 4, 1], 5, 48, reverse=True, bias=True, precision=precision_name, seed=11,
+                          what=f"SEQKERNELS_LSTM_PERSISTENT_DIRECT={direct}")
 
 
 def test_backend_variable_is_validated(monkeypatch):

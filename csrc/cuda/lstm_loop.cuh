@@ -22,7 +22,8 @@ enum class Loop {
 constexpr int64_t kPersistentMaxForwardState = 64 * 1024;  // persistent forward, FMA dtypes and TF32
 constexpr int64_t kPersistentMaxBackwardState = 32 * 1024;  // persistent backward, FMA dtypes
 constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor cores (but TF32 forward)
-constexpr int64_t kPersistentMaxForwardBatchTf32 = 16;  // persistent forward, TF32: B <= 16
+constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
+constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
 constexpr int64_t kFusedMaxForwardBH = 64 * 1024;  // fused forward: B·H <= 65536 ...
 constexpr int64_t kFusedMaxForwardBHTf32 = 32 * 1024;  // ... TF32: B·H <= 32768, or 65536 with H <= 512
 constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64
@@ -40,8 +41,9 @@ constexpr int64_t kFusedMaxHiddenTf32 = 512;
 //  - tensor-core dtypes: the persistent loop's step cost grows with the state it exchanges
 //    between all blocks every step; the fused loop's is ~4 µs and nearly flat until the A
 //    operand every block re-reads (B·H, or B·4H in the backward) grows; the cuBLAS loop's is
-//    ~12 µs flat, and it wins for large B·H. Persistent while the state is <= 8 KiB (TF32
-//    forward: while B <= 16 and the state <= 64 KiB); else fused while B·H <= 65536 (forward;
+//    ~12 µs flat, and it wins for large B·H. Persistent while the state is <= 8 KiB, and in
+//    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
+//    2026-11-24) or with the state <= 64 KiB (TF32; else only these); else fused while B·H <= 65536 (forward;
 //    TF32: <= 32768, or 65536 with H <= 512) or B <= 64 (backward; TF32: B·H <= 16384 with
 //    H <= 512: its dG rows are 4H fp32 values and its W slice 128 KiB at H = 1024); else cuBLAS.
 //  - float32 with TF32 off, float64 (no fused loop): persistent while the state is <= 64 KiB
@@ -63,11 +65,16 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
     return state <= (backward ? kPersistentMaxBackwardState : kPersistentMaxForwardState) ? Loop::kPersistent
                                                                                             : Loop::kCublas;
   }
-  const bool tf32_forward = !half && !backward;
-  if (tf32_forward ? s.B <= kPersistentMaxForwardBatchTf32 && state <= kPersistentMaxForwardState
-                   : state <= kPersistentMaxStateMma) {
-    return Loop::kPersistent;
+  bool persistent;
+  if (backward) {
+    persistent = state <= kPersistentMaxStateMma;
+  } else if (half) {
+    persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
+                 state <= kPersistentMaxStateMma;
+  } else {
+    persistent = s.B <= kPersistentMaxForwardBatchMma && state <= kPersistentMaxForwardState;
   }
+  if (persistent) return Loop::kPersistent;
   bool fused;
   if (backward) {
     fused = half ? s.B <= kFusedMaxBackwardBatch : bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxHiddenTf32;

@@ -794,6 +794,326 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
+// Forward kernel, direct variant: tensor cores, B <= 16, W_hh fragments for all of K
+// ---------------------------------------------------------------------------------------
+// Why. The general forward kernel above stages h_{t-1} in shared memory (gather, barrier),
+// forms the product (barrier), applies the gates and stages h_t for publication (barrier):
+// three block barriers and two shared-memory round trips on the critical path of every step.
+// Here, with all batch rows in one m16 tile, each warp loads the A fragments of its own K
+// slice straight from the LL buffer into registers: a warp starts its MMAs as soon as its own
+// words of h_{t-1} carry the step's flag, without waiting for the rest of the block. The gate
+// threads publish h_t themselves (16-bit types: the two units of an LL word sit on adjacent
+// lanes, joined with one shuffle). One barrier per step is left, between the partial sums and
+// the gate math, and the partial sums alternate between two buffers so that a warp may start
+// the next step's product while slower threads still read this step's sums.
+//
+// Fragment order. K is permuted consistently in A and B (a sum over k does not care): within
+// a k-step of 8 LL words, lane t (= lane % 4) takes words 2t and 2t+1 of its row, one 16-byte
+// load, as its a0 and a2 (row g) or a1 and a3 (row g + 8):
+//   m16n8k16: word 2t = elements 4t, 4t+1 stand for k = 2t, 2t+1; word 2t+1 = elements 4t+2,
+//             4t+3 for k = 2t+8, 2t+9; so b0 = W[4t, 4t+1][col], b1 = W[4t+2, 4t+3][col];
+//   m16n8k8 (TF32): word 2t = element 2t for k = t, word 2t+1 = element 2t+1 for k = t+4;
+//             so b0 = W[2t][col], b1 = W[2t+1][col].
+// Limits (else the general kernel): bf16/fp16 or TF32, B <= 16, K per warp <= 8 k-steps
+// (Hp <= 1024 for 16-bit types, 512 for TF32).
+constexpr int kDirectKS = 8;  // resident k-steps per warp
+// Partial sums: row stride 40 floats (4U <= 32 columns; 40 keeps the gate threads' reads of
+// four rows x eight units on distinct banks) and compile-time strides, so that the 32 loads of
+// a gate item are one base register plus immediates (code size: see the top of the file).
+constexpr int kDirectRow = 40;
+constexpr int kDirectWarp = 16 * kDirectRow;
+
+template <class scalar_t, Path P>
+struct DirectCfg {
+  static constexpr int kStep = P == Path::kTf32 ? 8 : 16;  // k per mma (8 LL words either way)
+  static constexpr int kNT = 4;                            // n8 tiles: 4U <= 32 columns
+};
+
+// The payload of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
+// start late in the reverse direction. Cold path, out of line.
+template <class scalar_t>
+__device__ __noinline__ uint2 h0_pair(const scalar_t* h0_row, int H, int word) {
+  constexpr int per_word = 4 / static_cast<int>(sizeof(scalar_t));
+  uint32_t p[2];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int e = 0; e < per_word; ++e) {
+      const int k = (word + w) * per_word + e;
+      if (k < H) {
+        const scalar_t v = h0_row[k];
+        if constexpr (sizeof(scalar_t) == 4) {
+          bits = __float_as_uint(static_cast<float>(v));
+        } else {
+          bits |= static_cast<uint32_t>(v.x) << (16 * e);
+        }
+      }
+    }
+    p[w] = bits;
+  }
+  return make_uint2(p[0], p[1]);
+}
+
+// Rows [nll, bt) of the A fragments from h0 (step 0, and rows that start late in reverse):
+// the payloads of this lane's pairs, as the LL buffer would hold them. Cold path (its loads
+// are out of line in h0_pair; the arrays stay in registers, hence inline here).
+template <class scalar_t, int KPC>
+__device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_words, int word0, int nll, int bt,
+                                          u64 (&lo)[2][KPC], u64 (&hi)[2][KPC]) {
+  const int gq = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = gq + 8 * r;
+    if (row < nll || row >= bt) continue;
+#pragma unroll
+    for (int f = 0; f < KPC; ++f) {
+      const int word = word0 + f * 8;
+      if (word < row_words) {
+        const uint2 v = h0_pair(h0 + static_cast<int64_t>(row) * H, H, word);
+        lo[r][f] = v.x;
+        hi[r][f] = v.y;
+      }
+    }
+  }
+}
+
+// KPC: k-steps per warp (compile time, so that the hot loop carries no per-k-step predicate);
+// lanes whose k-steps pass the end of the row (row_words) load fewer.
+template <class scalar_t, Path P, bool kTraining, int KPC>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Math = CudaMath;
+  using Cfg = DirectCfg<scalar_t, P>;
+  constexpr int kNT = Cfg::kNT;
+  constexpr bool kPairs = sizeof(scalar_t) == 2;  // two units per LL word
+  // A lane re-reads all of its pending words per round while they are few; with more, it
+  // first waits for one alone (one load in flight) so that polling does not flood L2.
+  constexpr int kPollAll = 4;
+  const Geometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* red = reinterpret_cast<float*>(smem);  // [2][kWarps][16][kDirectRow] partial sums, by step parity
+  SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
+
+  const int H = g.H, U = g.U, B = g.B, T = g.T;
+  const int j0 = blockIdx.x * U;
+  const int64_t G4 = 4 * static_cast<int64_t>(H);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  {
+    const int* s = reinterpret_cast<const int*>(&a.seg);
+    int* d = reinterpret_cast<int*>(seg);
+    for (int i = threadIdx.x; i < static_cast<int>(sizeof(SegTable) / sizeof(int)); i += kThreads) d[i] = s[i];
+  }
+
+  // Resident B fragments, columns c = gate * U + u (row gate * H + j0 + u of W_hh), in the
+  // permuted k order above. Warp w covers k-steps [w * KPC, (w + 1) * KPC).
+  uint32_t bfr[kNT][KPC][2];
+  {
+    const scalar_t* __restrict__ w_hh = a.w_hh;
+    auto wf = [&](int k, int c) -> scalar_t {
+      const int u = c & (U - 1), gate = c >> g.lg_u;
+      if (gate >= 4 || j0 + u >= H || k >= H) return static_cast<scalar_t>(0.0f);
+      return w_hh[static_cast<int64_t>(gate * H + j0 + u) * H + k];
+    };
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int f = 0; f < KPC; ++f) {
+        uint32_t b0 = 0, b1 = 0;
+        if (nt < g.nt) {
+          const int k0 = (warp * KPC + f) * Cfg::kStep;
+          const int col = nt * 8 + gq;
+          if constexpr (P == Path::kTf32) {
+            b0 = to_tf32(static_cast<float>(wf(k0 + 2 * tq, col)));
+            b1 = to_tf32(static_cast<float>(wf(k0 + 2 * tq + 1, col)));
+          } else {
+            b0 = pack2(wf(k0 + 4 * tq, col), wf(k0 + 4 * tq + 1, col));
+            b1 = pack2(wf(k0 + 4 * tq + 2, col), wf(k0 + 4 * tq + 3, col));
+          }
+        }
+        bfr[nt][f][0] = b0;
+        bfr[nt][f][1] = b1;
+      }
+    }
+  }
+
+  // The gate item of this thread: unit u (global j) of batch row n.
+  const Item it = make_item(g, 0);
+  acc_t c_st = it.valid ? static_cast<acc_t>(a.c0[it.n * H + it.j]) : acc_t(0);
+  scalar_t h_st = it.valid ? a.h0[it.n * H + it.j] : static_cast<scalar_t>(0.0f);
+  acc_t bias_r[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) bias_r[q] = (it.valid && a.bias) ? a.bias[q * H + it.j] : acc_t(0);
+  __syncthreads();
+
+  acc_t pv[4] = {0, 0, 0, 0};  // pre of the step to come, loaded a step ahead
+  auto prefetch = [&](const StepInfo& st) {
+    if (it.valid && it.n < st.bt) {
+      const acc_t* pr = a.pre + (st.off + it.n) * G4 + it.j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pv[q] = pr[q * H];
+    }
+  };
+  int k_cur = a.reverse ? seg->count - 1 : 0;
+  int k_nxt = k_cur;
+  StepInfo cur = step_at(seg, a.reverse ? T - 1 : 0, k_cur);
+  prefetch(cur);
+
+  const int word0 = warp * KPC * 8 + 2 * tq;                          // this lane's first LL word of a row
+  const int nf = min(KPC, max(0, (g.row_words - word0 + 7) >> 3));  // its k-steps inside the row
+  PhaseTrace trace;
+  trace.start(a.trace);
+  int bt_prev = 0;
+  for (int s = 0; s < T; ++s) {
+    const int bt = cur.bt;
+    const int64_t off = cur.off;
+    const int nll = s > 0 ? min(bt, bt_prev) : 0;  // rows of h_{t-1} in the LL buffer; [nll, bt) from h0
+    const unsigned want = static_cast<unsigned>(s);
+
+    // 1. A fragments of this warp's K slice, rows gq and gq + 8 (16-byte LL loads).
+    const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + word0;
+    const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
+    const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
+    u64 lo[2][KPC], hi[2][KPC];
+    unsigned pending = 0;
+#pragma unroll
+    for (int f = 0; f < KPC; ++f) {
+      lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+      if (f < nf) {
+        if (ll0) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
+        if (ll1) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
+        pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
+      }
+    }
+    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC>(a.h0, H, g.row_words, word0, nll, bt, lo, hi);
+    const long long t_wait = clock64();
+    while (true) {
+      int first = -1;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int f = 0; f < KPC; ++f) {
+          const unsigned bit = 1u << (r * KPC + f);
+          if (pending & bit) {
+            if (ll_valid(lo[r][f], hi[r][f], want)) {
+              pending &= ~bit;
+            } else if (first < 0) {
+              first = r * KPC + f;
+            }
+          }
+        }
+      }
+      if (pending == 0) break;
+      if (__popc(pending) > kPollAll) {
+        (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * 8, want);
+      } else if (clock64() - t_wait > kSpinTimeoutCycles) {
+        printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
+               static_cast<int>(blockIdx.x), want);
+        __trap();
+      }
+#pragma unroll
+      for (int f = 0; f < KPC; ++f) {
+        if (pending & (1u << f)) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
+        if (pending & (1u << (KPC + f))) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
+      }
+    }
+    trace.mark(0);
+
+    // 2. Partial gate pre-activations of this warp's K slice into red[s & 1][warp].
+    float acc[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+    for (int f = 0; f < KPC; ++f) {
+      uint32_t af[4];
+      af[0] = static_cast<uint32_t>(lo[0][f]);
+      af[1] = static_cast<uint32_t>(lo[1][f]);
+      af[2] = static_cast<uint32_t>(hi[0][f]);
+      af[3] = static_cast<uint32_t>(hi[1][f]);
+      if constexpr (P == Path::kTf32) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) af[e] = to_tf32(__uint_as_float(af[e]));
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        if (nt < g.nt) MmaInst<scalar_t>::run(acc[nt], af, bfr[nt][f][0], bfr[nt][f][1]);
+      }
+    }
+    float* rw = red + ((s & 1) * kWarps + warp) * kDirectWarp;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      if (nt < g.nt) {
+        float* r0 = rw + gq * kDirectRow + nt * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
+      }
+    }
+    __syncthreads();
+    trace.mark(1);
+
+    // 3. Gate math of the own item (the next step's pre is requested as soon as this one's is
+    //    used); publish h_t (flag s + 1), then the outputs.
+    const bool active = it.exists && it.n < bt;
+    acc_t pq[4];
+    if (active && it.valid) {
+      const float* rr = red + (s & 1) * kWarps * kDirectWarp + it.n * kDirectRow + it.u;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pq[q] = pv[q] + bias_r[q] + sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
+    }
+    if (s + 1 < T) {
+      cur = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
+      prefetch(cur);
+    }
+    acc_t act_r[4] = {0, 0, 0, 0}, c_new = 0;
+    scalar_t h = static_cast<scalar_t>(0.0f);
+    if (active && it.valid) {
+      const LstmGates<acc_t> pre_g{pq[0], pq[1], pq[2], pq[3]};
+      LstmGates<acc_t> act;
+      acc_t m;
+      lstm_cell_forward<Math>(pre_g, c_st, act, c_new, m);
+      c_st = c_new;
+      h = static_cast<scalar_t>(m);
+      h_st = h;
+      act_r[0] = act.i;
+      act_r[1] = act.f;
+      act_r[2] = act.g;
+      act_r[3] = act.o;
+    }
+    trace.mark(2);
+    // LL words of this row's slice of h_t in buffer s & 1 (padding units publish zeros).
+    auto dst = [&]() { return a.xbuf + ((s & 1) * static_cast<int64_t>(B) + it.n) * g.row_words + blockIdx.x * g.wpb; };
+    if constexpr (kPairs) {
+      const uint32_t bits = static_cast<uint32_t>(h.x);
+      const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
+      if (s + 1 < T && active && (it.u & 1) == 0) {
+        ll_store(dst() + (it.u >> 1), bits | (hi_bits << 16), static_cast<uint32_t>(s + 1));
+      }
+    } else {
+      if (s + 1 < T && active) ll_store(dst() + it.u, __float_as_uint(static_cast<float>(h)), static_cast<uint32_t>(s + 1));
+    }
+    if (active && it.valid) {
+      const int64_t row = off + it.n;
+      a.y[row * H + it.j] = h_st;
+      if constexpr (kTraining) {
+        scalar_t* gr = a.gates + row * G4 + it.j;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) gr[q * static_cast<int64_t>(H)] = static_cast<scalar_t>(act_r[q]);
+        a.cells[row * H + it.j] = static_cast<scalar_t>(c_new);
+      }
+    }
+    trace.mark(3);
+    bt_prev = bt;
+  }
+  trace.report(kTraining ? "forward direct (training)" : "forward direct (inference)", g);
+
+  if (it.valid) {
+    a.h_n[it.n * H + it.j] = h_st;
+    a.c_n[it.n * H + it.j] = c_st;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Backward kernel
 // ---------------------------------------------------------------------------------------
 template <class scalar_t, Path P>
@@ -1083,13 +1403,50 @@ bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geomet
   return false;
 }
 
-// Picks U (4, then 8 units per block) such that the geometry fits and all blocks can be
-// co-resident, and prepares the kernel for its dynamic shared memory.
-template <class scalar_t, Path P, bool kBwd, class Kernel>
-bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometry& g) {
+// The compiled k-steps-per-warp instance of the direct kernel that covers kpc k-steps.
+int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
+
+// Geometry of the direct forward kernel for U units per block; false beyond its limits (B > 16,
+// more than kDirectKS k-steps per warp).
+template <class scalar_t, Path P>
+bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
+  constexpr int sz = sizeof(scalar_t);
+  if (s.B > 16) return false;
+  g = Geometry{};
+  g.T = static_cast<int>(s.T);
+  g.B = static_cast<int>(s.B);
+  g.H = static_cast<int>(s.H);
+  g.U = U;
+  g.lg_u = U == 4 ? 2 : 3;
+  g.nblocks = ceil_div(g.H, U);
+  g.Hp = g.nblocks * U;
+  g.Kx = g.Hp;
+  g.wpb = U * sz / 4;
+  g.lg_wpb = 0;
+  while ((1 << g.lg_wpb) < g.wpb) ++g.lg_wpb;
+  g.row_words = g.Kx * sz / 4;
+  g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
+  if (g.kpc > kDirectKS) return false;
+  g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
+  g.nch = 1;
+  g.CK = kWarps * g.kpc * DirectCfg<scalar_t, P>::kStep;
+  g.NCp = 4 * U;
+  g.nt = g.NCp / 8;
+  g.kp = kWarps;
+  g.red_stride = kDirectWarp;  // one m16 tile
+  g.off_red = 0;
+  g.off_seg = static_cast<int>(align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float)));
+  g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
+  return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
+}
+
+// Picks U (4, then 8 units per block) such that the geometry (make(U, g)) fits and all blocks
+// can be co-resident, and prepares the kernel for its dynamic shared memory.
+template <class Kernel, class MakeGeometry>
+bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometry& g, MakeGeometry make) {
   for (int U : {4, 8}) {
     if (U * s.B > kItems * kThreads) continue;  // one gate item (unit, row) per thread
-    if (!make_geometry<scalar_t, P, kBwd>(s, prop, U, g)) continue;
+    if (!make(U, g)) continue;
     if (g.nblocks > prop.multiProcessorCount * 8) continue;
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem));
     int per_sm = 0;
@@ -1131,26 +1488,56 @@ bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop) {
   return s.P == 0 && s.B >= 1 && s.B <= kMaxBatch && s.H >= 1 && prop.cooperativeLaunch;
 }
 
+// The LL exchange buffer ([2, B, row_words] words, flags zeroed on the current stream) and the
+// cooperative launch of a planned kernel.
+template <class Kernel, class Args>
+bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Tensor& like) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor buf = at::empty({2 * static_cast<int64_t>(args.g.B) * args.g.row_words}, like.options().dtype(at::kLong));
+  C10_CUDA_CHECK(cudaMemsetAsync(buf.data_ptr(), 0, buf.nbytes(), stream));
+  buffer = reinterpret_cast<u64*>(buf.data_ptr());
+  return launch_cooperative(kernel, args, stream);
+}
+
+// SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps B <= 16 on the general forward kernel: a diagnostic
+// switch, so that one device run can time both forward kernels side by side.
+bool direct_forward_enabled() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT");
+  return env == nullptr || std::string(env) != "0";
+}
+
 template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
+  if constexpr (P != Path::kFma) {
+    if (direct_forward_enabled()) {
+      // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
+      // depends on U: try each instance with the U values that give its KPC.
+      auto try_direct = [&](auto kpc_c) {
+        constexpr int KPC = decltype(kpc_c)::value;
+        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC>;
+        auto make = [&](int U, Geometry& g) {
+          return make_direct_geometry<scalar_t, P>(s, prop, U, g) && g.kpc == KPC;
+        };
+        return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
+      };
+      if (try_direct(std::integral_constant<int, 2>{}) || try_direct(std::integral_constant<int, 4>{}) ||
+          try_direct(std::integral_constant<int, 8>{})) {
+        return true;
+      }
+    }
+  }
   auto kernel = &lstm_persistent_forward_kernel<scalar_t, P, kTraining>;
-  if (!plan<scalar_t, P, false>(s, prop, kernel, args.g)) return false;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor xbuf = at::empty({2 * static_cast<int64_t>(args.g.B) * args.g.row_words}, like.options().dtype(at::kLong));
-  C10_CUDA_CHECK(cudaMemsetAsync(xbuf.data_ptr(), 0, xbuf.nbytes(), stream));
-  args.xbuf = reinterpret_cast<u64*>(xbuf.data_ptr());
-  return launch_cooperative(kernel, args, stream);
+  auto make = [&](int U, Geometry& g) { return make_geometry<scalar_t, P, false>(s, prop, U, g); };
+  if (!plan(s, prop, kernel, args.g, make)) return false;
+  return launch_with_exchange(kernel, args, args.xbuf, like);
 }
 
 template <class scalar_t, Path P>
 bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar_t>& args, const at::Tensor& like) {
   auto kernel = &lstm_persistent_backward_kernel<scalar_t, P>;
-  if (!plan<scalar_t, P, true>(s, prop, kernel, args.g)) return false;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor dbuf = at::empty({2 * static_cast<int64_t>(args.g.B) * args.g.row_words}, like.options().dtype(at::kLong));
-  C10_CUDA_CHECK(cudaMemsetAsync(dbuf.data_ptr(), 0, dbuf.nbytes(), stream));
-  args.dbuf = reinterpret_cast<u64*>(dbuf.data_ptr());
-  return launch_cooperative(kernel, args, stream);
+  auto make = [&](int U, Geometry& g) { return make_geometry<scalar_t, P, true>(s, prop, U, g); };
+  if (!plan(s, prop, kernel, args.g, make)) return false;
+  return launch_with_exchange(kernel, args, args.dbuf, like);
 }
 
 // Calls f(std::integral_constant<Path, path>{}) with the arithmetic path of a dtype: tensor
