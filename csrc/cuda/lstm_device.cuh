@@ -17,11 +17,31 @@ namespace cuda {
 template <class scalar_t>
 constexpr bool kHalfType = std::is_same_v<scalar_t, c10::Half> || std::is_same_v<scalar_t, c10::BFloat16>;
 
+#if defined(__CUDA_ARCH__)
+// 1 / d for d >= 1: the fast path of IEEE float division (rcp.approx, then one Newton step),
+// which gives the correctly rounded quotient for 1 <= d < 2^126. Without the division's
+// out-of-range check and its out-of-line slow path, the three sigmoids of a cell need no
+// branch and the compiler can interleave them (the gate math is on the critical path of every
+// step of the persistent kernels). d >= 2^126 (x < -87.3 in the sigmoid) returns 0 instead of
+// a result below 2^-126.
+__device__ __forceinline__ float reciprocal_at_least_one(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return fmaf(r, fmaf(-d, r, 1.0f), r);
+}
+#endif
+
 // Cell nonlinearities on the GPU: IEEE-accurate expf/tanhf (a few ulp, never fast-math
 // intrinsics) in float, exp/tanh in double. Host-callable too, so that the __host__
 // __device__ cell functions of lstm_cell.h can be instantiated with it.
 struct CudaMath {
-  static SK_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+  static SK_HOST_DEVICE float sigmoid(float x) {
+#if defined(__CUDA_ARCH__)
+    return reciprocal_at_least_one(1.0f + expf(-x));
+#else
+    return 1.0f / (1.0f + expf(-x));
+#endif
+  }
   static SK_HOST_DEVICE double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
   static SK_HOST_DEVICE float tanh(float x) { return tanhf(x); }
   static SK_HOST_DEVICE double tanh(double x) { return ::tanh(x); }

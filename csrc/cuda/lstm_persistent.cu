@@ -888,9 +888,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Cfg = DirectCfg<scalar_t, P>;
   constexpr int kNT = Cfg::kNT;
   constexpr bool kPairs = sizeof(scalar_t) == 2;  // two units per LL word
-  // A lane re-reads all of its pending words per round while they are few; with more, it
-  // first waits for one alone (one load in flight) so that polling does not flood L2.
-  constexpr int kPollAll = 4;
+  // A lane re-reads all of its pending words per round while they are at most one row's worth
+  // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
+  // that polling does not flood L2.
+  constexpr int kPollAll = KPC;
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem);  // [2][kWarps][16][kDirectRow] partial sums, by step parity
@@ -947,21 +948,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int q = 0; q < 4; ++q) bias_r[q] = (it.valid && a.bias) ? a.bias[q * H + it.j] : acc_t(0);
   __syncthreads();
 
-  acc_t pv[4] = {0, 0, 0, 0};  // pre of the step to come, loaded a step ahead
-  auto prefetch = [&](const StepInfo& st) {
+  // pre of this step (pv) and of the next (pv_next, requested while this step's loads are in
+  // flight, so that neither the step table lookup nor the load sits on the critical path).
+  acc_t pv[4] = {0, 0, 0, 0}, pv_next[4] = {0, 0, 0, 0};
+  auto prefetch = [&](const StepInfo& st, acc_t (&dst)[4]) {
     if (it.valid && it.n < st.bt) {
       const acc_t* pr = a.pre + (st.off + it.n) * G4 + it.j;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) pv[q] = pr[q * H];
+      for (int q = 0; q < 4; ++q) dst[q] = pr[q * H];
     }
   };
   int k_cur = a.reverse ? seg->count - 1 : 0;
   int k_nxt = k_cur;
   StepInfo cur = step_at(seg, a.reverse ? T - 1 : 0, k_cur);
-  prefetch(cur);
+  StepInfo nxt = cur;
+  prefetch(cur, pv);
 
   const int word0 = warp * KPC * 8 + 2 * tq;                          // this lane's first LL word of a row
   const int nf = min(KPC, max(0, (g.row_words - word0 + 7) >> 3));  // its k-steps inside the row
+  // This thread's LL word of h_t in buffer 0 (its unit pair's for 16-bit types); buffer 1 is
+  // buf_words further. Computed once: the publication is on the critical path.
+  const int64_t buf_words = static_cast<int64_t>(B) * g.row_words;
+  u64* const pub0 = a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words + blockIdx.x * g.wpb +
+                    (kPairs ? (it.u >> 1) : it.u);
   PhaseTrace trace;
   trace.start(a.trace);
   int bt_prev = 0;
@@ -987,6 +996,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC>(a.h0, H, g.row_words, word0, nll, bt, lo, hi);
+    if (s + 1 < T) {
+      nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
+      prefetch(nxt, pv_next);
+    }
     const long long t_wait = clock64();
     while (true) {
       int first = -1;
@@ -1052,18 +1065,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     trace.mark(1);
 
-    // 3. Gate math of the own item (the next step's pre is requested as soon as this one's is
-    //    used); publish h_t (flag s + 1), then the outputs.
+    // 3. Gate math of the own item; publish h_t (flag s + 1), then the outputs.
     const bool active = it.exists && it.n < bt;
     acc_t pq[4];
     if (active && it.valid) {
       const float* rr = red + (s & 1) * kWarps * kDirectWarp + it.n * kDirectRow + it.u;
 #pragma unroll
       for (int q = 0; q < 4; ++q) pq[q] = pv[q] + bias_r[q] + sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
-    }
-    if (s + 1 < T) {
-      cur = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
-      prefetch(cur);
     }
     acc_t act_r[4] = {0, 0, 0, 0}, c_new = 0;
     scalar_t h = static_cast<scalar_t>(0.0f);
@@ -1081,16 +1089,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       act_r[3] = act.o;
     }
     trace.mark(2);
-    // LL words of this row's slice of h_t in buffer s & 1 (padding units publish zeros).
-    auto dst = [&]() { return a.xbuf + ((s & 1) * static_cast<int64_t>(B) + it.n) * g.row_words + blockIdx.x * g.wpb; };
+    // Padding units publish zeros.
+    u64* const pub = pub0 + ((s & 1) ? buf_words : 0);
     if constexpr (kPairs) {
       const uint32_t bits = static_cast<uint32_t>(h.x);
       const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
-      if (s + 1 < T && active && (it.u & 1) == 0) {
-        ll_store(dst() + (it.u >> 1), bits | (hi_bits << 16), static_cast<uint32_t>(s + 1));
-      }
+      if (s + 1 < T && active && (it.u & 1) == 0) ll_store(pub, bits | (hi_bits << 16), static_cast<uint32_t>(s + 1));
     } else {
-      if (s + 1 < T && active) ll_store(dst() + it.u, __float_as_uint(static_cast<float>(h)), static_cast<uint32_t>(s + 1));
+      if (s + 1 < T && active) ll_store(pub, __float_as_uint(static_cast<float>(h)), static_cast<uint32_t>(s + 1));
     }
     if (active && it.valid) {
       const int64_t row = off + it.n;
@@ -1104,6 +1110,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     trace.mark(3);
     bt_prev = bt;
+    cur = nxt;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
   }
   trace.report(kTraining ? "forward direct (training)" : "forward direct (inference)", g);
 
