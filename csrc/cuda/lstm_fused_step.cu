@@ -74,6 +74,7 @@
 #include <type_traits>
 
 #include "blas.cuh"
+#include "kernel_attributes.cuh"
 #include "lstm_device.cuh"
 #include "seqkernels/lstm_cell.h"
 
@@ -574,7 +575,7 @@ struct StepLoop {
     pack_weights_kernel<scalar_t, kBackward><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0,
                                                stream>>>(w_hh, reinterpret_cast<uint4*>(packed.data_ptr()), g, total);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem));
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), g.smem);
     pdl = prop.major >= 9;
     return true;
   }

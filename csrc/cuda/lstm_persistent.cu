@@ -85,6 +85,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernel_attributes.cuh"
 #include "lstm_device.cuh"
 #include "seqkernels/lstm_cell.h"
 
@@ -1457,9 +1458,9 @@ bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometr
     if (U * s.B > kItems * kThreads) continue;  // one gate item (unit, row) per thread
     if (!make(U, g)) continue;
     if (g.nblocks > prop.multiProcessorCount * 8) continue;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem));
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, g.smem));
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    ensure_dynamic_smem(fn, g.smem);
+    const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
     if (per_sm > 0 && per_sm * prop.multiProcessorCount >= g.nblocks) return true;
   }
   return false;
