@@ -252,15 +252,20 @@ def test_module_matches_nn_lstm(backend, precision, B, H, packed):
 # --------------------------------------------------------------------------------------
 # Which path ran: the profiler sees the kernels by name
 # --------------------------------------------------------------------------------------
-def loop_kernels(fn) -> set[str]:
-    """Which native loop kernels ran during fn(): "persistent forward", "fused backward", ..."""
+def kernel_names(fn) -> set[str]:
+    """The names of the CUDA kernels that ran during fn() (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    names = {e.key for e in prof.key_averages()}
+    return {e.key for e in prof.key_averages()}
+
+
+def loop_kernels(fn) -> set[str]:
+    """Which native loop kernels ran during fn(): "persistent forward", "fused backward", ..."""
+    names = kernel_names(fn)
     found = set()
     for loop, pattern in (("persistent", "lstm_persistent_{}_"), ("fused", "lstm_fused_{}_step_kernel")):
         for kind in ("forward", "backward"):
@@ -345,13 +350,7 @@ def test_persistent_falls_back_cleanly(monkeypatch):
 
 def _forward_kernel_names(fn) -> set[str]:
     """Which persistent forward kernels ran during fn(): "direct" and/or "general"."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = {e.key for e in prof.key_averages()}
+    names = kernel_names(fn)
     return ({"direct"} if any("lstm_persistent_forward_direct_kernel" in n for n in names) else set()) | (
         {"general"} if any("lstm_persistent_forward_kernel" in n for n in names) else set())
 

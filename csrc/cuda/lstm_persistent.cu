@@ -1345,10 +1345,9 @@ bool build_segments(const LstmSizes& s, SegTable& tab) {
 
 // Geometry for U units per block; false when the resident weights or the shared memory of
 // one block do not fit.
-template <class scalar_t, Path P, bool kBwd>
-bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
-  using acc_t = at::opmath_type<scalar_t>;
-  constexpr int sz = sizeof(scalar_t);
+// What every geometry shares: the sizes, U units per block, and the LL exchange's row layout
+// (Kx columns: h forward, dG backward; elem_size bytes per element).
+void base_geometry(const LstmSizes& s, int U, int elem_size, bool backward, Geometry& g) {
   g = Geometry{};
   g.T = static_cast<int>(s.T);
   g.B = static_cast<int>(s.B);
@@ -1357,13 +1356,20 @@ bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geomet
   g.lg_u = U == 4 ? 2 : 3;
   g.nblocks = ceil_div(g.H, U);
   g.Hp = g.nblocks * U;
-  g.Kx = kBwd ? 4 * g.Hp : g.Hp;
-  const int NC = kBwd ? U : 4 * U;
-  const int Bp16 = round_up(g.B, 16);
-  g.wpb = U * sz / 4;
+  g.Kx = backward ? 4 * g.Hp : g.Hp;
+  g.wpb = U * elem_size / 4;
   g.lg_wpb = 0;
   while ((1 << g.lg_wpb) < g.wpb) ++g.lg_wpb;
-  g.row_words = g.Kx * sz / 4;
+  g.row_words = g.Kx * elem_size / 4;
+}
+
+template <class scalar_t, Path P, bool kBwd>
+bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int sz = sizeof(scalar_t);
+  base_geometry(s, U, sz, kBwd, g);
+  const int NC = kBwd ? U : 4 * U;
+  const int Bp16 = round_up(g.B, 16);
   if constexpr (P != Path::kFma) {
     g.NCp = round_up(NC, 8);
     g.nt = g.NCp / 8;
@@ -1420,21 +1426,8 @@ int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
 // more than kDirectKS k-steps per warp).
 template <class scalar_t, Path P>
 bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
-  constexpr int sz = sizeof(scalar_t);
   if (s.B > 16) return false;
-  g = Geometry{};
-  g.T = static_cast<int>(s.T);
-  g.B = static_cast<int>(s.B);
-  g.H = static_cast<int>(s.H);
-  g.U = U;
-  g.lg_u = U == 4 ? 2 : 3;
-  g.nblocks = ceil_div(g.H, U);
-  g.Hp = g.nblocks * U;
-  g.Kx = g.Hp;
-  g.wpb = U * sz / 4;
-  g.lg_wpb = 0;
-  while ((1 << g.lg_wpb) < g.wpb) ++g.lg_wpb;
-  g.row_words = g.Kx * sz / 4;
+  base_geometry(s, U, sizeof(scalar_t), /*backward=*/false, g);
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
   if (g.kpc > kDirectKS) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
