@@ -67,6 +67,10 @@
 // kernels were bound by instruction fetch (measured with SEQKERNELS_LSTM_TRACE on an H200:
 // ~2000 cycles for a B = 1 gate phase). Hence one gate item per thread, compact reductions,
 // a small gather with an out-of-line slow path, and outputs stored after the publication.
+//
+// Forward at B <= 16 on tensor cores: lstm_persistent_forward_direct_kernel (below) skips the
+// X tile: each warp loads its A fragments straight from the LL buffer, and one barrier per step
+// is left (its comment has the details; docs/kernels.md the measurements).
 #include "lstm_persistent.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
