@@ -76,7 +76,7 @@ def config() -> dict:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         info["GPU"] = f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs)"
-        info["cuDNN RNN may use TF32 (float32 follows it)"] = torch.backends.cudnn.allow_tf32
+        info["cuDNN RNN may use TF32 (float32 follows it)"] = _rnn_tf32_allowed()
     info["LSTM time loops"] = {
         "cpu": "persistent (float32, no proj_size, B <= 32 under auto) or gemm (BLAS)",
         "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "

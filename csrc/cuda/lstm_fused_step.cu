@@ -352,6 +352,15 @@ __global__ void __launch_bounds__(kThreads) pack_weights_kernel(const scalar_t* 
   }
 }
 
+// The four gate values of a unit into its row of a [rows, G] tensor (i, f, g, o at stride H).
+template <class scalar_t, class acc_t>
+__device__ __forceinline__ void store_gates(scalar_t* row, int64_t H, const LstmGates<acc_t>& v) {
+  row[0] = static_cast<scalar_t>(v.i);
+  row[H] = static_cast<scalar_t>(v.f);
+  row[2 * H] = static_cast<scalar_t>(v.g);
+  row[3 * H] = static_cast<scalar_t>(v.o);
+}
+
 // One forward time step (see the top of the file).
 template <class scalar_t, bool kTraining>
 __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(const __grid_constant__ FwdStepArgs<scalar_t> a) {
@@ -411,11 +420,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
     a.y[b * H + it.j] = h;
     if (b >= a.n_next) a.h_n[b * H + it.j] = h;
     if constexpr (kTraining) {
-      scalar_t* gr = a.gates + b * G + it.j;
-      gr[0] = static_cast<scalar_t>(act.i);
-      gr[H] = static_cast<scalar_t>(act.f);
-      gr[2 * H] = static_cast<scalar_t>(act.g);
-      gr[3 * H] = static_cast<scalar_t>(act.o);
+      store_gates(a.gates + b * G + it.j, H, act);
       a.cells[b * H + it.j] = static_cast<scalar_t>(c);
     }
   }
@@ -485,11 +490,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(c
     lstm_cell_backward<CudaMath>(LstmGates<acc_t>{act_r[p][0], act_r[p][1], act_r[p][2], act_r[p][3]}, c_r[p],
                                  cp_r[p], dh, dc_r[p], d, dc_prev, m);
     a.dcbuf[b * H + it.j] = dc_prev;
-    scalar_t* dr = a.dG + b * G + it.j;
-    dr[0] = static_cast<scalar_t>(d.i);
-    dr[H] = static_cast<scalar_t>(d.f);
-    dr[2 * H] = static_cast<scalar_t>(d.g);
-    dr[3 * H] = static_cast<scalar_t>(d.o);
+    store_gates(a.dG + b * G + it.j, H, d);
     a.hprev[b * H + it.j] = hp_r[p];
   }
 }

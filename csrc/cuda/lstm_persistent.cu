@@ -557,15 +557,20 @@ __device__ __forceinline__ StepInfo step_at(const SegTable* seg, int t, int& k) 
   return {t, bt, seg->ob[k] + static_cast<int64_t>(t - seg->tb[k]) * bt};
 }
 
+// Copies the step table into shared memory (block-wide).
+__device__ __forceinline__ void copy_step_table(const SegTable& src, SegTable* dst) {
+  const int* s = reinterpret_cast<const int*>(&src);
+  int* d = reinterpret_cast<int*>(dst);
+  for (int i = threadIdx.x; i < static_cast<int>(sizeof(SegTable) / sizeof(int)); i += kThreads) d[i] = s[i];
+}
+
 // Zeroes the X tile (so that padding columns and rows are finite zeros) and copies the step
 // table into shared memory.
 __device__ __forceinline__ void init_shared(unsigned char* smem, const Geometry& g, const SegTable& src,
                                             SegTable* dst, int x_bytes) {
   uint4* x = reinterpret_cast<uint4*>(smem);
   for (int i = threadIdx.x; i < x_bytes / 16; i += kThreads) x[i] = make_uint4(0, 0, 0, 0);
-  const int* s = reinterpret_cast<const int*>(&src);
-  int* d = reinterpret_cast<int*>(dst);
-  for (int i = threadIdx.x; i < static_cast<int>(sizeof(SegTable) / sizeof(int)); i += kThreads) d[i] = s[i];
+  copy_step_table(src, dst);
 }
 
 // Gate item p of this thread: unit u (global j) of batch row n.
@@ -828,12 +833,6 @@ constexpr int kDirectKS = 8;  // resident k-steps per warp
 constexpr int kDirectRow = 40;
 constexpr int kDirectWarp = 16 * kDirectRow;
 
-template <class scalar_t, Path P>
-struct DirectCfg {
-  static constexpr int kStep = P == Path::kTf32 ? 8 : 16;  // k per mma (8 LL words either way)
-  static constexpr int kNT = 4;                            // n8 tiles: 4U <= 32 columns
-};
-
 // The payload of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
 // start late in the reverse direction. Cold path, out of line.
 template <class scalar_t>
@@ -890,7 +889,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = CudaMath;
-  using Cfg = DirectCfg<scalar_t, P>;
+  using Cfg = MmaCfg<P, false>;  // kStep: k per mma (8 LL words either way); kNT: 4U <= 32 columns
   constexpr int kNT = Cfg::kNT;
   constexpr bool kPairs = sizeof(scalar_t) == 2;  // two units per LL word
   // A lane re-reads all of its pending words per round while they are at most one row's worth
@@ -906,11 +905,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int j0 = blockIdx.x * U;
   const int64_t G4 = 4 * static_cast<int64_t>(H);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-  {
-    const int* s = reinterpret_cast<const int*>(&a.seg);
-    int* d = reinterpret_cast<int*>(seg);
-    for (int i = threadIdx.x; i < static_cast<int>(sizeof(SegTable) / sizeof(int)); i += kThreads) d[i] = s[i];
-  }
+  copy_step_table(a.seg, seg);
 
   // Resident B fragments, columns c = gate * U + u (row gate * H + j0 + u of W_hh), in the
   // permuted k order above. Warp w covers k-steps [w * KPC, (w + 1) * KPC).
@@ -1428,7 +1423,7 @@ int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
 
 // Geometry of the direct forward kernel for U units per block; false beyond its limits (B > 16,
 // more than kDirectKS k-steps per warp).
-template <class scalar_t, Path P>
+template <class scalar_t>
 bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
   if (s.B > 16) return false;
   base_geometry(s, U, sizeof(scalar_t), /*backward=*/false, g);
@@ -1436,12 +1431,7 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   if (g.kpc > kDirectKS) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
   g.nch = 1;
-  g.CK = kWarps * g.kpc * DirectCfg<scalar_t, P>::kStep;
-  g.NCp = 4 * U;
-  g.nt = g.NCp / 8;
-  g.kp = kWarps;
-  g.red_stride = kDirectWarp;  // one m16 tile
-  g.off_red = 0;
+  g.nt = 4 * U / 8;  // n8 tiles of the 4U gate columns
   g.off_seg = static_cast<int>(align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float)));
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
@@ -1523,7 +1513,7 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
         constexpr int KPC = decltype(kpc_c)::value;
         auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC>;
         auto make = [&](int U, Geometry& g) {
-          return make_direct_geometry<scalar_t, P>(s, prop, U, g) && g.kpc == KPC;
+          return make_direct_geometry<scalar_t>(s, prop, U, g) && g.kpc == KPC;
         };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
