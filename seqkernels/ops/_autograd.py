@@ -11,14 +11,52 @@ def records_grad(*args) -> bool:
     return torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
 
 
+# op -> the autograd.Function that eager calls of the functionals record (register_autograd).
+_EAGER_FUNCTIONS: dict = {}
+
+
+def register_autograd(op, backward, setup_context) -> None:
+    """Attach ``backward`` / ``setup_context`` to ``op`` (a ``seqkernels::<cell>_forward``
+    OpOverload) twice, with the same two functions:
+
+    - ``torch.library.register_autograd``: the op's autograd formula, used by direct calls of
+      the op, torch.compile and torch.func transforms;
+    - an ``autograd.Function`` that the functionals take for eager calls that autograd records
+      (``call_op``). torch.library's autograd kernel re-binds every argument against the schema
+      in Python on each call (``fill_defaults``, which rebuilds the argument list per argument)
+      and redispatches the op from Python: about 40 us of host time per recorded call on a 2-core
+      x86 host, which precedes the kernels' launch on the GPU. The Function calls the op below
+      autograd directly."""
+    torch.library.register_autograd(op, backward, setup_context=setup_context)
+
+    def forward(ctx, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = op(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    name = op.name().replace("::", "_")
+    _EAGER_FUNCTIONS[op] = type(
+        f"{name}_eager", (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    )
+
+
 def call_op(op, recording: bool, *args):
-    """``op(*args)``, and below autograd when autograd would record nothing (grad mode off, or
-    no input requires grad) and torch.compile is not tracing: there the op's autograd kernel
-    (the Python function of register_autograd) would only redispatch, which costs a few
-    microseconds per call, a measurable share of a small op on a GPU (a ConvRNN of the
-    template's shape runs in ~30 us)."""
-    if recording or torch.compiler.is_compiling():
+    """``op(*args)`` as autograd sees it, with as little host time as possible:
+
+    - autograd records (``recording``) in an eager call: the op's eager autograd.Function
+      (``register_autograd``), which runs the same formula as the op's registered one;
+    - autograd records nothing (grad mode off, or no input requires grad): the op below
+      autograd, where its autograd kernel would only redispatch (a few microseconds per call,
+      a measurable share of a small op on a GPU: a ConvRNN of the template's shape runs in
+      ~30 us);
+    - torch.compile tracing or a torch.func transform active: the registered op as is."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return op(*args)
+    if recording:
+        # An op without an eager Function (none so far) records through its registered formula.
+        eager = _EAGER_FUNCTIONS.get(op)
+        return op(*args) if eager is None else eager.apply(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, forbid_double_backward, mark_saved_outputs, records_grad
+from ._autograd import call_backward_op, call_op, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
 
 __all__ = ["convlstm"]
 
@@ -175,7 +175,7 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
     return tuple(grads[name] for name in _FORWARD_ARGS)
 
 
-torch.library.register_autograd("seqkernels::convlstm_forward", _convlstm_backward, setup_context=_setup_context)
+register_autograd(_forward, _convlstm_backward, _setup_context)
 
 
 forbid_double_backward("seqkernels::convlstm_backward", "seqkernels.convlstm")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, forbid_double_backward, records_grad
+from ._autograd import call_backward_op, call_op, forbid_double_backward, records_grad, register_autograd
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
 
@@ -175,7 +175,7 @@ def _convrnn_backward(ctx, grad_y, grad_h_T):
     return tuple(grads[name] for name in _FORWARD_ARGS)
 
 
-torch.library.register_autograd("seqkernels::convrnn_forward", _convrnn_backward, setup_context=_setup_context)
+register_autograd(_forward, _convrnn_backward, _setup_context)
 
 
 forbid_double_backward("seqkernels::convrnn_backward", "seqkernels.convrnn")

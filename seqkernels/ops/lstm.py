@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, dense_grad, forbid_double_backward, mark_saved_outputs, records_grad
+from ._autograd import call_backward_op, call_op, dense_grad, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
@@ -119,7 +119,7 @@ def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
     return tuple(grads[name] for name in _FORWARD_ARGS)
 
 
-torch.library.register_autograd("seqkernels::lstm_forward", _lstm_backward, setup_context=_setup_context)
+register_autograd(_forward, _lstm_backward, _setup_context)
 
 
 forbid_double_backward("seqkernels::lstm_backward", "seqkernels.lstm")

@@ -1,0 +1,158 @@
+"""The host's share of an eager seqkernels.LSTM call on the GPU: a timeline of one call.
+
+    python scripts/lstm_host_timeline.py [--iters 10] [--out DIR]
+
+An eager call's CUDA-event time is the GPU's time plus whatever the GPU waits for the host:
+before the time loop's kernel is launched the GPU is mostly idle, so the host work in front
+of it (the module's Python, the op's dispatch and checks, allocations, the small launches
+before the loop) adds to the call one for one. For each case (the benchmark's shapes: T = 256,
+I = H, one layer, PyTorch's default TF32 switches) this traces ``iters`` calls with
+torch.profiler and prints, for the call of median length, every CUDA runtime call in order:
+its host offset from the call's start, its host duration, the kernel or memset it issued and
+when that ran on the GPU (offsets in us). The summary line gives the host time until the loop
+kernel's launch and the GPU's idle time before it. Then, for the `train` cases, the call's
+median time (CUDA events, 30 interleaved calls, each after an untimed one) with the op's eager
+autograd.Function (seqkernels.ops._autograd.register_autograd, the default) and with the op's
+registered torch.library formula. Diagnostic only: the benchmark is what the tables come from.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import seqkernels
+
+LOOP_KERNELS = ("lstm_persistent", "lstm_fused", "lstm_forward_step", "lstm_backward_step")
+
+
+def cases(device):
+    g = torch.Generator(device=device).manual_seed(0)
+    for dtype, B, H, mode in (
+        (torch.bfloat16, 1, 256, "infer"),
+        (torch.bfloat16, 16, 512, "infer"),
+        (torch.float32, 1, 512, "infer"),
+        (torch.float32, 1, 512, "train"),
+        (torch.float32, 8, 512, "train"),
+    ):
+        m = seqkernels.LSTM(H, H, device=device, dtype=dtype)
+        x = torch.randn(256, B, H, generator=g, device=device, dtype=dtype)
+        if mode == "infer":
+
+            def call(m=m, x=x):
+                with torch.no_grad():
+                    m(x)
+
+        else:
+            xg = x.clone().requires_grad_()
+
+            def call(m=m, x=xg):
+                for p in (*m.parameters(), x):
+                    p.grad = None
+                y, _ = m(x)
+                y.float().sum().backward()
+
+        yield f"{str(dtype).replace('torch.', '')} B={B} H={H} {mode}", call
+
+
+def timeline(trace_path):
+    """The trace's calls: per ``call`` annotation, its runtime events (host) and what they ran."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    calls = sorted((e for e in events if e.get("name") == "call" and e.get("cat") == "user_annotation"),
+                   key=lambda e: e["ts"])
+    runtime = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("ph") == "X"]
+    device_work = {e["args"].get("correlation"): e for e in events
+                   if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and e.get("ph") == "X"}
+    out = []
+    for c in calls:
+        t0, t1 = c["ts"], c["ts"] + c["dur"]
+        rows = []
+        for r in sorted((r for r in runtime if t0 <= r["ts"] <= t1), key=lambda r: r["ts"]):
+            work = device_work.get(r["args"].get("correlation"))
+            rows.append((r["ts"] - t0, r["dur"], r["name"], work and work["name"],
+                         work and work["ts"] - t0, work and work["ts"] + work["dur"] - t0))
+        gpu = [row for row in rows if row[4] is not None]
+        end = max((row[5] for row in gpu), default=c["dur"])
+        out.append((end, c["dur"], rows))
+    return out
+
+
+def event_ms(call, iters=30):
+    """Median CUDA-event time of call() in ms, each timed call after an untimed one."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(iters):
+        call()
+        torch.cuda.synchronize()
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return sorted(samples)[len(samples) // 2]
+
+
+def compare_autograd(device):
+    from seqkernels.ops import _autograd
+
+    eager = dict(_autograd._EAGER_FUNCTIONS)
+    print("\n== train calls: eager autograd.Function against the registered torch.library formula (ms)")
+    for name, call in cases(device):
+        if not name.endswith("train"):
+            continue
+        times = {"function": [], "registered": []}
+        for _ in range(3):
+            for label in times:
+                _autograd._EAGER_FUNCTIONS.clear()
+                if label == "function":
+                    _autograd._EAGER_FUNCTIONS.update(eager)
+                times[label].append(event_ms(call, 10))
+        _autograd._EAGER_FUNCTIONS.update(eager)
+        f, r = (sorted(v)[1] for v in times.values())
+        print(f"   {name:28s} function {f:.3f}  registered {r:.3f}  ({(r - f) * 1e3:.0f} us less)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", default=None, help="keep the Chrome traces here")
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    out_dir = args.out or tempfile.mkdtemp()
+    os.makedirs(out_dir, exist_ok=True)
+    for name, call in cases(device):
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.iters):
+                torch.cuda.synchronize()
+                with record_function("call"):
+                    call()
+                torch.cuda.synchronize()
+        path = os.path.join(out_dir, name.replace(" ", "_").replace("=", "") + ".json")
+        prof.export_chrome_trace(path)
+        calls = sorted(timeline(path), key=lambda c: c[0])
+        end, host, rows = calls[len(calls) // 2]
+        print(f"\n== {name}: median call {end:.1f} us until its last GPU work (host {host:.1f} us); "
+              f"{len(rows)} runtime calls")
+        print(f"   {'host at':>8s} {'dur':>6s}  {'runtime call':28s} {'gpu start':>9s} {'gpu end':>8s}  issued")
+        for at, dur, api, work, ws, we in rows:
+            gpu = f"{ws:9.1f} {we:8.1f}" if work else f"{'':9s} {'':8s}"
+            print(f"   {at:8.1f} {dur:6.1f}  {api[:28]:28s} {gpu}  {(work or '')[:70]}")
+        loops = [r for r in rows if r[3] and any(k in r[3] for k in LOOP_KERNELS)]
+        if loops:
+            first = loops[0]
+            busy = sum(r[5] - r[4] for r in rows if r[4] is not None and r[5] <= first[4])
+            print(f"   first loop kernel launched at {first[0]:.1f} us (host), ran from {first[4]:.1f} us; "
+                  f"GPU busy before it {busy:.1f} us")
+    compare_autograd(device)
+
+
+if __name__ == "__main__":
+    main()
