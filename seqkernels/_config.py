@@ -23,6 +23,8 @@ CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
 CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
+CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 = 8  # kPersistentMaxBackwardBatchTf32
+CUDA_PERSISTENT_BACKWARD_HIDDEN_TF32 = 1024  # kPersistentBackwardHiddenTf32
 CUDA_FUSED_MAX_FORWARD_BH = 64 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_FORWARD_BH_TF32 = 32 * 1024  # kFusedMaxForwardBHTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
@@ -161,6 +163,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} (the direct forward kernel)")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
+    elif (backward and not half and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32
+          and hidden == CUDA_PERSISTENT_BACKWARD_HIDDEN_TF32):
+        return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} and H = "
+                              f"{hidden} (the split backward kernel)")
     if backward and half:
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH:
             return "fused", f"auto: {kib} > {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB, B = {batch} <= 64"

@@ -66,6 +66,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (256, 256, torch.bfloat16, True, "fused", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
     (16, 1024, torch.float32, True, "persistent", "cublas"),  # TF32: B <= 16, 64 KiB; backward H > 512
+    (8, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: B <= 8, H = 1024 (split kernel)
+    (8, 2048, torch.float32, True, "persistent", "cublas"),  # TF32: 64 KiB; backward H > 1024 (beyond the split kernel)
     (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, B*H <= 16384
     (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H <= 65536, H <= 512; backward B*H > 16384
     (32, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768

@@ -387,6 +387,54 @@ def test_direct_and_general_forward_match_reference(monkeypatch, precision_name)
                           what=f"SEQKERNELS_LSTM_PERSISTENT_DIRECT={direct}")
 
 
+def _backward_kernel_names(fn) -> set[str]:
+    """Which persistent backward kernels ran during fn(): "split" and/or "general"."""
+    names = kernel_names(fn)
+    return ({"split"} if any("lstm_persistent_backward_split_kernel" in n for n in names) else set()) | (
+        {"general"} if any("lstm_persistent_backward_kernel" in n for n in names) else set())
+
+
+@pytest.mark.parametrize("precision_name,B,H,split", [
+    ("bfloat16", 1, 1024, True), ("float16", 2, 512, True), ("bfloat16", 5, 36, True), ("bfloat16", 4, 512, False),
+    ("tf32", 1, 256, True), ("tf32", 16, 1024, True), ("tf32", 8, 512, True), ("tf32", 8, 256, False),
+    ("bfloat16", 17, 64, False), ("float32", 4, 256, False), ("float64", 2, 16, False),
+])
+def test_split_backward_kernel_is_taken(monkeypatch, precision_name, B, H, split):
+    """The persistent backward runs its split kernel (each block's partial dh over its own gate
+    rows exchanged, not dG) on tensor cores where it was measured faster (16-bit: B·H <= 1024;
+    TF32: B = 1 or H >= 512; B <= 16, H <= 1024), the general kernel elsewhere;
+    SEQKERNELS_LSTM_PERSISTENT_SPLIT=0 keeps the general one, =1 takes the split one wherever it
+    can run."""
+    dtype = DTYPE[precision_name]
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.delenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", raising=False)
+    can_run = precision_name in ("bfloat16", "float16", "tf32") and B <= 16 and H <= 1024
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H, T=3)
+        run()
+        assert _backward_kernel_names(run) == ({"split"} if split else {"general"})
+        monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", "0")
+        assert _backward_kernel_names(run) == {"general"}
+        monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", "1")
+        assert _backward_kernel_names(run) == ({"split"} if can_run else {"general"})
+
+
+@pytest.mark.parametrize("precision_name", ["bfloat16", "tf32"])
+@pytest.mark.parametrize("H", [36, 300])
+def test_split_and_general_backward_match_reference(monkeypatch, precision_name, H):
+    """Both persistent backward kernels on one packed, reversed input (rows that start late,
+    rows whose sequence ends early), each against the float64 reference: H = 36 has 9 blocks
+    (an odd producer count: the last partial of a column is read alone) and a padded last block,
+    H = 300 75 blocks and 5 column tiles per warp (SEQKERNELS_LSTM_PERSISTENT_SPLIT=1: the split
+    kernel wherever it can run)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision(precision_name):
+        for split in ("1", "0"):
+            monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", split)
+            compare_layer([9, 9, 7, 4, 4, 1], 5, H, reverse=True, bias=True, precision=precision_name, seed=13,
+                          what=f"SEQKERNELS_LSTM_PERSISTENT_SPLIT={split}")
+
+
 def test_backend_variable_is_validated(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fastest")
     x = torch.randn(3, 2, 4, device="cuda")

@@ -24,6 +24,8 @@ constexpr int64_t kPersistentMaxBackwardState = 32 * 1024;  // persistent backwa
 constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor cores (but TF32 forward)
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
+constexpr int64_t kPersistentMaxBackwardBatchTf32 = 8;  // persistent backward, TF32: also B <= 8 with ...
+constexpr int64_t kPersistentBackwardHiddenTf32 = 1024;  // ... H = 1024 (the split backward kernel)
 constexpr int64_t kFusedMaxForwardBH = 64 * 1024;  // fused forward: B·H <= 65536 ...
 constexpr int64_t kFusedMaxForwardBHTf32 = 32 * 1024;  // ... TF32: B·H <= 32768, or 65536 with H <= 512
 constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64
@@ -43,7 +45,9 @@ constexpr int64_t kFusedMaxHiddenTf32 = 512;
 //    operand every block re-reads (B·H, or B·4H in the backward) grows; the cuBLAS loop's is
 //    ~12 µs flat, and it wins for large B·H. Persistent while the state is <= 8 KiB, and in
 //    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
-//    2026-11-24) or with the state <= 64 KiB (TF32; else only these); else fused while B·H <= 65536 (forward;
+//    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the TF32 backward also
+//    at B <= 8 with H = 1024 (the split backward kernel: B = 8 4.75 ms per training call against
+//    5.84 with the cuBLAS backward, same run); else fused while B·H <= 65536 (forward;
 //    TF32: <= 32768, or 65536 with H <= 512) or B <= 64 (backward; TF32: B·H <= 16384 with
 //    H <= 512: its dG rows are 4H fp32 values and its W slice 128 KiB at H = 1024); else cuBLAS.
 //  - float32 with TF32 off, float64 (no fused loop): persistent while the state is <= 64 KiB
@@ -67,7 +71,8 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   }
   bool persistent;
   if (backward) {
-    persistent = state <= kPersistentMaxStateMma;
+    persistent = state <= kPersistentMaxStateMma ||
+                 (!half && s.B <= kPersistentMaxBackwardBatchTf32 && s.H == kPersistentBackwardHiddenTf32);
   } else if (half) {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
                  state <= kPersistentMaxStateMma;

@@ -203,7 +203,8 @@ struct BwdArgs {
   scalar_t* hprev;           // [N, H] out: h_{t-1} of every row
   acc_t* grad_h0;            // [B, H] out
   acc_t* grad_c0;            // [B, H] out
-  u64* dbuf;                 // [2, B, row_words] LL exchange of dG (flags zeroed before launch)
+  u64* dbuf;                 // [2, B, row_words] LL exchange of dG, or of partial dh (split kernel);
+                             // flags zeroed before launch
   int trace;                 // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
 };
 
@@ -1318,6 +1319,292 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
+// Backward kernel, split variant: tensor cores, B <= 16, partial sums of dh exchanged
+// ---------------------------------------------------------------------------------------
+// Why. The kernel above exchanges dG_t [bt, 4H] and every block reads all of it: four times
+// the forward's state, in the input dtype, twice that in the LL format (float32 B = 1,
+// H = 1024: 32 KB per block and step). Here each block multiplies its own slice of dG_t
+// [bt, 4U] (its items' results, already in shared memory) by its own rows of W_hh [4U, H],
+// resident, which gives a partial dh_{t-1} [bt, H] over its 4U gate rows; dh_{t-1}[:, j] is
+// the sum of all blocks' partials at column j, which block j / U adds up. A block writes bt·Hp
+// partials and reads bt·U·nblocks = bt·Hp of them per step (fp32), instead of reading 4·bt·Hp
+// values of dG.
+//
+// Exchange layout: pbuf[s & 1][b][n][k] for producing block b, row n and hidden column k, so
+// that a producer's C fragments go out as 16-byte stores of two adjacent columns, 64
+// contiguous bytes per four lanes (scattered 8-byte stores, one per column, were the slowest
+// part of a first version: ~5 cycles per word). A consumer reads its U columns of each
+// producer's row, U / 2 16-byte loads: lane l takes column pair l % (U / 2) of producer
+// l / (U / 2) (+ 32 / (U / 2) per warp, + 8x that per round, at most two rounds for H <= 1024),
+// adds its rounds in order, and a butterfly of shuffles over the lanes of one column pair adds
+// the warp's producers: a fixed order (deterministic results). The eight warps' sums meet in
+// shared memory and the item thread adds them in warp order. Two buffers alternate, as in the
+// kernels above: a block writes step s only after it has read every block's step s - 1, which
+// they wrote after reading step s - 2 from the buffer about to be overwritten.
+//
+// Product. With A = dG_t's own slice (m16 rows, K = 4U = 16 or 32: one to four k-steps) and
+// B = W_hh[own rows][k] for k in the warp's columns (NTW n8 tiles per warp, resident
+// fragments: NTW x 4U / kStep x 2 registers), each n-tile is a chain of at most four MMAs whose
+// result is published at once. A fragments: m16n8k16 a0 = A[g][2t, 2t+1], a1 = A[g+8][...],
+// a2/a3 at k + 8; m16n8k8 a0 = A[g][t], a1 = A[g+8][t], a2/a3 at k + 4 (lstm_device.cuh).
+// Limits (else the kernel above): bf16/fp16 or TF32, B <= 16, H <= 8 warps x 16 tiles x 8 = 1024.
+constexpr int kSplitRows = 4;  // rows whose loads a lane has in flight at once
+constexpr int kSplitMaxHidden = 1024;     // 8 warps x 16 n8 tiles of resident fragments
+constexpr int64_t kSplitMaxBHHalf = 1024;  // bf16 / fp16: faster than the general kernel while B·H <= 1024
+constexpr int kSplitMinHiddenTf32 = 512;  // TF32: faster at B = 1 and from H = 512
+
+// Two LL words (16 bytes) if `pred`: two single-copy-atomic 64-bit relaxed stores at GPU scope,
+// predicated inside the instruction (no branch).
+__device__ __forceinline__ void ll_store2_if(bool pred, u64* p, uint32_t payload0, uint32_t payload1,
+                                             uint32_t flag) {
+  const u64 v0 = (static_cast<u64>(flag) << 32) | payload0, v1 = (static_cast<u64>(flag) << 32) | payload1;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};\n}" ::"l"(p),
+      "l"(v0), "l"(v1), "r"(static_cast<int>(pred))
+      : "memory");
+}
+
+template <class scalar_t, Path P, int NTW>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_backward_split_kernel(const __grid_constant__ BwdArgs<scalar_t> a) {
+  using acc_t = at::opmath_type<scalar_t>;  // float on this path
+  using Math = CudaMath;
+  constexpr int kStep = P == Path::kTf32 ? 8 : 16;
+  constexpr int kKS = 32 / kStep;  // k-steps of 4U <= 32
+  const Geometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* atile = reinterpret_cast<scalar_t*>(smem);       // [16][ldx] own slice of dG_t, column gate * U + u
+  float* red = reinterpret_cast<float*>(smem + g.off_red);  // [kWarps][16][U] the warps' sums
+  SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
+
+  const int H = g.H, U = g.U, B = g.B, T = g.T, Hp = g.Hp;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int j0 = blockIdx.x * U;
+  const int64_t G4 = 4 * static_cast<int64_t>(H);
+  const int64_t pstride = static_cast<int64_t>(B) * Hp;  // words per producer and buffer
+  init_shared(smem, g, a.seg, seg, g.off_seg);           // zeroes the A tile and red
+
+  // Resident B fragments: column col = (warp * NTW + nt) * 8 + g of dh, k = gate * U + u.
+  uint32_t wb[NTW][kKS][2];
+  {
+    auto wt = [&](int k, int col) -> scalar_t {
+      const int gate = k / U, u = k - gate * U;
+      if (gate >= 4 || j0 + u >= H || col >= H) return static_cast<scalar_t>(0.0f);
+      return a.w_hh[static_cast<int64_t>(gate * H + j0 + u) * H + col];
+    };
+#pragma unroll
+    for (int nt = 0; nt < NTW; ++nt) {
+      const int col = (warp * NTW + nt) * 8 + gq;
+#pragma unroll
+      for (int f = 0; f < kKS; ++f) {
+        const int k0 = f * kStep;
+        if constexpr (P == Path::kTf32) {
+          wb[nt][f][0] = to_tf32(static_cast<float>(wt(k0 + tq, col)));
+          wb[nt][f][1] = to_tf32(static_cast<float>(wt(k0 + tq + 4, col)));
+        } else {
+          wb[nt][f][0] = pack2(wt(k0 + 2 * tq, col), wt(k0 + 2 * tq + 1, col));
+          wb[nt][f][1] = pack2(wt(k0 + 2 * tq + 8, col), wt(k0 + 2 * tq + 9, col));
+        }
+      }
+    }
+  }
+
+  const Item it = make_item(g, 0);
+  acc_t dh_st = it.valid ? static_cast<acc_t>(a.grad_h_n[it.n * H + it.j]) : acc_t(0);
+  acc_t dc_st = it.valid ? static_cast<acc_t>(a.grad_c_n[it.n * H + it.j]) : acc_t(0);
+  __syncthreads();
+
+  // Inputs of the next step's gate backward, loaded one step ahead (as in the kernel above).
+  acc_t nx_act[4], nx_c = 0, nx_cp = 0, nx_gy = 0;
+  scalar_t nx_hp = static_cast<scalar_t>(0.0f);
+  auto prefetch = [&](const StepInfo& st, int kseg) {
+    int n_prev = 0;
+    int64_t prev_off = 0;
+    if (!a.reverse && st.t > 0) {
+      int k2 = kseg;
+      n_prev = st.bt;
+      prev_off = step_at(seg, st.t - 1, k2).off;
+    } else if (a.reverse && st.t + 1 < T) {
+      int k2 = kseg;
+      const StepInfo pr = step_at(seg, st.t + 1, k2);
+      n_prev = pr.bt;
+      prev_off = pr.off;
+    }
+    if (it.valid && it.n < st.bt) {
+      const int64_t row = st.off + it.n;
+      const scalar_t* gr = a.gates + row * G4 + it.j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) nx_act[q] = static_cast<acc_t>(gr[q * static_cast<int64_t>(H)]);
+      nx_c = static_cast<acc_t>(a.cells[row * H + it.j]);
+      nx_gy = static_cast<acc_t>(a.grad_y[row * H + it.j]);
+      if (it.n < n_prev) {
+        nx_cp = static_cast<acc_t>(a.cells[(prev_off + it.n) * H + it.j]);
+        nx_hp = a.y[(prev_off + it.n) * H + it.j];
+      } else {
+        nx_cp = static_cast<acc_t>(a.c0[it.n * H + it.j]);
+        nx_hp = a.h0[it.n * H + it.j];
+      }
+    }
+  };
+  int k_cur = a.reverse ? 0 : seg->count - 1;
+  StepInfo cur = step_at(seg, a.reverse ? 0 : T - 1, k_cur);
+  prefetch(cur, k_cur);
+
+  // The consumer's lane roles (U / 2 column pairs x 32 / (U / 2) producers per warp and round).
+  const int lg_up = g.lg_u - 1;
+  const int kp = lane & ((U >> 1) - 1), bl = lane >> lg_up, lpb = 32 >> lg_up;
+
+  PhaseTrace trace;
+  trace.start(a.trace);
+  for (int s = 0; s < T; ++s) {
+    const int bt = cur.bt;
+    const int64_t off = cur.off;
+    // 1. Gate backward of the own units: dc and the own slice of dG_t into the A tile.
+    scalar_t d_r[4], hp_r = static_cast<scalar_t>(0.0f);
+    const bool active = it.valid && it.n < bt;
+    if (active) {
+      const LstmGates<acc_t> act{nx_act[0], nx_act[1], nx_act[2], nx_act[3]};
+      LstmGates<acc_t> d;
+      acc_t dc_prev, m;
+      lstm_cell_backward<Math>(act, nx_c, nx_cp, dh_st + nx_gy, dc_st, d, dc_prev, m);
+      dc_st = dc_prev;
+      d_r[0] = static_cast<scalar_t>(d.i);
+      d_r[1] = static_cast<scalar_t>(d.f);
+      d_r[2] = static_cast<scalar_t>(d.g);
+      d_r[3] = static_cast<scalar_t>(d.o);
+      hp_r = nx_hp;
+      scalar_t* ar = atile + it.n * g.ldx + it.u;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) ar[q * U] = d_r[q];
+    }
+    if (s + 1 < T) {
+      cur = step_at(seg, a.reverse ? s + 1 : T - 2 - s, k_cur);
+      prefetch(cur, k_cur);
+    }
+    __syncthreads();
+    trace.mark(2);
+
+    // 2. Partial dh_{t-1} of the warp's columns over the own 4U gate rows, published per n-tile
+    //    (rows < bt, columns < Hp; columns >= H are zeros), flag s + 1.
+    const unsigned flag = static_cast<unsigned>(s + 1);
+    u64* pbuf = a.dbuf + static_cast<int64_t>(s & 1) * B * g.row_words;
+    {
+      // A fragments of the k-steps over 4U (zeros past 4U: the MMAs below run unconditionally,
+      // with zero W fragments there as well).
+      uint32_t af[kKS][4];
+      const scalar_t* x0 = atile + gq * g.ldx;
+      const scalar_t* x1 = x0 + 8 * g.ldx;
+#pragma unroll
+      for (int f = 0; f < kKS; ++f) {
+        const int k = f * kStep;
+        const bool in = f < g.kpc;
+        if constexpr (P == Path::kTf32) {
+          af[f][0] = in ? to_tf32(x0[k + tq]) : 0u;
+          af[f][1] = in ? to_tf32(x1[k + tq]) : 0u;
+          af[f][2] = in ? to_tf32(x0[k + tq + 4]) : 0u;
+          af[f][3] = in ? to_tf32(x1[k + tq + 4]) : 0u;
+        } else {
+          af[f][0] = in ? *reinterpret_cast<const uint32_t*>(x0 + k + 2 * tq) : 0u;
+          af[f][1] = in ? *reinterpret_cast<const uint32_t*>(x1 + k + 2 * tq) : 0u;
+          af[f][2] = in ? *reinterpret_cast<const uint32_t*>(x0 + k + 8 + 2 * tq) : 0u;
+          af[f][3] = in ? *reinterpret_cast<const uint32_t*>(x1 + k + 8 + 2 * tq) : 0u;
+        }
+      }
+      // The n-tiles in groups of up to 8: every MMA chain of a group first (independent, so
+      // they overlap), then its stores, predicated without branches (a branch per tile kept
+      // each tile's MMAs, their latency and its store in sequence: measured ~2x slower).
+      const bool row0 = gq < bt, row1 = gq + 8 < bt;
+      u64* p0 = pbuf + blockIdx.x * pstride + gq * Hp;
+      u64* p1 = p0 + 8 * Hp;
+      constexpr int kGroup = NTW < 8 ? NTW : 8;
+#pragma unroll
+      for (int t0 = 0; t0 < NTW; t0 += kGroup) {
+        float acc[kGroup][4];
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) {
+          acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+          for (int f = 0; f < kKS; ++f) MmaInst<scalar_t>::run(acc[i], af[f], wb[t0 + i][f][0], wb[t0 + i][f][1]);
+        }
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) {
+          const int col = (warp * NTW + t0 + i) * 8 + 2 * tq;
+          const bool in = col < Hp;  // Hp is even: the pair is whole
+          ll_store2_if(row0 && in, p0 + col, __float_as_uint(acc[i][0]), __float_as_uint(acc[i][1]), flag);
+          ll_store2_if(row1 && in, p1 + col, __float_as_uint(acc[i][2]), __float_as_uint(acc[i][3]), flag);
+        }
+      }
+    }
+    trace.mark(1);
+    // dG rows and h_{t-1} for the whole-sequence GEMMs, off the critical path.
+    if (active) {
+      const int64_t row = off + it.n;
+      a.hprev[row * H + it.j] = hp_r;
+      scalar_t* gr = a.dG + row * G4 + it.j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) gr[q * static_cast<int64_t>(H)] = d_r[q];
+    }
+    trace.mark(3);
+
+    // 3. The warp's share of dh_{t-1}[n][j0 + 2kp, +1]: producers b = bl + lpb * (warp + 8 i),
+    //    rows n in batches of kSplitRows, every load of a batch in flight at once.
+    const u64* src0 = pbuf + j0 + 2 * kp;
+    for (int n0 = 0; n0 < bt; n0 += kSplitRows) {
+      u64 lo[kSplitRows][2], hi[kSplitRows][2];
+#pragma unroll
+      for (int r = 0; r < kSplitRows; ++r) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int b = bl + lpb * (warp + kWarps * i);
+          lo[r][i] = hi[r][i] = static_cast<u64>(flag) << 32;  // no producer: payload 0
+          if (n0 + r < bt && b < g.nblocks) ll_load(src0 + b * pstride + (n0 + r) * Hp, lo[r][i], hi[r][i]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kSplitRows; ++r) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          if (!ll_valid(lo[r][i], hi[r][i], flag)) {
+            const int b = bl + lpb * (warp + kWarps * i);
+            const ulonglong2 w = ll_wait(src0 + b * pstride + (n0 + r) * Hp, flag);
+            lo[r][i] = w.x;
+            hi[r][i] = w.y;
+          }
+        }
+        float s0 = __uint_as_float(static_cast<uint32_t>(lo[r][0])) + __uint_as_float(static_cast<uint32_t>(lo[r][1]));
+        float s1 = __uint_as_float(static_cast<uint32_t>(hi[r][0])) + __uint_as_float(static_cast<uint32_t>(hi[r][1]));
+        for (int m = 16; m >= (U >> 1); m >>= 1) {  // the lanes of one column pair
+          s0 += __shfl_xor_sync(0xffffffffu, s0, m);
+          s1 += __shfl_xor_sync(0xffffffffu, s1, m);
+        }
+        if (bl == 0 && n0 + r < bt) {
+          float* rr = red + (warp * 16 + n0 + r) * U + 2 * kp;
+          rr[0] = s0;
+          rr[1] = s1;
+        }
+      }
+    }
+    __syncthreads();
+    trace.mark(0);
+
+    // 4. dh_{t-1} of rows [0, bt) (rows >= bt keep theirs, as lstm.cu's dhbuf does).
+    if (active) {
+      const float* rr = red + it.n * U + it.u;
+      float sum = rr[0];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) sum += rr[w * 16 * U];
+      dh_st = sum;
+    }
+  }
+  trace.report("backward (split)", g);
+
+  if (it.valid) {
+    a.grad_h0[it.n * H + it.j] = dh_st;
+    a.grad_c0[it.n * H + it.j] = dc_st;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------------------
 
@@ -1417,6 +1704,42 @@ bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geomet
   }
   return false;
 }
+
+// Geometry of the split backward kernel for U units per block; false beyond its limits
+// (B > 16, H > 1024). g.nt is the n8 tiles per warp that cover Hp; the kernel instance is
+// split_ntw(g.nt).
+template <class scalar_t, Path P>
+bool make_split_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
+  constexpr int sz = sizeof(scalar_t);
+  if (s.B > 16 || s.H > kSplitMaxHidden) return false;
+  base_geometry(s, U, sz, /*backward=*/true, g);
+  g.kpc = 4 * U / MmaCfg<P, true>::kStep;  // k-steps over the own 4U gate rows
+  g.nt = ceil_div(g.Hp, kWarps * 8);       // n8 tiles per warp over the Hp columns
+  g.row_words = g.nblocks * g.Hp;          // LL words per row n: every producer's Hp partials
+  g.ldx = 4 * U + (sz == 2 ? 8 : 4);       // A tile row stride: conflict-free fragment loads
+  size_t off = align16(static_cast<size_t>(16) * g.ldx * sz);
+  g.off_red = static_cast<int>(off);
+  off += static_cast<size_t>(kWarps) * 16 * U * sizeof(float);
+  off = align16(off);
+  g.off_seg = static_cast<int>(off);
+  off += sizeof(SegTable);
+  g.smem = static_cast<int>(off);
+  return off <= prop.sharedMemPerBlockOptin;
+}
+
+// Where the split kernel is faster than the general one (both forced on an H200, T = 256,
+// scripts/lstm_backend_grid.py --variants persistent-nosplit, 2026-11-24; docs/kernels.md):
+// always at B = 1 (bf16 H = 1024: 2.00 against 2.09 ms per training call; TF32: 2.58 against
+// 4.03), and with TF32 from H = 512 (B = 8, H = 1024: 4.75 against 5.98); slower for 16-bit
+// types at B = 8 (the partials it writes and reads in fp32 are as many bytes as the 16-bit dG
+// the general kernel reads, and its reduction waits on more producers) and for TF32 at H = 256.
+// TF32 moves dG in 4-byte words, four times the split kernel's reads.
+bool split_is_faster(const LstmSizes& s, bool half) {
+  return half ? s.B * s.H <= kSplitMaxBHHalf : (s.B == 1 || s.H >= kSplitMinHiddenTf32);
+}
+
+// The compiled n8-tiles-per-warp instance of the split backward kernel that covers nt tiles.
+int split_ntw(int nt) { return nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16; }
 
 // The compiled k-steps-per-warp instance of the direct kernel that covers kpc k-steps.
 int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
@@ -1529,8 +1852,34 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
   return launch_with_exchange(kernel, args, args.xbuf, like);
 }
 
+// SEQKERNELS_LSTM_PERSISTENT_SPLIT (diagnostic, like SEQKERNELS_LSTM_PERSISTENT_DIRECT for the
+// forward): unset, the split backward kernel where split_is_faster; 0, never; 1, wherever it can
+// run (tests reach its code paths at any shape with it).
+int split_backward_mode() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT");
+  if (env == nullptr || env[0] == '\0') return -1;
+  return std::string(env) == "0" ? 0 : 1;
+}
+
 template <class scalar_t, Path P>
 bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar_t>& args, const at::Tensor& like) {
+  if constexpr (P != Path::kFma) {
+    const int mode = split_backward_mode();
+    if (mode == 1 || (mode == -1 && split_is_faster(s, P == Path::kMma16))) {
+      auto try_split = [&](auto ntw_c) {
+        constexpr int NTW = decltype(ntw_c)::value;
+        auto split = &lstm_persistent_backward_split_kernel<scalar_t, P, NTW>;
+        auto make = [&](int U, Geometry& g) {
+          return make_split_geometry<scalar_t, P>(s, prop, U, g) && split_ntw(g.nt) == NTW;
+        };
+        return plan(s, prop, split, args.g, make) && launch_with_exchange(split, args, args.dbuf, like);
+      };
+      if (try_split(std::integral_constant<int, 2>{}) || try_split(std::integral_constant<int, 4>{}) ||
+          try_split(std::integral_constant<int, 8>{}) || try_split(std::integral_constant<int, 16>{})) {
+        return true;
+      }
+    }
+  }
   auto kernel = &lstm_persistent_backward_kernel<scalar_t, P>;
   auto make = [&](int U, Geometry& g) { return make_geometry<scalar_t, P, true>(s, prop, U, g); };
   if (!plan(s, prop, kernel, args.g, make)) return false;
