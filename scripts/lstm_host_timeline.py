@@ -13,7 +13,9 @@ when that ran on the GPU (offsets in us). The summary line gives the host time u
 kernel's launch and the GPU's idle time before it. Then, for the `train` cases, the call's
 median time (CUDA events, 30 interleaved calls, each after an untimed one) with the op's eager
 autograd.Function (seqkernels.ops._autograd.register_autograd, the default) and with the op's
-registered torch.library formula. Diagnostic only: the benchmark is what the tables come from.
+registered torch.library formula. Last, the host time (no profiler) of an `infer` call's layers:
+the module call, the functional lstm_layer, the op below autograd, a default zero state.
+Diagnostic only: the benchmark is what the tables come from.
 """
 from __future__ import annotations
 
@@ -117,12 +119,62 @@ def compare_autograd(device):
         print(f"   {name:28s} function {f:.3f}  registered {r:.3f}  ({(r - f) * 1e3:.0f} us less)")
 
 
+def host_us(fn, iters=60):
+    """Median host time of fn() in us (the GPU drained before each call, not waited for after)."""
+    import time
+
+    samples = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return sorted(samples)[len(samples) // 2]
+
+
+def host_breakdown(device):
+    from seqkernels.ops.lstm import lstm_layer
+
+    op = torch.ops.seqkernels.lstm_forward.default
+    print("\n== host time of an infer call's layers (us, median of 60, no profiler)")
+    for dtype, B, H in ((torch.bfloat16, 1, 256), (torch.float32, 16, 512)):
+        m = seqkernels.LSTM(H, H, device=device, dtype=dtype)
+        x = torch.randn(256, B, H, device=device, dtype=dtype)
+        x2 = x.reshape(256 * B, H)
+        bs = torch.full((256,), B, dtype=torch.int64)
+        h0 = torch.zeros(B, H, device=device, dtype=dtype)
+        w = (m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
+        args = (x2, bs, h0, h0, *w, None, False, False)
+        with torch.no_grad():
+            rows = {
+                "module call": lambda: m(x),
+                "lstm_layer": lambda: lstm_layer(x2, bs, h0, h0, *w),
+                "op below autograd": lambda: _below(op, args),
+                "zero state (torch.zeros)": lambda: torch.zeros(2, 1, B, H, device=device, dtype=dtype),
+                "torch.full batch_sizes (CPU)": lambda: torch.full((256,), B, dtype=torch.int64),
+            }
+            for label, fn in rows.items():
+                for _ in range(5):
+                    fn()
+                print(f"   {str(dtype).replace('torch.', '')} B={B} H={H}  {label:30s} {host_us(fn):8.1f}")
+
+
+def _below(op, args):
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None, help="keep the Chrome traces here")
+    ap.add_argument("--host-only", action="store_true", help="only the host-time breakdown (no profiler)")
     args = ap.parse_args()
     device = torch.device("cuda")
+    if args.host_only:
+        host_breakdown(device)
+        return
     out_dir = args.out or tempfile.mkdtemp()
     os.makedirs(out_dir, exist_ok=True)
     for name, call in cases(device):
@@ -152,6 +204,7 @@ def main():
             print(f"   first loop kernel launched at {first[0]:.1f} us (host), ran from {first[4]:.1f} us; "
                   f"GPU busy before it {busy:.1f} us")
     compare_autograd(device)
+    host_breakdown(device)
 
 
 if __name__ == "__main__":

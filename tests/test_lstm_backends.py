@@ -348,11 +348,12 @@ def test_persistent_falls_back_cleanly(monkeypatch):
     assert persistent_kernels(_train_call(torch.bfloat16, 33, 1024, T=2)) == set()
 
 
-def _forward_kernel_names(fn) -> set[str]:
-    """Which persistent forward kernels ran during fn(): "direct" and/or "general"."""
+def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
+    """Which persistent kernels of a direction ("forward", "backward") ran during fn():
+    `variant` (the "direct" forward or the "split" backward kernel) and/or "general"."""
     names = kernel_names(fn)
-    return ({"direct"} if any("lstm_persistent_forward_direct_kernel" in n for n in names) else set()) | (
-        {"general"} if any("lstm_persistent_forward_kernel" in n for n in names) else set())
+    return ({variant} if any(f"lstm_persistent_{direction}_{variant}_kernel" in n for n in names) else set()) | (
+        {"general"} if any(f"lstm_persistent_{direction}_kernel" in n for n in names) else set())
 
 
 @pytest.mark.parametrize("precision_name,B,H,direct", [
@@ -370,9 +371,9 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
-        assert _forward_kernel_names(run) == ({"direct"} if direct else {"general"})
+        assert _persistent_variants(run, "forward", "direct") == ({"direct"} if direct else {"general"})
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT", "0")
-        assert _forward_kernel_names(run) == {"general"}
+        assert _persistent_variants(run, "forward", "direct") == {"general"}
 
 
 @pytest.mark.parametrize("precision_name", ["bfloat16", "tf32"])
@@ -385,13 +386,6 @@ def test_direct_and_general_forward_match_reference(monkeypatch, precision_name)
             monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT", direct)
             compare_layer([9, 9, 7, 4, 4, 1], 5, 48, reverse=True, bias=True, precision=precision_name, seed=11,
                           what=f"SEQKERNELS_LSTM_PERSISTENT_DIRECT={direct}")
-
-
-def _backward_kernel_names(fn) -> set[str]:
-    """Which persistent backward kernels ran during fn(): "split" and/or "general"."""
-    names = kernel_names(fn)
-    return ({"split"} if any("lstm_persistent_backward_split_kernel" in n for n in names) else set()) | (
-        {"general"} if any("lstm_persistent_backward_kernel" in n for n in names) else set())
 
 
 @pytest.mark.parametrize("precision_name,B,H,split", [
@@ -412,11 +406,11 @@ def test_split_backward_kernel_is_taken(monkeypatch, precision_name, B, H, split
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
-        assert _backward_kernel_names(run) == ({"split"} if split else {"general"})
+        assert _persistent_variants(run, "backward", "split") == ({"split"} if split else {"general"})
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", "0")
-        assert _backward_kernel_names(run) == {"general"}
+        assert _persistent_variants(run, "backward", "split") == {"general"}
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", "1")
-        assert _backward_kernel_names(run) == ({"split"} if can_run else {"general"})
+        assert _persistent_variants(run, "backward", "split") == ({"split"} if can_run else {"general"})
 
 
 @pytest.mark.parametrize("precision_name", ["bfloat16", "tf32"])

@@ -1126,6 +1126,51 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------
 // Backward kernel
 // ---------------------------------------------------------------------------------------
+// What a gate item's backward at step st reads, loaded one step ahead: its activated gates,
+// c_t and grad_y of the step, and c_{t-1} / h_{t-1} from the step its state came from (t-1
+// forward, t+1 reverse; its first n_prev rows are rows [0, n_prev) of step t) or, for rows
+// that start at step t, from c0 / h0.
+template <class scalar_t>
+struct BwdInputs {
+  using acc_t = at::opmath_type<scalar_t>;
+  acc_t act[4], c, cp, gy;
+  scalar_t hp;
+};
+
+template <class scalar_t>
+__device__ __forceinline__ void load_backward_inputs(const BwdArgs<scalar_t>& a, const SegTable* seg,
+                                                     const Item& it, const StepInfo& st, int kseg,
+                                                     BwdInputs<scalar_t>& in) {
+  using acc_t = at::opmath_type<scalar_t>;
+  if (!it.valid || it.n >= st.bt) return;
+  const int H = a.g.H;
+  int n_prev = 0;
+  int64_t prev_off = 0;
+  if (!a.reverse && st.t > 0) {
+    int k2 = kseg;
+    n_prev = st.bt;
+    prev_off = step_at(seg, st.t - 1, k2).off;
+  } else if (a.reverse && st.t + 1 < a.g.T) {
+    int k2 = kseg;
+    const StepInfo pr = step_at(seg, st.t + 1, k2);
+    n_prev = pr.bt;
+    prev_off = pr.off;
+  }
+  const int64_t row = st.off + it.n;
+  const scalar_t* gr = a.gates + row * 4 * static_cast<int64_t>(H) + it.j;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) in.act[q] = static_cast<acc_t>(gr[q * static_cast<int64_t>(H)]);
+  in.c = static_cast<acc_t>(a.cells[row * H + it.j]);
+  in.gy = static_cast<acc_t>(a.grad_y[row * H + it.j]);
+  if (it.n < n_prev) {
+    in.cp = static_cast<acc_t>(a.cells[(prev_off + it.n) * H + it.j]);
+    in.hp = a.y[(prev_off + it.n) * H + it.j];
+  } else {
+    in.cp = static_cast<acc_t>(a.c0[it.n * H + it.j]);
+    in.hp = a.h0[it.n * H + it.j];
+  }
+}
+
 template <class scalar_t, Path P>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_backward_kernel(const __grid_constant__ BwdArgs<scalar_t> a) {
@@ -1169,42 +1214,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   // Inputs of the next step's gate backward, loaded one step ahead.
-  acc_t nx_act[kItems][4], nx_c[kItems], nx_cp[kItems], nx_gy[kItems];
-  scalar_t nx_hp[kItems];
+  BwdInputs<scalar_t> nx[kItems];
   auto prefetch = [&](const StepInfo& st, int kseg) {
-    // The step whose state step t started from: t-1 forward, t+1 reverse; its first n_prev
-    // rows are rows [0, n_prev) of step t, the other rows start from h0 / c0.
-    int n_prev = 0;
-    int64_t prev_off = 0;
-    if (!a.reverse && st.t > 0) {
-      int k2 = kseg;
-      n_prev = st.bt;
-      prev_off = step_at(seg, st.t - 1, k2).off;
-    } else if (a.reverse && st.t + 1 < T) {
-      int k2 = kseg;
-      const StepInfo pr = step_at(seg, st.t + 1, k2);
-      n_prev = pr.bt;
-      prev_off = pr.off;
-    }
 #pragma unroll
-    for (int p = 0; p < kItems; ++p) {
-      const Item& it = items[p];
-      if (it.valid && it.n < st.bt) {
-        const int64_t row = st.off + it.n;
-        const scalar_t* gr = a.gates + row * G4 + it.j;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) nx_act[p][q] = static_cast<acc_t>(gr[q * static_cast<int64_t>(H)]);
-        nx_c[p] = static_cast<acc_t>(a.cells[row * H + it.j]);
-        nx_gy[p] = static_cast<acc_t>(a.grad_y[row * H + it.j]);
-        if (it.n < n_prev) {
-          nx_cp[p] = static_cast<acc_t>(a.cells[(prev_off + it.n) * H + it.j]);
-          nx_hp[p] = a.y[(prev_off + it.n) * H + it.j];
-        } else {
-          nx_cp[p] = static_cast<acc_t>(a.c0[it.n * H + it.j]);
-          nx_hp[p] = a.h0[it.n * H + it.j];
-        }
-      }
-    }
+    for (int p = 0; p < kItems; ++p) load_backward_inputs(a, seg, items[p], st, kseg, nx[p]);
   };
   int k_cur = a.reverse ? 0 : seg->count - 1;
   StepInfo cur = step_at(seg, a.reverse ? 0 : T - 1, k_cur);
@@ -1224,16 +1237,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!it.exists || it.n >= bt) continue;
       scalar_t* st_row = stage + it.n * 4 * U + it.u;
       if (it.valid) {
-        const LstmGates<acc_t> act{nx_act[p][0], nx_act[p][1], nx_act[p][2], nx_act[p][3]};
+        const LstmGates<acc_t> act{nx[p].act[0], nx[p].act[1], nx[p].act[2], nx[p].act[3]};
         LstmGates<acc_t> d;
         acc_t dc_prev, m;
-        lstm_cell_backward<Math>(act, nx_c[p], nx_cp[p], dh_st[p] + nx_gy[p], dc_st[p], d, dc_prev, m);
+        lstm_cell_backward<Math>(act, nx[p].c, nx[p].cp, dh_st[p] + nx[p].gy, dc_st[p], d, dc_prev, m);
         dc_st[p] = dc_prev;
         d_r[p][0] = static_cast<scalar_t>(d.i);
         d_r[p][1] = static_cast<scalar_t>(d.f);
         d_r[p][2] = static_cast<scalar_t>(d.g);
         d_r[p][3] = static_cast<scalar_t>(d.o);
-        hp_r[p] = nx_hp[p];
+        hp_r[p] = nx[p].hp;
 #pragma unroll
         for (int q = 0; q < 4; ++q) st_row[q * U] = d_r[p][q];
       } else {
@@ -1414,41 +1427,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   acc_t dc_st = it.valid ? static_cast<acc_t>(a.grad_c_n[it.n * H + it.j]) : acc_t(0);
   __syncthreads();
 
-  // Inputs of the next step's gate backward, loaded one step ahead (as in the kernel above).
-  acc_t nx_act[4], nx_c = 0, nx_cp = 0, nx_gy = 0;
-  scalar_t nx_hp = static_cast<scalar_t>(0.0f);
-  auto prefetch = [&](const StepInfo& st, int kseg) {
-    int n_prev = 0;
-    int64_t prev_off = 0;
-    if (!a.reverse && st.t > 0) {
-      int k2 = kseg;
-      n_prev = st.bt;
-      prev_off = step_at(seg, st.t - 1, k2).off;
-    } else if (a.reverse && st.t + 1 < T) {
-      int k2 = kseg;
-      const StepInfo pr = step_at(seg, st.t + 1, k2);
-      n_prev = pr.bt;
-      prev_off = pr.off;
-    }
-    if (it.valid && it.n < st.bt) {
-      const int64_t row = st.off + it.n;
-      const scalar_t* gr = a.gates + row * G4 + it.j;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) nx_act[q] = static_cast<acc_t>(gr[q * static_cast<int64_t>(H)]);
-      nx_c = static_cast<acc_t>(a.cells[row * H + it.j]);
-      nx_gy = static_cast<acc_t>(a.grad_y[row * H + it.j]);
-      if (it.n < n_prev) {
-        nx_cp = static_cast<acc_t>(a.cells[(prev_off + it.n) * H + it.j]);
-        nx_hp = a.y[(prev_off + it.n) * H + it.j];
-      } else {
-        nx_cp = static_cast<acc_t>(a.c0[it.n * H + it.j]);
-        nx_hp = a.h0[it.n * H + it.j];
-      }
-    }
-  };
+  // Inputs of the next step's gate backward, loaded one step ahead.
+  BwdInputs<scalar_t> nx{};
   int k_cur = a.reverse ? 0 : seg->count - 1;
   StepInfo cur = step_at(seg, a.reverse ? 0 : T - 1, k_cur);
-  prefetch(cur, k_cur);
+  load_backward_inputs(a, seg, it, cur, k_cur, nx);
 
   // The consumer's lane roles (U / 2 column pairs x 32 / (U / 2) producers per warp and round).
   const int lg_up = g.lg_u - 1;
@@ -1463,23 +1446,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     scalar_t d_r[4], hp_r = static_cast<scalar_t>(0.0f);
     const bool active = it.valid && it.n < bt;
     if (active) {
-      const LstmGates<acc_t> act{nx_act[0], nx_act[1], nx_act[2], nx_act[3]};
+      const LstmGates<acc_t> act{nx.act[0], nx.act[1], nx.act[2], nx.act[3]};
       LstmGates<acc_t> d;
       acc_t dc_prev, m;
-      lstm_cell_backward<Math>(act, nx_c, nx_cp, dh_st + nx_gy, dc_st, d, dc_prev, m);
+      lstm_cell_backward<Math>(act, nx.c, nx.cp, dh_st + nx.gy, dc_st, d, dc_prev, m);
       dc_st = dc_prev;
       d_r[0] = static_cast<scalar_t>(d.i);
       d_r[1] = static_cast<scalar_t>(d.f);
       d_r[2] = static_cast<scalar_t>(d.g);
       d_r[3] = static_cast<scalar_t>(d.o);
-      hp_r = nx_hp;
+      hp_r = nx.hp;
       scalar_t* ar = atile + it.n * g.ldx + it.u;
 #pragma unroll
       for (int q = 0; q < 4; ++q) ar[q * U] = d_r[q];
     }
     if (s + 1 < T) {
       cur = step_at(seg, a.reverse ? s + 1 : T - 2 - s, k_cur);
-      prefetch(cur, k_cur);
+      load_backward_inputs(a, seg, it, cur, k_cur, nx);
     }
     __syncthreads();
     trace.mark(2);

@@ -107,6 +107,7 @@ class LSTM(nn.RNNBase):
         orig_input = input
         num_directions = 2 if self.bidirectional else 1
         real_hidden_size = self.proj_size if self.proj_size > 0 else self.hidden_size
+        own_state = False
         if isinstance(orig_input, PackedSequence):
             input, batch_sizes, sorted_indices, unsorted_indices = orig_input
             is_batched = True
@@ -132,9 +133,12 @@ class LSTM(nn.RNNBase):
             max_batch_size = input.size(0) if self.batch_first else input.size(1)
             sorted_indices = None
             unsorted_indices = None
-            if hx is None:
+            own_state = hx is None
+            if own_state:
+                # The zero state has the expected sizes and dtype by construction: only the
+                # input needs nn.LSTM's checks (a few microseconds of host time saved per call).
+                self.check_input(input, None)
                 hx = self._zero_state(input, max_batch_size, real_hidden_size)
-                self.check_forward_args(input, hx, None)
             else:
                 if is_batched:
                     if hx[0].dim() != 3 or hx[1].dim() != 3:
@@ -167,9 +171,12 @@ class LSTM(nn.RNNBase):
         # one dtype); otherwise they must agree.
         cast = _autocast_dtype(x)
         if cast is None:
-            _check_state_dtype(x, hx)
-        h0, c0 = _cast(hx[0], cast), _cast(hx[1], cast)
-        x = _cast(x, cast)
+            if not own_state:
+                _check_state_dtype(x, hx)
+            h0, c0 = hx
+        else:
+            h0, c0 = _cast(hx[0], cast), _cast(hx[1], cast)
+            x = _cast(x, cast)
 
         if max_batch_size == 0:
             # nn.LSTM accepts an empty batch; the op needs at least one row.
@@ -220,7 +227,13 @@ class LSTM(nn.RNNBase):
         name so that functional_call / reparametrisation are honoured (nn.LSTM's
         _flat_weights order)."""
         names = self._all_weights[k]
-        w = [_cast(getattr(self, name), cast) for name in names]
+        # _parameters first: nn.Module.__getattr__ is slow; a parametrised or otherwise replaced
+        # weight is not there and comes from getattr.
+        params = self._parameters
+        w = [params.get(name) for name in names]
+        w = [getattr(self, name) if t is None else t for t, name in zip(w, names)]
+        if cast is not None:
+            w = [_cast(t, cast) for t in w]
         b_ih, b_hh = (w[2], w[3]) if self.bias else (None, None)
         w_hr = w[-1] if self.proj_size > 0 else None
         return w[0], w[1], b_ih, b_hh, w_hr
@@ -249,6 +262,8 @@ class LSTM(nn.RNNBase):
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 layer_output = F.dropout(layer_output, p=self.dropout, training=True)
             layer_input = layer_output
+        if len(h_n) == 1:  # one layer, one direction: views, no copy (two launches fewer on the GPU)
+            return layer_input, h_n[0].unsqueeze(0), c_n[0].unsqueeze(0)
         return layer_input, torch.stack(h_n, 0), torch.stack(c_n, 0)
 
 
