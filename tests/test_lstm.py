@@ -714,6 +714,28 @@ def test_unbatched_input_matches_nn_lstm(device, bidirectional, proj_size, with_
     assert got["output"].shape == (6, d * (proj_size or 5)) and got["h_n"].shape == (2 * d, proj_size or 5)
 
 
+def test_returned_state_supports_in_place_ops(device):
+    """h_n / c_n of a one-layer, one-direction LSTM are views of the op's outputs (no copy):
+    in-place updates of them (a common way of carrying state between chunks) give nn.LSTM's
+    values and gradients, and a second call does not see them."""
+    torch.manual_seed(8)
+    config = dict(input_size=4, hidden_size=6, num_layers=1, bias=True, batch_first=False, bidirectional=False,
+                  proj_size=0)  # fmt: skip
+    ref_module, ours = make_lstms(config, torch.float64, device)
+    x = torch.randn(5, 3, 4, device=device, dtype=torch.float64)
+    results = []
+    for module in (ours, ref_module):
+        xg = x.clone().requires_grad_()
+        y, (h, c) = module(xg)
+        h.mul_(2.0)
+        c.add_(0.5)
+        (y.sum() + (h * h).sum() + (c * c).sum()).backward()
+        y2, (h2, _) = module(x)
+        results.append((y.detach(), h.detach(), c.detach(), xg.grad, module.weight_hh_l0.grad, h2.detach()))
+    for name, a, e in zip(("y", "h_n", "c_n", "grad x", "grad w_hh", "h_n of a second call"), *results):
+        assert_close(a, e, torch.float64, name)
+
+
 def test_inference_and_noncontiguous_input(device):
     """no_grad (the op's inference path) and a non-contiguous batch_first input view."""
     torch.manual_seed(7)

@@ -113,16 +113,18 @@ __device__ __forceinline__ int64_t global_stride() { return static_cast<int64_t>
 // Kernels
 // ---------------------------------------------------------------------------------------
 
-// bias = b_ih + b_hh, once per forward call.
-template <class scalar_t, class acc_t>
-__global__ void __launch_bounds__(kThreads) lstm_bias_sum_kernel(
-    const scalar_t* __restrict__ b_ih,  // [G] input-hidden bias
-    const scalar_t* __restrict__ b_hh,  // [G] hidden-hidden bias
-    acc_t* __restrict__ bias,           // [G] out: b_ih + b_hh in acc_t
-    int64_t G) {                        // G = 4H
-  for (int64_t j = global_thread(); j < G; j += global_stride()) {
-    bias[j] = static_cast<acc_t>(b_ih[j]) + static_cast<acc_t>(b_hh[j]);
+// The bias of V consecutive gate rows: b_ih + b_hh in acc_t, added by the loop kernels themselves
+// (a separate bias-sum kernel cost a launch and an allocation per forward call, in front of the
+// loop on the host's critical path); zeros without bias.
+template <int V, class scalar_t, class acc_t = at::opmath_type<scalar_t>>
+__device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const scalar_t* b_hh, int64_t j) {
+  Vec<acc_t, V> r{};
+  if (b_ih != nullptr) {
+    const Vec<scalar_t, V> x = load_vec<V>(b_ih + j), y = load_vec<V>(b_hh + j);
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = static_cast<acc_t>(x.v[k]) + static_cast<acc_t>(y.v[k]);
   }
+  return r;
 }
 
 // One forward time step, fused: bias, gate nonlinearities, cell update, output. A thread owns
@@ -130,7 +132,8 @@ __global__ void __launch_bounds__(kThreads) lstm_bias_sum_kernel(
 template <class scalar_t, class acc_t, int V, bool kTraining>
 __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
     const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ + h_{t-1}·W_hhᵀ (no bias), gate blocks i, f, g, o
-    const acc_t* __restrict__ bias,  // [G] b_ih + b_hh, or nullptr without bias
+    const scalar_t* __restrict__ b_ih,  // [G] input-hidden bias, or nullptr without bias
+    const scalar_t* __restrict__ b_hh,  // [G] hidden-hidden bias (with b_ih)
     acc_t* __restrict__ cbuf,        // [B, H] rows [0, bt): c_{t-1} on entry, c_t on exit
     scalar_t* __restrict__ gates,    // [bt, G] out (kTraining): activated gates i, f, g, o of this step
     scalar_t* __restrict__ cells,    // [bt, H] out (kTraining): c_t of this step
@@ -150,13 +153,8 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
     const Vec<acc_t, V> pg = load_vec<V>(p + 2 * H);
     const Vec<acc_t, V> po = load_vec<V>(p + 3 * H);
     Vec<acc_t, V> c = load_vec<V>(cbuf + b * H + j);
-    Vec<acc_t, V> bi{}, bf{}, bg{}, bo{};
-    if (bias != nullptr) {
-      bi = load_vec<V>(bias + j);
-      bf = load_vec<V>(bias + H + j);
-      bg = load_vec<V>(bias + 2 * H + j);
-      bo = load_vec<V>(bias + 3 * H + j);
-    }
+    const Vec<acc_t, V> bi = bias_vec<V>(b_ih, b_hh, j), bf = bias_vec<V>(b_ih, b_hh, H + j),
+                        bg = bias_vec<V>(b_ih, b_hh, 2 * H + j), bo = bias_vec<V>(b_ih, b_hh, 3 * H + j);
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -292,11 +290,6 @@ void check_on_cuda(const Tensor& x, const char* op) {
 template <class scalar_t>
 using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
-template <class T>
-const T* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-
 template <class scalar_t>
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const LstmSizes& s, const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
@@ -318,12 +311,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   Tensor gates = at::empty({training ? N : 0, G}, opts);
   Tensor cells = at::empty({training ? N : 0, H}, opts);
   Tensor mbuf = proj ? at::empty({B, H}, opts) : Tensor();
-  Tensor bias = s.has_bias ? at::empty({G}, acc_opts) : Tensor();
-  if (s.has_bias) {
-    lstm_bias_sum_kernel<scalar_t, acc_t><<<blocks_for(G), kThreads, 0, stream>>>(
-        b_ih->data_ptr<scalar_t>(), b_hh->data_ptr<scalar_t>(), bias.data_ptr<acc_t>(), G);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
 
   const scalar_t* x_p = x.data_ptr<scalar_t>();
   const scalar_t* w_ih_p = w_ih.data_ptr<scalar_t>();
@@ -336,7 +323,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   scalar_t* gates_p = training ? gates.data_ptr<scalar_t>() : nullptr;
   scalar_t* cells_p = training ? cells.data_ptr<scalar_t>() : nullptr;
   scalar_t* mbuf_p = proj ? mbuf.data_ptr<scalar_t>() : nullptr;
-  const acc_t* bias_p = ptr_or_null<acc_t>(bias);
+  // The biases go to the loop kernels as they are; each adds b_ih + b_hh itself.
+  const scalar_t* b_ih_p = s.has_bias ? b_ih->data_ptr<scalar_t>() : nullptr;
+  const scalar_t* b_hh_p = s.has_bias ? b_hh->data_ptr<scalar_t>() : nullptr;
 
   cuda::BlasContext blas(std::is_same_v<scalar_t, float> && cuda::rnn_allows_tf32());
 
@@ -349,11 +338,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/false);
   if ((loop == cuda::Loop::kPersistent &&
-       cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, bias_p, w_hh_p,
+       cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, b_ih_p, b_hh_p, w_hh_p,
                                                h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p,
                                                cells_p, hbuf_p, cbuf_p, x)) ||
       (loop == cuda::Loop::kFused &&
-       cuda::lstm_fused_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, bias_p, w_hh_p,
+       cuda::lstm_fused_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, b_ih_p, b_hh_p, w_hh_p,
                                           h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p, cells_p,
                                           hbuf_p, cbuf_p, x))) {
     Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
@@ -369,7 +358,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   const scalar_t* h_prev_p = proj_from_y ? h0.data_ptr<scalar_t>() : hbuf_p;
 
   // 16-byte accesses when every base pointer allows them (row offsets are multiples of H).
-  const bool vec4 = H % 4 == 0 && aligned_for<4>(pre_p) && aligned_for<4>(bias_p) && aligned_for<4>(cbuf_p) &&
+  const bool vec4 = H % 4 == 0 && aligned_for<4>(pre_p) && aligned_for<4>(b_ih_p) && aligned_for<4>(b_hh_p) &&
+                    aligned_for<4>(cbuf_p) &&
                     aligned_for<4>(gates_p) && aligned_for<4>(cells_p) && aligned_for<4>(y_p) &&
                     aligned_for<4>(mbuf_p) && aligned_for<4>(hbuf_p);
   auto launch_step = [&](const acc_t* pre_t, scalar_t* gates_t, scalar_t* cells_t, scalar_t* m_t, scalar_t* h_t,
@@ -379,18 +369,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     if (vec4) {
       if (training) {
         lstm_forward_step_kernel<scalar_t, acc_t, 4, true>
-            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
       } else {
         lstm_forward_step_kernel<scalar_t, acc_t, 4, false>
-            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
       }
     } else {
       if (training) {
         lstm_forward_step_kernel<scalar_t, acc_t, 1, true>
-            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
       } else {
         lstm_forward_step_kernel<scalar_t, acc_t, 1, false>
-            <<<grid, kThreads, 0, stream>>>(pre_t, bias_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
       }
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();

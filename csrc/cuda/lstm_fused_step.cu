@@ -113,7 +113,8 @@ struct FwdStepArgs {
   int n_next;              // rows [n_next, bt) end here: their h_t is h_n
   const uint4* w;          // packed W_hh (pack_weights_kernel, forward layout)
   const acc_t* pre;        // [bt, G] x·W_ihᵀ of this step's rows, no bias
-  const acc_t* bias;       // [G] b_ih + b_hh, or nullptr
+  const scalar_t* b_ih;    // [G] or nullptr (no bias); the kernel adds b_ih + b_hh in acc_t
+  const scalar_t* b_hh;    // [G]
   const scalar_t* h_prev;  // [n_prev, H] h_{t-1}: the y rows of the previous step
   const scalar_t* h0;      // [B, H]
   const scalar_t* c0;      // [B, H]
@@ -384,7 +385,11 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
     if (it.valid) {
       const acc_t* pr = a.pre + static_cast<int64_t>(row0 + it.r) * G + it.j;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) pre_r[p][q] = pr[q * H] + (a.bias != nullptr ? a.bias[q * H + it.j] : acc_t(0));
+      for (int q = 0; q < 4; ++q) {
+        const int64_t r = q * H + it.j;
+        pre_r[p][q] = pr[q * H] + (a.b_ih != nullptr ? static_cast<acc_t>(a.b_ih[r]) + static_cast<acc_t>(a.b_hh[r])
+                                                     : acc_t(0));
+      }
     }
   }
 
@@ -634,7 +639,7 @@ bool run_forward(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, c
 
 template <class scalar_t>
 bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
-                        const at::opmath_type<scalar_t>* pre, const at::opmath_type<scalar_t>* bias,
+                        const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
                         const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y, scalar_t* gates,
                         scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n, const at::Tensor& like) {
   if (!applies<scalar_t>(s, tf32, h0)) return false;
@@ -642,7 +647,8 @@ bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf
     return false;
   } else {
     FwdStepArgs<scalar_t> args{};
-    args.bias = bias;
+    args.b_ih = b_ih;
+    args.b_hh = b_hh;
     args.h0 = h0;
     args.c0 = c0;
     args.cbuf = c_n;
@@ -711,7 +717,7 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
 
 #define SK_INSTANTIATE_FUSED(T)                                                                                    \
   template bool lstm_fused_forward<T>(const LstmSizes&, bool, bool, bool, const at::opmath_type<T>*,               \
-                                      const at::opmath_type<T>*, const T*, const T*, const T*, T*, T*, T*, T*,     \
+                                      const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*,           \
                                       at::opmath_type<T>*, const at::Tensor&);                                     \
   template bool lstm_fused_backward<T>(const LstmSizes&, bool, bool, const T*, const T*, const T*, const T*,       \
                                        const T*, const T*, const T*, const T*, const T*, T*, T*, at::opmath_type<T>*, \

@@ -21,12 +21,12 @@ namespace cuda {
 // Forward of one layer and direction, after the input projection. Same contract as
 // lstm_persistent_forward (lstm_persistent.cuh): writes y, the saved gates/cells (training),
 // h_n and c_n exactly as the cuBLAS loop of lstm.cu does.
-//   pre [N, G] acc_t (x·W_ihᵀ, bias not added); bias [G] acc_t or nullptr; w_hh [G, H];
+//   pre [N, G] acc_t (x·W_ihᵀ, bias not added); b_ih, b_hh [G] or nullptr (added in-kernel); w_hh [G, H];
 //   h0, c0 [B, H]; y [N, H]; gates [N, G] / cells [N, H] (training, else nullptr);
 //   h_n [B, H]; c_n [B, H] acc_t; tf32: float32 may use TF32 (cuda::rnn_allows_tf32())
 template <class scalar_t>
 bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
-                        const at::opmath_type<scalar_t>* pre, const at::opmath_type<scalar_t>* bias,
+                        const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
                         const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y, scalar_t* gates,
                         scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n, const at::Tensor& like);
 

@@ -171,7 +171,8 @@ struct FwdArgs {
   SegTable seg;
   bool reverse;
   const acc_t* pre;      // [N, G] x·W_ihᵀ, no bias
-  const acc_t* bias;     // [G] b_ih + b_hh, or nullptr
+  const scalar_t* b_ih;  // [G] or nullptr (no bias); the kernel adds b_ih + b_hh in acc_t
+  const scalar_t* b_hh;  // [G]
   const scalar_t* w_hh;  // [G, H]
   const scalar_t* h0;    // [B, H]
   const scalar_t* c0;    // [B, H]
@@ -183,6 +184,13 @@ struct FwdArgs {
   u64* xbuf;             // [2, B, row_words] LL exchange of h (flags zeroed before launch)
   int trace;             // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
 };
+
+// b_ih + b_hh of gate row r in acc_t (the value lstm.cu's other loops add), 0 without bias.
+template <class scalar_t>
+__device__ __forceinline__ at::opmath_type<scalar_t> bias_at(const FwdArgs<scalar_t>& a, int64_t r) {
+  using acc_t = at::opmath_type<scalar_t>;
+  return a.b_ih != nullptr ? static_cast<acc_t>(a.b_ih[r]) + static_cast<acc_t>(a.b_hh[r]) : acc_t(0);
+}
 
 template <class scalar_t>
 struct BwdArgs {
@@ -664,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     c_st[p] = it.valid ? static_cast<acc_t>(a.c0[it.n * H + it.j]) : acc_t(0);
     h_st[p] = it.valid ? a.h0[it.n * H + it.j] : static_cast<scalar_t>(0.0f);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) bias_r[p][q] = (it.valid && a.bias) ? a.bias[q * H + it.j] : acc_t(0);
+    for (int q = 0; q < 4; ++q) bias_r[p][q] = it.valid ? bias_at(a, q * H + it.j) : acc_t(0);
   }
   __syncthreads();
 
@@ -946,7 +954,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   scalar_t h_st = it.valid ? a.h0[it.n * H + it.j] : static_cast<scalar_t>(0.0f);
   acc_t bias_r[4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) bias_r[q] = (it.valid && a.bias) ? a.bias[q * H + it.j] : acc_t(0);
+  for (int q = 0; q < 4; ++q) bias_r[q] = it.valid ? bias_at(a, q * H + it.j) : acc_t(0);
   __syncthreads();
 
   // pre of this step (pv) and of the next (pv_next, requested while this step's loads are in
@@ -1888,7 +1896,7 @@ bool with_path(bool tf32, F&& f) {
 
 template <class scalar_t>
 bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
-                             const at::opmath_type<scalar_t>* pre, const at::opmath_type<scalar_t>* bias,
+                             const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
                              const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y,
                              scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
                              const at::Tensor& like) {
@@ -1899,7 +1907,8 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
   args.trace = trace_requested();
   args.reverse = reverse;
   args.pre = pre;
-  args.bias = bias;
+  args.b_ih = b_ih;
+  args.b_hh = b_hh;
   args.w_hh = w_hh;
   args.h0 = h0;
   args.c0 = c0;
@@ -1948,8 +1957,8 @@ bool lstm_persistent_backward(const LstmSizes& s, bool reverse, bool tf32, const
 
 #define SK_INSTANTIATE_PERSISTENT(T)                                                                              \
   template bool lstm_persistent_forward<T>(const LstmSizes&, bool, bool, bool, const at::opmath_type<T>*,         \
-                                           const at::opmath_type<T>*, const T*, const T*, const T*, T*, T*, T*,   \
-                                           T*, at::opmath_type<T>*, const at::Tensor&);                           \
+                                           const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*,      \
+                                           at::opmath_type<T>*, const at::Tensor&);                               \
   template bool lstm_persistent_backward<T>(const LstmSizes&, bool, bool, const T*, const T*, const T*, const T*, \
                                             const T*, const T*, const T*, const T*, const T*, T*, T*,             \
                                             at::opmath_type<T>*, at::opmath_type<T>*, const at::Tensor&);
