@@ -23,8 +23,10 @@ CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
 CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
-CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 = 8  # kPersistentMaxBackwardBatchTf32
-CUDA_PERSISTENT_BACKWARD_HIDDEN_TF32 = 1024  # kPersistentBackwardHiddenTf32
+CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kPersistentMaxBackwardHiddenTf32
+CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
+CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 = 16  # kPersistentMaxBackwardBatchTf32
+CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 = 768  # kFusedMaxBackwardHiddenTf32
 CUDA_FUSED_MAX_FORWARD_BH = 64 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_FORWARD_BH_TF32 = 32 * 1024  # kFusedMaxForwardBHTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
@@ -163,18 +165,23 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} (the direct forward kernel)")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
-    elif (backward and not half and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32
-          and hidden == CUDA_PERSISTENT_BACKWARD_HIDDEN_TF32):
-        return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} and H = "
-                              f"{hidden} (the split backward kernel)")
+    elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
+          and (batch <= CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32
+               or (batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 and hidden > CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32))):
+        return "persistent", (f"auto: TF32 backward, H = {hidden} <= {CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} and "
+                              f"B = {batch} <= {CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32}, or B <= "
+                              f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} with H > {CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32} "
+                              "(the split backward kernel)")
     if backward and half:
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH:
             return "fused", f"auto: {kib} > {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB, B = {batch} <= 64"
         return "cublas", f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH}"
     if backward:
-        if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_HIDDEN_TF32:
-            return "fused", f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= 512"
-        return "cublas", f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > 512"
+        if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32:
+            return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= "
+                             f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
+        return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > "
+                          f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
     if half:
         if bh <= CUDA_FUSED_MAX_FORWARD_BH:
             return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}"

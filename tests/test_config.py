@@ -65,8 +65,11 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (64, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 65536; B <= 64
     (256, 256, torch.bfloat16, True, "fused", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
-    (16, 1024, torch.float32, True, "persistent", "cublas"),  # TF32: B <= 16, 64 KiB; backward H > 512
-    (8, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: B <= 8, H = 1024 (split kernel)
+    (16, 1024, torch.float32, True, "persistent", "persistent"),  # TF32: B <= 16, 64 KiB; backward B <= 16, H > 768
+    (8, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: split kernel
+    (4, 768, torch.float32, True, "persistent", "persistent"),  # TF32 backward: B <= 4, H <= 1024
+    (8, 768, torch.float32, True, "persistent", "fused"),  # TF32 backward: B*H <= 16384 and H <= 768
+    (8, 512, torch.float32, True, "persistent", "fused"),  # the same rule
     (8, 2048, torch.float32, True, "persistent", "cublas"),  # TF32: 64 KiB; backward H > 1024 (beyond the split kernel)
     (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, B*H <= 16384
     (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H <= 65536, H <= 512; backward B*H > 16384

@@ -24,8 +24,12 @@ constexpr int64_t kPersistentMaxBackwardState = 32 * 1024;  // persistent backwa
 constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor cores (but TF32 forward)
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
-constexpr int64_t kPersistentMaxBackwardBatchTf32 = 8;  // persistent backward, TF32: also B <= 8 with ...
-constexpr int64_t kPersistentBackwardHiddenTf32 = 1024;  // ... H = 1024 (the split backward kernel)
+// Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= 1024): persistent at
+// B <= 4, and at B <= 16 above the fused loop's H limit; fused while B·H <= 16384 and H <= 768.
+constexpr int64_t kPersistentMaxBackwardHiddenTf32 = 1024;
+constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
+constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
+constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
 constexpr int64_t kFusedMaxForwardBH = 64 * 1024;  // fused forward: B·H <= 65536 ...
 constexpr int64_t kFusedMaxForwardBHTf32 = 32 * 1024;  // ... TF32: B·H <= 32768, or 65536 with H <= 512
 constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64
@@ -46,10 +50,13 @@ constexpr int64_t kFusedMaxHiddenTf32 = 512;
 //    ~12 µs flat, and it wins for large B·H. Persistent while the state is <= 8 KiB, and in
 //    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
 //    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the TF32 backward also
-//    at B <= 8 with H = 1024 (the split backward kernel: B = 8 4.75 ms per training call against
-//    5.84 with the cuBLAS backward, same run); else fused while B·H <= 65536 (forward;
-//    TF32: <= 32768, or 65536 with H <= 512) or B <= 64 (backward; TF32: B·H <= 16384 with
-//    H <= 512: its dG rows are 4H fp32 values and its W slice 128 KiB at H = 1024); else cuBLAS.
+//    (H <= 1024, the split backward kernel) at B <= 4 and at B <= 16 with H > 768; else fused
+//    while B·H <= 65536 (forward; TF32: <= 32768, or 65536 with H <= 512) or B <= 64 (backward;
+//    TF32: B·H <= 16384 with H <= 768: its dG rows are 4H fp32 values and its W slice 128 KiB at
+//    H = 1024, where it takes 14–17 ms); else cuBLAS. The TF32 backward rule is from the backward
+//    op timed alone under each loop (scripts/lstm_backward_choice.py, H200, 2026-11-24,
+//    docs/kernels.md): e.g. B = 16, H = 1024: persistent 4.70 ms, cuBLAS 5.76; H = 768: fused
+//    3.34, persistent 4.24, cuBLAS 5.38.
 //  - float32 with TF32 off, float64 (no fused loop): persistent while the state is <= 64 KiB
 //    (forward) / 32 KiB (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward) {
@@ -72,7 +79,9 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   bool persistent;
   if (backward) {
     persistent = state <= kPersistentMaxStateMma ||
-                 (!half && s.B <= kPersistentMaxBackwardBatchTf32 && s.H == kPersistentBackwardHiddenTf32);
+                 (!half && s.H <= kPersistentMaxBackwardHiddenTf32 &&
+                  (s.B <= kPersistentBackwardSmallBatchTf32 ||
+                   (s.B <= kPersistentMaxBackwardBatchTf32 && s.H > kFusedMaxBackwardHiddenTf32)));
   } else if (half) {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
                  state <= kPersistentMaxStateMma;
@@ -82,7 +91,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   if (persistent) return Loop::kPersistent;
   bool fused;
   if (backward) {
-    fused = half ? s.B <= kFusedMaxBackwardBatch : bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxHiddenTf32;
+    fused = half ? s.B <= kFusedMaxBackwardBatch : bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32;
   } else {
     fused = half ? bh <= kFusedMaxForwardBH
                  : bh <= kFusedMaxForwardBHTf32 || (bh <= kFusedMaxForwardBH && s.H <= kFusedMaxHiddenTf32);
