@@ -113,9 +113,9 @@ __device__ __forceinline__ int64_t global_stride() { return static_cast<int64_t>
 // Kernels
 // ---------------------------------------------------------------------------------------
 
-// The bias of V consecutive gate rows: b_ih + b_hh in acc_t, added by the loop kernels themselves
-// (a separate bias-sum kernel cost a launch and an allocation per forward call, in front of the
-// loop on the host's critical path); zeros without bias.
+// The bias of V consecutive gate rows: bias_sum (lstm_device.cuh) with vector loads. The loop
+// kernels add the biases themselves (a separate bias-sum kernel cost a launch and an allocation
+// per forward call, in front of the loop on the host's critical path); zeros without bias.
 template <int V, class scalar_t, class acc_t = at::opmath_type<scalar_t>>
 __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const scalar_t* b_hh, int64_t j) {
   Vec<acc_t, V> r{};

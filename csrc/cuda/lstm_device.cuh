@@ -1,7 +1,8 @@
 // Device helpers shared by the CUDA LSTM kernels (lstm.cu, lstm_persistent.cu,
-// lstm_fused_step.cu): the cell nonlinearities and the tensor-core MMA instructions.
+// lstm_fused_step.cu): the cell nonlinearities, the bias sum and the tensor-core MMA instructions.
 #pragma once
 
+#include <ATen/OpMathType.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -48,6 +49,14 @@ struct CudaMath {
 };
 
 #if defined(__CUDACC__)
+
+// b_ih + b_hh of gate row r in acc_t; 0 without bias (b_ih == nullptr). Every loop kernel adds
+// the two biases itself (lstm.cu's per-step kernel in a vectorised form of the same sum).
+template <class scalar_t>
+__device__ __forceinline__ at::opmath_type<scalar_t> bias_sum(const scalar_t* b_ih, const scalar_t* b_hh, int64_t r) {
+  using acc_t = at::opmath_type<scalar_t>;
+  return b_ih != nullptr ? static_cast<acc_t>(b_ih[r]) + static_cast<acc_t>(b_hh[r]) : acc_t(0);
+}
 
 // float -> TF32 (round to nearest, ties away: cuBLAS's FAST_TF32 operand rounding), as bits.
 __device__ __forceinline__ uint32_t to_tf32(float x) {

@@ -385,11 +385,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
     if (it.valid) {
       const acc_t* pr = a.pre + static_cast<int64_t>(row0 + it.r) * G + it.j;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int64_t r = q * H + it.j;
-        pre_r[p][q] = pr[q * H] + (a.b_ih != nullptr ? static_cast<acc_t>(a.b_ih[r]) + static_cast<acc_t>(a.b_hh[r])
-                                                     : acc_t(0));
-      }
+      for (int q = 0; q < 4; ++q) pre_r[p][q] = pr[q * H] + bias_sum(a.b_ih, a.b_hh, q * H + it.j);
     }
   }
 

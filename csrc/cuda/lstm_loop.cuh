@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "lstm_persistent.cuh"
 #include "seqkernels/lstm_backend.h"
 #include "seqkernels/lstm_checks.h"
 
@@ -24,17 +25,17 @@ constexpr int64_t kPersistentMaxBackwardState = 32 * 1024;  // persistent backwa
 constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor cores (but TF32 forward)
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
-// Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= 1024): persistent at
-// B <= 4, and at B <= 16 above the fused loop's H limit; fused while B·H <= 16384 and H <= 768.
-constexpr int64_t kPersistentMaxBackwardHiddenTf32 = 1024;
+// Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= kSplitBackwardMaxHidden):
+// persistent at B <= 4, and at B <= 16 above the fused loop's H limit; fused while B·H <= 16384
+// and H <= 768.
 constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
 constexpr int64_t kFusedMaxForwardBH = 64 * 1024;  // fused forward: B·H <= 65536 ...
 constexpr int64_t kFusedMaxForwardBHTf32 = 32 * 1024;  // ... TF32: B·H <= 32768, or 65536 with H <= 512
 constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64
-constexpr int64_t kFusedMaxBackwardBHTf32 = 16 * 1024;  // fused backward, TF32: B·H <= 16384 and H <= 512
-constexpr int64_t kFusedMaxHiddenTf32 = 512;
+constexpr int64_t kFusedMaxBackwardBHTf32 = 16 * 1024;  // fused backward, TF32: B·H <= 16384 and H <= 768
+constexpr int64_t kFusedMaxHiddenTf32 = 512;  // fused forward, TF32: the 65536 rule's H limit
 
 // The loop for one op call. `mma`: the dtype runs on tensor cores (bf16, fp16, or float32 with
 // TF32 allowed); `half`: a 16-bit dtype. A forced loop that does not apply to the call (e.g.
@@ -79,7 +80,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   bool persistent;
   if (backward) {
     persistent = state <= kPersistentMaxStateMma ||
-                 (!half && s.H <= kPersistentMaxBackwardHiddenTf32 &&
+                 (!half && s.H <= kSplitBackwardMaxHidden &&
                   (s.B <= kPersistentBackwardSmallBatchTf32 ||
                    (s.B <= kPersistentMaxBackwardBatchTf32 && s.H > kFusedMaxBackwardHiddenTf32)));
   } else if (half) {

@@ -187,13 +187,6 @@ struct FwdArgs {
   int trace;             // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
 };
 
-// b_ih + b_hh of gate row r in acc_t (the value lstm.cu's other loops add), 0 without bias.
-template <class scalar_t>
-__device__ __forceinline__ at::opmath_type<scalar_t> bias_at(const FwdArgs<scalar_t>& a, int64_t r) {
-  using acc_t = at::opmath_type<scalar_t>;
-  return a.b_ih != nullptr ? static_cast<acc_t>(a.b_ih[r]) + static_cast<acc_t>(a.b_hh[r]) : acc_t(0);
-}
-
 template <class scalar_t>
 struct BwdArgs {
   using acc_t = at::opmath_type<scalar_t>;
@@ -674,7 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     c_st[p] = it.valid ? static_cast<acc_t>(a.c0[it.n * H + it.j]) : acc_t(0);
     h_st[p] = it.valid ? a.h0[it.n * H + it.j] : static_cast<scalar_t>(0.0f);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) bias_r[p][q] = it.valid ? bias_at(a, q * H + it.j) : acc_t(0);
+    for (int q = 0; q < 4; ++q) bias_r[p][q] = it.valid ? bias_sum(a.b_ih, a.b_hh, q * H + it.j) : acc_t(0);
   }
   __syncthreads();
 
@@ -956,7 +949,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   scalar_t h_st = it.valid ? a.h0[it.n * H + it.j] : static_cast<scalar_t>(0.0f);
   acc_t bias_r[4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) bias_r[q] = it.valid ? bias_at(a, q * H + it.j) : acc_t(0);
+  for (int q = 0; q < 4; ++q) bias_r[q] = it.valid ? bias_sum(a.b_ih, a.b_hh, q * H + it.j) : acc_t(0);
   __syncthreads();
 
   // pre of this step (pv) and of the next (pv_next, requested while this step's loads are in
@@ -1372,7 +1365,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // a2/a3 at k + 8; m16n8k8 a0 = A[g][t], a1 = A[g+8][t], a2/a3 at k + 4 (lstm_device.cuh).
 // Limits (else the kernel above): bf16/fp16 or TF32, B <= 16, H <= 8 warps x 16 tiles x 8 = 1024.
 constexpr int kSplitRows = 4;  // rows whose loads a lane has in flight at once
-constexpr int kSplitMaxHidden = 1024;     // 8 warps x 16 n8 tiles of resident fragments
 constexpr int64_t kSplitMaxBHHalf = 1024;  // bf16 / fp16: faster than the general kernel while B·H <= 1024
 constexpr int kSplitMinHiddenTf32 = 512;  // TF32: faster at B = 1 and from H = 512
 
@@ -1704,7 +1696,7 @@ bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geomet
 template <class scalar_t, Path P>
 bool make_split_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
   constexpr int sz = sizeof(scalar_t);
-  if (s.B > 16 || s.H > kSplitMaxHidden) return false;
+  if (s.B > 16 || s.H > kSplitBackwardMaxHidden) return false;
   base_geometry(s, U, sz, /*backward=*/true, g);
   g.kpc = 4 * U / MmaCfg<P, true>::kStep;  // k-steps over the own 4U gate rows
   g.nt = ceil_div(g.Hp, kWarps * 8);       // n8 tiles per warp over the Hp columns

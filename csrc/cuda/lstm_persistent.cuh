@@ -18,6 +18,10 @@
 namespace seqkernels {
 namespace cuda {
 
+// The split backward kernel's hidden-size limit (8 warps x 16 n8 tiles of resident fragments);
+// lstm_loop.cuh's TF32 backward rule relies on it.
+constexpr int64_t kSplitBackwardMaxHidden = 1024;
+
 // Forward of one layer and direction, after the input projection. Writes y, the saved
 // gates/cells (training), h_n and c_n exactly as the cuBLAS loop of lstm.cu does.
 //   pre   [N, G] acc_t   x·W_ihᵀ of every packed row (bias not added)

@@ -54,7 +54,8 @@ def call_op(op, recording: bool, *args):
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return op(*args)
     if recording:
-        # An op without an eager Function (none so far) records through its registered formula.
+        # An op without an eager Function (the backward ops, recorded only by a double backward,
+        # whose formula raises) records through its registered formula.
         eager = _EAGER_FUNCTIONS.get(op)
         return op(*args) if eager is None else eager.apply(*args)
     with torch._C._AutoDispatchBelowAutograd():
