@@ -11,7 +11,8 @@ torch.profiler and prints, for the call of median length, every CUDA runtime cal
 its host offset from the call's start, its host duration, the kernel or memset it issued and
 when that ran on the GPU (offsets in us). The summary line gives the host time until the loop
 kernel's launch and the GPU's idle time before it. Then, for the `train` cases, the call's
-median time (CUDA events, 30 interleaved calls, each after an untimed one) with the op's eager
+median time (CUDA events, 30 interleaved calls, each after an untimed one:
+benchmarks/harness.py's measure_interleaved) with the op's eager
 autograd.Function (seqkernels.ops._autograd.register_autograd, the default) and with the op's
 registered torch.library formula. Last, the host time (no profiler) of an `infer` call's layers:
 the module call, the functional lstm_layer, the op below autograd, a default zero state.
@@ -24,10 +25,15 @@ import json
 import os
 import tempfile
 
+import sys
+
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import seqkernels
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import harness  # noqa: E402
 
 LOOP_KERNELS = ("lstm_persistent", "lstm_fused", "lstm_forward_step", "lstm_backward_step")
 
@@ -84,38 +90,31 @@ def timeline(trace_path):
     return out
 
 
-def event_ms(call, iters=30):
-    """Median CUDA-event time of call() in ms, each timed call after an untimed one."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(iters):
-        call()
-        torch.cuda.synchronize()
-        start.record()
-        call()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return sorted(samples)[len(samples) // 2]
-
-
 def compare_autograd(device):
     from seqkernels.ops import _autograd
 
     eager = dict(_autograd._EAGER_FUNCTIONS)
+
+    def recording_through(functions, call):
+        def run():
+            _autograd._EAGER_FUNCTIONS.clear()
+            _autograd._EAGER_FUNCTIONS.update(functions)
+            call()
+
+        return run
+
     print("\n== train calls: eager autograd.Function against the registered torch.library formula (ms)")
     for name, call in cases(device):
         if not name.endswith("train"):
             continue
-        times = {"function": [], "registered": []}
-        for _ in range(3):
-            for label in times:
-                _autograd._EAGER_FUNCTIONS.clear()
-                if label == "function":
-                    _autograd._EAGER_FUNCTIONS.update(eager)
-                times[label].append(event_ms(call, 10))
-        _autograd._EAGER_FUNCTIONS.update(eager)
-        f, r = (sorted(v)[1] for v in times.values())
+        try:
+            times = harness.measure_interleaved(
+                {"function": recording_through(eager, call), "registered": recording_through({}, call)}, device,
+                iters=30)
+        finally:
+            _autograd._EAGER_FUNCTIONS.clear()
+            _autograd._EAGER_FUNCTIONS.update(eager)
+        f, r = times["function"].median_ms, times["registered"].median_ms
         print(f"   {name:28s} function {f:.3f}  registered {r:.3f}  ({(r - f) * 1e3:.0f} us less)")
 
 
