@@ -68,6 +68,10 @@ def extension():
         # The CPU gate kernels are written to auto-vectorise; x86-64-v3 (AVX2 + FMA, every
         # x86 server since ~2015) is the baseline. The extension checks it at load time.
         cxx += ["-mavx2", "-mfma", "-mf16c"]
+        # The AVX-512 kernels (csrc/cpu/lstm_persistent.h) are compiled per function
+        # (target attribute) and picked at run time; GCC's note that __m512 values change the
+        # calling convention of functions built without AVX-512 concerns no call made here.
+        cxx += ["-Wno-psabi"]
     define_macros = []
     kwargs = dict(
         name="seqkernels._C",

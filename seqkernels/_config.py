@@ -15,7 +15,7 @@ _KNOWN_OPS = ("lstm_forward", "lstm_backward", "convrnn_forward", "convrnn_backw
               "convlstm_forward", "convlstm_backward")
 
 # The constants of the C++ heuristics mirrored by lstm_loop_choice (keep them in step).
-CPU_PERSISTENT_MAX_BATCH = 32  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.h
+CPU_PERSISTENT_MAX_BATCH = 256  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.h
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
@@ -82,7 +82,7 @@ def config() -> dict:
         info["GPU"] = f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs)"
         info["cuDNN RNN may use TF32 (float32 follows it)"] = _rnn_tf32_allowed()
     info["LSTM time loops"] = {
-        "cpu": "persistent (float32, no proj_size, B <= 32 under auto) or gemm (BLAS)",
+        "cpu": "persistent (float32, no proj_size, B <= 256 under auto) or gemm (BLAS)",
         "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "
         "fp16, TF32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
         "picks" if torch.cuda.is_available() else "no GPU here",
@@ -199,7 +199,7 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     Mirrors the C++ selection exactly (change both together):
       CPU:  use_persistent_loop, csrc/cpu/lstm.cpp, with kPersistentMaxBatch
             (csrc/cpu/lstm_persistent.h): persistent for float32 without projection;
-            under auto only while B <= 32. Forward and backward decide alike.
+            under auto only while B <= 256. Forward and backward decide alike.
       CUDA: choose_loop, csrc/cuda/lstm_loop.cuh: persistent, fused (one kernel per step) or
             cublas, by dtype, B, H and the state size B * H * sizeof(dtype); forward and backward
             separately. What the chosen loop checks at launch is not mirrored: the persistent

@@ -32,8 +32,8 @@ def test_report_lists_every_op():
 
 
 @pytest.mark.parametrize("batch,dtype,proj,loop", [
-    (32, torch.float32, 0, "persistent"),
-    (33, torch.float32, 0, "gemm"),
+    (256, torch.float32, 0, "persistent"),
+    (257, torch.float32, 0, "gemm"),
     (1, torch.float64, 0, "gemm"),
     (1, torch.float32, 8, "gemm"),
 ])
@@ -108,7 +108,7 @@ def test_cli_prints_the_choice_and_why():
     out = run_cli("--batch", "16", "--hidden", "512", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     assert "LSTM time loop for B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
-    assert "forward: persistent (auto: float32, no projection, B = 16 <= 32)" in out.stdout
+    assert "forward: persistent (auto: float32, no projection, B = 16 <= 256)" in out.stdout
     out = run_cli("--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
     assert "forward: fused" in out.stdout and "backward (training): fused" in out.stdout

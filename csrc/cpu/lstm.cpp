@@ -40,18 +40,18 @@ at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDoub
 int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
 
 // One fused gate pass of a step over batch rows [b0, b1) and hidden units [j0, j1).
-//   pre:   [bt, G]  pre-activations of the step (acc_t)
+//   pre:   [bt, G]  pre-activations of the step (acc_t), row stride ldp
 //   cbuf:  [B, H]   c_{t-1} in, c_t out (acc_t)
 //   m_out: [bt, H]  o ⊙ tanh(c_t): y rows without projection, W_hr's input with it
 //   gates: [bt, G]  activated gates, cells: [bt, H] c_t (saved only when training)
 template <class scalar_t, bool kTraining>
 void forward_gate_rows(int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t H, const at::opmath_type<scalar_t>* pre,
-                       at::opmath_type<scalar_t>* cbuf, scalar_t* m_out, scalar_t* gates, scalar_t* cells) {
+                       int64_t ldp, at::opmath_type<scalar_t>* cbuf, scalar_t* m_out, scalar_t* gates, scalar_t* cells) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = typename CpuMath<acc_t>::type;
   const int64_t G = 4 * H;
   for (int64_t b = b0; b < b1; ++b) {
-    const acc_t* __restrict__ p = pre + b * G;
+    const acc_t* __restrict__ p = pre + b * ldp;
     acc_t* __restrict__ c = cbuf + b * H;
     scalar_t* __restrict__ m = m_out + b * H;
     scalar_t* __restrict__ gs = kTraining ? gates + b * G : nullptr;
@@ -132,9 +132,9 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
     scalar_t* cells_t = training ? cells + off * H : nullptr;
     for_rows(bt, G, [&](int64_t b0, int64_t b1) {
       if (training) {
-        forward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, pre_t, cbuf, m_out, gates_t, cells_t);
+        forward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, pre_t, G, cbuf, m_out, gates_t, cells_t);
       } else {
-        forward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, pre_t, cbuf, m_out, gates_t, cells_t);
+        forward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, pre_t, G, cbuf, m_out, gates_t, cells_t);
       }
     });
     scalar_t* y_t = y + off * Hout;
@@ -157,44 +157,78 @@ bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
   return false;
 }
 
-int64_t persistent_parts(int64_t H) {
-  const int64_t tiles = (H + kUnitTile - 1) / kUnitTile;
+int64_t persistent_parts(int64_t H, int64_t tile) {
+  const int64_t tiles = (H + tile - 1) / tile;
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles));
 }
+
+// The input projection computed inside the persistent loop: each part adds x_t·W_ihᵀ + b
+// for its own units at the start of the step. From kFuseProjectionMinBatch rows on this
+// beats one large GEMM before the loop: the products run at the tile kernel's speed, the
+// W_ih slice stays in the part's cache, and no [N, 4H] buffer is written, read back, or
+// page-faulted in (64 MB at T = 256, B = 64, H = 256). At small B the per-step products are
+// matrix-vector products that would stream W_ih as well as W_hh every step.
+constexpr int64_t kFuseProjectionMinBatch = 4;
+// The scratch rows are padded by one cache line: with G a multiple of 1024 floats, the
+// rows and gates of a block of accumulators otherwise fall in the same few L1 sets.
+inline int64_t fused_pre_stride(int64_t G) { return G + 16; }
+struct LoopProjection {
+  const float* x;         // [N, I]
+  const float* w_packed;  // W_ih in pack_gate_weights layout
+  const float* bias;      // [G] b_ih + b_hh, or null
+  int64_t I;
+};
 
 // Forward time loop of the persistent path. h ping-pongs between hb[0] and hb[1] so that
 // a part can write h_t while others still read h_{t-1}; rows b >= bt are carried over.
 // Returns the buffer that holds h_n.
-//   w_packed: pack_w_hh layout; pre [N, G]; hb0/hb1 [B, H] (hb0 = h0); cbuf [B, H] (= c0)
-//   y [N, H]; gates [N, G] / cells [N, H] when training
+//   w_packed: W_hh in pack_gate_weights layout of `kernels`
+//   pre: [N, G] with the input projection, or with `proj`, [B, G] scratch of row stride
+//   fused_pre_stride(G)
+//   hb0/hb1 [B, H] (hb0 = h0); cbuf [B, H] (= c0); y [N, H]; gates [N, G] / cells [N, H] when training
 template <bool kTraining>
-float* forward_persistent(const LstmSizes& s, bool reverse, const float* w_packed, float* pre, float* hb0,
-                          float* hb1, float* cbuf, float* y, float* gates, float* cells) {
+float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, const float* w_packed,
+                          const LoopProjection* proj, float* pre, float* hb0, float* hb1, float* cbuf, float* y,
+                          float* gates, float* cells) {
   const int64_t H = s.H, G = s.G, B = s.B;
-  const int64_t parts = persistent_parts(H);
+  const int64_t tile = unit_tile(kernels);
+  const int64_t parts = persistent_parts(H, tile);
   float* hb[2] = {hb0, hb1};
   run_steps(parts, s.T, [&](int64_t part, int64_t step) {
-    const UnitRange units = part_units(part, parts, H);
+    const UnitRange units = part_units(part, parts, H, tile);
     const int64_t j0 = units.j0, j1 = units.j1;
     if (j0 >= j1) return;
     const int64_t t = reverse ? s.T - 1 - step : step;
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
     const float* hin = hb[step & 1];
     float* hout = hb[(step + 1) & 1];
-    float* pre_t = pre + off * G;
-    for (int64_t j = j0; j < j1; j += kUnitTile) {
-      const int64_t nj = std::min(kUnitTile, j1 - j);
-      const float* w_tile = w_packed + (j / kUnitTile) * H * 4 * kUnitTile;
-      for (int64_t k0 = 0; k0 < H; k0 += kChunkK) {
-        const int64_t k1 = std::min(H, k0 + kChunkK);
-        int64_t b = 0;
-        for (; b + 2 <= bt; b += 2) tile_recurrent<2, 1>(H, j, nj, k0, k1, hin + b * H, w_tile, pre_t + b * G);
-        if (b < bt) tile_recurrent<1, 2>(H, j, nj, k0, k1, hin + b * H, w_tile, pre_t + b * G);
-      }
+    const int64_t ldp = proj ? fused_pre_stride(G) : G;
+    float* pre_t = proj ? pre : pre + off * G;
+    if (proj) {
+      const size_t bytes = sizeof(float) * (j1 - j0);
+      for (int64_t b = 0; b < bt; ++b)
+        for (int64_t g = 0; g < 4; ++g) {
+          float* dst = pre_t + b * ldp + g * H + j0;
+          if (proj->bias) {
+            std::memcpy(dst, proj->bias + g * H + j0, bytes);
+          } else {
+            std::memset(dst, 0, bytes);
+          }
+        }
+      part_product(kernels, H, proj->I, bt, j0, j1, proj->x + off * proj->I, proj->I, proj->w_packed, pre_t, ldp);
     }
+    part_product(kernels, H, H, bt, j0, j1, hin, H, w_packed, pre_t, ldp);
     float* y_t = y + off * H;
-    forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, cbuf, y_t, kTraining ? gates + off * G : nullptr,
-                                        kTraining ? cells + off * H : nullptr);
+    float* gates_t = kTraining ? gates + off * G : nullptr;
+    float* cells_t = kTraining ? cells + off * H : nullptr;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (kernels == CpuKernels::kAvx512) {
+      avx512::gate_rows<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t);
+    } else
+#endif
+    {
+      forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t);
+    }
     const size_t bytes = sizeof(float) * (j1 - j0);
     for (int64_t b = 0; b < bt; ++b) std::memcpy(hout + b * H + j0, y_t + b * H + j0, bytes);
     for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * H + j0, hin + b * H + j0, bytes);
@@ -210,15 +244,27 @@ float* forward_persistent(const LstmSizes& s, bool reverse, const float* w_packe
 void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, const float* gates, const float* cells,
                          const float* c0, const float* grad_y, float* dh, float* dc, float* dpre) {
   const int64_t H = s.H, G = s.G;
-  const int64_t parts = persistent_parts(H);
+  const CpuKernels kernels = cpu_kernels();
+  const int64_t tile = backward_unit_tile(kernels);
+  const int64_t parts = persistent_parts(H, tile);
+#if defined(__x86_64__) || defined(_M_X64)
+  std::vector<float> w_columns;
+  if (kernels == CpuKernels::kAvx512) {
+    w_columns.resize(avx512::packed_w_hh_columns_numel(H));
+    avx512::pack_w_hh_columns(w_hh, H, w_columns.data());
+  }
+  const float* w_grad = kernels == CpuKernels::kAvx512 ? w_columns.data() : w_hh;
+#else
+  const float* w_grad = w_hh;
+#endif
   auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
   run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
-    const UnitRange units = part_units(part, parts, H);
+    const UnitRange units = part_units(part, parts, H, tile);
     const int64_t j0 = units.j0, j1 = units.j1;
     if (j0 >= j1) return;
     if (step > 0) {
       const int64_t tp = step_time(step - 1);
-      recurrent_grad_units(s.batch_sizes[tp], H, j0, j1, dpre + s.offsets[tp] * G, w_hh, dh);
+      part_recurrent_grad(kernels, s.batch_sizes[tp], H, j0, j1, dpre + s.offsets[tp] * G, w_grad, dh);
     }
     if (step == s.T) return;
     const int64_t t = step_time(step);
@@ -234,6 +280,17 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
   });
 }
 
+// pre [N, G] = x·W_ihᵀ + (b_ih + b_hh) of all N rows, one GEMM (acc_t: float for half inputs).
+template <class scalar_t>
+Tensor input_projection(const LstmSizes& s, const Tensor& x, const Tensor& w_ih, const Tensor& bias) {
+  using acc_t = at::opmath_type<scalar_t>;
+  Tensor pre = bias.defined() ? bias.expand({s.N, s.G}).contiguous()
+                              : at::empty({s.N, s.G}, x.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  gemm(Trans::No, Trans::Yes, s.N, s.G, s.I, x.const_data_ptr<scalar_t>(), s.I, w_ih.const_data_ptr<scalar_t>(), s.I,
+       acc_t(bias.defined() ? 1 : 0), pre.data_ptr<acc_t>(), s.G);
+  return pre;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     const Tensor& x, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
     const Tensor& w_hh, const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh,
@@ -246,41 +303,54 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   const bool persistent = use_persistent_loop(s, x.scalar_type());
 
   // Buffers, all allocated before the time loop.
-  Tensor pre = s.has_bias ? (b_ih->to(acc) + b_hh->to(acc)).expand({s.N, s.G}).contiguous()
-                          : at::empty({s.N, s.G}, opts.dtype(acc));
   Tensor y = at::empty({s.N, s.Hout}, opts);
   Tensor hbuf = h0.clone();
   Tensor cbuf = c0.to(acc, /*non_blocking=*/false, /*copy=*/true);
   Tensor gates = at::empty({saved, s.G}, opts);
   Tensor cells = at::empty({saved, s.H}, opts);
-  Tensor mbuf = at::empty({s.P > 0 ? s.B : 0, s.H}, opts);
-  Tensor proj_acc = at::empty({s.B, s.P}, opts.dtype(acc));
+  Tensor bias = s.has_bias ? b_ih->to(acc) + b_hh->to(acc) : Tensor();
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "seqkernels_lstm_forward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    acc_t* pre_p = pre.data_ptr<acc_t>();
-    // Input projection of all N rows in one GEMM, onto the biases when there are any.
-    gemm(Trans::No, Trans::Yes, s.N, s.G, s.I, x.const_data_ptr<scalar_t>(), s.I, w_ih.const_data_ptr<scalar_t>(),
-         s.I, acc_t(s.has_bias ? 1 : 0), pre_p, s.G);
-    if (persistent) return;  // float32: run below, outside the dtype dispatch
-    forward_loop<scalar_t>(s, reverse, training, w_hh.const_data_ptr<scalar_t>(),
-                           s.P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr, pre_p, hbuf.data_ptr<scalar_t>(),
-                           cbuf.data_ptr<acc_t>(), y.data_ptr<scalar_t>(),
-                           training ? gates.data_ptr<scalar_t>() : nullptr,
-                           training ? cells.data_ptr<scalar_t>() : nullptr,
-                           s.P > 0 ? mbuf.data_ptr<scalar_t>() : nullptr, proj_acc.data_ptr<acc_t>());
-  });
-  if (persistent) {  // implies float32
-    Tensor packed = at::empty({(s.H + kUnitTile - 1) / kUnitTile * s.H * 4 * kUnitTile}, opts);
-    pack_w_hh(w_hh.const_data_ptr<float>(), s.H, packed.data_ptr<float>());
+  if (persistent) {  // implies float32, no projection
+    const CpuKernels kernels = cpu_kernels();
+    const int64_t tile = unit_tile(kernels);
+    const bool fuse_projection = s.B >= kFuseProjectionMinBatch;
+    Tensor pre;
+    Tensor w_ih_packed;
+    LoopProjection proj{};
+    if (fuse_projection) {
+      pre = at::empty({s.B, fused_pre_stride(s.G)}, opts);
+      w_ih_packed = at::empty({packed_gate_weights_numel(s.H, s.I, tile)}, opts);
+      pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I, tile, w_ih_packed.data_ptr<float>());
+      proj = {x.const_data_ptr<float>(), w_ih_packed.const_data_ptr<float>(),
+              s.has_bias ? bias.const_data_ptr<float>() : nullptr, s.I};
+    } else {
+      pre = input_projection<float>(s, x, w_ih, bias);
+    }
+    Tensor w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.H, tile)}, opts);
+    pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, w_hh_packed.data_ptr<float>());
     Tensor hb1 = at::empty_like(hbuf);
     float* gates_p = training ? gates.data_ptr<float>() : nullptr;
     float* cells_p = training ? cells.data_ptr<float>() : nullptr;
     auto run = training ? &forward_persistent<true> : &forward_persistent<false>;
-    float* h_n = run(s, reverse, packed.const_data_ptr<float>(), pre.data_ptr<float>(), hbuf.data_ptr<float>(),
-                     hb1.data_ptr<float>(), cbuf.data_ptr<float>(), y.data_ptr<float>(), gates_p, cells_p);
+    float* h_n = run(s, reverse, kernels, w_hh_packed.const_data_ptr<float>(), fuse_projection ? &proj : nullptr,
+                     pre.data_ptr<float>(), hbuf.data_ptr<float>(), hb1.data_ptr<float>(), cbuf.data_ptr<float>(),
+                     y.data_ptr<float>(), gates_p, cells_p);
     if (h_n != hbuf.data_ptr<float>()) hbuf = hb1;
+    return {y, hbuf, cbuf.to(x.scalar_type()), gates, cells};
   }
+
+  Tensor mbuf = at::empty({s.P > 0 ? s.B : 0, s.H}, opts);
+  Tensor proj_acc = at::empty({s.B, s.P}, opts.dtype(acc));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "seqkernels_lstm_forward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    Tensor pre = input_projection<scalar_t>(s, x, w_ih, bias);
+    forward_loop<scalar_t>(s, reverse, training, w_hh.const_data_ptr<scalar_t>(),
+                           s.P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr, pre.data_ptr<acc_t>(),
+                           hbuf.data_ptr<scalar_t>(), cbuf.data_ptr<acc_t>(), y.data_ptr<scalar_t>(),
+                           training ? gates.data_ptr<scalar_t>() : nullptr,
+                           training ? cells.data_ptr<scalar_t>() : nullptr,
+                           s.P > 0 ? mbuf.data_ptr<scalar_t>() : nullptr, proj_acc.data_ptr<acc_t>());
+  });
   return {y, hbuf, cbuf.to(x.scalar_type()), gates, cells};
 }
 

@@ -13,8 +13,11 @@
 
 #include <ATen/Parallel.h>
 
+#include "seqkernels/lstm_cell.h"
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -38,10 +41,29 @@ inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 // (An initialiser list, not v8f{} + x: 0 + x is not x for x = -0, so that would cost an add.)
 inline v8f splat8(float x) { return v8f{x, x, x, x, x, x, x, x}; }
 
-constexpr int64_t kUnitTile = 8;              // hidden units per packed tile (one register per gate)
-constexpr int64_t kPersistentMaxBatch = 32;   // measured (2-core EPYC, H 256/512): faster than the BLAS loop up to B = 32, slower at 64
-constexpr int64_t kChunkK = 128;              // k per L1-resident chunk of a W tile (16 KB)
+constexpr int64_t kUnitTile = 8;              // AVX2: hidden units per packed tile (one register per gate)
+constexpr int64_t kPersistentMaxBatch = 256;  // measured (2-core EPYC, H 256/512, both kernel sets): faster than the BLAS loop at every B up to 256
+constexpr int64_t kChunkK = 128;              // AVX2: k per L1-resident chunk of a W tile (16 KB)
 constexpr int kSpinsBeforeSteal = 2048;
+
+// Which register width the persistent loop's products use. AVX-512 doubles the registers
+// (32) as well as their width, which is what lets a tile keep 4 rows x 4 gates of
+// accumulators and load each W vector once per 4 FMAs; the AVX2 kernels are the baseline.
+enum class CpuKernels { kAvx2, kAvx512 };
+
+// AVX-512 where the CPU (and OS) has it, unless SEQKERNELS_CPU_AVX512=0 (a diagnostic
+// switch, also how the tests reach the AVX2 kernels on an AVX-512 machine).
+inline CpuKernels cpu_kernels() {
+#if defined(__x86_64__) || defined(_M_X64)
+  const char* env = std::getenv("SEQKERNELS_CPU_AVX512");
+  const bool allowed = env == nullptr || std::strcmp(env, "0") != 0;
+  if (allowed && __builtin_cpu_supports("avx512f")) return CpuKernels::kAvx512;
+#endif
+  return CpuKernels::kAvx2;
+}
+
+// Hidden units per packed tile: one vector register per gate.
+inline int64_t unit_tile(CpuKernels kernels) { return kernels == CpuKernels::kAvx512 ? 16 : kUnitTile; }
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -88,24 +110,27 @@ void run_steps(int64_t parts, int64_t steps, const StepFn& step_fn) {
 struct UnitRange {
   int64_t j0, j1;
 };
-inline UnitRange part_units(int64_t part, int64_t parts, int64_t H) {
-  const int64_t tiles = (H + kUnitTile - 1) / kUnitTile;
+inline UnitRange part_units(int64_t part, int64_t parts, int64_t H, int64_t tile) {
+  const int64_t tiles = (H + tile - 1) / tile;
   const int64_t u0 = part * tiles / parts, u1 = (part + 1) * tiles / parts;
-  return {std::min(H, u0 * kUnitTile), std::min(H, u1 * kUnitTile)};
+  return {std::min(H, u0 * tile), std::min(H, u1 * tile)};
 }
 
-// w_hh [G, H] -> packed [tiles, H(k), 4 gates, 8 units]: the forward kernel then streams
-// one contiguous 128-byte row of four gate vectors per k. Units past H are zero.
-inline void pack_w_hh(const float* w_hh, int64_t H, float* packed) {
-  const int64_t tiles = (H + kUnitTile - 1) / kUnitTile;
+inline int64_t packed_gate_weights_numel(int64_t H, int64_t K, int64_t tile) { return (H + tile - 1) / tile * K * 4 * tile; }
+
+// w [G, K] (W_hh with K = H, W_ih with K = I) -> packed [tiles, K, 4 gates, tile units]:
+// the forward kernels then stream one contiguous row of four gate vectors per k. Units
+// past H are zero.
+inline void pack_gate_weights(const float* w, int64_t H, int64_t K, int64_t tile, float* packed) {
+  const int64_t tiles = (H + tile - 1) / tile;
   at::parallel_for(0, tiles, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
-      float* dst = packed + u * H * 4 * kUnitTile;
-      for (int64_t k = 0; k < H; ++k) {
+      float* dst = packed + u * K * 4 * tile;
+      for (int64_t k = 0; k < K; ++k) {
         for (int64_t g = 0; g < 4; ++g) {
-          for (int64_t l = 0; l < kUnitTile; ++l) {
-            const int64_t j = u * kUnitTile + l;
-            dst[(k * 4 + g) * kUnitTile + l] = j < H ? w_hh[(g * H + j) * H + k] : 0.f;
+          for (int64_t l = 0; l < tile; ++l) {
+            const int64_t j = u * tile + l;
+            dst[(k * 4 + g) * tile + l] = j < H ? w[(g * H + j) * K + k] : 0.f;
           }
         }
       }
@@ -113,22 +138,21 @@ inline void pack_w_hh(const float* w_hh, int64_t H, float* packed) {
   });
 }
 
-// pre[r, g*H + j0 .. +nj] += h[r, k0:k1]·W_hh[g*H + j0 .. +nj, k0:k1]ᵀ for R rows and one
-// tile (callers split k into chunks so that a chunk of the tile stays in L1 while every
-// row pair streams over it).
-//   pre: [R, G] row stride G; h: [R, H] row stride H; w_tile: packed [H, 4, 8]
+// pre[r, g*H + j0 .. +nj] += a[r, k0:k1]·W[g*H + j0 .. +nj, k0:k1]ᵀ for R rows and one
+// tile, W being W_hh (a = h) or W_ih (a = x) (callers split k into chunks so that a chunk
+// of the tile stays in L1 while every row pair streams over it).
+//   pre: [R, G] row stride ldp; a: [R, K] row stride lda; w_tile: packed [K, 4, 8]
 // An FMA has a latency of ~4 cycles and two issue per cycle, so a core needs >= 8
 // independent accumulators: R rows × 4 gates × S interleaved k-streams (S = 2 for a
 // single row) keeps both FMA pipes busy.
 template <int R, int S>
-inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* h,
-                           const float* w_tile, float* pre) {
-  const int64_t G = 4 * H;
+inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a, int64_t lda,
+                           const float* w_tile, float* pre, int64_t ldp) {
   const bool full = nj == kUnitTile;  // only the last tile of an H that is no multiple of 8 is partial
   v8f acc[S][R][4];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 4; ++g) {
-      const float* src = pre + r * G + g * H + j0;
+      const float* src = pre + r * ldp + g * H + j0;
       if (full) {
         acc[0][r][g] = load8(src);
       } else {
@@ -145,7 +169,7 @@ inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_
       const float* w = w_tile + (k + st) * 4 * kUnitTile;
       const v8f w0 = load8(w), w1 = load8(w + 8), w2 = load8(w + 16), w3 = load8(w + 24);
       for (int r = 0; r < R; ++r) {
-        const v8f hk = splat8(h[r * H + k + st]);
+        const v8f hk = splat8(a[r * lda + k + st]);
         acc[st][r][0] += hk * w0;
         acc[st][r][1] += hk * w1;
         acc[st][r][2] += hk * w2;
@@ -156,7 +180,7 @@ inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_
   for (; k < k1; ++k) {
     const float* w = w_tile + k * 4 * kUnitTile;
     for (int r = 0; r < R; ++r) {
-      const v8f hk = splat8(h[r * H + k]);
+      const v8f hk = splat8(a[r * lda + k]);
       for (int g = 0; g < 4; ++g) acc[0][r][g] += hk * load8(w + 8 * g);
     }
   }
@@ -165,7 +189,7 @@ inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_
       for (int g = 0; g < 4; ++g) acc[0][r][g] += acc[st][r][g];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 4; ++g) {
-      float* dst = pre + r * G + g * H + j0;
+      float* dst = pre + r * ldp + g * H + j0;
       if (full) {
         store8(dst, acc[0][r][g]);
       } else {
@@ -173,6 +197,23 @@ inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_
         store8(lanes, acc[0][r][g]);
         for (int64_t l = 0; l < nj; ++l) dst[l] = lanes[l];
       }
+    }
+  }
+}
+
+// One part's share of a step's product with W_hh (a = h_{t-1}, K = H) or W_ih (a = x_t,
+// K = I), AVX2: pre[:bt, g*H + j] += a[:bt, :]·W[g*H + j, :]ᵀ for its units j in [j0, j1).
+//   a: [bt, K] row stride lda; w_packed: pack_gate_weights layout with kUnitTile; pre: [bt, G] row stride ldp
+inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a, int64_t lda,
+                               const float* w_packed, float* pre, int64_t ldp) {
+  for (int64_t j = j0; j < j1; j += kUnitTile) {
+    const int64_t nj = std::min(kUnitTile, j1 - j);
+    const float* w_tile = w_packed + (j / kUnitTile) * K * 4 * kUnitTile;
+    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
+      const int64_t k1 = std::min(K, k0 + kChunkK);
+      int64_t b = 0;
+      for (; b + 2 <= bt; b += 2) tile_recurrent<2, 1>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
+      if (b < bt) tile_recurrent<1, 2>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
     }
   }
 }
@@ -197,8 +238,8 @@ inline void block_recurrent_grad(int64_t H, int64_t k0, const float* dpre, const
     for (int v = 0; v < KV; ++v) store8(dh + r * H + k0 + 8 * v, acc[r][v]);
 }
 
-// dh[:bt, k] = dpre[:bt, :]·W_hh[:, k] for the units k in [k0, k1).
-inline void recurrent_grad_units(int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
+// dh[:bt, k] = dpre[:bt, :]·W_hh[:, k] for the units k in [k0, k1) (AVX2).
+inline void recurrent_grad_units_avx2(int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
                                  const float* w_hh, float* dh) {
   const int64_t G = 4 * H;
   int64_t b = 0;
@@ -223,6 +264,279 @@ inline void recurrent_grad_units(int64_t bt, int64_t H, int64_t k0, int64_t k1, 
       dh[b * H + kk] = s;
     }
   }
+}
+
+
+// ---------------------------------------------------------------------------------------
+// AVX-512 kernels (x86-64 only; compiled for AVX-512 by function attribute and called only
+// when cpu_kernels() says the CPU has it). Tiles of 16 units: one zmm register per gate.
+#if defined(__x86_64__) || defined(_M_X64)
+#define SEQKERNELS_AVX512 __attribute__((target("avx512f,avx2,fma")))
+// LstmGates<__m512> drops __m512's alignment attribute (harmless: it only lives in registers
+// and on the stack of target functions); GCC 12's AVX-512 headers warn about their own
+// deliberately undefined vectors (_mm512_undefined_ps).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace avx512 {
+
+constexpr int64_t kTile = 16;
+constexpr int64_t kChunkK = 64;   // 64 k x 4 gates x 16 units x 4 B = 16 KB of W: stays in L1 over all row blocks
+constexpr int64_t kChunkG = 64;   // backward: 64 gate rows x 64 units x 4 B = 16 KB of W_hh per chunk
+constexpr int kRows = 4;          // rows per block: 4 rows x 4 gates = 16 accumulators + 4 W + 1 h register
+
+SEQKERNELS_AVX512 inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// pre[r, g*H + j .. +16) += a[r, k0:k1]·W[g*H + j .. +16, k0:k1]ᵀ for R rows of one tile
+// (W = W_hh or W_ih, as tile_recurrent); `mask` keeps the lanes of units that exist (a
+// last tile of an H that is no multiple of 16).
+//   pre: [R, G] row stride ldp, offset to unit j; a: [R, K] row stride lda; w_tile: packed [K, 4, 16]
+// An FMA has a latency of ~4 cycles, so a core needs >= 4-8 independent accumulators:
+// R rows x 4 gates, and for R = 1 two interleaved k-streams.
+template <int R>
+SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, int64_t k1, const float* a,
+                                        int64_t lda, const float* w_tile, float* pre, int64_t ldp) {
+  constexpr int S = R == 1 ? 2 : 1;
+  __m512 acc[S][R][4];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < 4; ++g) {
+      acc[0][r][g] = _mm512_maskz_loadu_ps(mask, pre + r * ldp + g * H);
+      for (int st = 1; st < S; ++st) acc[st][r][g] = _mm512_setzero_ps();
+    }
+  int64_t k = k0;
+  for (; k + S <= k1; k += S) {
+    for (int st = 0; st < S; ++st) {
+      const float* w = w_tile + (k + st) * 4 * kTile;
+      const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
+                   w3 = _mm512_loadu_ps(w + 48);
+      for (int r = 0; r < R; ++r) {
+        const __m512 hk = _mm512_set1_ps(a[r * lda + k + st]);
+        acc[st][r][0] = _mm512_fmadd_ps(hk, w0, acc[st][r][0]);
+        acc[st][r][1] = _mm512_fmadd_ps(hk, w1, acc[st][r][1]);
+        acc[st][r][2] = _mm512_fmadd_ps(hk, w2, acc[st][r][2]);
+        acc[st][r][3] = _mm512_fmadd_ps(hk, w3, acc[st][r][3]);
+      }
+    }
+  }
+  for (; k < k1; ++k) {
+    const float* w = w_tile + k * 4 * kTile;
+    for (int r = 0; r < R; ++r) {
+      const __m512 hk = _mm512_set1_ps(a[r * lda + k]);
+      for (int g = 0; g < 4; ++g) acc[0][r][g] = _mm512_fmadd_ps(hk, _mm512_loadu_ps(w + 16 * g), acc[0][r][g]);
+    }
+  }
+  for (int st = 1; st < S; ++st)
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < 4; ++g) acc[0][r][g] = _mm512_add_ps(acc[0][r][g], acc[st][r][g]);
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < 4; ++g) _mm512_mask_storeu_ps(pre + r * ldp + g * H, mask, acc[0][r][g]);
+}
+
+// A part's product, as units_product_avx2 with 16-unit tiles.
+//   a: [bt, K] row stride lda; w_packed: pack_gate_weights layout with kTile; pre: [bt, G] row stride ldp
+SEQKERNELS_AVX512 inline void units_product(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a,
+                                            int64_t lda, const float* w_packed, float* pre, int64_t ldp) {
+  for (int64_t j = j0; j < j1; j += kTile) {
+    const __mmask16 mask = lanes(j1 - j);
+    const float* w_tile = w_packed + (j / kTile) * K * 4 * kTile;
+    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
+      const int64_t k1 = std::min(K, k0 + kChunkK);
+      int64_t b = 0;
+      for (; b + kRows <= bt; b += kRows)
+        tile_rows<kRows>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp);
+      switch (bt - b) {
+        case 3: tile_rows<3>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp); break;
+        case 2: tile_rows<2>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp); break;
+        case 1: tile_rows<1>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// FastFloatMath (vec_math.h) on 16 lanes, the same polynomial and range reduction, so that
+// lstm_cell_forward runs on whole registers instead of the auto-vectorised AVX2 loop (the
+// gate pass was ~20 cycles per unit).
+struct Avx512Math {
+  SEQKERNELS_AVX512 static inline __m512 exp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    const __m512 shifted = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter);
+    const __m512 n = _mm512_sub_ps(shifted, shifter);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    const __m512i scale_bits = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(0x4B400000)),
+                         _mm512_set1_epi32(127)),
+        23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(scale_bits));
+  }
+  SEQKERNELS_AVX512 static inline __m512 sigmoid(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_div_ps(one, _mm512_add_ps(one, exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+  }
+  SEQKERNELS_AVX512 static inline __m512 tanh(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 ax = _mm512_abs_ps(x);
+    const __m512 e = exp(_mm512_mul_ps(_mm512_set1_ps(-2.0f), ax));
+    const __m512 big = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512 x2 = _mm512_mul_ps(x, x);  // below 0.1 the series beats the cancellation in 1 - e
+    __m512 series = _mm512_fmadd_ps(x2, _mm512_set1_ps(-17.0f / 315), _mm512_set1_ps(2.0f / 15));
+    series = _mm512_fmadd_ps(x2, series, _mm512_set1_ps(-1.0f / 3));
+    series = _mm512_mul_ps(ax, _mm512_fmadd_ps(x2, series, one));
+    const __m512 mag = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.1f), _CMP_LT_OQ), big, series);
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+  }
+};
+
+// forward_gate_rows (lstm.cpp) on 16 units at a time, for float32: batch rows [0, bt),
+// hidden units [j0, j1). Same layouts: pre [bt, G] row stride ldp; cbuf [B, H]; m_out [bt, H];
+// gates [bt, G] / cells [bt, H] when training.
+template <bool kTraining>
+SEQKERNELS_AVX512 inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* pre, int64_t ldp,
+                                        float* cbuf, float* m_out, float* gates, float* cells) {
+  const int64_t G = 4 * H;
+  for (int64_t b = 0; b < bt; ++b) {
+    const float* p = pre + b * ldp;
+    for (int64_t j = j0; j < j1; j += kTile) {
+      const __mmask16 mask = lanes(j1 - j);
+      const LstmGates<__m512> pre_j{_mm512_maskz_loadu_ps(mask, p + j), _mm512_maskz_loadu_ps(mask, p + H + j),
+                                    _mm512_maskz_loadu_ps(mask, p + 2 * H + j),
+                                    _mm512_maskz_loadu_ps(mask, p + 3 * H + j)};
+      LstmGates<__m512> act;
+      __m512 c_new, m_new;
+      lstm_cell_forward<Avx512Math>(pre_j, _mm512_maskz_loadu_ps(mask, cbuf + b * H + j), act, c_new, m_new);
+      _mm512_mask_storeu_ps(cbuf + b * H + j, mask, c_new);
+      _mm512_mask_storeu_ps(m_out + b * H + j, mask, m_new);
+      if constexpr (kTraining) {
+        float* gs = gates + b * G + j;
+        _mm512_mask_storeu_ps(gs, mask, act.i);
+        _mm512_mask_storeu_ps(gs + H, mask, act.f);
+        _mm512_mask_storeu_ps(gs + 2 * H, mask, act.g);
+        _mm512_mask_storeu_ps(gs + 3 * H, mask, act.o);
+        _mm512_mask_storeu_ps(cells + b * H + j, mask, c_new);
+      }
+    }
+  }
+}
+
+// W_hh [G, H] -> [column blocks of 64 units, G, 64]: the backward's products then read each
+// chunk of gate rows as one contiguous block. In W_hh itself consecutive gate rows of a
+// block lie H floats apart, so at H = 256 a 16 KB chunk would fall into a quarter of the L1
+// sets and not stay resident. Units past H are zero.
+constexpr int64_t kGradBlock = 4 * kTile;
+inline int64_t packed_w_hh_columns_numel(int64_t H) { return (H + kGradBlock - 1) / kGradBlock * 4 * H * kGradBlock; }
+inline void pack_w_hh_columns(const float* w_hh, int64_t H, float* packed) {
+  const int64_t G = 4 * H, blocks = (H + kGradBlock - 1) / kGradBlock;
+  at::parallel_for(0, blocks * G, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t blk = i / G, g = i % G;
+      float* dst = packed + i * kGradBlock;
+      for (int64_t l = 0; l < kGradBlock; ++l) {
+        const int64_t k = blk * kGradBlock + l;
+        dst[l] = k < H ? w_hh[g * H + k] : 0.f;
+      }
+    }
+  });
+}
+
+// dh[r, k0 .. k0 + 64) (+)= dpre[r, g0:g1]·W_hh[g0:g1, k0 .. k0 + 64) for R rows: the first
+// chunk of gate rows writes, later ones add (a fixed order: deterministic). mask[v] keeps
+// the units of vector v that exist.
+//   dpre: [R, G] row stride G; w_block: packed [G, 64] of the block at k0; dh: [R, H] row stride H
+template <int R>
+SEQKERNELS_AVX512 inline void grad_rows(int64_t H, int64_t k0, const __mmask16 (&mask)[4], int64_t g0, int64_t g1,
+                                        const float* dpre, const float* w_block, float* dh) {
+  const int64_t G = 4 * H;
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v)
+      acc[r][v] = g0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], dh + r * H + k0 + 16 * v);
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* w = w_block + g * kGradBlock;
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
+                 w3 = _mm512_loadu_ps(w + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 d = _mm512_set1_ps(dpre[r * G + g]);
+      acc[r][0] = _mm512_fmadd_ps(d, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(d, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(d, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(d, w3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(dh + r * H + k0 + 16 * v, mask[v], acc[r][v]);
+}
+
+// dh[:bt, k] = dpre[:bt, :]·W_hh[:, k] for the units k in [k0, k1) (k0 a multiple of 64), in
+// blocks of 64 units and chunks of kChunkG gate rows (each chunk stays in L1 over all row
+// blocks).
+//   w_packed: pack_w_hh_columns layout
+SEQKERNELS_AVX512 inline void recurrent_grad_units(int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
+                                                   const float* w_packed, float* dh) {
+  const int64_t G = 4 * H;
+  for (int64_t kb = k0; kb < k1; kb += kGradBlock) {
+    __mmask16 mask[4];
+    for (int v = 0; v < 4; ++v) mask[v] = lanes(std::max<int64_t>(0, k1 - kb - 16 * v));
+    const float* w_block = w_packed + (kb / kGradBlock) * G * kGradBlock;
+    for (int64_t g0 = 0; g0 < G; g0 += kChunkG) {
+      const int64_t g1 = std::min(G, g0 + kChunkG);
+      int64_t b = 0;
+      for (; b + kRows <= bt; b += kRows) grad_rows<kRows>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H);
+      switch (bt - b) {
+        case 3: grad_rows<3>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H); break;
+        case 2: grad_rows<2>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H); break;
+        case 1: grad_rows<1>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H); break;
+        default: break;
+      }
+    }
+  }
+}
+
+}  // namespace avx512
+#pragma GCC diagnostic pop
+#undef SEQKERNELS_AVX512
+#endif  // x86-64
+
+// A part's product of a step, pre[:bt, its gate columns] += a·Wᵀ, with the kernels
+// `kernels` (w_packed: pack_gate_weights with unit_tile(kernels)).
+//   a: [bt, K] row stride lda; pre: [bt, G] row stride ldp
+inline void part_product(CpuKernels kernels, int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a,
+                         int64_t lda, const float* w_packed, float* pre, int64_t ldp) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kernels == CpuKernels::kAvx512) return avx512::units_product(H, K, bt, j0, j1, a, lda, w_packed, pre, ldp);
+#endif
+  units_product_avx2(H, K, bt, j0, j1, a, lda, w_packed, pre, ldp);
+}
+
+// The backward's parts own whole blocks of this many units (k0 of part_recurrent_grad).
+inline int64_t backward_unit_tile(CpuKernels kernels) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kernels == CpuKernels::kAvx512) return avx512::kGradBlock;
+#endif
+  return kUnitTile;
+}
+
+// A part's share of dL/dh_{t-1} = dpre_t·W_hh (its units k in [k0, k1), k0 a multiple of
+// backward_unit_tile). w: W_hh [G, H] for AVX2, pack_w_hh_columns(W_hh) for AVX-512.
+inline void part_recurrent_grad(CpuKernels kernels, int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
+                                const float* w, float* dh) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kernels == CpuKernels::kAvx512) return avx512::recurrent_grad_units(bt, H, k0, k1, dpre, w, dh);
+#endif
+  recurrent_grad_units_avx2(bt, H, k0, k1, dpre, w, dh);
 }
 
 }  // namespace seqkernels::cpu
