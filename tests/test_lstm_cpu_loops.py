@@ -16,11 +16,17 @@ Shape legend: T steps, B batch, I input, H hidden, N packed rows.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from seqkernels import lstm_layer
 from test_lstm_backends import _reference, layer_case, run_layer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from harness import cpu_flags  # noqa: E402
 
 TOL = 3e-5
 
@@ -34,18 +40,10 @@ CASES = [
 ]
 
 
-def _has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return " avx512f" in f.read()
-    except OSError:
-        return False
-
-
 @pytest.fixture(params=["persistent-avx512", "persistent-avx2", "gemm"])
 def cpu_loop(request, monkeypatch):
     loop, _, kernels = request.param.partition("-")
-    if kernels == "avx512" and not _has_avx512():
+    if kernels == "avx512" and not cpu_flags(["avx512f"]):
         pytest.skip("this CPU has no AVX-512")
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
     if kernels == "avx2":

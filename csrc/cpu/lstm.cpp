@@ -247,16 +247,8 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
   const CpuKernels kernels = cpu_kernels();
   const int64_t tile = backward_unit_tile(kernels);
   const int64_t parts = persistent_parts(H, tile);
-#if defined(__x86_64__) || defined(_M_X64)
-  std::vector<float> w_columns;
-  if (kernels == CpuKernels::kAvx512) {
-    w_columns.resize(avx512::packed_w_hh_columns_numel(H));
-    avx512::pack_w_hh_columns(w_hh, H, w_columns.data());
-  }
-  const float* w_grad = kernels == CpuKernels::kAvx512 ? w_columns.data() : w_hh;
-#else
-  const float* w_grad = w_hh;
-#endif
+  std::vector<float> w_grad_storage;
+  const float* w_grad = recurrent_grad_weights(kernels, w_hh, H, w_grad_storage);
   auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
   run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
     const UnitRange units = part_units(part, parts, H, tile);

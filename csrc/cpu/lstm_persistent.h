@@ -14,12 +14,14 @@
 #include <ATen/Parallel.h>
 
 #include "seqkernels/lstm_cell.h"
+#include "vec_math.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -146,7 +148,7 @@ inline void pack_gate_weights(const float* w, int64_t H, int64_t K, int64_t tile
 // independent accumulators: R rows × 4 gates × S interleaved k-streams (S = 2 for a
 // single row) keeps both FMA pipes busy.
 template <int R, int S>
-inline void tile_recurrent(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a, int64_t lda,
+inline void tile_product(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a, int64_t lda,
                            const float* w_tile, float* pre, int64_t ldp) {
   const bool full = nj == kUnitTile;  // only the last tile of an H that is no multiple of 8 is partial
   v8f acc[S][R][4];
@@ -212,8 +214,8 @@ inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int
     for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
       const int64_t k1 = std::min(K, k0 + kChunkK);
       int64_t b = 0;
-      for (; b + 2 <= bt; b += 2) tile_recurrent<2, 1>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
-      if (b < bt) tile_recurrent<1, 2>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
+      for (; b + 2 <= bt; b += 2) tile_product<2, 1>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
+      if (b < bt) tile_product<1, 2>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
     }
   }
 }
@@ -291,8 +293,22 @@ SEQKERNELS_AVX512 inline __mmask16 lanes(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
 }
 
+// Calls block(rows, b) for the rows [0, bt) in blocks of kRows and one block of the 1-3 rows
+// left, rows a std::integral_constant<int, R> (the kernels' template argument).
+template <class Block>
+SEQKERNELS_AVX512 inline void for_row_blocks(int64_t bt, const Block& block) {
+  int64_t b = 0;
+  for (; b + kRows <= bt; b += kRows) block(std::integral_constant<int, kRows>{}, b);
+  switch (bt - b) {
+    case 3: block(std::integral_constant<int, 3>{}, b); break;
+    case 2: block(std::integral_constant<int, 2>{}, b); break;
+    case 1: block(std::integral_constant<int, 1>{}, b); break;
+    default: break;
+  }
+}
+
 // pre[r, g*H + j .. +16) += a[r, k0:k1]·W[g*H + j .. +16, k0:k1]ᵀ for R rows of one tile
-// (W = W_hh or W_ih, as tile_recurrent); `mask` keeps the lanes of units that exist (a
+// (W = W_hh or W_ih, as tile_product); `mask` keeps the lanes of units that exist (a
 // last tile of an H that is no multiple of 16).
 //   pre: [R, G] row stride ldp, offset to unit j; a: [R, K] row stride lda; w_tile: packed [K, 4, 16]
 // An FMA has a latency of ~4 cycles, so a core needs >= 4-8 independent accumulators:
@@ -345,39 +361,30 @@ SEQKERNELS_AVX512 inline void units_product(int64_t H, int64_t K, int64_t bt, in
     const float* w_tile = w_packed + (j / kTile) * K * 4 * kTile;
     for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
       const int64_t k1 = std::min(K, k0 + kChunkK);
-      int64_t b = 0;
-      for (; b + kRows <= bt; b += kRows)
-        tile_rows<kRows>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp);
-      switch (bt - b) {
-        case 3: tile_rows<3>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp); break;
-        case 2: tile_rows<2>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp); break;
-        case 1: tile_rows<1>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp); break;
-        default: break;
-      }
+      for_row_blocks(bt, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
+        tile_rows<decltype(rows)::value>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp);
+      });
     }
   }
 }
 
-// FastFloatMath (vec_math.h) on 16 lanes, the same polynomial and range reduction, so that
+// FastFloatMath (vec_math.h) on 16 lanes, with its constants (fast_math), so that
 // lstm_cell_forward runs on whole registers instead of the auto-vectorised AVX2 loop (the
 // gate pass was ~20 cycles per unit).
 struct Avx512Math {
   SEQKERNELS_AVX512 static inline __m512 exp(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 shifter = _mm512_set1_ps(12582912.0f);
-    const __m512 shifted = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter);
+    using namespace fast_math;
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+    const __m512 shifter = _mm512_set1_ps(kShifter);
+    const __m512 shifted = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), shifter);
     const __m512 n = _mm512_sub_ps(shifted, shifter);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+    __m512 p = _mm512_set1_ps(kExpPoly[0]);
+    for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
     const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
     const __m512i scale_bits = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(0x4B400000)),
+        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(kShifterBits)),
                          _mm512_set1_epi32(127)),
         23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(scale_bits));
@@ -387,15 +394,17 @@ struct Avx512Math {
     return _mm512_div_ps(one, _mm512_add_ps(one, exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
   }
   SEQKERNELS_AVX512 static inline __m512 tanh(__m512 x) {
+    using namespace fast_math;
     const __m512 one = _mm512_set1_ps(1.0f);
     const __m512 ax = _mm512_abs_ps(x);
     const __m512 e = exp(_mm512_mul_ps(_mm512_set1_ps(-2.0f), ax));
     const __m512 big = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
-    const __m512 x2 = _mm512_mul_ps(x, x);  // below 0.1 the series beats the cancellation in 1 - e
-    __m512 series = _mm512_fmadd_ps(x2, _mm512_set1_ps(-17.0f / 315), _mm512_set1_ps(2.0f / 15));
-    series = _mm512_fmadd_ps(x2, series, _mm512_set1_ps(-1.0f / 3));
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 series = _mm512_fmadd_ps(x2, _mm512_set1_ps(kTanhSeries[2]), _mm512_set1_ps(kTanhSeries[1]));
+    series = _mm512_fmadd_ps(x2, series, _mm512_set1_ps(kTanhSeries[0]));
     series = _mm512_mul_ps(ax, _mm512_fmadd_ps(x2, series, one));
-    const __m512 mag = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.1f), _CMP_LT_OQ), big, series);
+    const __mmask16 small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(kTanhSeriesBelow), _CMP_LT_OQ);
+    const __m512 mag = _mm512_mask_blend_ps(small, big, series);
     const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
     return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
   }
@@ -493,14 +502,9 @@ SEQKERNELS_AVX512 inline void recurrent_grad_units(int64_t bt, int64_t H, int64_
     const float* w_block = w_packed + (kb / kGradBlock) * G * kGradBlock;
     for (int64_t g0 = 0; g0 < G; g0 += kChunkG) {
       const int64_t g1 = std::min(G, g0 + kChunkG);
-      int64_t b = 0;
-      for (; b + kRows <= bt; b += kRows) grad_rows<kRows>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H);
-      switch (bt - b) {
-        case 3: grad_rows<3>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H); break;
-        case 2: grad_rows<2>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H); break;
-        case 1: grad_rows<1>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H); break;
-        default: break;
-      }
+      for_row_blocks(bt, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
+        grad_rows<decltype(rows)::value>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H);
+      });
     }
   }
 }
@@ -529,8 +533,22 @@ inline int64_t backward_unit_tile(CpuKernels kernels) {
   return kUnitTile;
 }
 
+// W_hh in the layout part_recurrent_grad reads with `kernels`: W_hh itself for AVX2,
+// packed into `storage` by pack_w_hh_columns for AVX-512.
+inline const float* recurrent_grad_weights(CpuKernels kernels, const float* w_hh, int64_t H,
+                                           std::vector<float>& storage) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kernels == CpuKernels::kAvx512) {
+    storage.resize(avx512::packed_w_hh_columns_numel(H));
+    avx512::pack_w_hh_columns(w_hh, H, storage.data());
+    return storage.data();
+  }
+#endif
+  return w_hh;
+}
+
 // A part's share of dL/dh_{t-1} = dpre_t·W_hh (its units k in [k0, k1), k0 a multiple of
-// backward_unit_tile). w: W_hh [G, H] for AVX2, pack_w_hh_columns(W_hh) for AVX-512.
+// backward_unit_tile). w: recurrent_grad_weights(kernels, W_hh).
 inline void part_recurrent_grad(CpuKernels kernels, int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
                                 const float* w, float* dh) {
 #if defined(__x86_64__) || defined(_M_X64)
