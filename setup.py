@@ -86,7 +86,7 @@ def extension():
         nvcc = opt + ["-lineinfo", "--expt-relaxed-constexpr"]
         if debug:
             nvcc += ["-G"]
-        return CUDAExtension(extra_compile_args={"cxx": cxx, "nvcc": nvcc}, libraries=["cublas"], **kwargs)
+        return CUDAExtension(extra_compile_args={"cxx": cxx, "nvcc": nvcc}, libraries=["cublas", "cublasLt"], **kwargs)
     return CppExtension(extra_compile_args={"cxx": cxx}, **kwargs)
 
 

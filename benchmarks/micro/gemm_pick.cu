@@ -6,6 +6,9 @@
 //                        (what blas.cuh sets today)
 //   gemmex/default       cublasGemmEx, CUBLAS_DEFAULT_MATH
 //   lt/heuristic[i]      cublasLtMatmul with the i-th algorithm of cublasLtMatmulAlgoGetHeuristic
+// and, for cublasGemmEx and for cublasLtMatmul with heuristic[0] fixed beforehand, the host's
+// side of an eager time loop: host µs to issue one call, and wall µs per step of 256 steps of
+// (GEMM, a small pointwise kernel) issued back to back as lstm.cu's loop does.
 //
 //   nvcc -O3 -arch=sm_90 -o /tmp/gemm_pick benchmarks/micro/gemm_pick.cu -lcublas -lcublasLt && /tmp/gemm_pick
 #include <cublasLt.h>
@@ -13,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -68,8 +72,41 @@ float median_us(F&& call, cudaStream_t stream) {
   return us[us.size() / 2];
 }
 
+__global__ void pointwise_stand_in(float* c, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = c[i] * 0.5f;
+}
+
+// Host µs to issue one call (200 calls issued back to back, timed before the synchronise) and
+// wall µs per step of 256 steps of (call, pointwise_stand_in), as an eager loop runs them.
+template <class F>
+void host_cost(const char* label, F&& call, float* C, int n, cudaStream_t stream) {
+  for (int i = 0; i < 20; ++i) call();
+  CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> issue, step;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 200; ++i) call();
+    auto t1 = std::chrono::steady_clock::now();
+    CHECK(cudaStreamSynchronize(stream));
+    issue.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 200);
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 256; ++i) {
+      call();
+      pointwise_stand_in<<<(n + 255) / 256, 256, 0, stream>>>(C, n);
+      CHECK(cudaGetLastError());
+    }
+    CHECK(cudaStreamSynchronize(stream));
+    t1 = std::chrono::steady_clock::now();
+    step.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 256);
+  }
+  std::sort(issue.begin(), issue.end());
+  std::sort(step.begin(), step.end());
+  std::printf("  host %-16s issue %6.2f us/call, eager loop %6.2f us/step\n", label, issue[2], step[2]);
+}
+
 int main() {
-  const int shapes[][2] = {{64, 512}, {256, 512}, {256, 256}, {64, 1024}, {16, 512}, {256, 1024}};  // (B, H)
+  const int shapes[][2] = {{1, 512}, {16, 512}, {64, 512}, {256, 512}, {256, 256}, {64, 1024}, {256, 1024}};  // (B, H)
   cublasHandle_t handle;
   cublasLtHandle_t lt;
   CHECK_BLAS(cublasCreate(&handle));
@@ -102,6 +139,10 @@ int main() {
       }, stream);
       std::printf("  gemmex/%-14s %7.2f us\n", mode == 0 ? "default+noRR" : "default", us);
     }
+    host_cost("gemmex", [&] {
+      CHECK_BLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_32F, k, h, CUDA_R_32F, k,
+                              &one, C, CUDA_R_32F, m, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+    }, C, m * n, stream);
     cublasLtMatmulDesc_t op;
     CHECK_BLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -118,6 +159,12 @@ int main() {
     cublasLtMatmulHeuristicResult_t res[16];
     int found = 0;
     CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &found));
+    if (found > 0) {
+      host_cost("lt/heuristic[0]", [&] {
+        CHECK_BLAS(cublasLtMatmul(lt, op, &one, W, la, h, lb, &one, C, lc, C, lc, &res[0].algo, ws,
+                                  res[0].workspaceSize, stream));
+      }, C, m * n, stream);
+    }
     for (int i = 0; i < found; ++i) {
       const float us = median_us([&] {
         CHECK_BLAS(cublasLtMatmul(lt, op, &one, W, la, h, lb, &one, C, lc, C, lc, &res[i].algo, ws,

@@ -22,6 +22,10 @@
 //   at::Half / at::BFloat16     cublasGemmEx, CUBLAS_COMPUTE_32F (fp32 accumulation), C either
 //                               the same half type or float
 //
+// Time loops: StepGemm (below) issues a GEMM of fixed shape once per step through cuBLASLt
+// with an algorithm chosen once, instead of cublasGemmEx, which re-runs cuBLAS's heuristic
+// inside every call.
+//
 // Handle and stream: PyTorch's handle for the current device and thread
 // (at::cuda::getCurrentCUDABlasHandle(), which binds it to the current stream and to a
 // workspace from the caching allocator), so every GEMM runs on the current stream and can be
@@ -42,6 +46,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include "seqkernels/error_format.h"
@@ -49,6 +54,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace seqkernels {
 namespace cuda {
@@ -166,6 +172,169 @@ void gemm(const BlasContext& ctx, Trans ta, Trans tb, int64_t M, int64_t N, int6
                                       detail::CudaType<CT>::value, ld_c, compute, CUBLAS_GEMM_DEFAULT));
   }
 }
+
+namespace detail {
+
+// Largest power of two (up to 256) dividing every address base + r * row_bytes, r >= 0: the
+// alignment cuBLASLt's heuristic must assume for a matrix whose rows a loop walks through.
+inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(base) | static_cast<uint64_t>(row_bytes) | 256u;
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+}  // namespace detail
+
+// One GEMM of a time loop: row-major C[M, N] = alpha * op(A)[M, K] · op(B)[K, N] + beta * C
+// (the contract of gemm() above), issued once per step with new pointers and, for a packed
+// sequence, a new M.
+//
+// Why not gemm(): cublasGemmEx runs cuBLAS's algorithm heuristic inside every call, which
+// costs ~10 µs of host time per call on an H100 host (benchmarks/micro/gemm_pick.cu) and, in
+// an eager loop, stretches every step. StepGemm builds the cuBLASLt descriptors and asks
+// cublasLtMatmulAlgoGetHeuristic once per distinct (M, operand alignments), keeps the first
+// algorithm (the kernel cublasGemmEx runs too: the same device time in gemm_pick), and each
+// step is one cublasLtMatmul: 2-3 µs less host time per step there.
+//
+// Precision as gemm(): float32 uses TF32 exactly when the BlasContext allows it; split-K
+// partial sums of a half-type C are reduced in fp32 (the reduced-precision reduction
+// BlasContext disallows for cublasGemmEx). The workspace is PyTorch's cuBLASLt workspace of
+// the current stream, so nothing is allocated; the algorithm is fixed per plan, so two runs
+// give bitwise-identical results. A shape for which the heuristic offers nothing runs through
+// gemm().
+template <class AB, class CT, class Scale>
+class StepGemm {
+ public:
+  StepGemm(const BlasContext& ctx, Trans ta, Trans tb, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
+      : ctx_(ctx), ta_(ta), tb_(tb), N_(N), K_(K), lda_(lda), ldb_(ldb), ldc_(ldc),
+        lt_(at::cuda::getCurrentCUDABlasLtHandle()),
+        workspace_(at::cuda::getCUDABlasLtWorkspace()),
+        workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()),
+        stream_(at::cuda::getCurrentCUDAStream()) {}
+  ~StepGemm() {
+    for (Plan& p : plans_) p.destroy();
+  }
+  StepGemm(const StepGemm&) = delete;
+  StepGemm& operator=(const StepGemm&) = delete;
+
+  void operator()(int64_t M, Scale alpha, const AB* A, const AB* B, Scale beta, CT* C) {
+    if (M == 0 || N_ == 0) return;
+    const Plan& plan = plan_for(M, detail::row_alignment(A, lda_ * int64_t(sizeof(AB))),
+                                detail::row_alignment(B, ldb_ * int64_t(sizeof(AB))),
+                                detail::row_alignment(C, ldc_ * int64_t(sizeof(CT))));
+    if (!plan.found) {
+      gemm<AB, CT, Scale>(ctx_, ta_, tb_, M, N_, K_, alpha, A, lda_, B, ldb_, beta, C, ldc_);
+      return;
+    }
+    // Operands swapped as in gemm(): cuBLASLt's A is our B.
+    TORCH_CUDABLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, B, plan.layout_b, A, plan.layout_a, &beta, C,
+                                        plan.layout_c, C, plan.layout_c, &plan.algo, workspace_, workspace_bytes_,
+                                        stream_));
+  }
+
+ private:
+  struct Plan {
+    int64_t M = 0;
+    uint32_t align_a = 0, align_b = 0, align_c = 0;
+    bool found = false;
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;  // ours: A, B, C
+    cublasLtMatmulAlgo_t algo{};
+    void destroy() {
+      // Never throw from a destructor: statuses ignored.
+      if (layout_c) (void)cublasLtMatrixLayoutDestroy(layout_c);
+      if (layout_b) (void)cublasLtMatrixLayoutDestroy(layout_b);
+      if (layout_a) (void)cublasLtMatrixLayoutDestroy(layout_a);
+      if (op) (void)cublasLtMatmulDescDestroy(op);
+    }
+  };
+
+  static constexpr bool kHalfType = std::is_same_v<AB, c10::Half> || std::is_same_v<AB, c10::BFloat16>;
+
+  const Plan& plan_for(int64_t M, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+    for (const Plan& p : plans_) {
+      if (p.M == M && p.align_a == align_a && p.align_b == align_b && p.align_c == align_c) return p;
+    }
+    plans_.emplace_back();
+    Plan& p = plans_.back();
+    p.M = M;
+    p.align_a = align_a;
+    p.align_b = align_b;
+    p.align_c = align_c;
+    build(p);
+    return p;
+  }
+
+  void build(Plan& p) const {
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+    cudaDataType_t scale = CUDA_R_32F;
+    if constexpr (std::is_same_v<AB, double>) {
+      compute = CUBLAS_COMPUTE_64F;
+      scale = CUDA_R_64F;
+    } else if constexpr (std::is_same_v<AB, float>) {
+      if (ctx_.tf32()) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    }
+    TORCH_CUDABLAS_CHECK(cublasLtMatmulDescCreate(&p.op, compute, scale));
+    // Column-major call of gemm(): m = N, n = M, cuBLASLt's A = our B (op tb), its B = our A (op ta).
+    const cublasOperation_t op_first = detail::to_cublas(tb_), op_second = detail::to_cublas(ta_);
+    TORCH_CUDABLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+    TORCH_CUDABLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+    const int64_t m = N_, n = p.M, k = K_;
+    // A column-major layout is (rows, cols, ld) of the matrix as stored: op N stores m x k.
+    TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutCreate(&p.layout_b, detail::CudaType<AB>::value,
+                                                    tb_ == Trans::N ? m : k, tb_ == Trans::N ? k : m, ldb_));
+    TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutCreate(&p.layout_a, detail::CudaType<AB>::value,
+                                                    ta_ == Trans::N ? k : n, ta_ == Trans::N ? n : k, lda_));
+    TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutCreate(&p.layout_c, detail::CudaType<CT>::value, m, n, ldc_));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t max_workspace = workspace_bytes_;
+    // A half-type C reduces split-K partial sums in fp32 only; float/double C in any scheme.
+    uint32_t reduction = std::is_same_v<CT, AB> && kHalfType ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                                                            : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
+    const uint32_t align_first = p.align_b, align_second = p.align_a, align_c = p.align_c;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &max_workspace, sizeof(max_workspace));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                sizeof(reduction));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
+                                                sizeof(align_first));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second,
+                                                sizeof(align_second));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                sizeof(align_c));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                sizeof(align_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.layout_b, p.layout_a, p.layout_c, p.layout_c, pref, 1, &result,
+                                          &found);
+    }
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    // NOT_SUPPORTED: no algorithm for this shape (p.found stays false: gemm() runs it).
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) TORCH_CUDABLAS_CHECK(st);
+    p.found = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
+              result.workspaceSize <= workspace_bytes_;
+    if (p.found) p.algo = result.algo;
+  }
+
+  const BlasContext& ctx_;
+  const Trans ta_, tb_;
+  const int64_t N_, K_, lda_, ldb_, ldc_;
+  cublasLtHandle_t lt_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  cudaStream_t stream_;
+  std::vector<Plan> plans_;
+};
 
 }  // namespace cuda
 }  // namespace seqkernels

@@ -356,6 +356,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   if (!proj_from_y) hbuf.copy_(h0);
   cbuf.copy_(c0);
   const scalar_t* h_prev_p = proj_from_y ? h0.data_ptr<scalar_t>() : hbuf_p;
+  // The per-step GEMMs, their cuBLASLt algorithms chosen once (blas.cuh).
+  cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, Hout, Hout, Hout, G);
+  cuda::StepGemm<scalar_t, scalar_t, sc_t> projection_gemm(blas, Trans::N, Trans::T, P, H, H, H, P);
 
   // 16-byte accesses when every base pointer allows them (row offsets are multiples of H).
   const bool vec4 = H % 4 == 0 && aligned_for<4>(pre_p) && aligned_for<4>(b_ih_p) && aligned_for<4>(b_hh_p) &&
@@ -392,15 +395,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const int64_t off = s.offsets[t];
     acc_t* pre_t = pre_p + off * G;
     // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ
-    cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, bt, G, Hout, sc_t(1), h_prev_p, Hout, w_hh_p, Hout,
-                                      sc_t(1), pre_t, G);
+    recurrent_gemm(bt, sc_t(1), h_prev_p, w_hh_p, sc_t(1), pre_t);
     scalar_t* y_t = y_p + off * Hout;
     launch_step(pre_t, training ? gates_p + off * G : nullptr, training ? cells_p + off * H : nullptr,
                 proj ? mbuf_p : y_t, proj ? nullptr : hbuf_p, bt);
     if (proj) {
       // y[rows][bt, P] = m[bt, H] · W_hr[P, H]ᵀ, then h_t = y[rows].
-      cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::T, bt, P, H, sc_t(1), mbuf_p, H, w_hr_p, H, sc_t(0),
-                                           y_t, P);
+      projection_gemm(bt, sc_t(1), mbuf_p, w_hr_p, sc_t(0), y_t);
       // Rows [first, bt) of hbuf get y_t: every row in reverse, in the forward direction the rows
       // whose sequence ends here (none run at step t + 1).
       const int64_t first = !proj_from_y ? 0 : (step + 1 < T ? s.batch_sizes[t + 1] : 0);
@@ -481,6 +482,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     dhbuf.copy_(grad_h_n);
     dcbuf.copy_(grad_c_n);
   }
+  // The per-step GEMMs, their cuBLASLt algorithms chosen once (blas.cuh); nothing is built
+  // until a step calls them.
+  cuda::StepGemm<scalar_t, acc_t, sc_t> projection_grad_gemm(blas, Trans::N, Trans::N, H, P, P, H, H);
+  cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(blas, Trans::N, Trans::N, Hout, G, G, Hout, Hout);
   for (int64_t step = 0; step < T && !native; ++step) {
     // Reverse of the forward's processing order.
     const int64_t t = reverse ? step : T - 1 - step;
@@ -501,8 +506,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
           <<<blocks_for(bt * P), kThreads, 0, stream>>>(dhbuf_p, grad_y_p + off * P, dH_t, bt * P);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       // dm[bt, H] = dh[bt, P] · W_hr[P, H]
-      cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::N, bt, H, P, sc_t(1), dH_t, P, w_hr_p, H, sc_t(0),
-                                        dm_p, H);
+      projection_grad_gemm(bt, sc_t(1), dH_t, w_hr_p, sc_t(0), dm_p);
       lstm_backward_step_kernel<scalar_t, acc_t, 1, true><<<blocks_for(bt * H), kThreads, 0, stream>>>(
           gates_p + off * G, cells_p + off * H, prev_cells, prev_y, n_prev, h0_p, c0_p, nullptr, dm_p, dcbuf_p, dG_t,
           M_p + off * H, hprev_t, bt, H, Hout);
@@ -517,8 +521,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     // dL/dh_{t-1} of rows [0, bt): dhbuf[bt, Hout] = dG[rows][bt, G] · W_hh[G, Hout]
-    cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::N, bt, Hout, G, sc_t(1), dG_t, G, w_hh_p, Hout, sc_t(0),
-                                      dhbuf_p, Hout);
+    recurrent_grad_gemm(bt, sc_t(1), dG_t, w_hh_p, sc_t(0), dhbuf_p);
   }
 
   // Whole-sequence products, once.
