@@ -44,9 +44,11 @@ int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<
 //   cbuf:  [B, H]   c_{t-1} in, c_t out (acc_t)
 //   m_out: [bt, H]  o ⊙ tanh(c_t): y rows without projection, W_hr's input with it
 //   gates: [bt, G]  activated gates, cells: [bt, H] c_t (saved only when training)
+//   h_copy: [bt, H] a second copy of m_out (the persistent loop's next h_{t-1}), or null
 template <class scalar_t, bool kTraining>
 void forward_gate_rows(int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t H, const at::opmath_type<scalar_t>* pre,
-                       int64_t ldp, at::opmath_type<scalar_t>* cbuf, scalar_t* m_out, scalar_t* gates, scalar_t* cells) {
+                       int64_t ldp, at::opmath_type<scalar_t>* cbuf, scalar_t* m_out, scalar_t* gates, scalar_t* cells,
+                       scalar_t* h_copy = nullptr) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = typename CpuMath<acc_t>::type;
   const int64_t G = 4 * H;
@@ -63,6 +65,7 @@ void forward_gate_rows(int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t H
       lstm_cell_forward<Math>(pre_j, c[j], act, c_new, m_new);
       c[j] = c_new;
       m[j] = static_cast<scalar_t>(m_new);
+      if (h_copy) h_copy[b * H + j] = m[j];
       if constexpr (kTraining) {
         gs[j] = static_cast<scalar_t>(act.i);
         gs[H + j] = static_cast<scalar_t>(act.f);
@@ -163,12 +166,23 @@ int64_t persistent_parts(int64_t H, int64_t tile) {
 }
 
 // The input projection computed inside the persistent loop: each part adds x_t·W_ihᵀ + b
-// for its own units at the start of the step. From kFuseProjectionMinBatch rows on this
-// beats one large GEMM before the loop: the products run at the tile kernel's speed, the
-// W_ih slice stays in the part's cache, and no [N, 4H] buffer is written, read back, or
-// page-faulted in (64 MB at T = 256, B = 64, H = 256). At small B the per-step products are
-// matrix-vector products that would stream W_ih as well as W_hh every step.
+// for its own units at the start of the step. Where it applies this beats one large GEMM
+// before the loop: the products run at the tile kernel's speed, the W_ih slice stays in the
+// part's cache, and no [N, 4H] buffer is written, read back, or page-faulted in (64 MB at
+// T = 256, B = 64, H = 256). It needs rows to amortise reading W_ih every step: at least
+// kFuseProjectionMinBatch (below, the per-step products are matrix-vector products), and
+// kFuseProjectionStreamBatch when a part's W_ih and W_hh slices together do not fit its L2,
+// so that W_ih streams from L3 every step. Measured on a 2-core Xeon (2 MB L2), `infer`, ms
+// unfused / fused: H = 512 (4 MB per part) B = 8 34.7 / 49.8, B = 16 66.9 / 73.6, B = 32
+// 124.5 / 119.4, B = 64 251 / 228; H = 256 (1 MB per part) B = 8 7.7 / 7.6.
 constexpr int64_t kFuseProjectionMinBatch = 4;
+constexpr int64_t kFuseProjectionStreamBatch = 32;
+bool fuse_projection(const LstmSizes& s, int64_t parts) {
+  if (s.B < kFuseProjectionMinBatch) return false;
+  if (s.B >= kFuseProjectionStreamBatch) return true;
+  const int64_t units = (s.H + parts - 1) / parts;
+  return (s.I + s.H) * 4 * units * int64_t(sizeof(float)) <= l2_cache_bytes();
+}
 // The scratch rows are padded by one cache line: with G a multiple of 1024 floats, the
 // rows and gates of a block of accumulators otherwise fall in the same few L1 sets.
 inline int64_t fused_pre_stride(int64_t G) { return G + 16; }
@@ -205,32 +219,24 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
     const int64_t ldp = proj ? fused_pre_stride(G) : G;
     float* pre_t = proj ? pre : pre + off * G;
     if (proj) {
-      const size_t bytes = sizeof(float) * (j1 - j0);
-      for (int64_t b = 0; b < bt; ++b)
-        for (int64_t g = 0; g < 4; ++g) {
-          float* dst = pre_t + b * ldp + g * H + j0;
-          if (proj->bias) {
-            std::memcpy(dst, proj->bias + g * H + j0, bytes);
-          } else {
-            std::memset(dst, 0, bytes);
-          }
-        }
-      part_product(kernels, H, proj->I, bt, j0, j1, proj->x + off * proj->I, proj->I, proj->w_packed, pre_t, ldp);
+      // The bias is where the accumulators start (AccStart::kBias): no per-step copy of it.
+      part_product(kernels, H, proj->I, bt, j0, j1, proj->x + off * proj->I, proj->I, proj->w_packed, pre_t, ldp,
+                   AccStart::kBias, proj->bias);
     }
     part_product(kernels, H, H, bt, j0, j1, hin, H, w_packed, pre_t, ldp);
     float* y_t = y + off * H;
     float* gates_t = kTraining ? gates + off * G : nullptr;
     float* cells_t = kTraining ? cells + off * H : nullptr;
+    // h_t goes to y and, from the same registers, to the next step's h_{t-1}.
 #if defined(__x86_64__) || defined(_M_X64)
     if (kernels == CpuKernels::kAvx512) {
-      avx512::gate_rows<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t);
+      avx512::gate_rows<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t, hout);
     } else
 #endif
     {
-      forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t);
+      forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t, hout);
     }
     const size_t bytes = sizeof(float) * (j1 - j0);
-    for (int64_t b = 0; b < bt; ++b) std::memcpy(hout + b * H + j0, y_t + b * H + j0, bytes);
     for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * H + j0, hin + b * H + j0, bytes);
   });
   return hb[s.T & 1];
@@ -261,12 +267,19 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
     if (step == s.T) return;
     const int64_t t = step_time(step);
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
-    for (int64_t b = 0; b < bt; ++b)
-      for (int64_t j = j0; j < j1; ++j) dh[b * H + j] += grad_y[(off + b) * H + j];
     const int64_t src_t = reverse ? t + 1 : t - 1;
     const bool has_src = src_t >= 0 && src_t < s.T;
     const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
     const float* prev_cells = has_src ? cells + s.offsets[src_t] * H : c0;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (kernels == CpuKernels::kAvx512) {
+      avx512::backward_gate_rows(bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+                                 grad_y + off * H, dc, dpre + off * G);
+      return;
+    }
+#endif
+    for (int64_t b = 0; b < bt; ++b)
+      for (int64_t j = j0; j < j1; ++j) dh[b * H + j] += grad_y[(off + b) * H + j];
     backward_gate_rows<float, false>(0, bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
                                      dc, dpre + off * G, nullptr);
   });
@@ -305,11 +318,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   if (persistent) {  // implies float32, no projection
     const CpuKernels kernels = cpu_kernels();
     const int64_t tile = unit_tile(kernels);
-    const bool fuse_projection = s.B >= kFuseProjectionMinBatch;
+    const bool fused_projection = fuse_projection(s, persistent_parts(s.H, tile));
     Tensor pre;
     Tensor w_ih_packed;
     LoopProjection proj{};
-    if (fuse_projection) {
+    if (fused_projection) {
       pre = at::empty({s.B, fused_pre_stride(s.G)}, opts);
       w_ih_packed = at::empty({packed_gate_weights_numel(s.H, s.I, tile)}, opts);
       pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I, tile, w_ih_packed.data_ptr<float>());
@@ -324,7 +337,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     float* gates_p = training ? gates.data_ptr<float>() : nullptr;
     float* cells_p = training ? cells.data_ptr<float>() : nullptr;
     auto run = training ? &forward_persistent<true> : &forward_persistent<false>;
-    float* h_n = run(s, reverse, kernels, w_hh_packed.const_data_ptr<float>(), fuse_projection ? &proj : nullptr,
+    float* h_n = run(s, reverse, kernels, w_hh_packed.const_data_ptr<float>(), fused_projection ? &proj : nullptr,
                      pre.data_ptr<float>(), hbuf.data_ptr<float>(), hb1.data_ptr<float>(), cbuf.data_ptr<float>(),
                      y.data_ptr<float>(), gates_p, cells_p);
     if (h_n != hbuf.data_ptr<float>()) hbuf = hb1;

@@ -24,6 +24,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
@@ -47,6 +49,11 @@ constexpr int64_t kUnitTile = 8;              // AVX2: hidden units per packed t
 constexpr int64_t kPersistentMaxBatch = 256;  // measured (2-core EPYC, H 256/512, both kernel sets): faster than the BLAS loop at every B up to 256
 constexpr int64_t kChunkK = 128;              // AVX2: k per L1-resident chunk of a W tile (16 KB)
 constexpr int kSpinsBeforeSteal = 2048;
+
+// What a product's accumulators start from in its first k-chunk: the pre-activations already
+// in `pre` (a second product, or the input projection computed before the loop), the bias
+// (the first product of a step: no per-step copy of the bias into `pre`), or zero.
+enum class AccStart { kPre, kBias, kZero };
 
 // Which register width the persistent loop's products use. AVX-512 doubles the registers
 // (32) as well as their width, which is what lets a tile keep 4 rows x 4 gates of
@@ -108,6 +115,12 @@ void run_steps(int64_t parts, int64_t steps, const StepFn& step_fn) {
   });
 }
 
+// The L2 cache of one core in bytes (0 where the system does not say).
+inline int64_t l2_cache_bytes() {
+  static const int64_t bytes = std::max<long>(0, sysconf(_SC_LEVEL2_CACHE_SIZE));
+  return bytes;
+}
+
 // Hidden units [j0, j1) owned by a part: whole tiles, split as evenly as possible.
 struct UnitRange {
   int64_t j0, j1;
@@ -147,15 +160,18 @@ inline void pack_gate_weights(const float* w, int64_t H, int64_t K, int64_t tile
 // An FMA has a latency of ~4 cycles and two issue per cycle, so a core needs >= 8
 // independent accumulators: R rows × 4 gates × S interleaved k-streams (S = 2 for a
 // single row) keeps both FMA pipes busy.
+//   start: kPre adds to pre; kBias starts from bias[g*H + j] (every row), kZero from 0
 template <int R, int S>
 inline void tile_product(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a, int64_t lda,
-                           const float* w_tile, float* pre, int64_t ldp) {
+                           const float* w_tile, float* pre, int64_t ldp, AccStart start, const float* bias) {
   const bool full = nj == kUnitTile;  // only the last tile of an H that is no multiple of 8 is partial
   v8f acc[S][R][4];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < 4; ++g) {
-      const float* src = pre + r * ldp + g * H + j0;
-      if (full) {
+      const float* src = start == AccStart::kBias ? bias + g * H + j0 : pre + r * ldp + g * H + j0;
+      if (start == AccStart::kZero) {
+        acc[0][r][g] = v8f{};
+      } else if (full) {
         acc[0][r][g] = load8(src);
       } else {
         float lanes[kUnitTile] = {};
@@ -206,16 +222,20 @@ inline void tile_product(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t 
 // One part's share of a step's product with W_hh (a = h_{t-1}, K = H) or W_ih (a = x_t,
 // K = I), AVX2: pre[:bt, g*H + j] += a[:bt, :]·W[g*H + j, :]ᵀ for its units j in [j0, j1).
 //   a: [bt, K] row stride lda; w_packed: pack_gate_weights layout with kUnitTile; pre: [bt, G] row stride ldp
+//   start, bias: what the accumulators start from (AccStart; bias [G])
 inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a, int64_t lda,
-                               const float* w_packed, float* pre, int64_t ldp) {
+                               const float* w_packed, float* pre, int64_t ldp, AccStart start, const float* bias) {
   for (int64_t j = j0; j < j1; j += kUnitTile) {
     const int64_t nj = std::min(kUnitTile, j1 - j);
     const float* w_tile = w_packed + (j / kUnitTile) * K * 4 * kUnitTile;
-    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
+    // K = 0 still runs one empty chunk, so that the start values reach pre.
+    for (int64_t k0 = 0; k0 < std::max<int64_t>(K, 1); k0 += kChunkK) {
       const int64_t k1 = std::min(K, k0 + kChunkK);
+      const AccStart chunk_start = k0 == 0 ? start : AccStart::kPre;
       int64_t b = 0;
-      for (; b + 2 <= bt; b += 2) tile_product<2, 1>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
-      if (b < bt) tile_product<1, 2>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp);
+      for (; b + 2 <= bt; b += 2)
+        tile_product<2, 1>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp, chunk_start, bias);
+      if (b < bt) tile_product<1, 2>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp, chunk_start, bias);
     }
   }
 }
@@ -285,7 +305,15 @@ inline void recurrent_grad_units_avx2(int64_t bt, int64_t H, int64_t k0, int64_t
 namespace avx512 {
 
 constexpr int64_t kTile = 16;
-constexpr int64_t kChunkK = 64;   // 64 k x 4 gates x 16 units x 4 B = 16 KB of W: stays in L1 over all row blocks
+// k per chunk of a W tile in the forward products: a chunk (k x 4 gates x 16 units x 4 B) stays
+// in L1 while every row block streams over it. 128 k (32 KB) where the L1 data cache holds
+// 48 KB or more (Intel since Ice Lake), else 64 k (16 KB; AMD Zen 4's L1 is 32 KB). Measured
+// with bench_lstm.py-like A/B runs: on a 2-core Xeon (48 KB L1), B = 64, H = 256 `infer` went
+// from 0.96x to 1.00-1.01x nn.LSTM with 128 (256 k: 0.92x); 64 was the best on the 2-core EPYC.
+SEQKERNELS_AVX512 inline int64_t forward_chunk_k() {
+  static const int64_t chunk = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024 ? 128 : 64;
+  return chunk;
+}
 constexpr int64_t kChunkG = 64;   // backward: 64 gate rows x 64 units x 4 B = 16 KB of W_hh per chunk
 constexpr int kRows = 4;          // rows per block: 4 rows x 4 gates = 16 accumulators + 4 W + 1 h register
 
@@ -313,14 +341,18 @@ SEQKERNELS_AVX512 inline void for_row_blocks(int64_t bt, const Block& block) {
 //   pre: [R, G] row stride ldp, offset to unit j; a: [R, K] row stride lda; w_tile: packed [K, 4, 16]
 // An FMA has a latency of ~4 cycles, so a core needs >= 4-8 independent accumulators:
 // R rows x 4 gates, and for R = 1 two interleaved k-streams.
+//   start: kPre adds to pre; kBias starts from bias[g*H + j] (bias offset to unit j), kZero from 0
 template <int R>
 SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, int64_t k1, const float* a,
-                                        int64_t lda, const float* w_tile, float* pre, int64_t ldp) {
+                                        int64_t lda, const float* w_tile, float* pre, int64_t ldp, AccStart start,
+                                        const float* bias) {
   constexpr int S = R == 1 ? 2 : 1;
   __m512 acc[S][R][4];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 4; ++g) {
-      acc[0][r][g] = _mm512_maskz_loadu_ps(mask, pre + r * ldp + g * H);
+      acc[0][r][g] = start == AccStart::kPre    ? _mm512_maskz_loadu_ps(mask, pre + r * ldp + g * H)
+                     : start == AccStart::kBias ? _mm512_maskz_loadu_ps(mask, bias + g * H)
+                                                : _mm512_setzero_ps();
       for (int st = 1; st < S; ++st) acc[st][r][g] = _mm512_setzero_ps();
     }
   int64_t k = k0;
@@ -355,14 +387,19 @@ SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, i
 // A part's product, as units_product_avx2 with 16-unit tiles.
 //   a: [bt, K] row stride lda; w_packed: pack_gate_weights layout with kTile; pre: [bt, G] row stride ldp
 SEQKERNELS_AVX512 inline void units_product(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a,
-                                            int64_t lda, const float* w_packed, float* pre, int64_t ldp) {
+                                            int64_t lda, const float* w_packed, float* pre, int64_t ldp,
+                                            AccStart start, const float* bias) {
   for (int64_t j = j0; j < j1; j += kTile) {
     const __mmask16 mask = lanes(j1 - j);
     const float* w_tile = w_packed + (j / kTile) * K * 4 * kTile;
-    for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
-      const int64_t k1 = std::min(K, k0 + kChunkK);
+    // K = 0 still runs one empty chunk, so that the start values reach pre.
+    const int64_t chunk_k = forward_chunk_k();
+    for (int64_t k0 = 0; k0 < std::max<int64_t>(K, 1); k0 += chunk_k) {
+      const int64_t k1 = std::min(K, k0 + chunk_k);
+      const AccStart chunk_start = k0 == 0 ? start : AccStart::kPre;
       for_row_blocks(bt, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
-        tile_rows<decltype(rows)::value>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp);
+        tile_rows<decltype(rows)::value>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp,
+                                         chunk_start, bias ? bias + j : nullptr);
       });
     }
   }
@@ -412,10 +449,10 @@ struct Avx512Math {
 
 // forward_gate_rows (lstm.cpp) on 16 units at a time, for float32: batch rows [0, bt),
 // hidden units [j0, j1). Same layouts: pre [bt, G] row stride ldp; cbuf [B, H]; m_out [bt, H];
-// gates [bt, G] / cells [bt, H] when training.
+// gates [bt, G] / cells [bt, H] when training; h_copy [bt, H] (row stride H) gets m_out again.
 template <bool kTraining>
 SEQKERNELS_AVX512 inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* pre, int64_t ldp,
-                                        float* cbuf, float* m_out, float* gates, float* cells) {
+                                        float* cbuf, float* m_out, float* gates, float* cells, float* h_copy) {
   const int64_t G = 4 * H;
   for (int64_t b = 0; b < bt; ++b) {
     const float* p = pre + b * ldp;
@@ -429,6 +466,7 @@ SEQKERNELS_AVX512 inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int6
       lstm_cell_forward<Avx512Math>(pre_j, _mm512_maskz_loadu_ps(mask, cbuf + b * H + j), act, c_new, m_new);
       _mm512_mask_storeu_ps(cbuf + b * H + j, mask, c_new);
       _mm512_mask_storeu_ps(m_out + b * H + j, mask, m_new);
+      _mm512_mask_storeu_ps(h_copy + b * H + j, mask, m_new);
       if constexpr (kTraining) {
         float* gs = gates + b * G + j;
         _mm512_mask_storeu_ps(gs, mask, act.i);
@@ -437,6 +475,41 @@ SEQKERNELS_AVX512 inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int6
         _mm512_mask_storeu_ps(gs + 3 * H, mask, act.o);
         _mm512_mask_storeu_ps(cells + b * H + j, mask, c_new);
       }
+    }
+  }
+}
+
+// backward_gate_rows (lstm.cpp, no projection) on 16 units at a time, for float32: batch rows
+// [0, bt), hidden units [j0, j1), with dL/dh_t = dh + grad_y summed in registers (no pass of
+// its own). Same layouts: gates [bt, G]; cells [bt, H]; prev_cells / c0 [.., H] (rows b <
+// n_prev from prev_cells); dh, grad_y [bt, H]; dcbuf [B, H] dL/dc_t in, dL/dc_{t-1} out;
+// dpre [bt, G].
+SEQKERNELS_AVX512 inline void backward_gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* gates,
+                                                 const float* cells, const float* prev_cells, int64_t n_prev,
+                                                 const float* c0, const float* dh, const float* grad_y, float* dcbuf,
+                                                 float* dpre) {
+  const int64_t G = 4 * H;
+  for (int64_t b = 0; b < bt; ++b) {
+    const float* a = gates + b * G;
+    const float* cp = b < n_prev ? prev_cells + b * H : c0 + b * H;
+    float* dp = dpre + b * G;
+    for (int64_t j = j0; j < j1; j += kTile) {
+      const __mmask16 mask = lanes(j1 - j);
+      const LstmGates<__m512> act{_mm512_maskz_loadu_ps(mask, a + j), _mm512_maskz_loadu_ps(mask, a + H + j),
+                                  _mm512_maskz_loadu_ps(mask, a + 2 * H + j),
+                                  _mm512_maskz_loadu_ps(mask, a + 3 * H + j)};
+      const __m512 dm = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dh + b * H + j),
+                                      _mm512_maskz_loadu_ps(mask, grad_y + b * H + j));
+      LstmGates<__m512> d;
+      __m512 dc_prev, m;
+      lstm_cell_backward<Avx512Math>(act, _mm512_maskz_loadu_ps(mask, cells + b * H + j),
+                                     _mm512_maskz_loadu_ps(mask, cp + j), dm,
+                                     _mm512_maskz_loadu_ps(mask, dcbuf + b * H + j), d, dc_prev, m);
+      _mm512_mask_storeu_ps(dcbuf + b * H + j, mask, dc_prev);
+      _mm512_mask_storeu_ps(dp + j, mask, d.i);
+      _mm512_mask_storeu_ps(dp + H + j, mask, d.f);
+      _mm512_mask_storeu_ps(dp + 2 * H + j, mask, d.g);
+      _mm512_mask_storeu_ps(dp + 3 * H + j, mask, d.o);
     }
   }
 }
@@ -514,15 +587,19 @@ SEQKERNELS_AVX512 inline void recurrent_grad_units(int64_t bt, int64_t H, int64_
 #undef SEQKERNELS_AVX512
 #endif  // x86-64
 
-// A part's product of a step, pre[:bt, its gate columns] += a·Wᵀ, with the kernels
-// `kernels` (w_packed: pack_gate_weights with unit_tile(kernels)).
+// A part's product of a step, pre[:bt, its gate columns] = start + a·Wᵀ (start: AccStart,
+// from pre itself, bias [G] or zero), with the kernels `kernels` (w_packed:
+// pack_gate_weights with unit_tile(kernels)).
 //   a: [bt, K] row stride lda; pre: [bt, G] row stride ldp
 inline void part_product(CpuKernels kernels, int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a,
-                         int64_t lda, const float* w_packed, float* pre, int64_t ldp) {
+                         int64_t lda, const float* w_packed, float* pre, int64_t ldp, AccStart start = AccStart::kPre,
+                         const float* bias = nullptr) {
+  if (start == AccStart::kBias && bias == nullptr) start = AccStart::kZero;
 #if defined(__x86_64__) || defined(_M_X64)
-  if (kernels == CpuKernels::kAvx512) return avx512::units_product(H, K, bt, j0, j1, a, lda, w_packed, pre, ldp);
+  if (kernels == CpuKernels::kAvx512)
+    return avx512::units_product(H, K, bt, j0, j1, a, lda, w_packed, pre, ldp, start, bias);
 #endif
-  units_product_avx2(H, K, bt, j0, j1, a, lda, w_packed, pre, ldp);
+  units_product_avx2(H, K, bt, j0, j1, a, lda, w_packed, pre, ldp, start, bias);
 }
 
 // The backward's parts own whole blocks of this many units (k0 of part_recurrent_grad).

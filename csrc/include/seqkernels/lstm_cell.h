@@ -42,7 +42,7 @@ SK_HOST_DEVICE void lstm_cell_forward(const LstmGates<V>& pre, V c_prev, LstmGat
 template <class Math, class V>
 SK_HOST_DEVICE void lstm_cell_backward(const LstmGates<V>& act, V c, V c_prev, V dm, V dc_next,
                                        LstmGates<V>& dpre, V& dc_prev, V& m) {
-  const V one(1);
+  const V one = V{} + 1.0f;  // not V(1): V may be a SIMD vector type (the CPU's AVX-512 gate pass)
   const V tanh_c = Math::tanh(c);
   m = act.o * tanh_c;
   const V dc = dc_next + dm * act.o * (one - tanh_c * tanh_c);
