@@ -451,7 +451,7 @@ struct Avx512Math {
 // hidden units [j0, j1). Same layouts: pre [bt, G] row stride ldp; cbuf [B, H]; m_out [bt, H];
 // gates [bt, G] / cells [bt, H] when training; h_copy [bt, H] (row stride H) gets m_out again.
 template <bool kTraining>
-SEQKERNELS_AVX512 inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* pre, int64_t ldp,
+SEQKERNELS_AVX512 __attribute__((flatten)) inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* pre, int64_t ldp,
                                         float* cbuf, float* m_out, float* gates, float* cells, float* h_copy) {
   const int64_t G = 4 * H;
   for (int64_t b = 0; b < bt; ++b) {
@@ -484,7 +484,7 @@ SEQKERNELS_AVX512 inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int6
 // its own). Same layouts: gates [bt, G]; cells [bt, H]; prev_cells / c0 [.., H] (rows b <
 // n_prev from prev_cells); dh, grad_y [bt, H]; dcbuf [B, H] dL/dc_t in, dL/dc_{t-1} out;
 // dpre [bt, G].
-SEQKERNELS_AVX512 inline void backward_gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* gates,
+SEQKERNELS_AVX512 __attribute__((flatten)) inline void backward_gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* gates,
                                                  const float* cells, const float* prev_cells, int64_t n_prev,
                                                  const float* c0, const float* dh, const float* grad_y, float* dcbuf,
                                                  float* dpre) {
