@@ -31,7 +31,7 @@ CUDA_FUSED_MAX_FORWARD_BH = 64 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_FORWARD_BH_TF32 = 32 * 1024  # kFusedMaxForwardBHTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
 CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 16 * 1024  # kFusedMaxBackwardBHTf32
-CUDA_FUSED_MAX_HIDDEN_TF32 = 512  # kFusedMaxHiddenTf32
+CUDA_FUSED_MAX_HIDDEN_TF32 = 1024  # kFusedMaxHiddenTf32
 _BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 
 
@@ -187,8 +187,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
             return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}"
         return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH}"
     if bh <= CUDA_FUSED_MAX_FORWARD_BH_TF32 or (bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= CUDA_FUSED_MAX_HIDDEN_TF32):
-        return "fused", f"auto: TF32, B*H = {bh} <= 32768, or <= 65536 with H <= 512"
-    return "cublas", f"auto: TF32, B*H = {bh} > 32768 (and > 65536 or H = {hidden} > 512)"
+        return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH_TF32}, or <= "
+                         f"{CUDA_FUSED_MAX_FORWARD_BH} with H <= {CUDA_FUSED_MAX_HIDDEN_TF32}")
+    return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH_TF32} (and > {CUDA_FUSED_MAX_FORWARD_BH} "
+                      f"or H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_TF32})")
 
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,

@@ -74,7 +74,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, B*H <= 16384
     (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H <= 65536, H <= 512; backward B*H > 16384
     (32, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768
-    (64, 1024, torch.float32, True, "cublas", "cublas"),
+    (64, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 65536 with H <= 1024
+    (32, 2048, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536, H > 1024
     (64, 100, torch.bfloat16, True, "cublas", "cublas"),  # fused chosen, but H % 8 != 0
     # float32 with TF32 off, float64: the state-size rule
     (32, 256, torch.float32, False, "persistent", "persistent"),  # 32 KiB

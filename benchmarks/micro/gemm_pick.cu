@@ -177,8 +177,17 @@ int main() {
                                            &written);
       cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk),
                                            &written);
-      std::printf("  lt/heuristic[%2d]   %7.2f us  (tile %d, stages %d, split-k %d, workspace %zu)\n", i, us, tile,
-                  stages, splitk, res[i].workspaceSize);
+      uint32_t reduction = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                           sizeof(reduction), &written);
+      std::printf("  lt/heuristic[%2d]   %7.2f us  (tile %d, stages %d, split-k %d, reduction %u, workspace %zu)\n", i,
+                  us, tile, stages, splitk, reduction, res[i].workspaceSize);
+      char label[32];
+      std::snprintf(label, sizeof(label), "lt/heuristic[%d]", i);
+      host_cost(label, [&] {
+        CHECK_BLAS(cublasLtMatmul(lt, op, &one, W, la, h, lb, &one, C, lc, C, lc, &res[i].algo, ws,
+                                  res[i].workspaceSize, stream));
+      }, C, m * n, stream);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);

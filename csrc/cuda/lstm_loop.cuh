@@ -32,10 +32,15 @@ constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
 constexpr int64_t kFusedMaxForwardBH = 64 * 1024;  // fused forward: B·H <= 65536 ...
-constexpr int64_t kFusedMaxForwardBHTf32 = 32 * 1024;  // ... TF32: B·H <= 32768, or 65536 with H <= 512
+constexpr int64_t kFusedMaxForwardBHTf32 = 32 * 1024;  // ... TF32: B·H <= 32768, or 65536 with H <= 1024
 constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64
 constexpr int64_t kFusedMaxBackwardBHTf32 = 16 * 1024;  // fused backward, TF32: B·H <= 16384 and H <= 768
-constexpr int64_t kFusedMaxHiddenTf32 = 512;  // fused forward, TF32: the 65536 rule's H limit
+// Fused forward, TF32: the 65536 rule's H limit. 1024 since 2026-11-24: at B = 64, H = 1024
+// the cuBLAS loop is host-bound (its per-step cuBLASLt call takes 13-14 µs of host time there,
+// benchmarks/micro/gemm_pick.cu), and it ran 6.16 ms against the fused loop's 5.17 ms on the
+// H200 grid (docs/kernels.md), 0.88-1.07x cuDNN eager against 1.03x on an H100 host. Inside a
+// CUDA graph the cuBLAS loop would be faster (12.8 against 18.7 µs per step there).
+constexpr int64_t kFusedMaxHiddenTf32 = 1024;
 
 // The loop for one op call. `mma`: the dtype runs on tensor cores (bf16, fp16, or float32 with
 // TF32 allowed); `half`: a 16-bit dtype. A forced loop that does not apply to the call (e.g.
@@ -52,7 +57,7 @@ constexpr int64_t kFusedMaxHiddenTf32 = 512;  // fused forward, TF32: the 65536 
 //    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
 //    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the TF32 backward also
 //    (H <= 1024, the split backward kernel) at B <= 4 and at B <= 16 with H > 768; else fused
-//    while B·H <= 65536 (forward; TF32: <= 32768, or 65536 with H <= 512) or B <= 64 (backward;
+//    while B·H <= 65536 (forward; TF32: <= 32768, or 65536 with H <= 1024) or B <= 64 (backward;
 //    TF32: B·H <= 16384 with H <= 768: its dG rows are 4H fp32 values and its W slice 128 KiB at
 //    H = 1024, where it takes 14–17 ms); else cuBLAS. The TF32 backward rule is from the backward
 //    op timed alone under each loop (scripts/lstm_backward_choice.py, H200, 2026-11-24,
