@@ -121,7 +121,7 @@ fi
 TESTS_LOG="$OUT/tests.log"
 : >"$TESTS_LOG"
 # shellcheck disable=SC2086
-run_step tests "pytest -m cuda ${GPU_CHECK_TESTS:-tests/}" 200 "$TESTS_LOG" \
+run_step tests "pytest -m cuda ${GPU_CHECK_TESTS:-tests/}" "${GPU_CHECK_TESTS_CAP:-260}" "$TESTS_LOG" \
   "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE --durations=10 ${GPU_CHECK_TESTS:-tests/}
 # The LSTM's CUDA tests on each backend forced (auto, above, picks per call).
 for backend in persistent fused cublas; do

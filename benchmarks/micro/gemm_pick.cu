@@ -159,6 +159,37 @@ int main() {
     cublasLtMatmulHeuristicResult_t res[16];
     int found = 0;
     CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &found));
+    {
+      // The same query allowing no split-K reduction (what StepGemm asks for): its first algorithm.
+      cublasLtMatmulPreference_t pref0;
+      CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref0));
+      CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref0, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                      sizeof(ws_bytes)));
+      const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+      CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref0, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none,
+                                                      sizeof(none)));
+      cublasLtMatmulHeuristicResult_t r0{};
+      int found0 = 0;
+      CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref0, 1, &r0, &found0));
+      cublasLtMatmulPreferenceDestroy(pref0);
+      if (found0 > 0) {
+        int splitk = -1;
+        size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&r0.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk),
+                                             &written);
+        const float us = median_us([&] {
+          CHECK_BLAS(cublasLtMatmul(lt, op, &one, W, la, h, lb, &one, C, lc, C, lc, &r0.algo, ws, r0.workspaceSize,
+                                    stream));
+        }, stream);
+        std::printf("  lt/no-reduction[0] %7.2f us  (split-k %d)\n", us, splitk);
+        host_cost("lt/no-reduction[0]", [&] {
+          CHECK_BLAS(cublasLtMatmul(lt, op, &one, W, la, h, lb, &one, C, lc, C, lc, &r0.algo, ws, r0.workspaceSize,
+                                    stream));
+        }, C, m * n, stream);
+      } else {
+        std::printf("  lt/no-reduction: none offered\n");
+      }
+    }
     if (found > 0) {
       host_cost("lt/heuristic[0]", [&] {
         CHECK_BLAS(cublasLtMatmul(lt, op, &one, W, la, h, lb, &one, C, lc, C, lc, &res[0].algo, ws,

@@ -191,16 +191,22 @@ inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
 // Why not gemm(): cublasGemmEx runs cuBLAS's algorithm heuristic inside every call, which
 // costs ~10 µs of host time per call on an H100 host (benchmarks/micro/gemm_pick.cu) and, in
 // an eager loop, stretches every step. StepGemm builds the cuBLASLt descriptors and asks
-// cublasLtMatmulAlgoGetHeuristic once per distinct (M, operand alignments), keeps the first
-// algorithm (the kernel cublasGemmEx runs too: the same device time in gemm_pick), and each
-// step is one cublasLtMatmul: 2-3 µs less host time per step there.
+// cublasLtMatmulAlgoGetHeuristic once per distinct (M, operand alignments), keeps its first
+// algorithm without split-K (below; where cublasGemmEx's kernel has none, the same kernel: the
+// same device time in gemm_pick), and each step is one cublasLtMatmul: 2-3 µs less host time
+// per step there.
 //
-// Precision as gemm(): float32 uses TF32 exactly when the BlasContext allows it; split-K
-// partial sums of a half-type C are reduced in fp32 (the reduced-precision reduction
-// BlasContext disallows for cublasGemmEx). The workspace is PyTorch's cuBLASLt workspace of
-// the current stream, so nothing is allocated; the algorithm is fixed per plan, so two runs
-// give bitwise-identical results. A shape for which the heuristic offers nothing runs through
-// gemm().
+// No split-K: the plan asks only for algorithms without a reduction step. Split-K adds a
+// second kernel launch, and a time loop is host-bound at the sizes where the heuristic picks
+// it: at B = 16, H = 512 (fp32, TF32) its first choice (split-K 4) took 10.4-17.7 µs of host
+// time per call against 8.4 µs for the first one without, an eager loop of (GEMM, small kernel)
+// 14.5-24.1 against 12.7 µs per step, while its device time was 5.7 against 6.8 µs
+// (gemm_pick, H100 host). Where the first choice has no split-K anyway it is the same.
+//
+// Precision as gemm(): float32 uses TF32 exactly when the BlasContext allows it. The
+// workspace is PyTorch's cuBLASLt workspace of the current stream, so nothing is allocated;
+// the algorithm is fixed per plan, so two runs give bitwise-identical results. A shape for
+// which the heuristic offers nothing runs through gemm().
 template <class AB, class CT, class Scale>
 class StepGemm {
  public:
@@ -248,8 +254,6 @@ class StepGemm {
     }
   };
 
-  static constexpr bool kHalfType = std::is_same_v<AB, c10::Half> || std::is_same_v<AB, c10::BFloat16>;
-
   const Plan& plan_for(int64_t M, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
     for (const Plan& p : plans_) {
       if (p.M == M && p.align_a == align_a && p.align_b == align_b && p.align_c == align_c) return p;
@@ -291,9 +295,7 @@ class StepGemm {
     cublasLtMatmulPreference_t pref = nullptr;
     TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t max_workspace = workspace_bytes_;
-    // A half-type C reduces split-K partial sums in fp32 only; float/double C in any scheme.
-    uint32_t reduction = std::is_same_v<CT, AB> && kHalfType ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
-                                                            : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
+    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;  // no split-K (see the class comment)
     const uint32_t align_first = p.align_b, align_second = p.align_a, align_c = p.align_c;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &max_workspace, sizeof(max_workspace));
