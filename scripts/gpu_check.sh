@@ -14,7 +14,7 @@
 #   sanitizer.log  compute-sanitizer memcheck, racecheck, synccheck and initcheck of
 #                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent, fused); memcheck of
 #                  scripts/check_convrnn_cuda.py and check_convlstm_cuda.py --small, racecheck and
-#                  synccheck of the ConvRNN kernels
+#                  synccheck of both
 #   bench.json, bench.log   benchmarks/bench_lstm.py records (bench.log: every suite's progress, and
 #                  scripts/lstm_backend_grid.py's table: each CUDA LSTM loop forced, beside cuDNN)
 #   grid.json      scripts/lstm_backend_grid.py records
@@ -173,14 +173,17 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
 "
 
 # The conv ops: memcheck both (cuDNN's convolutions run inside ConvLSTM's), racecheck and
-# synccheck the ConvRNN kernels (ours use shared memory and block barriers; ConvLSTM's own
-# kernels use neither).
-run_step conv_memcheck "memcheck (convrnn, convlstm)" 90 "$SAN_LOG" bash -c "$export_san compute-sanitizer \
+# synccheck both ops' kernels (they use shared memory and block barriers).
+# ConvLSTM twice: without the caching allocator its step convolutions run plain; with it they
+# are replayed from CUDA graphs (csrc/cuda/convlstm.cu, StepGraph), which that run covers.
+run_step conv_memcheck "memcheck (convrnn, convlstm; convlstm again with the caching allocator)" 120 "$SAN_LOG" \
+  bash -c "$export_san compute-sanitizer \
   --tool memcheck --leak-check no --error-exitcode 99 $PY scripts/check_convrnn_cuda.py --small && $export_san \
-  compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 $PY scripts/check_convlstm_cuda.py --small"
-run_step conv_racecheck "racecheck + synccheck (convrnn)" 90 "$SAN_LOG" bash -c "$export_san compute-sanitizer \
-  --tool racecheck --error-exitcode 99 $PY scripts/check_convrnn_cuda.py --small && $export_san \
-  compute-sanitizer --tool synccheck --error-exitcode 99 $PY scripts/check_convrnn_cuda.py --small"
+  compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 $PY scripts/check_convlstm_cuda.py --small \
+  && compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 $PY scripts/check_convlstm_cuda.py --small"
+run_step conv_racecheck "racecheck + synccheck (convrnn, convlstm)" 150 "$SAN_LOG" bash -c "set -e; for s in \
+  check_convrnn_cuda check_convlstm_cuda; do for tool in racecheck synccheck; do $export_san compute-sanitizer \
+  --tool \$tool --error-exitcode 99 $PY scripts/\$s.py --small; done; done"
 
 # ---- 4. extra checks: CUDA-graph capture, a 70000-step sequence, the conv ops' full sweeps --
 run_step extra "extra checks" 45 "$TESTS_LOG" "$PY" scripts/sanitize_lstm.py --extra

@@ -18,6 +18,7 @@ Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gat
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -709,6 +710,31 @@ def test_cuda_graph_forward_and_training_step(dtype):
         check_cuda_graph_replays(model, static_x)
     finally:
         matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_step_graphs_across_calls_and_streams():
+    """The CUDA loop replays each step's convolution from a CUDA graph whose memory the next
+    call's graph reuses (csrc/cuda/convlstm.cu, StepGraph): calls on alternating streams,
+    training and inference, two shapes, each against the reference (float64)."""
+    side = torch.cuda.Stream()
+    for call, (stream, shape) in enumerate([(None, (6, 2, 3, 5, 9, 7)), (side, (6, 2, 3, 5, 9, 7)),
+                                            (None, (4, 3, 3, 5, 9, 7)), (side, (7, 2, 3, 5, 9, 7))]):
+        T, B, Ci, C, H, W = shape
+        torch.manual_seed(call)
+        config = dict(Ci=Ci, C=C, kernel_size=3, num_layers=2, bias=True, batch_first=False, peephole=call % 2 == 1,
+                      H=H, W=W, T=T, B=B, with_state=True)
+        m, x, hx, upstream = _module_case(config, "cuda")
+        with torch.cuda.stream(side) if stream is not None else contextlib.nullcontext():
+            got = run_module(m, x, hx, upstream)
+            with torch.no_grad():
+                y, (h_n, c_n) = m(x, hx)
+            got_infer = {"y": y, "h_n": h_n, "c_n": c_n}
+        torch.cuda.synchronize()
+        ref = run_module(m, x, hx, upstream, convlstm_module_reference)
+        compare(got, ref, torch.float64, f"call {call} (training)")
+        compare(got_infer, {k: ref[k] for k in got_infer}, torch.float64, f"call {call} (inference)")
 
 
 # --------------------------------------------------------------------------------------

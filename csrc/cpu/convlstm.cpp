@@ -25,23 +25,23 @@ int64_t pixel_grain(int64_t C) { return std::max<int64_t>(1, (int64_t(1) << 14) 
 
 // The C channels of one pixel. GCC vectorises the loop over c only when the pointers are
 // __restrict function parameters (restrict locals loaded from the step struct are ignored).
-//   z, zh: [G] of the pixel (training: z + zh, and z is overwritten by the activated gates,
-//   each element read, then written, through this one pointer; inference: z alone, zh
-//   unused); c_prev, h, c_out: [C]; peep:
+//   z: [G] of the pixel; add: [G] added to it when kAdd (training: the pixel's w_hh * h_{t-1};
+//   inference: the bias); in training z is overwritten by the activated gates, each element
+//   read, then written, through this one pointer; c_prev, h, c_out: [C]; peep:
 //   [3, P, C] at the pixel (stride PC between the three weights), unused without peepholes.
-template <bool kPeephole, bool kTraining, class scalar_t>
-void forward_channels(scalar_t* __restrict z, const scalar_t* __restrict zh, const scalar_t* __restrict c_prev,
+template <bool kPeephole, bool kTraining, bool kAdd, class scalar_t>
+void forward_channels(scalar_t* __restrict z, const scalar_t* __restrict add, const scalar_t* __restrict c_prev,
                       const scalar_t* __restrict peep, int64_t PC, scalar_t* __restrict h,
                       scalar_t* __restrict c_out, int64_t C) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = typename CpuMath<acc_t>::type;
   for (int64_t c = 0; c < C; ++c) {
     LstmGates<acc_t> pre{acc_t(z[c]), acc_t(z[C + c]), acc_t(z[2 * C + c]), acc_t(z[3 * C + c])};
-    if constexpr (kTraining) {  // the state convolution's half (inference: already in z)
-      pre.i += acc_t(zh[c]);
-      pre.f += acc_t(zh[C + c]);
-      pre.g += acc_t(zh[2 * C + c]);
-      pre.o += acc_t(zh[3 * C + c]);
+    if constexpr (kAdd) {
+      pre.i += acc_t(add[c]);
+      pre.f += acc_t(add[C + c]);
+      pre.g += acc_t(add[2 * C + c]);
+      pre.o += acc_t(add[3 * C + c]);
     }
     Peephole<acc_t> w{};
     if constexpr (kPeephole) w = {acc_t(peep[c]), acc_t(peep[PC + c]), acc_t(peep[2 * PC + c])};
@@ -59,19 +59,25 @@ void forward_channels(scalar_t* __restrict z, const scalar_t* __restrict zh, con
   }
 }
 
-template <bool kPeephole, bool kTraining, class scalar_t>
+template <bool kPeephole, bool kTraining, bool kAdd, class scalar_t>
 void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
-  const int64_t C = s.C, G = 4 * s.C, P = s.P, PC = P * C;
+  const int64_t C = s.C, G = 4 * s.C, P = s.P, PC = P * C, Ci = s.Ci;
   at::parallel_for(0, s.B * P, pixel_grain(C), [&](int64_t begin, int64_t end) {
     for (int64_t pixel = begin; pixel < end; ++pixel) {
       scalar_t* h = s.h + pixel * s.h_stride;
-      forward_channels<kPeephole, kTraining>(s.z + pixel * G, s.zh + pixel * G, s.c_prev + pixel * C,
-                                             kPeephole ? s.peep + (pixel % P) * C : nullptr, PC, h, s.c + pixel * C,
-                                             C);
+      const scalar_t* add = kTraining ? s.zh + pixel * G : s.bias;
+      forward_channels<kPeephole, kTraining, kAdd>(s.z + pixel * G, add, s.c_prev + pixel * C,
+                                                   kPeephole ? s.peep + (pixel % P) * C : nullptr, PC, h,
+                                                   s.c + pixel * C, C);
       // y_t in the output's layout: the pixel's channels P apart.
       const int64_t b = pixel / P, p = pixel - b * P;
       scalar_t* y = s.y + b * PC + p;
       for (int64_t c = 0; c < C; ++c) y[c * P] = h[c];
+      if (s.x_next) {  // inference: x_{t+1} next to h_t, the next convolution's input
+        const scalar_t* x = s.x_next + b * Ci * P + p;
+        scalar_t* slot = s.x_slot + pixel * s.h_stride;
+        for (int64_t ci = 0; ci < Ci; ++ci) slot[ci] = x[ci * P];
+      }
     }
   });
 }
@@ -79,11 +85,12 @@ void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
 // The C channels of one pixel in backward (see forward_channels).
 //   act, dz: [G]; c, c_prev, dy, dh_rec, dc: [C]; dy and dh_rec are read only when kDy /
 //   kDhRec (template flags, so that no branch stops the loop from vectorising).
+//   dz_step: [G], a second copy of dz.
 template <bool kPeephole, bool kDy, bool kDhRec, class scalar_t, class acc_t>
 void backward_channels(const scalar_t* __restrict act_in, const scalar_t* __restrict c_t,
                        const scalar_t* __restrict c_prev, const scalar_t* __restrict peep, int64_t PC,
                        const scalar_t* __restrict dy, const scalar_t* __restrict dh_rec, acc_t* __restrict dc,
-                       scalar_t* __restrict dz, int64_t C) {
+                       scalar_t* __restrict dz, scalar_t* __restrict dz_step, int64_t C) {
   using Math = typename CpuMath<acc_t>::type;
   for (int64_t c = 0; c < C; ++c) {
     const LstmGates<acc_t> act{acc_t(act_in[c]), acc_t(act_in[C + c]), acc_t(act_in[2 * C + c]),
@@ -97,10 +104,10 @@ void backward_channels(const scalar_t* __restrict act_in, const scalar_t* __rest
     acc_t dc_prev;
     convlstm_cell_backward<kPeephole, Math>(act, acc_t(c_t[c]), acc_t(c_prev[c]), w, dh, dc[c], dpre, dc_prev);
     dc[c] = dc_prev;
-    dz[c] = scalar_t(dpre.i);
-    dz[C + c] = scalar_t(dpre.f);
-    dz[2 * C + c] = scalar_t(dpre.g);
-    dz[3 * C + c] = scalar_t(dpre.o);
+    dz[c] = dz_step[c] = scalar_t(dpre.i);
+    dz[C + c] = dz_step[C + c] = scalar_t(dpre.f);
+    dz[2 * C + c] = dz_step[2 * C + c] = scalar_t(dpre.g);
+    dz[3 * C + c] = dz_step[3 * C + c] = scalar_t(dpre.o);
   }
 }
 
@@ -113,7 +120,7 @@ void backward_pixels(const ConvLstmBackwardStep<scalar_t>& s) {
       backward_channels<kPeephole, kDy, kDhRec>(s.act + pixel * G, s.c + state, s.c_prev + state,
                                                 kPeephole ? s.peep + (pixel % s.P) * C : nullptr, PC,
                                                 kDy ? s.dy + state : nullptr, kDhRec ? s.dh_rec + state : nullptr,
-                                                s.dc + state, s.dz + pixel * G, C);
+                                                s.dc + state, s.dz + pixel * G, s.dz_step + pixel * G, C);
     }
   });
 }
@@ -126,16 +133,33 @@ void backward_pixels_dispatch(const ConvLstmBackwardStep<scalar_t>& s) {
   else backward_pixels<kPeephole, false, false>(s);
 }
 
+template <bool kPeephole, class scalar_t>
+void forward_pixels_dispatch(const ConvLstmForwardStep<scalar_t>& s) {
+  if (s.training) forward_pixels<kPeephole, true, true>(s);  // adds w_hh * h_{t-1}
+  else if (s.bias) forward_pixels<kPeephole, false, true>(s);  // adds the bias
+  else forward_pixels<kPeephole, false, false>(s);
+}
+
 struct CpuPointwise {
   static void check(const Tensor& x) { check_cpu(x, "seqkernels.convlstm"); }
 
+  // dL/dy_t is copied into channels-last per step: the channel loop vectorises over
+  // contiguous runs.
+  static constexpr bool kStridedDy = false;
+
+  // Each step's convolution is called again (nothing to save on the host: the CPU runs it).
+  struct StepCall {
+    explicit StepCall(int64_t /*calls*/) {}
+    template <class F>
+    Tensor operator()(const void* /*input*/, F&& fn) {
+      return fn();
+    }
+  };
+
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {
-    const bool peep = s.peep != nullptr, training = s.training;
-    if (peep && training) forward_pixels<true, true>(s);
-    else if (peep) forward_pixels<true, false>(s);
-    else if (training) forward_pixels<false, true>(s);
-    else forward_pixels<false, false>(s);
+    if (s.peep) forward_pixels_dispatch<true>(s);
+    else forward_pixels_dispatch<false>(s);
   }
 
   template <class scalar_t>

@@ -3,16 +3,26 @@
 // seqkernels/convlstm_loop.h with cuDNN's convolutions). This file is the fused pointwise
 // pass of a step: one thread per channels-last (b, pixel, c) element reads its four gates from
 // the two convolutions' outputs, applies the cell of seqkernels/convlstm_cell.h in float
-// (double for float64) and writes h, c, y and the saved gates (backward: dz and dc).
+// (double for float64) and writes h, c, y and the saved gates (backward: dz and dc); and
+// StepGraph, which replays each step's convolution from a CUDA graph.
 //
 // Shape legend: B batch, P = H·W pixels, C hidden channels, G = 4C; layouts in convlstm_loop.h.
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "seqkernels/convlstm_cell.h"
 #include "seqkernels/convlstm_loop.h"
@@ -28,93 +38,300 @@ struct CudaMath {
   static __device__ __forceinline__ acc_t tanh(acc_t x) { return ::tanh(x); }
 };
 
-constexpr int kThreads = 256;
+// A block is kTile x kRows threads over a tile of kTile pixels x kTile channels. The gate math
+// runs with threadIdx.x along channels (the channels-last buffers: coalesced); y_t (and in
+// backward dL/dy_t) is in the output's layout, channels P apart, so it goes through the
+// tile in shared memory and is written (read) with threadIdx.x along pixels.
+constexpr int kTile = 32;
+constexpr int kRows = 8;
 
-// Blocks for n elements, one per thread, capped: the kernels stride over the rest.
-int blocks_for(int64_t n) {
-  const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
-  return int(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks)));
+struct TileGrid {
+  int64_t pixel_tiles;
+  dim3 grid;
+};
+
+// Tiles over B·P pixels (grid x, capped: the kernels stride over the rest) and over `tiles`
+// channel tiles (grid y).
+TileGrid tile_grid(int64_t pixels, int64_t tiles) {
+  TORCH_CHECK(tiles >= 1 && tiles <= 65535, "seqkernels.convlstm: too many channels for the CUDA kernel (",
+              tiles * kTile, ")");
+  const int64_t pixel_tiles = (pixels + kTile - 1) / kTile;
+  const int64_t max_x = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+  return {pixel_tiles, dim3(unsigned(std::max<int64_t>(1, std::min(pixel_tiles, max_x))), unsigned(tiles))};
 }
 
-template <bool kPeephole, bool kTraining, class scalar_t>
-__global__ void __launch_bounds__(kThreads) forward_kernel(ConvLstmForwardStep<scalar_t> s) {
+// Channel tiles [0, gate_tiles): the cell of channels blockIdx.y·kTile + threadIdx.x. Tiles
+// from gate_tiles on (inference, not the last step): x_{t+1}'s channels, from x's layout into
+// the next convolution's input.
+template <bool kPeephole, bool kTraining, bool kAdd, class scalar_t>
+__global__ void __launch_bounds__(kTile* kRows)
+    forward_kernel(ConvLstmForwardStep<scalar_t> s, int64_t pixel_tiles, int gate_tiles) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t C = s.C, P = s.P, PC = P * C, n = s.B * PC;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pixel = e / C, c_idx = e - pixel * C;  // pixel = b·P + p
-    const int64_t z = pixel * 4 * C + c_idx, within = e % PC;  // within = p·C + c
-    // All four pre-activations are read before any gate is written over them (training).
-    LstmGates<acc_t> pre{acc_t(s.z[z]), acc_t(s.z[z + C]), acc_t(s.z[z + 2 * C]), acc_t(s.z[z + 3 * C])};
-    if constexpr (kTraining) {  // the state convolution's half (inference: already in z)
-      pre.i += acc_t(s.zh[z]);
-      pre.f += acc_t(s.zh[z + C]);
-      pre.g += acc_t(s.zh[z + 2 * C]);
-      pre.o += acc_t(s.zh[z + 3 * C]);
+  __shared__ scalar_t tile[kTile][kTile + 1];  // +1: no bank conflicts along either index
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t C = s.C, G = 4 * C, P = s.P, PC = P * C, pixels = s.B * P;
+  for (int64_t pt = blockIdx.x; pt < pixel_tiles; pt += gridDim.x) {
+    const int64_t p0 = pt * kTile;
+    if (int(blockIdx.y) < gate_tiles) {
+      const int64_t c0 = int64_t(blockIdx.y) * kTile, c_idx = c0 + tx;
+      for (int k = ty; k < kTile; k += kRows) {
+        const int64_t pixel = p0 + k;
+        if (pixel >= pixels || c_idx >= C) continue;
+        const int64_t z = pixel * G + c_idx;
+        // All four pre-activations are read before any gate is written over them (training).
+        LstmGates<acc_t> pre{acc_t(s.z[z]), acc_t(s.z[z + C]), acc_t(s.z[z + 2 * C]), acc_t(s.z[z + 3 * C])};
+        if constexpr (kAdd) {  // training: w_hh * h_{t-1}; inference: the bias
+          const scalar_t* add = kTraining ? s.zh + pixel * G + c_idx : s.bias + c_idx;
+          pre.i += acc_t(add[0]);
+          pre.f += acc_t(add[C]);
+          pre.g += acc_t(add[2 * C]);
+          pre.o += acc_t(add[3 * C]);
+        }
+        Peephole<acc_t> w{};
+        if constexpr (kPeephole) {
+          const int64_t within = (pixel % P) * C + c_idx;
+          w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
+        }
+        LstmGates<acc_t> act;
+        acc_t c, h;
+        convlstm_cell_forward<kPeephole, CudaMath<acc_t>>(pre, acc_t(s.c_prev[pixel * C + c_idx]), w, act, c, h);
+        s.h[pixel * s.h_stride + c_idx] = scalar_t(h);
+        s.c[pixel * C + c_idx] = scalar_t(c);
+        tile[k][tx] = scalar_t(h);
+        if constexpr (kTraining) {
+          s.z[z] = scalar_t(act.i);
+          s.z[z + C] = scalar_t(act.f);
+          s.z[z + 2 * C] = scalar_t(act.g);
+          s.z[z + 3 * C] = scalar_t(act.o);
+        }
+      }
+      __syncthreads();
+      const int64_t pixel = p0 + tx;  // y_t: along pixels
+      if (pixel < pixels) {
+        const int64_t b = pixel / P, p = pixel - b * P;
+        for (int k = ty; k < kTile && c0 + k < C; k += kRows) s.y[(b * C + c0 + k) * P + p] = tile[tx][k];
+      }
+    } else {
+      const int64_t Ci = s.Ci, ci0 = int64_t(int(blockIdx.y) - gate_tiles) * kTile;
+      const int64_t pixel = p0 + tx;  // read along pixels (x's layout)
+      if (pixel < pixels) {
+        const int64_t b = pixel / P, p = pixel - b * P;
+        for (int k = ty; k < kTile && ci0 + k < Ci; k += kRows) tile[k][tx] = s.x_next[(b * Ci + ci0 + k) * P + p];
+      }
+      __syncthreads();
+      const int64_t ci = ci0 + tx;  // write along channels (the input buffer's layout)
+      if (ci < Ci) {
+        for (int k = ty; k < kTile && p0 + k < pixels; k += kRows) s.x_slot[(p0 + k) * s.h_stride + ci] = tile[tx][k];
+      }
     }
-    Peephole<acc_t> w{};
-    if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
-    LstmGates<acc_t> act;
-    acc_t c, h;
-    convlstm_cell_forward<kPeephole, CudaMath<acc_t>>(pre, acc_t(s.c_prev[e]), w, act, c, h);
-    s.h[pixel * s.h_stride + c_idx] = scalar_t(h);
-    s.c[e] = scalar_t(c);
-    const int64_t b = pixel / P, p = pixel - b * P;
-    s.y[(b * C + c_idx) * P + p] = scalar_t(h);
-    if constexpr (kTraining) {
-      s.z[z] = scalar_t(act.i);
-      s.z[z + C] = scalar_t(act.f);
-      s.z[z + 2 * C] = scalar_t(act.g);
-      s.z[z + 3 * C] = scalar_t(act.o);
-    }
+    __syncthreads();  // the tile is reused for the next pixel tile
   }
 }
 
 template <bool kPeephole, class scalar_t>
-__global__ void __launch_bounds__(kThreads) backward_kernel(ConvLstmBackwardStep<scalar_t> s) {
+__global__ void __launch_bounds__(kTile* kRows)
+    backward_kernel(ConvLstmBackwardStep<scalar_t> s, int64_t pixel_tiles) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t C = s.C, PC = s.P * s.C, n = s.B * PC;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pixel = e / C, c_idx = e - pixel * C;
-    const int64_t z = pixel * 4 * C + c_idx, within = e % PC;
-    const LstmGates<acc_t> act{acc_t(s.act[z]), acc_t(s.act[z + C]), acc_t(s.act[z + 2 * C]), acc_t(s.act[z + 3 * C])};
-    Peephole<acc_t> w{};
-    if constexpr (kPeephole) w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
-    const acc_t dh = (s.dy ? acc_t(s.dy[e]) : acc_t(0)) + (s.dh_rec ? acc_t(s.dh_rec[e]) : acc_t(0));
-    LstmGates<acc_t> dpre;
-    acc_t dc_prev;
-    convlstm_cell_backward<kPeephole, CudaMath<acc_t>>(act, acc_t(s.c[e]), acc_t(s.c_prev[e]), w, dh, s.dc[e], dpre,
-                                                      dc_prev);
-    s.dc[e] = dc_prev;
-    s.dz[z] = scalar_t(dpre.i);
-    s.dz[z + C] = scalar_t(dpre.f);
-    s.dz[z + 2 * C] = scalar_t(dpre.g);
-    s.dz[z + 3 * C] = scalar_t(dpre.o);
+  __shared__ scalar_t tile[kTile][kTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t C = s.C, G = 4 * C, P = s.P, PC = P * C, pixels = s.B * P;
+  const int64_t c0 = int64_t(blockIdx.y) * kTile, c_idx = c0 + tx;
+  for (int64_t pt = blockIdx.x; pt < pixel_tiles; pt += gridDim.x) {
+    const int64_t p0 = pt * kTile;
+    if (s.dy) {  // dL/dy_t in grad_y's strides: read along pixels into the tile
+      const int64_t pixel = p0 + tx;
+      if (pixel < pixels) {
+        const int64_t b = pixel / P, p = pixel - b * P, py = p / s.W, px = p - py * s.W;
+        const scalar_t* dy = s.dy + b * s.dy_stride[0] + py * s.dy_stride[2] + px * s.dy_stride[3];
+        for (int k = ty; k < kTile && c0 + k < C; k += kRows) tile[k][tx] = dy[(c0 + k) * s.dy_stride[1]];
+      }
+      __syncthreads();
+    }
+    for (int k = ty; k < kTile; k += kRows) {
+      const int64_t pixel = p0 + k;
+      if (pixel >= pixels || c_idx >= C) continue;
+      const int64_t e = pixel * C + c_idx, z = pixel * G + c_idx;
+      const LstmGates<acc_t> act{acc_t(s.act[z]), acc_t(s.act[z + C]), acc_t(s.act[z + 2 * C]),
+                                 acc_t(s.act[z + 3 * C])};
+      Peephole<acc_t> w{};
+      if constexpr (kPeephole) {
+        const int64_t within = (pixel % P) * C + c_idx;
+        w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
+      }
+      const acc_t dh = (s.dy ? acc_t(tile[tx][k]) : acc_t(0)) + (s.dh_rec ? acc_t(s.dh_rec[e]) : acc_t(0));
+      LstmGates<acc_t> dpre;
+      acc_t dc_prev;
+      convlstm_cell_backward<kPeephole, CudaMath<acc_t>>(act, acc_t(s.c[e]), acc_t(s.c_prev[e]), w, dh, s.dc[e], dpre,
+                                                        dc_prev);
+      s.dc[e] = dc_prev;
+      s.dz[z] = s.dz_step[z] = scalar_t(dpre.i);
+      s.dz[z + C] = s.dz_step[z + C] = scalar_t(dpre.f);
+      s.dz[z + 2 * C] = s.dz_step[z + 2 * C] = scalar_t(dpre.g);
+      s.dz[z + 3 * C] = s.dz_step[z + 3 * C] = scalar_t(dpre.o);
+    }
+    __syncthreads();  // the tile is reused for the next pixel tile
   }
 }
+
+template <bool kPeephole, class scalar_t>
+void launch_forward(const ConvLstmForwardStep<scalar_t>& s) {
+  const int64_t gate_tiles = (s.C + kTile - 1) / kTile, x_tiles = s.x_next ? (s.Ci + kTile - 1) / kTile : 0;
+  const TileGrid g = tile_grid(s.B * s.P, gate_tiles + x_tiles);
+  const dim3 block(kTile, kRows);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (s.training) {  // adds w_hh * h_{t-1}
+    forward_kernel<kPeephole, true, true><<<g.grid, block, 0, stream>>>(s, g.pixel_tiles, int(gate_tiles));
+  } else if (s.bias) {
+    forward_kernel<kPeephole, false, true><<<g.grid, block, 0, stream>>>(s, g.pixel_tiles, int(gate_tiles));
+  } else {
+    forward_kernel<kPeephole, false, false><<<g.grid, block, 0, stream>>>(s, g.pixel_tiles, int(gate_tiles));
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The memory and stream every StepGraph of a thread captures with, per device: one private
+// memory pool, kept alive from one call to the next by the last graph captured into it, and
+// one capture stream (the pool's free blocks are found again by stream). A fresh pool per
+// call cost a cudaMalloc (~190 µs) and later a synchronising cudaFree (~290 µs of host
+// stall) per call on the H100 host. Graphs of successive calls reuse the same blocks; `done`
+// (recorded where a graph's replays ran) orders the next graph's replays after them when the
+// caller has switched streams in between. Never freed: the pool lives as long as the thread
+// (destroying graphs at process exit could outlive the CUDA context).
+struct StepGraphPool {
+  decltype(at::cuda::graph_pool_handle()) id;  // MempoolId_t (its namespace moved between torch versions)
+  c10::cuda::CUDAStream capture_stream;
+  cudaEvent_t done = nullptr;
+  bool done_recorded = false;
+  at::cuda::CUDAGraph* last = nullptr;
+};
+
+StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
+  thread_local std::unordered_map<c10::DeviceIndex, StepGraphPool*> pools;
+  auto it = pools.find(device);
+  if (it == pools.end()) {
+    auto* pool = new StepGraphPool{at::cuda::graph_pool_handle(),
+                                   c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)};
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&pool->done, cudaEventDisableTiming));
+    it = pools.emplace(device, pool).first;
+  }
+  return *it->second;
+}
+
+// A step's convolution, replayed: the first call runs it (cuDNN's plan caches, benchmark mode
+// included, fill there), the second captures it into a CUDA graph (StepGraphPool) and replays
+// it on the current stream, every later call replays it. Every call reads the same buffer
+// (`input`, asserted) and the result lands in the graph's memory, so a replay computes what a
+// call would, with the same kernels, for a few µs of host time instead of ATen's and cuDNN's
+// ~30-60 µs per convolution (the eager loop was host-bound: 92 µs of wall time against 44 µs of
+// kernels per step at B = 16, 16 x 16, K = 5 on an H100). The result is valid until the next
+// call and while the StepGraph lives.
+// Every call is a plain call where the caller is capturing already (its graph holds the whole
+// loop), where there are fewer than three calls, and where PyTorch's caching allocator is off
+// (PYTORCH_NO_CUDA_MEMORY_CACHING, as under compute-sanitizer: a capture cannot allocate
+// then). A capture that fails anyway is abandoned with a warning and the calls run plain.
+class StepGraph {
+ public:
+  explicit StepGraph(int64_t calls)
+      : replay_(calls >= 3 && caching_allocator_on() &&
+                c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {}
+
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  ~StepGraph() {
+    if (!graph_) return;
+    out_ = Tensor();  // back to the pool for the next capture
+    C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, replay_stream_));
+    pool_->done_recorded = true;
+    // This graph keeps the pool alive now; the previous keeper goes.
+    at::cuda::CUDAGraph* previous = std::exchange(pool_->last, graph_.release());
+    delete previous;
+  }
+
+  template <class F>
+  Tensor operator()(const void* input, F&& fn) {
+    if (!replay_ || calls_++ == 0) return fn();
+    if (!graph_ && !capture(input, fn)) return fn();
+    TORCH_INTERNAL_ASSERT(input == input_, "seqkernels.convlstm: a replayed step convolution changed its input");
+    graph_->replay();
+    return out_;
+  }
+
+ private:
+  // PyTorch's own test of the variable: set and not "0".
+  static bool caching_allocator_on() {
+    const char* v = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+    return v == nullptr || std::string(v) == "0";
+  }
+
+  // Captures fn; false (and plain calls from then on) if the capture failed.
+  template <class F>
+  bool capture(const void* input, F& fn) {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    StepGraphPool& pool = step_graph_pool(device);
+    const cudaStream_t replay_stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    {
+      const c10::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream);
+      // Thread-local: another thread's CUDA calls do not invalidate this capture.
+      graph->capture_begin(pool.id, cudaStreamCaptureModeThreadLocal);
+      try {
+        out_ = fn();
+      } catch (const std::exception& e) {  // leave the stream and the allocator as they were
+        cudaGraph_t partial = nullptr;
+        (void)cudaStreamEndCapture(pool.capture_stream.stream(), &partial);
+        if (partial) (void)cudaGraphDestroy(partial);
+        (void)cudaGetLastError();
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool.id);
+        c10::cuda::CUDACachingAllocator::releasePool(device, pool.id);
+        out_ = Tensor();
+        replay_ = false;
+        TORCH_WARN_ONCE("seqkernels.convlstm: capturing a step convolution in a CUDA graph failed (", e.what(),
+                        "); the steps call it directly instead");
+        return false;
+      }
+      graph->capture_end();
+    }
+    // The previous graph of this pool may still be replaying on another stream: its memory is
+    // this graph's now.
+    if (pool.done_recorded) C10_CUDA_CHECK(cudaStreamWaitEvent(replay_stream, pool.done, 0));
+    graph_ = std::move(graph);
+    pool_ = &pool;
+    replay_stream_ = replay_stream;
+    input_ = input;
+    return true;
+  }
+
+  bool replay_;
+  int64_t calls_ = 0;
+  const void* input_ = nullptr;
+  StepGraphPool* pool_ = nullptr;
+  cudaStream_t replay_stream_ = nullptr;
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;
+  Tensor out_;  // declared after graph_: released first
+};
 
 struct CudaPointwise {
   static void check(const Tensor& x) {
     TORCH_CHECK(x.is_cuda(), "seqkernels.convlstm: CUDA kernel called with a tensor on ", x.device());
   }
 
+  static constexpr bool kStridedDy = true;  // read through the tile: no per-step copy
+  using StepCall = StepGraph;
+
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {
-    const int blocks = blocks_for(s.B * s.P * s.C);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const bool peep = s.peep != nullptr, training = s.training;
-    if (peep && training) forward_kernel<true, true><<<blocks, kThreads, 0, stream>>>(s);
-    else if (peep) forward_kernel<true, false><<<blocks, kThreads, 0, stream>>>(s);
-    else if (training) forward_kernel<false, true><<<blocks, kThreads, 0, stream>>>(s);
-    else forward_kernel<false, false><<<blocks, kThreads, 0, stream>>>(s);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (s.peep) launch_forward<true>(s);
+    else launch_forward<false>(s);
   }
 
   template <class scalar_t>
   static void backward_step(const ConvLstmBackwardStep<scalar_t>& s) {
-    const int blocks = blocks_for(s.B * s.P * s.C);
+    const TileGrid g = tile_grid(s.B * s.P, (s.C + kTile - 1) / kTile);
+    const dim3 block(kTile, kRows);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    if (s.peep) backward_kernel<true><<<blocks, kThreads, 0, stream>>>(s);
-    else backward_kernel<false><<<blocks, kThreads, 0, stream>>>(s);
+    if (s.peep) backward_kernel<true><<<g.grid, block, 0, stream>>>(s, g.pixel_tiles);
+    else backward_kernel<false><<<g.grid, block, 0, stream>>>(s, g.pixel_tiles);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };

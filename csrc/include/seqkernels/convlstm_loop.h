@@ -9,13 +9,15 @@
 //             pre-activation buffer (4x the output) each step convolves [x_t, h_{t-1}], held
 //             side by side in one buffer, with [w_ih | w_hh]: one convolution per step and
 //             memory near the output's own. Then one fused pointwise pass
-//             (Backend::forward_step) adds the parts, applies the gates and peepholes, and
-//             writes c_t, h_t (channels-last, the next convolution's input) and y_t (in the
-//             output's layout, so no whole-sequence transposition follows).
-//   backward  reverse time (dL/dy_t converted to channels-last one step at a time): per
-//             step one fused pointwise pass (Backend::backward_step) giving dz_t (the gate
-//             pre-activations' gradient) and dc_{t-1} in place, then the state
-//             convolution's input gradient w_hhᵀ * dz_t, which is dh_{t-1}'s recurrent part.
+//             (Backend::forward_step) adds the parts (and in inference the bias), applies the
+//             gates and peepholes, and writes c_t, h_t (channels-last, over h_{t-1}: the next
+//             convolution's input), y_t (in the output's layout, so no whole-sequence
+//             transposition follows) and in inference x_{t+1} next to h_t.
+//   backward  reverse time: per step one fused pointwise pass (Backend::backward_step)
+//             giving dz_t (the gate pre-activations' gradient) and dc_{t-1} in place, then
+//             the state convolution's input gradient w_hhᵀ * dz_t, which is dh_{t-1}'s
+//             recurrent part. dL/dy_t is read in grad_y's own strides where the backend can
+//             (Backend::kStridedDy), else copied into channels-last one step at a time.
 //             Every quarter of the sequence, dx, dw_ih, dbias and dw_hh of its steps are one
 //             convolution backward each over all its frames, and the peephole gradients one
 //             reduction each, accumulated over the quarters.
@@ -24,9 +26,14 @@
 // the per-step convolution 1.2-1.5x faster than in NCHW), and the pointwise pass reads a
 // pixel's four gates as four contiguous runs of C. The user's NCHW tensors are converted
 // once per call on the way in and out.
-// A Backend supplies `check(x)` (the device) and the two step functions over raw pointers.
-// No host synchronisation; the only allocations are ATen's (the caching allocator on the
-// GPU), so the loop can be captured in a CUDA graph.
+// Every step's convolution reads the same buffers and writes a buffer it allocates, so a
+// backend may replay it instead of calling it again: Backend::StepCall (CPU: a plain call;
+// CUDA: captured into a CUDA graph at the second step and replayed, which removes the
+// convolution's host cost, ~30-60 µs per step through ATen and cuDNN, from a loop that is
+// otherwise host-bound at these sizes).
+// A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
+// `kStridedDy` and `StepCall`. No host synchronisation; the only allocations are ATen's (the
+// caching allocator on the GPU), so the loop can be captured in a CUDA graph.
 //
 // Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gate
 // channels (i, f, g, o), H x W the frame, P = H·W pixels, KH x KW the kernel.
@@ -53,14 +60,20 @@ struct ConvLstmForwardStep {
   // (zh is nullptr), nothing written back.
   scalar_t* z;             // [B, P, G]
   const scalar_t* zh;      // [B, P, G] or nullptr
+  const scalar_t* bias;    // [G] added to z (inference), or nullptr (training: already in z)
   const scalar_t* c_prev;  // [B, P, C] c_{t-1}
   const scalar_t* peep;    // [3, P, C] w_ci, w_cf, w_co, or nullptr
   scalar_t* h;             // h_t: pixel b·P + p's C channels at (b·P + p)·h_stride
   scalar_t* c;             // [B, P, C] c_t
   scalar_t* y;             // [B, C, P] h_t again, in the output's layout (y_t)
+  // Inference: x_{t+1} in x's layout [B, Ci, P] (nullptr at the last step), copied into the
+  // first Ci channels of the next convolution's input (x_slot: pixel b·P + p at
+  // (b·P + p)·h_stride), which h_t shares.
+  const scalar_t* x_next;
+  scalar_t* x_slot;
   bool training;
   int64_t h_stride;        // C, or Ci + C where h_t shares its buffer with x_t (inference)
-  int64_t B, P, C;
+  int64_t B, P, C, Ci;
 };
 
 template <class scalar_t>
@@ -70,11 +83,16 @@ struct ConvLstmBackwardStep {
   const scalar_t* c;       // [B, P, C] c_t
   const scalar_t* c_prev;  // [B, P, C] c_{t-1}
   const scalar_t* peep;    // [3, P, C] or nullptr
-  const scalar_t* dy;      // [B, P, C] dL/dy_t, or nullptr (no gradient)
+  // dL/dy_t, or nullptr (no gradient): [B, P, C] channels-last, or with Backend::kStridedDy
+  // element (b, c, p = py·W + px) at b·dy_stride[0] + c·dy_stride[1] + py·dy_stride[2] +
+  // px·dy_stride[3] (grad_y's own strides, 0 where autograd expanded it).
+  const scalar_t* dy;
+  int64_t dy_stride[4];
   const scalar_t* dh_rec;  // [B, P, C] dL/dh_t from step t+1 (or h_n), or nullptr
   acc_t* dc;               // [B, P, C] in: dL/dc_t from step t+1; out: dL/dc_{t-1}
   scalar_t* dz;            // [B, P, G] dL/d(pre-activations) of step t
-  int64_t B, P, C;
+  scalar_t* dz_step;       // [B, P, G] the same again: the state convolution's fixed input
+  int64_t B, P, C, W;
 };
 
 namespace convlstm_detail {
@@ -160,52 +178,56 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   Tensor y = at::empty({s.T, s.B, s.C, s.H, s.W}, x.options());
   // Training keeps every c_t for backward; inference two alternating buffers.
   Tensor cells = at::empty({training ? s.T : 2, s.B, s.H, s.W, s.C}, x.options());
-  const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
+  // c_0 channels-last: its own buffer in training (backward reads it), else the second cell
+  // buffer (step 0 writes the first).
+  const Tensor c0_nhwc = training ? to_nhwc_buffer(c0, dtype) : cells.select(0, 1);
+  if (!training) nchw_view(c0_nhwc).copy_(c0);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
-  // The convolutions' weights and state buffers, channels-last. Training: w_hh alone, and h_t
-  // alternating between two [B, H, W, C] buffers (step t reads one, writes the other).
-  // Inference: [w_ih | w_hh] over one [B, H, W, Ci + C] buffer that holds x_t next to h_{t-1}
-  // (the step writes h_t over h_{t-1} once the convolution has read it).
+  // The step convolution's weights and input, channels-last. Training: w_hh over one
+  // [B, H, W, C] buffer holding h_{t-1}. Inference: [w_ih | w_hh] over one [B, H, W, Ci + C]
+  // buffer holding x_t next to h_{t-1}. The pointwise pass writes h_t (and x_{t+1}) over it
+  // once the convolution has read it, so every step convolves the same buffer.
   const Tensor w_nhwc = to_nhwc(training ? w_hh : at::cat({w_ih, w_hh}, 1));
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
-  Tensor h_buf = at::empty({training ? 2 : 1, s.B, s.H, s.W, h_channels}, x.options());
-  // The buffers as the convolutions' [B, channels, H, W] inputs, made once for the whole loop.
-  const Tensor h_views[2] = {nchw_view(h_buf.select(0, 0)), training ? nchw_view(h_buf.select(0, 1)) : Tensor()};
-  const Tensor x_slot = training ? Tensor() : h_views[0].narrow(1, 0, s.Ci);  // inference: x_t's channels
-  if (!training) h_views[0].narrow(1, s.Ci, s.C).copy_(h0);
+  Tensor h_buf = at::empty({s.B, s.H, s.W, h_channels}, x.options());
+  const Tensor h_in = nchw_view(h_buf);  // as the convolution's [B, channels, H, W] input
+  h_in.narrow(1, h_channels - s.C, s.C).copy_(h0);
+  if (!training) h_in.narrow(1, 0, s.Ci).copy_(x.select(0, 0));
   // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
   // each step's pre-activations with its activated gates, the buffer saved for backward.
   const Tensor zx = training ? conv(to_nhwc(x_frames), to_nhwc(w_ih), bias_or_none, geom) : Tensor();
+  const Tensor bias_step = !training && bias_or_none.has_value() ? bias_or_none->contiguous() : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_forward", [&] {
+    typename Backend::StepCall step_conv(s.T);  // its buffers are released when the loop ends
     ConvLstmForwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);
+    step.bias = ptr_or_null<scalar_t>(bias_step);
     step.training = training;
     step.h_stride = h_channels;
+    step.x_slot = training ? nullptr : h_buf.data_ptr<scalar_t>();
+    step.h = h_buf.data_ptr<scalar_t>() + (h_channels - s.C);
     step.B = s.B;
     step.P = P;
     step.C = s.C;
-    Tensor h_prev = to_nhwc(h0);  // training: the state convolution's input
+    step.Ci = s.Ci;
     const scalar_t* c_prev = c0_nhwc.data_ptr<scalar_t>();
     for (int64_t t = 0; t < s.T; ++t) {
-      Tensor z;  // must outlive the step: it holds this step's pre-activations
+      // w_hh * h_{t-1} (training) or [w_ih | w_hh] * [x_t, h_{t-1}] (inference); held until the
+      // pointwise pass has read it.
+      const Tensor z = step_conv(h_buf.data_ptr(), [&] { return conv(h_in, w_nhwc, std::nullopt, geom); });
       if (training) {
-        z = conv(h_prev, w_nhwc, std::nullopt, geom);
         step.z = zx.data_ptr<scalar_t>() + t * gate_step;
         step.zh = z.data_ptr<scalar_t>();
-        step.h = h_buf.data_ptr<scalar_t>() + (t % 2) * state;
       } else {
-        x_slot.copy_(x.select(0, t));
-        z = conv(h_views[0], w_nhwc, bias_or_none, geom);  // [x_t, h_{t-1}]
         step.z = z.data_ptr<scalar_t>();
         step.zh = nullptr;
-        step.h = h_buf.data_ptr<scalar_t>() + s.Ci;
+        step.x_next = t + 1 < s.T ? x.select(0, t + 1).data_ptr<scalar_t>() : nullptr;
       }
       step.c_prev = c_prev;
       step.c = cells.data_ptr<scalar_t>() + (training ? t : t % 2) * state;
       step.y = y.data_ptr<scalar_t>() + t * state;
       Backend::forward_step(step);
-      if (training) h_prev = h_views[t % 2];
       c_prev = step.c;
     }
   });
@@ -247,7 +269,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // dL/dy_t, copied into channels-last one step at a time (a whole-sequence copy would cost
   // another output's worth of memory).
   const bool has_dy = grad_y.has_value() && grad_y->defined();
-  Tensor dy_step = has_dy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
+  Tensor dy_step = has_dy && !Backend::kStridedDy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
+  // The state convolution's input gradient reads dz_t from one fixed buffer (Backend::StepCall).
+  Tensor dz_step = at::empty({s.B, s.H, s.W, s.G}, x.options());
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
   const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
@@ -265,27 +289,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // [3, H, W, C] accumulated: w_ci, w_cf, w_co.
   Tensor grad_peep_nhwc = s.has_peephole ? at::zeros({3, s.H, s.W, s.C}, acc_opts) : Tensor();
 
+  Tensor grad_h0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
+    typename Backend::StepCall step_dgrad(s.T);  // its buffers are released when the loop ends
     ConvLstmBackwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);
     step.dc = dc.data_ptr<acc_t>();
+    step.dz_step = dz_step.data_ptr<scalar_t>();
     step.B = s.B;
     step.P = P;
     step.C = s.C;
+    step.W = s.W;
     for (int64_t end = s.T; end > 0; end -= chunk) {
       const int64_t t0 = std::max<int64_t>(0, end - chunk), n = end - t0;
       for (int64_t t = end - 1; t >= t0; --t) {
         step.act = gates.data_ptr<scalar_t>() + t * gate_step;
         step.c = cells.data_ptr<scalar_t>() + t * state;
         step.c_prev = t > 0 ? cells.data_ptr<scalar_t>() + (t - 1) * state : c0_nhwc.data_ptr<scalar_t>();
-        if (has_dy) nchw_view(dy_step).copy_(grad_y->select(0, t));
-        step.dy = ptr_or_null<scalar_t>(dy_step);
+        if (has_dy && Backend::kStridedDy) {
+          const Tensor dy_t = grad_y->select(0, t);  // [B, C, H, W] in grad_y's strides
+          step.dy = dy_t.data_ptr<scalar_t>();
+          for (int d = 0; d < 4; ++d) step.dy_stride[d] = dy_t.stride(d);
+        } else {
+          if (has_dy) nchw_view(dy_step).copy_(grad_y->select(0, t));
+          step.dy = ptr_or_null<scalar_t>(dy_step);
+        }
         step.dh_rec = dh_rec.defined() ? dh_rec.data_ptr<scalar_t>() : nullptr;
         step.dz = dz.data_ptr<scalar_t>() + (t - t0) * gate_step;
         Backend::backward_step(step);
-        dh_rec = to_nhwc(std::get<0>(conv_backward(nchw_view(dz.select(0, t - t0)), h_like, w_hh_nhwc, false, geom,
-                                                   {true, false, false})));
+        dh_rec = step_dgrad(dz_step.data_ptr(), [&] {
+          return to_nhwc(std::get<0>(
+              conv_backward(nchw_view(dz_step), h_like, w_hh_nhwc, false, geom, {true, false, false})));
+        });
       }
       // The chunk's frames: dz and h_{t-1} of steps t0 .. end - 1.
       const Tensor dz_frames = nchw_view(dz.narrow(0, 0, n).view({n * s.B, s.H, s.W, s.G}));
@@ -314,12 +350,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         grad_peep_nhwc.select(0, 2).add_((dz_gates.select(4, 3) * c_t).sum(over_time_and_batch));
       }
     }
+    grad_h0 = dh_rec.clone(at::MemoryFormat::Contiguous);  // before step_dgrad's buffer is released
+    dh_rec = Tensor();
   });
 
   // [3, H, W, C] -> [3, C, H, W]
   Tensor grad_peephole =
       s.has_peephole ? nchw_view(grad_peep_nhwc).to(dtype).contiguous() : at::empty({0}, x.options());
-  Tensor grad_h0 = dh_rec.contiguous();
   Tensor grad_c0 = nchw_view(dc).to(dtype).contiguous();
   return {grad_x,
           grad_h0,
