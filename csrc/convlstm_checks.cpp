@@ -23,7 +23,6 @@ ConvLstmSizes check_common(const at::Tensor& x, const at::Tensor& w_ih, const at
               num(x.defined() ? x.dim() : 0), "-D");
   TORCH_CHECK(is_floating_dtype(x.scalar_type()), kOp, ": x must be float32, float64, bfloat16 or float16, got ",
               x.scalar_type());
-  TORCH_CHECK(x.is_contiguous(), kOp, ": x must be contiguous");
   s.T = x.size(0);
   s.B = x.size(1);
   s.Ci = x.size(2);
@@ -31,6 +30,11 @@ ConvLstmSizes check_common(const at::Tensor& x, const at::Tensor& w_ih, const at
   s.W = x.size(4);
   TORCH_CHECK(s.T >= 1 && s.B >= 1 && s.Ci >= 1 && s.H >= 1 && s.W >= 1, kOp,
               ": x must have T, B, Ci, H, W >= 1, got ", shape(x.sizes()));
+  // Any T and B strides (a batch-first input transposed to time-major is read in place), but
+  // every frame x[t, b] one contiguous [Ci, H, W] block.
+  TORCH_CHECK((s.W == 1 || x.stride(4) == 1) && (s.H == 1 || x.stride(3) == s.W) &&
+                  (s.Ci == 1 || x.stride(2) == s.H * s.W) && x.stride(0) >= 0 && x.stride(1) >= 0,
+              kOp, ": every frame x[t, b] ([Ci, H, W]) must be contiguous, got strides ", shape(x.strides()));
 
   TORCH_CHECK(w_hh.defined() && w_hh.dim() == 4, kOp, ": w_hh must be 4-D [G, C, KH, KW], got ",
               num(w_hh.defined() ? w_hh.dim() : 0), "-D");

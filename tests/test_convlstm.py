@@ -432,6 +432,30 @@ def test_opcheck_convlstm_backward(device, T, B, Ci, C, H, W, kernel, bias, peep
     torch.library.opcheck(_backward_op.default, args)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_opcheck_batch_first_input_read_in_place(device, training):
+    """x as a batch-first input's time-major transpose (frames contiguous, T and B strides
+    swapped): the ops read it in place, forward and backward, and agree with a contiguous x."""
+    torch.manual_seed(5)
+    x, h0, c0, w_ih, w_hh, b, peep, _ = _op_args(4, 3, 2, 3, 5, 4, (3, 5), True, True, training, device, training)
+    x_bt = x.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(training)
+    assert not x_bt.is_contiguous() and torch.equal(x_bt, x)
+    args = (x_bt, h0, c0, w_ih, w_hh, b, peep, training)
+    torch.library.opcheck(_forward_op.default, args)
+    got, want = _forward_op(*args), _forward_op(x.detach(), h0, c0, w_ih, w_hh, b, peep, training)
+    for a, e in zip(got[:3], want[:3]):
+        assert torch.equal(a, e)
+    if training:
+        y, h_n, c_n, gates, cells = (t.detach() for t in got)
+        bwd = (torch.randn_like(y), torch.randn_like(h_n), torch.randn_like(c_n), x_bt.detach(), h0.detach(),
+               c0.detach(), w_ih.detach(), w_hh.detach(), peep.detach(), y, gates, cells, True)
+        torch.library.opcheck(_backward_op.default, bwd)
+        g_bt = _backward_op(*bwd)
+        g = _backward_op(*bwd[:3], x.detach(), *bwd[4:])
+        for a, e in zip(g_bt, g):
+            assert torch.equal(a, e)
+
+
 def test_op_outputs(device):
     """Shapes of the raw ops' outputs: saved buffers are empty in inference, grad_bias and
     grad_peephole empty without a bias / peepholes; the backward accepts None gradients."""

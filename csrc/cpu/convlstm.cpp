@@ -74,7 +74,7 @@ void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
       scalar_t* y = s.y + b * PC + p;
       for (int64_t c = 0; c < C; ++c) y[c * P] = h[c];
       if (s.x_next) {  // inference: x_{t+1} next to h_t, the next convolution's input
-        const scalar_t* x = s.x_next + b * Ci * P + p;
+        const scalar_t* x = s.x_next + b * s.x_stride_b + p;
         scalar_t* slot = s.x_slot + pixel * s.h_stride;
         for (int64_t ci = 0; ci < Ci; ++ci) slot[ci] = x[ci * P];
       }

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kTile* kRows)
       const int64_t pixel = p0 + tx;  // read along pixels (x's layout)
       if (pixel < pixels) {
         const int64_t b = pixel / P, p = pixel - b * P;
-        for (int k = ty; k < kTile && ci0 + k < Ci; k += kRows) tile[k][tx] = s.x_next[(b * Ci + ci0 + k) * P + p];
+        for (int k = ty; k < kTile && ci0 + k < Ci; k += kRows) tile[k][tx] = s.x_next[b * s.x_stride_b + (ci0 + k) * P + p];
       }
       __syncthreads();
       const int64_t ci = ci0 + tx;  // write along channels (the input buffer's layout)

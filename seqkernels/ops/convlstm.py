@@ -33,6 +33,13 @@ def _check_tensor(t: Tensor, shape: tuple[int, ...], name: str, legend: str, lik
         _fail(f"{name} is on {t.device} but x is on {like.device}")
 
 
+def _frames_contiguous(x: Tensor) -> bool:
+    """Every frame x[t, b] is one contiguous (Ci, H, W) block (the op reads any T, B strides)."""
+    _, _, Ci, H, W = x.shape
+    sizes_strides = ((Ci, x.stride(2), H * W), (H, x.stride(3), W), (W, x.stride(4), 1))
+    return all(size == 1 or stride == want for size, stride, want in sizes_strides) and min(x.stride()) >= 0
+
+
 def convlstm(
     x: Tensor,
     h0: Tensor | None,
@@ -98,7 +105,7 @@ def convlstm(
     y, h_n, c_n, _, _ = call_op(
         _forward,
         training,
-        x.contiguous(),
+        x if _frames_contiguous(x) else x.contiguous(),  # batch-first input read in place
         h0.contiguous(),
         c0.contiguous(),
         weight_ih.contiguous(),
@@ -124,14 +131,15 @@ def _convlstm_forward_fake(x, h0, c0, w_ih, w_hh, bias, peephole, training):
 @torch.library.register_fake("seqkernels::convlstm_backward")
 def _convlstm_backward_fake(grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, peephole, y, gates, cells, has_bias):
     G = w_hh.shape[0]
+    # Contiguous, as the kernels return them (x itself may be a batch-first input's transpose).
     return (
-        torch.empty_like(x),
-        torch.empty_like(h0),
-        torch.empty_like(c0),
-        torch.empty_like(w_ih),
-        torch.empty_like(w_hh),
+        x.new_empty(x.shape),
+        h0.new_empty(h0.shape),
+        c0.new_empty(c0.shape),
+        w_ih.new_empty(w_ih.shape),
+        w_hh.new_empty(w_hh.shape),
         w_hh.new_empty(G if has_bias else 0),
-        torch.empty_like(peephole) if peephole is not None else x.new_empty(0),
+        peephole.new_empty(peephole.shape) if peephole is not None else x.new_empty(0),
     )
 
 

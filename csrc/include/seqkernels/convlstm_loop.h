@@ -66,10 +66,11 @@ struct ConvLstmForwardStep {
   scalar_t* h;             // h_t: pixel b·P + p's C channels at (b·P + p)·h_stride
   scalar_t* c;             // [B, P, C] c_t
   scalar_t* y;             // [B, C, P] h_t again, in the output's layout (y_t)
-  // Inference: x_{t+1} in x's layout [B, Ci, P] (nullptr at the last step), copied into the
-  // first Ci channels of the next convolution's input (x_slot: pixel b·P + p at
-  // (b·P + p)·h_stride), which h_t shares.
+  // Inference: x_{t+1} in x's layout, frame b's [Ci, P] at b·x_stride_b (nullptr at the last
+  // step), copied into the first Ci channels of the next convolution's input (x_slot: pixel
+  // b·P + p at (b·P + p)·h_stride), which h_t shares.
   const scalar_t* x_next;
+  int64_t x_stride_b;
   scalar_t* x_slot;
   bool training;
   int64_t h_stride;        // C, or Ci + C where h_t shares its buffer with x_t (inference)
@@ -125,6 +126,7 @@ inline std::tuple<Tensor, Tensor, Tensor> conv_backward(const Tensor& grad_out, 
 }
 
 // Moves the channel dimension of a [..., C, H, W] tensor last (to_back) or back from last.
+
 inline Tensor move_channels(const Tensor& t, bool to_back) {
   const int64_t d = t.dim();
   std::vector<int64_t> order(d);
@@ -139,6 +141,13 @@ inline Tensor move_channels(const Tensor& t, bool to_back) {
     order[d - 1] = d - 2;
   }
   return t.permute(order);
+}
+
+// x's frames [T, B, Ci, H, W] (any T and B strides) as [T·B, Ci, H, W] in NHWC memory: one copy.
+inline Tensor nhwc_frames(const Tensor& x) {
+  Tensor out = at::empty({x.size(0), x.size(1), x.size(3), x.size(4), x.size(2)}, x.options());
+  out.copy_(move_channels(x, true));
+  return move_channels(out.flatten(0, 1), false);
 }
 
 // A contiguous [..., H, W, C] buffer viewed as the [..., C, H, W] tensor it stores.
@@ -173,7 +182,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const int64_t P = s.H * s.W, state = s.B * P * s.C, gate_step = s.B * P * s.G;
   const at::ScalarType dtype = x.scalar_type();
 
-  const Tensor x_frames = x.view({s.T * s.B, s.Ci, s.H, s.W});
   const std::optional<Tensor> bias_or_none = s.has_bias ? bias : std::nullopt;
   Tensor y = at::empty({s.T, s.B, s.C, s.H, s.W}, x.options());
   // Training keeps every c_t for backward; inference two alternating buffers.
@@ -195,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   if (!training) h_in.narrow(1, 0, s.Ci).copy_(x.select(0, 0));
   // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
   // each step's pre-activations with its activated gates, the buffer saved for backward.
-  const Tensor zx = training ? conv(to_nhwc(x_frames), to_nhwc(w_ih), bias_or_none, geom) : Tensor();
+  const Tensor zx = training ? conv(nhwc_frames(x), to_nhwc(w_ih), bias_or_none, geom) : Tensor();
   const Tensor bias_step = !training && bias_or_none.has_value() ? bias_or_none->contiguous() : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_forward", [&] {
@@ -206,6 +214,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
     step.training = training;
     step.h_stride = h_channels;
     step.x_slot = training ? nullptr : h_buf.data_ptr<scalar_t>();
+    step.x_stride_b = x.stride(1);
     step.h = h_buf.data_ptr<scalar_t>() + (h_channels - s.C);
     step.B = s.B;
     step.P = P;
@@ -258,9 +267,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // input and peephole gradients are one convolution backward (or reduction) over all its
   // frames, accumulated. Whole-sequence calls would need dL/dz of every step at once (4
   // states per step, next to the 6 per step saved by the forward) plus cuDNN's workspace
-  // for T·B frames; a quarter of the sequence per call keeps the large batched calls and
-  // bounds that memory.
-  const int64_t chunk = std::max<int64_t>(1, s.T / 4);
+  // for T·B frames. A chunk is a quarter of the sequence, and no more steps than fill
+  // kChunkPixels frame pixels (B·P per step): calls that large keep the convolutions
+  // efficient, and the chunk's dL/dz, h_{t-1} and cuDNN's workspace stay bounded (H100,
+  // B = 4, 64 x 64, C = 64, T = 20: 5-step chunks took 132 MB of workspace next to 80 MB of
+  // dL/dz; the backward alone peaked 467 MB above its start against the PyTorch loop's 114 MB).
+  constexpr int64_t kChunkPixels = 32768;
+  const int64_t chunk = std::max<int64_t>(1, std::min(s.T / 4, (kChunkPixels + s.B * P - 1) / (s.B * P)));
   Tensor dz = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.G}, x.options());
   Tensor h_prev = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.C}, x.options());  // h_{t-1} of the chunk
   // dL/dc is carried in the accumulation type: it sums over the whole remaining sequence.
@@ -275,7 +288,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
   const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
-  const Tensor x_frames = x.view({s.T * s.B, s.Ci, s.H, s.W});
   // dL/dh from step t+1 as an NHWC [B, C, H, W] tensor (first from h_n).
   Tensor dh_rec = grad_h_n.has_value() && grad_h_n->defined() ? to_nhwc(*grad_h_n) : Tensor();
   // h0 stands in for h_{t-1} in the input-gradient calls: only its shape and layout matter.
@@ -334,9 +346,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       }
       grad_w_hh.add_(std::get<1>(conv_backward(dz_frames, nchw_view(h_prev_n.view({n * s.B, s.H, s.W, s.C})),
                                                w_hh_nhwc, false, geom, {false, true, false})));
-      auto [gx, gw_ih, gb] = conv_backward(dz_frames, to_nhwc(x_frames.narrow(0, t0 * s.B, n * s.B)), w_ih_nhwc,
+      auto [gx, gw_ih, gb] = conv_backward(dz_frames, nhwc_frames(x.narrow(0, t0, n)), w_ih_nhwc,
                                            has_bias, geom, {true, true, has_bias});
-      grad_x.narrow(0, t0, n).copy_(gx.view({n, s.B, s.Ci, s.H, s.W}));
+      grad_x.narrow(0, t0, n).copy_(gx.reshape({n, s.B, s.Ci, s.H, s.W}));  // gx: any strides
       grad_w_ih.add_(gw_ih);
       if (has_bias) grad_bias.add_(gb);
       if (s.has_peephole) {
