@@ -192,16 +192,18 @@ inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
 // costs ~10 µs of host time per call on an H100 host (benchmarks/micro/gemm_pick.cu) and, in
 // an eager loop, stretches every step. StepGemm builds the cuBLASLt descriptors and asks
 // cublasLtMatmulAlgoGetHeuristic once per distinct (M, operand alignments), keeps its first
-// algorithm without split-K (below; where cublasGemmEx's kernel has none, the same kernel: the
-// same device time in gemm_pick), and each step is one cublasLtMatmul: 2-3 µs less host time
-// per step there.
+// algorithm (below: without split-K for small GEMMs), and each step is one cublasLtMatmul:
+// 2-3 µs less host time per step there.
 //
-// No split-K: the plan asks only for algorithms without a reduction step. Split-K adds a
-// second kernel launch, and a time loop is host-bound at the sizes where the heuristic picks
-// it: at B = 16, H = 512 (fp32, TF32) its first choice (split-K 4) took 10.4-17.7 µs of host
-// time per call against 8.4 µs for the first one without, an eager loop of (GEMM, small kernel)
-// 14.5-24.1 against 12.7 µs per step, while its device time was 5.7 against 6.8 µs
-// (gemm_pick, H100 host). Where the first choice has no split-K anyway it is the same.
+// Split-K only for GEMMs of at least 2^28 flops. Split-K adds a second kernel launch, and a
+// time loop is host-bound at the small sizes where the heuristic also picks it: at B = 16,
+// H = 512 (fp32, TF32; 34 MFLOP) its first choice (split-K 4) took 10.4-17.7 µs of host time per
+// call against 8.4 µs for the first one without, an eager loop of (GEMM, small kernel) 14.5-24.1
+// against 12.7 µs per step, while its device time was 5.7 against 6.8 µs (gemm_pick, H100
+// host). Large GEMMs are device-bound and their deep K needs the split to fill the GPU: with no
+// split-K anywhere, fp32 `train` at B = 64, H = 1024 (the backward's dG·W_hh, 537 MFLOP) ran
+// 15.58 ms against cuDNN's 13.96 (0.90x), against 1.03x with the heuristic's choice (H100,
+// bench_lstm.py, 2026-11-24).
 //
 // Precision as gemm(): float32 uses TF32 exactly when the BlasContext allows it. The
 // workspace is PyTorch's cuBLASLt workspace of the current stream, so nothing is allocated;
@@ -254,6 +256,8 @@ class StepGemm {
     }
   };
 
+  static constexpr bool kHalfType = std::is_same_v<AB, c10::Half> || std::is_same_v<AB, c10::BFloat16>;
+
   const Plan& plan_for(int64_t M, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
     for (const Plan& p : plans_) {
       if (p.M == M && p.align_a == align_a && p.align_b == align_b && p.align_c == align_c) return p;
@@ -295,7 +299,12 @@ class StepGemm {
     cublasLtMatmulPreference_t pref = nullptr;
     TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t max_workspace = workspace_bytes_;
-    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;  // no split-K (see the class comment)
+    // Split-K only for large GEMMs (the class comment); a half-type C reduces partial sums in
+    // fp32 only (the reduced-precision reduction BlasContext disallows for cublasGemmEx).
+    const bool large = 2.0 * double(p.M) * double(N_) * double(K_) >= double(int64_t(1) << 28);
+    const uint32_t reduction = !large ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
+                               : std::is_same_v<CT, AB> && kHalfType ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                                                                    : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
     const uint32_t align_first = p.align_b, align_second = p.align_a, align_c = p.align_c;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &max_workspace, sizeof(max_workspace));
