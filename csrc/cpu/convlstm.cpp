@@ -8,6 +8,8 @@
 //
 // Shape legend: B batch, P = H·W pixels, C hidden channels, G = 4C.
 #include <ATen/Parallel.h>
+
+#include <limits>
 #include <torch/library.h>
 
 #include "cpu_checks.h"
@@ -146,6 +148,10 @@ struct CpuPointwise {
   // dL/dy_t is copied into channels-last per step: the channel loop vectorises over
   // contiguous runs.
   static constexpr bool kStridedDy = false;
+
+  // Backward chunks: quarters of the sequence, whatever their size (no workspace to bound; the
+  // larger oneDNN calls are the faster ones).
+  static constexpr int64_t kChunkPixels = std::numeric_limits<int64_t>::max() / 2;
 
   // Each step's convolution is called again (nothing to save on the host: the CPU runs it).
   struct StepCall {

@@ -317,6 +317,7 @@ struct CudaPointwise {
   }
 
   static constexpr bool kStridedDy = true;  // read through the tile: no per-step copy
+  static constexpr int64_t kChunkPixels = 32768;  // backward chunks (convlstm_loop.h)
   using StepCall = StepGraph;
 
   template <class scalar_t>

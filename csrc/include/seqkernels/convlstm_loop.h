@@ -32,8 +32,8 @@
 // convolution's host cost, ~30-60 µs per step through ATen and cuDNN, from a loop that is
 // otherwise host-bound at these sizes).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
-// `kStridedDy` and `StepCall`. No host synchronisation; the only allocations are ATen's (the
-// caching allocator on the GPU), so the loop can be captured in a CUDA graph.
+// `kStridedDy`, `kChunkPixels` and `StepCall`. No host synchronisation; the only allocations
+// are ATen's (the caching allocator on the GPU), so the loop can be captured in a CUDA graph.
 //
 // Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gate
 // channels (i, f, g, o), H x W the frame, P = H·W pixels, KH x KW the kernel.
@@ -268,12 +268,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // frames, accumulated. Whole-sequence calls would need dL/dz of every step at once (4
   // states per step, next to the 6 per step saved by the forward) plus cuDNN's workspace
   // for T·B frames. A chunk is a quarter of the sequence, and no more steps than fill
-  // kChunkPixels frame pixels (B·P per step): calls that large keep the convolutions
-  // efficient, and the chunk's dL/dz, h_{t-1} and cuDNN's workspace stay bounded (H100,
-  // B = 4, 64 x 64, C = 64, T = 20: 5-step chunks took 132 MB of workspace next to 80 MB of
-  // dL/dz; the backward alone peaked 467 MB above its start against the PyTorch loop's 114 MB).
-  constexpr int64_t kChunkPixels = 32768;
-  const int64_t chunk = std::max<int64_t>(1, std::min(s.T / 4, (kChunkPixels + s.B * P - 1) / (s.B * P)));
+  // Backend::kChunkPixels frame pixels (B·P per step). On the GPU (32768) calls that large
+  // keep the convolutions efficient, and the chunk's dL/dz, h_{t-1} and cuDNN's workspace stay
+  // bounded (H100, B = 4, 64 x 64, C = 64, T = 20: 5-step chunks took 132 MB of workspace next
+  // to 80 MB of dL/dz; the backward alone peaked 467 MB above its start, 315 MB with 2-step
+  // chunks, against the PyTorch loop's 114 MB).
+  const int64_t chunk =
+      std::max<int64_t>(1, std::min(s.T / 4, (Backend::kChunkPixels + s.B * P - 1) / (s.B * P)));
   Tensor dz = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.G}, x.options());
   Tensor h_prev = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.C}, x.options());  // h_{t-1} of the chunk
   // dL/dc is carried in the accumulation type: it sums over the whole remaining sequence.
