@@ -195,8 +195,8 @@ void launch_forward(const ConvLstmForwardStep<scalar_t>& s) {
 // call cost a cudaMalloc (~190 µs) and later a synchronising cudaFree (~290 µs of host
 // stall) per call on the H100 host. Graphs of successive calls reuse the same blocks; `done`
 // (recorded where a graph's replays ran) orders the next graph's replays after them when the
-// caller has switched streams in between. Never freed: the pool lives as long as the thread
-// (destroying graphs at process exit could outlive the CUDA context).
+// caller has switched streams in between. Never freed, not even when the thread ends (the
+// map below forgets it): destroying graphs at process exit could outlive the CUDA context.
 struct StepGraphPool {
   decltype(at::cuda::graph_pool_handle()) id;  // MempoolId_t (its namespace moved between torch versions)
   c10::cuda::CUDAStream capture_stream;
