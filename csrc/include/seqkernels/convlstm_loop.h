@@ -18,9 +18,9 @@
 //             the state convolution's input gradient w_hhᵀ * dz_t, which is dh_{t-1}'s
 //             recurrent part. dL/dy_t is read in grad_y's own strides where the backend can
 //             (Backend::kStridedDy), else copied into channels-last one step at a time.
-//             Every quarter of the sequence, dx, dw_ih, dbias and dw_hh of its steps are one
+//             After every chunk of steps, dx, dw_ih, dbias and dw_hh of its steps are one
 //             convolution backward each over all its frames, and the peephole gradients one
-//             reduction each, accumulated over the quarters.
+//             reduction each, accumulated over the chunks.
 // Inside, every activation is channels-last (NHWC: a pixel's channels contiguous). Both
 // oneDNN and cuDNN convolve that layout without reordering it (measured on the CPU here:
 // the per-step convolution 1.2-1.5x faster than in NCHW), and the pointwise pass reads a
@@ -280,8 +280,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // dL/dc is carried in the accumulation type: it sums over the whole remaining sequence.
   Tensor dc = grad_c_n.has_value() && grad_c_n->defined() ? to_nhwc_buffer(*grad_c_n, acc_dtype)
                                                           : at::zeros({s.B, s.H, s.W, s.C}, x.options().dtype(acc_dtype));
-  // dL/dy_t, copied into channels-last one step at a time (a whole-sequence copy would cost
-  // another output's worth of memory).
+  // dL/dy_t: read in grad_y's strides (Backend::kStridedDy), else copied into channels-last one
+  // step at a time (a whole-sequence copy would cost another output's worth of memory).
   const bool has_dy = grad_y.has_value() && grad_y->defined();
   Tensor dy_step = has_dy && !Backend::kStridedDy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
   // The state convolution's input gradient reads dz_t from one fixed buffer (Backend::StepCall).
