@@ -53,8 +53,9 @@ ConvLstmSizes check_common(const at::Tensor& x, const at::Tensor& w_ih, const at
   return s;
 }
 
-void check_state(const ConvLstmSizes& s, const at::Tensor& x, const at::Tensor& t, const char* name) {
-  check_tensor_like(kOp, x, "x", t, name, {s.B, s.C, s.H, s.W});
+void check_state(const ConvLstmSizes& s, const at::Tensor& x, const at::Tensor& t, const char* name,
+                 bool contiguous = true) {
+  check_tensor_like(kOp, x, "x", t, name, {s.B, s.C, s.H, s.W}, contiguous);
 }
 
 }  // namespace
@@ -83,9 +84,11 @@ ConvLstmSizes check_convlstm_backward(const std::optional<at::Tensor>& grad_y, c
   check_tensor_like(kOp, x, "x", y, "y", {s.T, s.B, s.C, s.H, s.W});
   check_tensor_like(kOp, x, "x", cells, "cells (saved by a training forward)", {s.T, s.B, s.H, s.W, s.C});
   check_tensor_like(kOp, x, "x", gates, "gates (saved by a training forward)", {s.T, s.B, s.H, s.W, s.G});
-  if (present(grad_y)) check_tensor_like(kOp, x, "x", *grad_y, "grad_y", {s.T, s.B, s.C, s.H, s.W});
-  if (present(grad_h_n)) check_state(s, x, *grad_h_n, "grad_h_n");
-  if (present(grad_c_n)) check_state(s, x, *grad_c_n, "grad_c_n");
+  // The incoming gradients in any strides (autograd hands over expanded ones, e.g. from a sum):
+  // the loop reads or converts them one step at a time, never a dense copy of grad_y.
+  if (present(grad_y)) check_tensor_like(kOp, x, "x", *grad_y, "grad_y", {s.T, s.B, s.C, s.H, s.W}, false);
+  if (present(grad_h_n)) check_state(s, x, *grad_h_n, "grad_h_n", false);
+  if (present(grad_c_n)) check_state(s, x, *grad_c_n, "grad_c_n", false);
   return s;
 }
 

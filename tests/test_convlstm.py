@@ -355,6 +355,32 @@ def test_gradients_when_one_output_is_used(device, used):
         assert_close(a, e, torch.float64, f"grad_{name} (loss on {used})")
 
 
+@pytest.mark.parametrize("T", [3, 9])  # one step per backward chunk on the CPU, then chunks of 2
+def test_incoming_gradients_in_any_strides(device, T):
+    """The backward takes dL/dy, dL/dh_T and dL/dc_T as autograd hands them over, expanded
+    from a sum (all strides 0) or transposed, without a dense copy (csrc/convlstm_checks.cpp):
+    every gradient against the reference loop's for the same upstream values."""
+    torch.manual_seed(22)
+    t = _functional_leaves(T, 2, 2, 3, 4, 5, (3, 3), True, True, True, device)
+    peep = tuple(t.pop(f"weight_{g}") for g in PEEPHOLES)
+    y_shape = (T, 2, 3, 4, 5)
+    upstream = {
+        "y": torch.tensor(0.7, dtype=torch.float64, device=device).expand(y_shape),
+        "h": torch.randn(2, 5, 4, 3, dtype=torch.float64, device=device).permute(0, 3, 2, 1),
+        "c": torch.tensor(-1.3, dtype=torch.float64, device=device).expand(2, 3, 4, 5),
+    }
+    assert not any(g.is_contiguous() for g in upstream.values())
+    results = []
+    for fn in (convlstm, convlstm_reference):
+        leaves = {k: v.clone().requires_grad_(True) for k, v in t.items()}
+        y, (h, c) = fn(leaves["x"], leaves["h0"], leaves["c0"], leaves["weight_ih"], leaves["weight_hh"],
+                       leaves["bias_ih"], leaves["bias_hh"], peep)
+        results.append(torch.autograd.grad((y, h, c), list(leaves.values()),
+                                           (upstream["y"], upstream["h"], upstream["c"])))
+    for name, a, e in zip(t, *results):
+        assert_close(a, e, torch.float64, f"grad_{name}")
+
+
 # --------------------------------------------------------------------------------------
 # gradcheck (float64) of the op path: seqkernels.convlstm with peepholes and biases
 # --------------------------------------------------------------------------------------

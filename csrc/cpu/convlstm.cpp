@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <limits>
+#include <string>
 #include <torch/library.h>
 
 #include "cpu_checks.h"
@@ -87,12 +88,11 @@ void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
 // The C channels of one pixel in backward (see forward_channels).
 //   act, dz: [G]; c, c_prev, dy, dh_rec, dc: [C]; dy and dh_rec are read only when kDy /
 //   kDhRec (template flags, so that no branch stops the loop from vectorising).
-//   dz_step: [G], a second copy of dz.
 template <bool kPeephole, bool kDy, bool kDhRec, class scalar_t, class acc_t>
 void backward_channels(const scalar_t* __restrict act_in, const scalar_t* __restrict c_t,
                        const scalar_t* __restrict c_prev, const scalar_t* __restrict peep, int64_t PC,
                        const scalar_t* __restrict dy, const scalar_t* __restrict dh_rec, acc_t* __restrict dc,
-                       scalar_t* __restrict dz, scalar_t* __restrict dz_step, int64_t C) {
+                       scalar_t* __restrict dz, int64_t C) {
   using Math = typename CpuMath<acc_t>::type;
   for (int64_t c = 0; c < C; ++c) {
     const LstmGates<acc_t> act{acc_t(act_in[c]), acc_t(act_in[C + c]), acc_t(act_in[2 * C + c]),
@@ -106,10 +106,10 @@ void backward_channels(const scalar_t* __restrict act_in, const scalar_t* __rest
     acc_t dc_prev;
     convlstm_cell_backward<kPeephole, Math>(act, acc_t(c_t[c]), acc_t(c_prev[c]), w, dh, dc[c], dpre, dc_prev);
     dc[c] = dc_prev;
-    dz[c] = dz_step[c] = scalar_t(dpre.i);
-    dz[C + c] = dz_step[C + c] = scalar_t(dpre.f);
-    dz[2 * C + c] = dz_step[2 * C + c] = scalar_t(dpre.g);
-    dz[3 * C + c] = dz_step[3 * C + c] = scalar_t(dpre.o);
+    dz[c] = scalar_t(dpre.i);
+    dz[C + c] = scalar_t(dpre.f);
+    dz[2 * C + c] = scalar_t(dpre.g);
+    dz[3 * C + c] = scalar_t(dpre.o);
   }
 }
 
@@ -122,7 +122,7 @@ void backward_pixels(const ConvLstmBackwardStep<scalar_t>& s) {
       backward_channels<kPeephole, kDy, kDhRec>(s.act + pixel * G, s.c + state, s.c_prev + state,
                                                 kPeephole ? s.peep + (pixel % s.P) * C : nullptr, PC,
                                                 kDy ? s.dy + state : nullptr, kDhRec ? s.dh_rec + state : nullptr,
-                                                s.dc + state, s.dz + pixel * G, s.dz_step + pixel * G, C);
+                                                s.dc + state, s.dz + pixel * G, C);
     }
   });
 }
@@ -154,10 +154,11 @@ struct CpuPointwise {
   static constexpr int64_t kChunkPixels = std::numeric_limits<int64_t>::max() / 2;
 
   // Each step's convolution is called again (nothing to save on the host: the CPU runs it).
+  template <class Result>
   struct StepCall {
-    explicit StepCall(int64_t /*calls*/) {}
+    StepCall(int64_t /*calls*/, const std::string& /*key*/) {}
     template <class F>
-    Tensor operator()(const void* /*input*/, F&& fn) {
+    Result operator()(const void* /*input*/, F&& fn) {
       return fn();
     }
   };

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "seqkernels/convlstm_cell.h"
@@ -164,10 +165,10 @@ __global__ void __launch_bounds__(kTile* kRows)
       convlstm_cell_backward<kPeephole, CudaMath<acc_t>>(act, acc_t(s.c[e]), acc_t(s.c_prev[e]), w, dh, s.dc[e], dpre,
                                                         dc_prev);
       s.dc[e] = dc_prev;
-      s.dz[z] = s.dz_step[z] = scalar_t(dpre.i);
-      s.dz[z + C] = s.dz_step[z + C] = scalar_t(dpre.f);
-      s.dz[z + 2 * C] = s.dz_step[z + 2 * C] = scalar_t(dpre.g);
-      s.dz[z + 3 * C] = s.dz_step[z + 3 * C] = scalar_t(dpre.o);
+      s.dz[z] = scalar_t(dpre.i);
+      s.dz[z + C] = scalar_t(dpre.f);
+      s.dz[z + 2 * C] = scalar_t(dpre.g);
+      s.dz[z + 3 * C] = scalar_t(dpre.o);
     }
     __syncthreads();  // the tile is reused for the next pixel tile
   }
@@ -195,14 +196,17 @@ void launch_forward(const ConvLstmForwardStep<scalar_t>& s) {
 // call cost a cudaMalloc (~190 µs) and later a synchronising cudaFree (~290 µs of host
 // stall) per call on the H100 host. Graphs of successive calls reuse the same blocks; `done`
 // (recorded where a graph's replays ran) orders the next graph's replays after them when the
-// caller has switched streams in between. Never freed, not even when the thread ends (the
-// map below forgets it): destroying graphs at process exit could outlive the CUDA context.
+// caller has switched streams in between. `seen` holds the keys of the step calls that have
+// run plainly on this thread (cuDNN's plan and benchmark caches are per thread too): those
+// are captured at their first call. Never freed, not even when the thread ends (the map below
+// forgets it): destroying graphs at process exit could outlive the CUDA context.
 struct StepGraphPool {
   decltype(at::cuda::graph_pool_handle()) id;  // MempoolId_t (its namespace moved between torch versions)
   c10::cuda::CUDAStream capture_stream;
   cudaEvent_t done = nullptr;
   bool done_recorded = false;
   at::cuda::CUDAGraph* last = nullptr;
+  std::unordered_set<std::string> seen;
 };
 
 StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
@@ -217,30 +221,41 @@ StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
   return *it->second;
 }
 
-// A step's convolution, replayed: the first call runs it (cuDNN's plan caches, benchmark mode
-// included, fill there), the second captures it into a CUDA graph (StepGraphPool) and replays
-// it on the current stream, every later call replays it. Every call reads the same buffer
-// (`input`, asserted) and the result lands in the graph's memory, so a replay computes what a
-// call would, with the same kernels, for a few µs of host time instead of ATen's and cuDNN's
-// ~30-60 µs per convolution (the eager loop was host-bound: 92 µs of wall time against 44 µs of
-// kernels per step at B = 16, 16 x 16, K = 5 on an H100). The result is valid until the next
-// call and while the StepGraph lives.
-// Every call is a plain call where the caller is capturing already (its graph holds the whole
-// loop), where there are fewer than three calls, and where PyTorch's caching allocator is off
-// (PYTORCH_NO_CUDA_MEMORY_CACHING, as under compute-sanitizer: a capture cannot allocate
-// then). A capture that fails anyway is abandoned with a warning and the calls run plain.
+// A step's convolutions, replayed: fn is captured into a CUDA graph (StepGraphPool) and
+// replayed on the current stream at every later call. Every call reads the same buffers
+// (`input`, asserted, is one of them) and the results land in the graph's memory, so a replay
+// computes what a call would, with the same kernels, for a few µs of host time instead of
+// ATen's and cuDNN's ~30-60 µs per convolution (the eager loop was host-bound: 92 µs of wall
+// time against 44 µs of kernels per step at B = 16, 16 x 16, K = 5 on an H100). The results
+// are valid until the next call and while the StepGraph lives.
+// The capture comes at the first call where `key` (the calls' shapes and dtype, to which the
+// device and cuDNN's switches are added here) has run plainly on this thread before, else at
+// the second: the first plain call fills cuDNN's caches (benchmark mode's search cannot run
+// inside a capture). Every call is a plain call where the caller is capturing already (its
+// graph holds the whole loop), where there are fewer than three calls, and where PyTorch's
+// caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING, as under compute-sanitizer: a
+// capture cannot allocate then). A capture that fails anyway is abandoned with a warning and
+// the calls run plain.
+template <class Result>
 class StepGraph {
  public:
-  explicit StepGraph(int64_t calls)
+  StepGraph(int64_t calls, const std::string& key)
       : replay_(calls >= 3 && caching_allocator_on() &&
-                c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {}
+                c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+    if (!replay_) return;
+    at::Context& ctx = at::globalContext();
+    device_ = c10::cuda::current_device();
+    key_ = c10::str(key, " device ", int(device_), " cudnn ", ctx.userEnabledCuDNN(), ctx.benchmarkCuDNN(),
+                    ctx.deterministicCuDNN(), ctx.allowTF32CuDNN(at::Float32Op::CONV), ctx.deterministicAlgorithms());
+    seen_ = step_graph_pool(device_).seen.count(key_) > 0;
+  }
 
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
   ~StepGraph() {
     if (!graph_) return;
-    out_ = Tensor();  // back to the pool for the next capture
+    out_ = Result();  // back to the pool for the next capture
     C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, replay_stream_));
     pool_->done_recorded = true;
     // This graph keeps the pool alive now; the previous keeper goes.
@@ -249,8 +264,14 @@ class StepGraph {
   }
 
   template <class F>
-  Tensor operator()(const void* input, F&& fn) {
-    if (!replay_ || calls_++ == 0) return fn();
+  Result operator()(const void* input, F&& fn) {
+    if (!replay_) return fn();
+    if (!seen_) {  // the first call of this key on this thread
+      Result out = fn();
+      step_graph_pool(device_).seen.insert(key_);
+      seen_ = true;
+      return out;
+    }
     if (!graph_ && !capture(input, fn)) return fn();
     TORCH_INTERNAL_ASSERT(input == input_, "seqkernels.convlstm: a replayed step convolution changed its input");
     graph_->replay();
@@ -267,9 +288,8 @@ class StepGraph {
   // Captures fn; false (and plain calls from then on) if the capture failed.
   template <class F>
   bool capture(const void* input, F& fn) {
-    const c10::DeviceIndex device = c10::cuda::current_device();
-    StepGraphPool& pool = step_graph_pool(device);
-    const cudaStream_t replay_stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    StepGraphPool& pool = step_graph_pool(device_);
+    const cudaStream_t replay_stream = c10::cuda::getCurrentCUDAStream(device_).stream();
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     {
       const c10::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream);
@@ -282,9 +302,9 @@ class StepGraph {
         (void)cudaStreamEndCapture(pool.capture_stream.stream(), &partial);
         if (partial) (void)cudaGraphDestroy(partial);
         (void)cudaGetLastError();
-        c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool.id);
-        c10::cuda::CUDACachingAllocator::releasePool(device, pool.id);
-        out_ = Tensor();
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool.id);
+        c10::cuda::CUDACachingAllocator::releasePool(device_, pool.id);
+        out_ = Result();
         replay_ = false;
         TORCH_WARN_ONCE("seqkernels.convlstm: capturing a step convolution in a CUDA graph failed (", e.what(),
                         "); the steps call it directly instead");
@@ -303,12 +323,14 @@ class StepGraph {
   }
 
   bool replay_;
-  int64_t calls_ = 0;
+  bool seen_ = false;
+  c10::DeviceIndex device_ = 0;
+  std::string key_;
   const void* input_ = nullptr;
   StepGraphPool* pool_ = nullptr;
   cudaStream_t replay_stream_ = nullptr;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
-  Tensor out_;  // declared after graph_: released first
+  Result out_;  // declared after graph_: released first
 };
 
 struct CudaPointwise {
@@ -317,8 +339,11 @@ struct CudaPointwise {
   }
 
   static constexpr bool kStridedDy = true;  // read through the tile: no per-step copy
-  static constexpr int64_t kChunkPixels = 32768;  // backward chunks (convlstm_loop.h)
-  using StepCall = StepGraph;
+  // One step per backward chunk (convlstm_loop.h): each step's convolutions, the weight
+  // gradients included, replay as one graph, and one step's dL/dz is all the loop holds.
+  static constexpr int64_t kChunkPixels = 1;
+  template <class Result>
+  using StepCall = StepGraph<Result>;
 
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {

@@ -158,11 +158,6 @@ def _setup_context(ctx, inputs, output):
     mark_saved_outputs(ctx, gates, cells)
 
 
-def _dense(grad: Tensor | None) -> Tensor | None:
-    # Autograd may hand over expanded (stride-0) gradients; the kernels take contiguous ones.
-    return None if grad is None else grad.contiguous()
-
-
 def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
     if ctx.inference_only:
         raise RuntimeError(
@@ -171,7 +166,9 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
     x, h0, c0, w_ih, w_hh, peephole, y, gates, cells = ctx.saved_tensors
     dx, dh0, dc0, dw_ih, dw_hh, dbias, dpeephole = call_backward_op(
         _backward,
-        _dense(grad_y), _dense(grad_h_n), _dense(grad_c_n), x, h0, c0, w_ih, w_hh, peephole, y, gates, cells,
+        # The gradients as autograd hands them over, expanded (stride 0) ones too: the kernels read
+        # them one step at a time in their own strides, so a sum's gradient is never made dense.
+        grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, peephole, y, gates, cells,
         ctx.has_bias,
     )
     # One gradient per convlstm_forward argument, in schema order.

@@ -44,6 +44,8 @@
 #include <ATen/OpMathType.h>
 
 #include <algorithm>
+#include <array>
+#include <string>
 #include <tuple>
 
 #include "seqkernels/convlstm_checks.h"
@@ -92,7 +94,6 @@ struct ConvLstmBackwardStep {
   const scalar_t* dh_rec;  // [B, P, C] dL/dh_t from step t+1 (or h_n), or nullptr
   acc_t* dc;               // [B, P, C] in: dL/dc_t from step t+1; out: dL/dc_{t-1}
   scalar_t* dz;            // [B, P, G] dL/d(pre-activations) of step t
-  scalar_t* dz_step;       // [B, P, G] the same again: the state convolution's fixed input
   int64_t B, P, C, W;
 };
 
@@ -163,6 +164,13 @@ T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
+// What a StepCall's convolutions depend on besides the device and the library's switches (the
+// backend adds those): the kind of call, the sizes and the dtype.
+inline std::string step_key(const char* kind, const ConvLstmSizes& s, at::ScalarType dtype) {
+  return c10::str("convlstm ", kind, " B", s.B, " Ci", s.Ci, " C", s.C, " ", s.H, "x", s.W, " k", s.KH, "x", s.KW,
+                  " bias", s.has_bias, " ", dtype);
+}
+
 inline Tensor optional_nhwc_buffer(const std::optional<Tensor>& t, at::ScalarType dtype) {
   return t.has_value() && t->defined() ? to_nhwc_buffer(*t, dtype) : Tensor();
 }
@@ -207,7 +215,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const Tensor bias_step = !training && bias_or_none.has_value() ? bias_or_none->contiguous() : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_forward", [&] {
-    typename Backend::StepCall step_conv(s.T);  // its buffers are released when the loop ends
+    // Its buffers are released when the loop ends.
+    typename Backend::template StepCall<Tensor> step_conv(s.T, step_key(training ? "train" : "infer", s, dtype));
+    const scalar_t* x_data = x.data_ptr<scalar_t>();
     ConvLstmForwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);
     step.bias = ptr_or_null<scalar_t>(bias_step);
@@ -231,7 +241,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
       } else {
         step.z = z.data_ptr<scalar_t>();
         step.zh = nullptr;
-        step.x_next = t + 1 < s.T ? x.select(0, t + 1).data_ptr<scalar_t>() : nullptr;
+        step.x_next = t + 1 < s.T ? x_data + (t + 1) * x.stride(0) : nullptr;
       }
       step.c_prev = c_prev;
       step.c = cells.data_ptr<scalar_t>() + (training ? t : t % 2) * state;
@@ -266,17 +276,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // The reverse loop runs in chunks of `chunk` steps; after each chunk its weight, bias,
   // input and peephole gradients are one convolution backward (or reduction) over all its
   // frames, accumulated. Whole-sequence calls would need dL/dz of every step at once (4
-  // states per step, next to the 6 per step saved by the forward) plus cuDNN's workspace
-  // for T·B frames. A chunk is a quarter of the sequence, and no more steps than fill
-  // Backend::kChunkPixels frame pixels (B·P per step). On the GPU (32768) calls that large
-  // keep the convolutions efficient, and the chunk's dL/dz, h_{t-1} and cuDNN's workspace stay
-  // bounded (H100, B = 4, 64 x 64, C = 64, T = 20: 5-step chunks took 132 MB of workspace next
-  // to 80 MB of dL/dz; the backward alone peaked 467 MB above its start, 315 MB with 2-step
-  // chunks, against the PyTorch loop's 114 MB).
+  // states per step, next to the 6 per step saved by the forward) plus the convolutions'
+  // workspace for T·B frames. A chunk is a quarter of the sequence, and no more steps than
+  // fill Backend::kChunkPixels frame pixels (B·P per step). The CPU takes quarters: its larger
+  // oneDNN calls are the faster ones. The GPU takes one step: then every call of a step reads
+  // the same buffers, so all of them (w_hhᵀ * dz_t and the weight gradients) replay from one
+  // graph (Backend::StepCall), which leaves the loop bound by the GPU rather than by ~50 µs of
+  // host time per convolution, and the loop holds one step's dL/dz and cuDNN's workspace for B
+  // frames only (H100, B = 4, 64 x 64, C = 64, T = 20: 5-step chunks took 132 MB of workspace
+  // next to 80 MB of dL/dz).
   const int64_t chunk =
       std::max<int64_t>(1, std::min(s.T / 4, (Backend::kChunkPixels + s.B * P - 1) / (s.B * P)));
-  Tensor dz = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.G}, x.options());
-  Tensor h_prev = at::empty({std::min(chunk, s.T), s.B, s.H, s.W, s.C}, x.options());  // h_{t-1} of the chunk
+  const int64_t slots = std::min(chunk, s.T);
+  // The chunk's dL/dz, h_{t-1} and x_t, channels-last: the inputs of its weight gradients.
+  Tensor dz = at::empty({slots, s.B, s.H, s.W, s.G}, x.options());
+  Tensor h_prev = at::empty({slots, s.B, s.H, s.W, s.C}, x.options());
+  Tensor x_prev = at::empty({slots, s.B, s.H, s.W, s.Ci}, x.options());
   // dL/dc is carried in the accumulation type: it sums over the whole remaining sequence.
   Tensor dc = grad_c_n.has_value() && grad_c_n->defined() ? to_nhwc_buffer(*grad_c_n, acc_dtype)
                                                           : at::zeros({s.B, s.H, s.W, s.C}, x.options().dtype(acc_dtype));
@@ -284,8 +299,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // step at a time (a whole-sequence copy would cost another output's worth of memory).
   const bool has_dy = grad_y.has_value() && grad_y->defined();
   Tensor dy_step = has_dy && !Backend::kStridedDy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
-  // The state convolution's input gradient reads dz_t from one fixed buffer (Backend::StepCall).
-  Tensor dz_step = at::empty({s.B, s.H, s.W, s.G}, x.options());
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
   const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
@@ -302,28 +315,72 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // [3, H, W, C] accumulated: w_ci, w_cf, w_co.
   Tensor grad_peep_nhwc = s.has_peephole ? at::zeros({3, s.H, s.W, s.C}, acc_opts) : Tensor();
 
+  // dL/dh_{t-1}'s recurrent part, w_hhᵀ * dz_t, from dz's slot `slot`.
+  const auto state_grad = [&](int64_t slot) {
+    return to_nhwc(
+        std::get<0>(conv_backward(nchw_view(dz.select(0, slot)), h_like, w_hh_nhwc, false, geom, {true, false, false})));
+  };
+  // h_{t-1} and x_t of steps t0 .. t0 + n - 1 into h_prev's and x_prev's first n slots.
+  const auto stage_frames = [&](int64_t t0, int64_t n) {
+    const Tensor h_prev_n = nchw_view(h_prev.narrow(0, 0, n));
+    if (t0 == 0) {
+      h_prev_n.select(0, 0).copy_(h0);
+      if (n > 1) h_prev_n.narrow(0, 1, n - 1).copy_(y.narrow(0, 0, n - 1));
+    } else {
+      h_prev_n.copy_(y.narrow(0, t0 - 1, n));
+    }
+    nchw_view(x_prev.narrow(0, 0, n)).copy_(x.narrow(0, t0, n));
+  };
+  // The weight and bias gradients of the staged steps (the first n slots), accumulated; returns
+  // their input gradient [n·B, Ci, H, W] (any strides).
+  const auto weight_grads = [&](int64_t n) {
+    const auto frames = [&](const Tensor& t) { return nchw_view(t.narrow(0, 0, n).flatten(0, 1)); };
+    const Tensor dz_frames = frames(dz);
+    grad_w_hh.add_(std::get<1>(conv_backward(dz_frames, frames(h_prev), w_hh_nhwc, false, geom, {false, true, false})));
+    auto [gx, gw_ih, gb] =
+        conv_backward(dz_frames, frames(x_prev), w_ih_nhwc, has_bias, geom, {true, true, has_bias});
+    grad_w_ih.add_(gw_ih);
+    if (has_bias) grad_bias.add_(gb);
+    return gx;
+  };
+  const auto peephole_grads = [&](int64_t t0, int64_t n) {
+    const Tensor dz_gates = dz.narrow(0, 0, n).view({n, s.B, s.H, s.W, 4, s.C}).to(acc_dtype);
+    const Tensor c_t = cells.narrow(0, t0, n).to(acc_dtype);
+    const Tensor c_prev = t0 == 0 ? at::cat({c0_nhwc.unsqueeze(0).to(acc_dtype), c_t.narrow(0, 0, n - 1)})
+                                  : cells.narrow(0, t0 - 1, n).to(acc_dtype);
+    const std::vector<int64_t> over_time_and_batch{0, 1};
+    grad_peep_nhwc.select(0, 0).add_((dz_gates.select(4, 0) * c_prev).sum(over_time_and_batch));
+    grad_peep_nhwc.select(0, 1).add_((dz_gates.select(4, 1) * c_prev).sum(over_time_and_batch));
+    grad_peep_nhwc.select(0, 2).add_((dz_gates.select(4, 3) * c_t).sum(over_time_and_batch));
+  };
+
   Tensor grad_h0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    typename Backend::StepCall step_dgrad(s.T);  // its buffers are released when the loop ends
+    // One step per chunk: a step's convolutions, replayed ({dL/dh_{t-1}, dL/dx_t}). Its buffers
+    // are released when the loop ends.
+    typename Backend::template StepCall<std::array<Tensor, 2>> step_grads(chunk == 1 ? s.T : 0,
+                                                                         step_key("backward", s, dtype));
     ConvLstmBackwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);
     step.dc = dc.data_ptr<acc_t>();
-    step.dz_step = dz_step.data_ptr<scalar_t>();
     step.B = s.B;
     step.P = P;
     step.C = s.C;
     step.W = s.W;
+    const scalar_t* dy_data = has_dy && Backend::kStridedDy ? grad_y->data_ptr<scalar_t>() : nullptr;
+    if (dy_data) {
+      for (int d = 0; d < 4; ++d) step.dy_stride[d] = grad_y->stride(d + 1);  // [B, C, H, W] of a step
+    }
     for (int64_t end = s.T; end > 0; end -= chunk) {
       const int64_t t0 = std::max<int64_t>(0, end - chunk), n = end - t0;
+      if (chunk == 1) stage_frames(t0, 1);  // before the pointwise pass: the replay reads them after it
       for (int64_t t = end - 1; t >= t0; --t) {
         step.act = gates.data_ptr<scalar_t>() + t * gate_step;
         step.c = cells.data_ptr<scalar_t>() + t * state;
         step.c_prev = t > 0 ? cells.data_ptr<scalar_t>() + (t - 1) * state : c0_nhwc.data_ptr<scalar_t>();
-        if (has_dy && Backend::kStridedDy) {
-          const Tensor dy_t = grad_y->select(0, t);  // [B, C, H, W] in grad_y's strides
-          step.dy = dy_t.data_ptr<scalar_t>();
-          for (int d = 0; d < 4; ++d) step.dy_stride[d] = dy_t.stride(d);
+        if (dy_data) {
+          step.dy = dy_data + t * grad_y->stride(0);
         } else {
           if (has_dy) nchw_view(dy_step).copy_(grad_y->select(0, t));
           step.dy = ptr_or_null<scalar_t>(dy_step);
@@ -331,39 +388,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         step.dh_rec = dh_rec.defined() ? dh_rec.data_ptr<scalar_t>() : nullptr;
         step.dz = dz.data_ptr<scalar_t>() + (t - t0) * gate_step;
         Backend::backward_step(step);
-        dh_rec = step_dgrad(dz_step.data_ptr(), [&] {
-          return to_nhwc(std::get<0>(
-              conv_backward(nchw_view(dz_step), h_like, w_hh_nhwc, false, geom, {true, false, false})));
-        });
+        if (chunk == 1) {
+          const auto [dh, gx] = step_grads(dz.data_ptr(), [&] { return std::array<Tensor, 2>{state_grad(0), weight_grads(1)}; });
+          dh_rec = dh;
+          grad_x.select(0, t).copy_(gx);
+        } else {
+          dh_rec = state_grad(t - t0);
+        }
       }
-      // The chunk's frames: dz and h_{t-1} of steps t0 .. end - 1.
-      const Tensor dz_frames = nchw_view(dz.narrow(0, 0, n).view({n * s.B, s.H, s.W, s.G}));
-      const Tensor h_prev_n = h_prev.narrow(0, 0, n);
-      if (t0 == 0) {
-        nchw_view(h_prev_n.select(0, 0)).copy_(h0);
-        if (n > 1) nchw_view(h_prev_n.narrow(0, 1, n - 1)).copy_(y.narrow(0, 0, n - 1));
-      } else {
-        nchw_view(h_prev_n).copy_(y.narrow(0, t0 - 1, n));
+      if (chunk > 1) {
+        stage_frames(t0, n);
+        grad_x.narrow(0, t0, n).copy_(weight_grads(n).reshape({n, s.B, s.Ci, s.H, s.W}));  // gx: any strides
       }
-      grad_w_hh.add_(std::get<1>(conv_backward(dz_frames, nchw_view(h_prev_n.view({n * s.B, s.H, s.W, s.C})),
-                                               w_hh_nhwc, false, geom, {false, true, false})));
-      auto [gx, gw_ih, gb] = conv_backward(dz_frames, nhwc_frames(x.narrow(0, t0, n)), w_ih_nhwc,
-                                           has_bias, geom, {true, true, has_bias});
-      grad_x.narrow(0, t0, n).copy_(gx.reshape({n, s.B, s.Ci, s.H, s.W}));  // gx: any strides
-      grad_w_ih.add_(gw_ih);
-      if (has_bias) grad_bias.add_(gb);
-      if (s.has_peephole) {
-        const Tensor dz_gates = dz.narrow(0, 0, n).view({n, s.B, s.H, s.W, 4, s.C}).to(acc_dtype);
-        const Tensor c_t = cells.narrow(0, t0, n).to(acc_dtype);
-        const Tensor c_prev = t0 == 0 ? at::cat({c0_nhwc.unsqueeze(0).to(acc_dtype), c_t.narrow(0, 0, n - 1)})
-                                      : cells.narrow(0, t0 - 1, n).to(acc_dtype);
-        const std::vector<int64_t> over_time_and_batch{0, 1};
-        grad_peep_nhwc.select(0, 0).add_((dz_gates.select(4, 0) * c_prev).sum(over_time_and_batch));
-        grad_peep_nhwc.select(0, 1).add_((dz_gates.select(4, 1) * c_prev).sum(over_time_and_batch));
-        grad_peep_nhwc.select(0, 2).add_((dz_gates.select(4, 3) * c_t).sum(over_time_and_batch));
-      }
+      if (s.has_peephole) peephole_grads(t0, n);
     }
-    grad_h0 = dh_rec.clone(at::MemoryFormat::Contiguous);  // before step_dgrad's buffer is released
+    grad_h0 = dh_rec.clone(at::MemoryFormat::Contiguous);  // before step_grads' buffers are released
     dh_rec = Tensor();
   });
 
