@@ -5,6 +5,7 @@ may pick algorithms with large workspaces). Diagnostic output for scripts/gpu_ch
 
     python scripts/convlstm_memory.py                      # the benchmark's two shapes
     python scripts/convlstm_memory.py --shape 16 10 16 64 16 16 5
+    python scripts/convlstm_memory.py --dtype bfloat16     # the loss is y.float().sum(), as in the benchmark
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import seqkernels  # noqa: E402
 
 SHAPES = [(16, 10, 16, 64, 16, 16, 5), (4, 20, 64, 64, 64, 64, 3)]  # B, T, Ci, C, H, W, K
 MB = 2**20
+DTYPE = torch.float32  # --dtype
 
 
 def peak_mb(fn) -> float:
@@ -31,29 +33,30 @@ def peak_mb(fn) -> float:
 def measure(shape, benchmark: bool) -> None:
     torch.backends.cudnn.benchmark = benchmark
     B, T, Ci, C, H, W, K = shape
-    peer = PeerConvLSTM(Ci, C, K).cuda()
-    ours = seqkernels.ConvLSTM(Ci, C, K, batch_first=True).cuda()
-    x = torch.randn(B, T, Ci, H, W, device="cuda")
-    h0, c0 = torch.randn(B, C, H, W, device="cuda"), torch.randn(B, C, H, W, device="cuda")
+    opts = dict(device="cuda", dtype=DTYPE)
+    peer = PeerConvLSTM(Ci, C, K).to(**opts)
+    ours = seqkernels.ConvLSTM(Ci, C, K, batch_first=True).to(**opts)
+    x = torch.randn(B, T, Ci, H, W, **opts)
+    h0, c0 = torch.randn(B, C, H, W, **opts), torch.randn(B, C, H, W, **opts)
     candidates = {
         "seqkernels": lambda inp: ours(inp, (h0[None], c0[None]))[0],
         "loop": lambda inp: peer(inp, (h0, c0))[0],
     }
-    state_mb = B * C * H * W * 4 / MB
-    print(f"shape (B, T, Ci, C, H, W, K)={shape} cudnn.benchmark={benchmark}: one state {state_mb:.2f} MB, "
+    state_mb = B * C * H * W * x.element_size() / MB
+    print(f"shape (B, T, Ci, C, H, W, K)={shape} {DTYPE} cudnn.benchmark={benchmark}: one state {state_mb:.2f} MB, "
           f"y {T * state_mb:.1f} MB", flush=True)
     for name, run in candidates.items():
         for _ in range(2):  # warm-up: algorithm search, caches
             with torch.no_grad():
                 run(x)
             xg = x.clone().requires_grad_()
-            run(xg).sum().backward()
+            run(xg).float().sum().backward()
         with torch.no_grad():
             infer = peak_mb(lambda: run(x))
         xg = x.clone().requires_grad_()
         holder = {}
         fwd = peak_mb(lambda: holder.setdefault("y", run(xg)))
-        loss = holder["y"].sum()
+        loss = holder["y"].float().sum()
         bwd = peak_mb(lambda: loss.backward())
         del holder, loss
         print(f"  {name:10s} infer {infer:8.1f} MB | train forward {fwd:8.1f} MB, backward alone {bwd:8.1f} MB",
@@ -88,12 +91,12 @@ def live_at_peak(shape, top: int = 12) -> None:
     """The allocations alive at the peak of seqkernels' training backward (allocator
     history), largest first, each with the innermost frames that made it."""
     B, T, Ci, C, H, W, K = shape
-    ours = seqkernels.ConvLSTM(Ci, C, K, batch_first=True).cuda()
-    x = torch.randn(B, T, Ci, H, W, device="cuda", requires_grad=True)
+    ours = seqkernels.ConvLSTM(Ci, C, K, batch_first=True).to(device="cuda", dtype=DTYPE)
+    x = torch.randn(B, T, Ci, H, W, device="cuda", dtype=DTYPE, requires_grad=True)
     for _ in range(2):
-        ours(x)[0].sum().backward()
+        ours(x)[0].float().sum().backward()
     y = ours(x)[0]
-    loss = y.sum()
+    loss = y.float().sum()
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=200000, context="all", stacks="all")
     loss.backward()
@@ -109,7 +112,7 @@ def live_at_peak(shape, top: int = 12) -> None:
                 best, best_live = total, dict(live)
         elif event["action"] in ("free_requested", "free_completed") and event["addr"] in live:
             total -= live.pop(event["addr"])["size"]
-    print(f"seqkernels backward {shape}: {best / MB:.1f} MB allocated by the backward at its peak; largest:")
+    print(f"seqkernels backward {shape} {DTYPE}: {best / MB:.1f} MB allocated by the backward at its peak; largest:")
     for event in sorted(best_live.values(), key=lambda e: -e["size"])[:top]:
         names = [f.get("name", "?") for f in event.get("frames", [])]
         ours_frames = [n for n in names if "seqkernels" in n or "convolution" in n or "cudnn" in n.lower()]
@@ -120,7 +123,10 @@ def live_at_peak(shape, top: int = 12) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", type=int, nargs=7, action="append", metavar=("B", "T", "CI", "C", "H", "W", "K"))
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = getattr(torch, args.dtype)
     if not torch.cuda.is_available():
         print("convlstm_memory: needs a CUDA device", file=sys.stderr)
         return 2

@@ -245,8 +245,14 @@ class StepGraph {
     if (!replay_) return;
     at::Context& ctx = at::globalContext();
     device_ = c10::cuda::current_device();
-    key_ = c10::str(key, " device ", int(device_), " cudnn ", ctx.userEnabledCuDNN(), ctx.benchmarkCuDNN(),
-                    ctx.deterministicCuDNN(), ctx.allowTF32CuDNN(at::Float32Op::CONV), ctx.deterministicAlgorithms());
+    key_ = key;  // no std::ostream: seqkernels/error_format.h
+    key_ += " device ";
+    key_ += num(device_);
+    key_ += " cudnn";
+    for (const bool flag : {ctx.userEnabledCuDNN(), ctx.benchmarkCuDNN(), ctx.deterministicCuDNN(),
+                            ctx.allowTF32CuDNN(at::Float32Op::CONV), ctx.deterministicAlgorithms()}) {
+      key_ += flag ? " 1" : " 0";
+    }
     seen_ = step_graph_pool(device_).seen.count(key_) > 0;
   }
 

@@ -49,6 +49,7 @@
 #include <tuple>
 
 #include "seqkernels/convlstm_checks.h"
+#include "seqkernels/error_format.h"
 
 namespace seqkernels {
 
@@ -165,10 +166,18 @@ T* ptr_or_null(const Tensor& t) {
 }
 
 // What a StepCall's convolutions depend on besides the device and the library's switches (the
-// backend adds those): the kind of call, the sizes and the dtype.
+// backend adds those): the kind of call, the sizes and the dtype. Built without std::ostream
+// (seqkernels/error_format.h says why).
 inline std::string step_key(const char* kind, const ConvLstmSizes& s, at::ScalarType dtype) {
-  return c10::str("convlstm ", kind, " B", s.B, " Ci", s.Ci, " C", s.C, " ", s.H, "x", s.W, " k", s.KH, "x", s.KW,
-                  " bias", s.has_bias, " ", dtype);
+  std::string key = "convlstm ";
+  key += kind;
+  for (const int64_t v : {s.B, s.Ci, s.C, s.H, s.W, s.KH, s.KW, int64_t(s.has_bias)}) {
+    key += ' ';
+    key += num(v);
+  }
+  key += ' ';
+  key += c10::toString(dtype);
+  return key;
 }
 
 inline Tensor optional_nhwc_buffer(const std::optional<Tensor>& t, at::ScalarType dtype) {
