@@ -313,8 +313,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
   // dL/dh from step t+1 as an NHWC [B, C, H, W] tensor (first from h_n).
   Tensor dh_rec = grad_h_n.has_value() && grad_h_n->defined() ? to_nhwc(*grad_h_n) : Tensor();
-  // h0 stands in for h_{t-1} in the input-gradient calls: only its shape and layout matter.
-  const Tensor h_like = to_nhwc(h0);
+  // A staged h_{t-1} stands in for h_{t-1} in the input-gradient calls: only its shape and
+  // layout matter (a channels-last copy of h0 would cost a state).
+  const Tensor h_like = nchw_view(h_prev.select(0, 0));
 
   // The summed gradients accumulate over chunks in the accumulation type.
   const auto acc_opts = x.options().dtype(acc_dtype);
