@@ -87,9 +87,10 @@ def pieces(shape) -> None:
               f"(dz itself {dz.numel() * 4 / MB:.1f} MB)", flush=True)
 
 
-def live_at_peak(shape, top: int = 12) -> None:
+def live_at_peak(shape, top: int = 12, deep: int = 0) -> None:
     """The allocations alive at the peak of seqkernels' training backward (allocator
-    history), largest first, each with the innermost frames that made it."""
+    history), largest first, each with the innermost frames that made it (the `deep` largest
+    with their whole native stack)."""
     B, T, Ci, C, H, W, K = shape
     ours = seqkernels.ConvLSTM(Ci, C, K, batch_first=True).to(device="cuda", dtype=DTYPE)
     x = torch.randn(B, T, Ci, H, W, device="cuda", dtype=DTYPE, requires_grad=True)
@@ -113,17 +114,22 @@ def live_at_peak(shape, top: int = 12) -> None:
         elif event["action"] in ("free_requested", "free_completed") and event["addr"] in live:
             total -= live.pop(event["addr"])["size"]
     print(f"seqkernels backward {shape} {DTYPE}: {best / MB:.1f} MB allocated by the backward at its peak; largest:")
-    for event in sorted(best_live.values(), key=lambda e: -e["size"])[:top]:
+    for rank, event in enumerate(sorted(best_live.values(), key=lambda e: -e["size"])[:top]):
         names = [f.get("name", "?") for f in event.get("frames", [])]
         ours_frames = [n for n in names if "seqkernels" in n or "convolution" in n or "cudnn" in n.lower()]
         where = " < ".join(n[:70] for n in (ours_frames or names)[:3])
         print(f"    {event['size'] / MB:7.2f} MB  {where}", flush=True)
+        if rank < deep:  # the whole native stack of the largest: which call, workspace or copy
+            native = [n for n in names if "::" in n and "c10::cuda::CUDACachingAllocator" not in n]
+            for name in native[:14]:
+                print(f"               {name[:150]}", flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", type=int, nargs=7, action="append", metavar=("B", "T", "CI", "C", "H", "W", "K"))
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    ap.add_argument("--deep", type=int, default=0, help="print the native stacks of this many largest allocations")
     args = ap.parse_args()
     global DTYPE
     DTYPE = getattr(torch, args.dtype)
@@ -136,7 +142,7 @@ def main() -> int:
         torch.backends.cudnn.benchmark = True
         print(f"backward convolutions of {tuple(shape)} alone (cudnn.benchmark=True):", flush=True)
         pieces(tuple(shape))
-        live_at_peak(tuple(shape))
+        live_at_peak(tuple(shape), deep=args.deep)
     return 0
 
 

@@ -341,16 +341,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     }
     nchw_view(x_prev.narrow(0, 0, n)).copy_(x.narrow(0, t0, n));
   };
+  // Ones over a chunk's dz rows (n·B·H·W): the bias gradient is onesᵀ·dz. convolution_backward's
+  // own bias gradient is a sum over dims (0, 2, 3) whose CUDA reduction takes a staging buffer of
+  // 4x dz (H100, bf16, B = 16, 16 x 16, 4C = 256: 8 MB, the largest allocation of the backward).
+  const Tensor ones = has_bias ? at::ones({slots * s.B * P}, x.options()) : Tensor();
   // The weight and bias gradients of the staged steps (the first n slots), accumulated; returns
   // their input gradient [n·B, Ci, H, W] (any strides).
   const auto weight_grads = [&](int64_t n) {
     const auto frames = [&](const Tensor& t) { return nchw_view(t.narrow(0, 0, n).flatten(0, 1)); };
     const Tensor dz_frames = frames(dz);
     grad_w_hh.add_(std::get<1>(conv_backward(dz_frames, frames(h_prev), w_hh_nhwc, false, geom, {false, true, false})));
-    auto [gx, gw_ih, gb] =
-        conv_backward(dz_frames, frames(x_prev), w_ih_nhwc, has_bias, geom, {true, true, has_bias});
+    auto [gx, gw_ih, unused] = conv_backward(dz_frames, frames(x_prev), w_ih_nhwc, false, geom, {true, true, false});
     grad_w_ih.add_(gw_ih);
-    if (has_bias) grad_bias.add_(gb);
+    if (has_bias) {  // [n·B·H·W, 4C]ᵀ · ones: a GEMV, float accumulation in 16-bit types
+      const int64_t rows = n * s.B * P;
+      grad_bias.add_(at::mv(dz.narrow(0, 0, n).view({rows, s.G}).t(), ones.narrow(0, 0, rows)));
+    }
     return gx;
   };
   const auto peephole_grads = [&](int64_t t0, int64_t n) {
