@@ -8,9 +8,10 @@ gradient within 3e-5 of max(1, max|expected|).
 
 The cases reach each blocking edge of the kernels: B = 1 (the input projection as one GEMM
 before the loop, one row per tile pass), B >= 4 (the projection inside the loop), B = 67
-(16 blocks of 4 rows and a block of 3), hidden sizes that are no multiple of the 16- or
-8-unit tiles (36, 80, 130) or of the backward's 64-unit blocks, and packed sequences that end
-at different steps, in both directions.
+(AVX-512: 16 blocks of 4 rows and a block of 3), every row count from 1 to 15 (AVX2: blocks
+of 6 rows, remainders rebalanced), hidden sizes that are no multiple of the 16- or 8-unit
+tiles (36, 80, 130, 44) or of the backward's 16- and 64-unit blocks, and packed sequences
+that end at different steps, in both directions.
 
 Shape legend: T steps, B batch, I input, H hidden, N packed rows.
 """
@@ -37,6 +38,10 @@ CASES = [
     ([67, 67, 67, 40, 3], 33, 80, False, False),
     ([8, 8, 8, 8], 16, 130, True, True),
     ([3, 3, 1], 7, 5, False, True),
+    # Every row-block split of the AVX2 kernels (blocks of 6; 8 -> 4 + 4, 9 -> 5 + 4; 1 and 2
+    # rows on the four-gate kernel) and a hidden size with a partial 16-unit backward block.
+    ([14, 13, 9, 8, 7, 6, 5, 4, 3, 2, 1], 12, 44, False, True),
+    ([15, 15, 12, 11, 10], 9, 24, True, True),
 ]
 
 

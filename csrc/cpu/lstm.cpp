@@ -160,9 +160,19 @@ bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
   return false;
 }
 
-int64_t persistent_parts(int64_t H, int64_t tile) {
+// Parts of the persistent loop: one per thread, or kPartsPerThread per thread from
+// kSplitPartsBatch rows, so that a thread done with its own parts of a step can take another
+// thread's last ones (run_steps) instead of waiting at the barrier. On the 2-core AVX2 EPYC
+// the two cores' speeds drift apart by up to 2x for seconds at a time (another tenant); at
+// B = 64, H = 256 `infer` one part per thread ran at 198 ms on two threads against 256 ms on
+// one, and nn.LSTM at 153 ms. Below kSplitPartsBatch a part's step is too short (~10 µs at
+// B = 8, H = 256) to pay for moving its weight slice to another core's cache.
+constexpr int64_t kPartsPerThread = 4;
+constexpr int64_t kSplitPartsBatch = 16;
+int64_t persistent_parts(int64_t H, int64_t tile, int64_t B) {
   const int64_t tiles = (H + tile - 1) / tile;
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles));
+  const int64_t per_thread = B >= kSplitPartsBatch ? kPartsPerThread : 1;
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads() * per_thread, tiles));
 }
 
 // The input projection computed inside the persistent loop: each part adds x_t·W_ihᵀ + b
@@ -206,7 +216,7 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
                           float* gates, float* cells) {
   const int64_t H = s.H, G = s.G, B = s.B;
   const int64_t tile = unit_tile(kernels);
-  const int64_t parts = persistent_parts(H, tile);
+  const int64_t parts = persistent_parts(H, tile, s.B);
   float* hb[2] = {hb0, hb1};
   run_steps(parts, s.T, [&](int64_t part, int64_t step) {
     const UnitRange units = part_units(part, parts, H, tile);
@@ -234,7 +244,11 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
     } else
 #endif
     {
+#if defined(SEQKERNELS_AVX2_GATES)
+      gate_rows_avx2<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t, hout);
+#else
       forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t, hout);
+#endif
     }
     const size_t bytes = sizeof(float) * (j1 - j0);
     for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * H + j0, hin + b * H + j0, bytes);
@@ -252,7 +266,7 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
   const int64_t H = s.H, G = s.G;
   const CpuKernels kernels = cpu_kernels();
   const int64_t tile = backward_unit_tile(kernels);
-  const int64_t parts = persistent_parts(H, tile);
+  const int64_t parts = persistent_parts(H, tile, s.B);
   std::vector<float> w_grad_storage;
   const float* w_grad = recurrent_grad_weights(kernels, w_hh, H, w_grad_storage);
   auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
@@ -278,10 +292,15 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
       return;
     }
 #endif
+#if defined(SEQKERNELS_AVX2_GATES)
+    backward_gate_rows_avx2(bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+                            grad_y + off * H, dc, dpre + off * G);
+#else
     for (int64_t b = 0; b < bt; ++b)
       for (int64_t j = j0; j < j1; ++j) dh[b * H + j] += grad_y[(off + b) * H + j];
     backward_gate_rows<float, false>(0, bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
                                      dc, dpre + off * G, nullptr);
+#endif
   });
 }
 
@@ -318,7 +337,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   if (persistent) {  // implies float32, no projection
     const CpuKernels kernels = cpu_kernels();
     const int64_t tile = unit_tile(kernels);
-    const bool fused_projection = fuse_projection(s, persistent_parts(s.H, tile));
+    const bool fused_projection = fuse_projection(s, persistent_parts(s.H, tile, s.B));
     Tensor pre;
     Tensor w_ih_packed;
     LoopProjection proj{};

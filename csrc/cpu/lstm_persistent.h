@@ -81,9 +81,10 @@ inline void cpu_relax() {
 }
 
 // Runs step_fn(part, s) for every part in [0, parts) and every s in [0, steps), all parts
-// of step s before any of step s + 1. Threads start on their own part (cache affinity);
+// of step s before any of step s + 1. Threads start on their own parts (cache affinity);
 // a thread that finds a part of the current step unclaimed after spinning runs it itself,
-// so the loop completes with any number of threads, including one (nested parallelism).
+// so the loop completes with any number of threads, including one (nested parallelism);
+// with several parts per thread it takes unclaimed parts without spinning first.
 template <class StepFn>
 void run_steps(int64_t parts, int64_t steps, const StepFn& step_fn) {
   std::vector<std::atomic<int64_t>> next_step(parts);
@@ -100,6 +101,12 @@ void run_steps(int64_t parts, int64_t steps, const StepFn& step_fn) {
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t s = 0; s < steps; ++s) {
       for (int64_t p = begin; p < end; ++p) try_run(p, s);
+      // Several parts per thread: take the others' unstarted parts at once, last first (their
+      // owners run theirs first to last), so that a slower core holds the step up by one part
+      // at most.
+      if (end - begin > 1) {
+        for (int64_t i = 1; i <= parts; ++i) try_run((begin + parts - i) % parts, s);
+      }
       const int64_t target = (s + 1) * parts;
       int spins = 0;
       while (done.load(std::memory_order_acquire) < target) {
@@ -219,8 +226,85 @@ inline void tile_product(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t 
   }
 }
 
+// The same product for R rows, two gates at a time: R rows x 2 gates of accumulators
+// (12 at R = 6) and two W vectors in registers; the h_k broadcasts come from memory. With
+// 16 registers this is the AVX2 analogue of a 6x16 SGEMM micro-kernel: each W vector
+// feeds R FMAs. Single thread on the 2-core AVX2 EPYC (Zen 3), a part's whole product
+// (B = 8 / 64, H = 256 / 512): 84-91 GFLOP/s at R = 6 against 42-68 for
+// tile_product<2, 1> (its 8 accumulators leave the FMA pipes waiting on latency).
+//   arguments as tile_product
+template <int R>
+inline void tile_product_pairs(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a,
+                               int64_t lda, const float* w_tile, float* pre, int64_t ldp, AccStart start,
+                               const float* bias) {
+  const bool full = nj == kUnitTile;
+  for (int g0 = 0; g0 < 4; g0 += 2) {
+    v8f acc[R][2];
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < 2; ++g) {
+        const float* src = start == AccStart::kBias ? bias + (g0 + g) * H + j0 : pre + r * ldp + (g0 + g) * H + j0;
+        if (start == AccStart::kZero) {
+          acc[r][g] = v8f{};
+        } else if (full) {
+          acc[r][g] = load8(src);
+        } else {
+          float lanes[kUnitTile] = {};
+          for (int64_t l = 0; l < nj; ++l) lanes[l] = src[l];
+          acc[r][g] = load8(lanes);
+        }
+      }
+    }
+    const float* w = w_tile + g0 * kUnitTile;
+    for (int64_t k = k0; k < k1; ++k) {
+      const v8f w0 = load8(w + k * 4 * kUnitTile), w1 = load8(w + k * 4 * kUnitTile + kUnitTile);
+      for (int r = 0; r < R; ++r) {
+        const v8f hk = splat8(a[r * lda + k]);
+        acc[r][0] += hk * w0;
+        acc[r][1] += hk * w1;
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < 2; ++g) {
+        float* dst = pre + r * ldp + (g0 + g) * H + j0;
+        if (full) {
+          store8(dst, acc[r][g]);
+        } else {
+          float lanes[kUnitTile];
+          store8(lanes, acc[r][g]);
+          for (int64_t l = 0; l < nj; ++l) dst[l] = lanes[l];
+        }
+      }
+    }
+  }
+}
+
+// Calls block(rows, b) over the rows [0, bt) in blocks of 6, rows a
+// std::integral_constant<int, R> (the kernels' template argument). A remainder of 2 or 3
+// after a block of 6 is rebalanced into 4 + 4 or 5 + 4: a pair kernel's R rows hold 2R
+// accumulators, too few below R = 4 to hide the FMA latency.
+template <class Block>
+inline void for_row_blocks_avx2(int64_t bt, const Block& block) {
+  const int64_t rem = bt % 6;
+  const int64_t sixes = bt / 6 - (bt >= 6 && (rem == 2 || rem == 3) ? 1 : 0);
+  int64_t b = 0;
+  for (; b < 6 * sixes; b += 6) block(std::integral_constant<int, 6>{}, b);
+  for (int64_t left = bt - b; left > 0; left = bt - b) {
+    const int64_t n = left > 5 ? left - 4 : left;  // 8 -> 4 + 4, 9 -> 5 + 4
+    switch (n) {
+      case 5: block(std::integral_constant<int, 5>{}, b); break;
+      case 4: block(std::integral_constant<int, 4>{}, b); break;
+      case 3: block(std::integral_constant<int, 3>{}, b); break;
+      case 2: block(std::integral_constant<int, 2>{}, b); break;
+      default: block(std::integral_constant<int, 1>{}, b); break;
+    }
+    b += n;
+  }
+}
+
 // One part's share of a step's product with W_hh (a = h_{t-1}, K = H) or W_ih (a = x_t,
 // K = I), AVX2: pre[:bt, g*H + j] += a[:bt, :]·W[g*H + j, :]ᵀ for its units j in [j0, j1).
+// Rows go in blocks of 6 (tile_product_pairs); one or two rows left over take all four gates
+// at once (tile_product: 8 accumulators, where a pair kernel would have 2 or 4).
 //   a: [bt, K] row stride lda; w_packed: pack_gate_weights layout with kUnitTile; pre: [bt, G] row stride ldp
 //   start, bias: what the accumulators start from (AccStart; bias [G])
 inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a, int64_t lda,
@@ -232,62 +316,234 @@ inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int
     for (int64_t k0 = 0; k0 < std::max<int64_t>(K, 1); k0 += kChunkK) {
       const int64_t k1 = std::min(K, k0 + kChunkK);
       const AccStart chunk_start = k0 == 0 ? start : AccStart::kPre;
-      int64_t b = 0;
-      for (; b + 2 <= bt; b += 2)
-        tile_product<2, 1>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp, chunk_start, bias);
-      if (b < bt) tile_product<1, 2>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp, chunk_start, bias);
+      const auto rows = [&](auto kernel, int64_t b) {
+        kernel(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp, chunk_start, bias);
+      };
+      for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
+        constexpr int R = decltype(r)::value;
+        if constexpr (R >= 3) {
+          rows(tile_product_pairs<R>, b);
+        } else {
+          rows(tile_product<R, 3 - R>, b);  // all four gates at once: 8 accumulators
+        }
+      });
     }
   }
 }
 
-// dh[r, k0 .. k0 + 8*KV) = dpre[r, :]·W_hh[:, k0 .. k0 + 8*KV) for R rows.
-//   dpre: [R, G] row stride G; w_hh: [G, H]; dh: [R, H] row stride H
-template <int R, int KV>
-inline void block_recurrent_grad(int64_t H, int64_t k0, const float* dpre, const float* w_hh, float* dh) {
+#if defined(__AVX2__) && defined(__FMA__)
+// LstmGates<__m256> drops __m256's alignment attribute (harmless: register values only).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+// FastFloatMath (vec_math.h) on 8 lanes, with its constants (fast_math): the gate passes of
+// the AVX2 loop run lstm_cell.h on whole registers. GCC's auto-vectorised scalar loop
+// (forward_gate_rows in lstm.cpp) took ~28% of a B = 8, H = 256 `infer` call on the 2-core
+// AVX2 EPYC (perf), as much as the recurrent products.
+struct Avx2Math {
+  static inline __m256 exp(__m256 x) {
+    using namespace fast_math;
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
+    const __m256 shifter = _mm256_set1_ps(kShifter);
+    const __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), shifter);
+    const __m256 n = _mm256_sub_ps(shifted, shifter);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+    __m256 p = _mm256_set1_ps(kExpPoly[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i scale_bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(kShifterBits)),
+                         _mm256_set1_epi32(127)),
+        23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(scale_bits));
+  }
+  static inline __m256 sigmoid(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_div_ps(one, _mm256_add_ps(one, exp(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+  }
+  static inline __m256 tanh(__m256 x) {
+    using namespace fast_math;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    const __m256 ax = _mm256_andnot_ps(sign_bit, x);
+    const __m256 e = exp(_mm256_mul_ps(_mm256_set1_ps(-2.0f), ax));
+    const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    const __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 series = _mm256_fmadd_ps(x2, _mm256_set1_ps(kTanhSeries[2]), _mm256_set1_ps(kTanhSeries[1]));
+    series = _mm256_fmadd_ps(x2, series, _mm256_set1_ps(kTanhSeries[0]));
+    series = _mm256_mul_ps(ax, _mm256_fmadd_ps(x2, series, one));
+    const __m256 small = _mm256_cmp_ps(ax, _mm256_set1_ps(kTanhSeriesBelow), _CMP_LT_OQ);
+    const __m256 mag = _mm256_blendv_ps(big, series, small);
+    return _mm256_or_ps(mag, _mm256_and_ps(x, sign_bit));
+  }
+};
+
+// Lanes [0, n) of a vector of 8 (n may exceed 8): the mask of _mm256_maskload_ps / maskstore.
+inline __m256i lanes8(int64_t n) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n, 8))), index);
+}
+
+// forward_gate_rows (lstm.cpp) on 8 units at a time, for float32: batch rows [0, bt), hidden
+// units [j0, j1). Same layouts: pre [bt, G] row stride ldp; cbuf [B, H]; m_out [bt, H];
+// gates [bt, G] / cells [bt, H] when training; h_copy [bt, H] (row stride H) gets m_out again.
+template <bool kTraining>
+__attribute__((flatten)) inline void gate_rows_avx2(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* pre,
+                                                    int64_t ldp, float* cbuf, float* m_out, float* gates,
+                                                    float* cells, float* h_copy) {
   const int64_t G = 4 * H;
-  v8f acc[R][KV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < KV; ++v) acc[r][v] = v8f{};
-  for (int64_t g = 0; g < G; ++g) {
-    v8f w[KV];
-    for (int v = 0; v < KV; ++v) w[v] = load8(w_hh + g * H + k0 + 8 * v);
+  for (int64_t b = 0; b < bt; ++b) {
+    const float* p = pre + b * ldp;
+    for (int64_t j = j0; j < j1; j += kUnitTile) {
+      const __m256i mask = lanes8(j1 - j);
+      const LstmGates<__m256> pre_j{_mm256_maskload_ps(p + j, mask), _mm256_maskload_ps(p + H + j, mask),
+                                    _mm256_maskload_ps(p + 2 * H + j, mask),
+                                    _mm256_maskload_ps(p + 3 * H + j, mask)};
+      LstmGates<__m256> act;
+      __m256 c_new, m_new;
+      lstm_cell_forward<Avx2Math>(pre_j, _mm256_maskload_ps(cbuf + b * H + j, mask), act, c_new, m_new);
+      _mm256_maskstore_ps(cbuf + b * H + j, mask, c_new);
+      _mm256_maskstore_ps(m_out + b * H + j, mask, m_new);
+      _mm256_maskstore_ps(h_copy + b * H + j, mask, m_new);
+      if constexpr (kTraining) {
+        float* gs = gates + b * G + j;
+        _mm256_maskstore_ps(gs, mask, act.i);
+        _mm256_maskstore_ps(gs + H, mask, act.f);
+        _mm256_maskstore_ps(gs + 2 * H, mask, act.g);
+        _mm256_maskstore_ps(gs + 3 * H, mask, act.o);
+        _mm256_maskstore_ps(cells + b * H + j, mask, c_new);
+      }
+    }
+  }
+}
+
+// backward_gate_rows (lstm.cpp, no projection) on 8 units at a time, for float32, with
+// dL/dh_t = dh + grad_y summed in registers (no pass of its own): batch rows [0, bt), hidden
+// units [j0, j1). Layouts as avx512::backward_gate_rows: gates [bt, G]; cells [bt, H];
+// prev_cells / c0 [.., H] (rows b < n_prev from prev_cells); dh, grad_y [bt, H]; dcbuf [B, H]
+// dL/dc_t in, dL/dc_{t-1} out; dpre [bt, G].
+__attribute__((flatten)) inline void backward_gate_rows_avx2(int64_t bt, int64_t j0, int64_t j1, int64_t H,
+                                                             const float* gates, const float* cells,
+                                                             const float* prev_cells, int64_t n_prev, const float* c0,
+                                                             const float* dh, const float* grad_y, float* dcbuf,
+                                                             float* dpre) {
+  const int64_t G = 4 * H;
+  for (int64_t b = 0; b < bt; ++b) {
+    const float* a = gates + b * G;
+    const float* cp = b < n_prev ? prev_cells + b * H : c0 + b * H;
+    float* dp = dpre + b * G;
+    for (int64_t j = j0; j < j1; j += kUnitTile) {
+      const __m256i mask = lanes8(j1 - j);
+      const LstmGates<__m256> act{_mm256_maskload_ps(a + j, mask), _mm256_maskload_ps(a + H + j, mask),
+                                  _mm256_maskload_ps(a + 2 * H + j, mask), _mm256_maskload_ps(a + 3 * H + j, mask)};
+      const __m256 dm =
+          _mm256_add_ps(_mm256_maskload_ps(dh + b * H + j, mask), _mm256_maskload_ps(grad_y + b * H + j, mask));
+      LstmGates<__m256> d;
+      __m256 dc_prev, m;
+      lstm_cell_backward<Avx2Math>(act, _mm256_maskload_ps(cells + b * H + j, mask), _mm256_maskload_ps(cp + j, mask),
+                                   dm, _mm256_maskload_ps(dcbuf + b * H + j, mask), d, dc_prev, m);
+      _mm256_maskstore_ps(dcbuf + b * H + j, mask, dc_prev);
+      _mm256_maskstore_ps(dp + j, mask, d.i);
+      _mm256_maskstore_ps(dp + H + j, mask, d.f);
+      _mm256_maskstore_ps(dp + 2 * H + j, mask, d.g);
+      _mm256_maskstore_ps(dp + 3 * H + j, mask, d.o);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+#define SEQKERNELS_AVX2_GATES 1
+#endif  // __AVX2__ && __FMA__
+
+// W_hh [G, H] -> [column blocks of `block` units, G, block]: the backward's products then
+// read each chunk of gate rows as one contiguous block. In W_hh itself consecutive gate rows
+// of a block lie H floats apart, so at H = 256 a 16 KB chunk would fall into a quarter of the
+// L1 sets and not stay resident (AVX-512, B = 8, H = 256 `train`: 59.6 -> 43.2 ms; AVX2 on
+// the 2-core AVX2 EPYC: docs/kernels.md). Units past H are zero.
+inline int64_t packed_w_hh_columns_numel(int64_t H, int64_t block) { return (H + block - 1) / block * 4 * H * block; }
+inline void pack_w_hh_columns(const float* w_hh, int64_t H, int64_t block, float* packed) {
+  const int64_t G = 4 * H, blocks = (H + block - 1) / block;
+  at::parallel_for(0, blocks * G, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t blk = i / G, g = i % G;
+      float* dst = packed + i * block;
+      for (int64_t l = 0; l < block; ++l) {
+        const int64_t k = blk * block + l;
+        dst[l] = k < H ? w_hh[g * H + k] : 0.f;
+      }
+    }
+  });
+}
+
+constexpr int64_t kGradBlockAvx2 = 2 * kUnitTile;  // AVX2 backward: units per column block (two vectors)
+constexpr int64_t kChunkGAvx2 = 256;               // gate rows per chunk: 256 x 16 units x 4 B = 16 KB of W_hh
+
+// dh[r, k0 .. k0 + 16) (+)= dpre[r, g0:g1]·W_hh[g0:g1, k0 .. k0 + 16) for R rows (AVX2): the
+// first chunk of gate rows writes, later ones add (a fixed order: deterministic). R rows x 2
+// vectors of accumulators, as tile_product_pairs, in two interleaved g-streams for R <= 2;
+// nk: units of the block that exist.
+//   dpre: [R, G] row stride G; w_block: packed [G, 16] of the block at k0; dh: [R, H] row stride H
+template <int R>
+inline void grad_rows_avx2(int64_t H, int64_t k0, int64_t nk, int64_t g0, int64_t g1, const float* dpre,
+                           const float* w_block, float* dh) {
+  constexpr int S = R <= 2 ? 2 : 1;  // interleaved g-streams: at least 4 accumulators
+  const int64_t G = 4 * H;
+  v8f acc[S][R][2];
+  for (int r = 0; r < R; ++r) {
+    float lanes[kGradBlockAvx2] = {};
+    if (g0 > 0) std::memcpy(lanes, dh + r * H + k0, sizeof(float) * nk);
+    acc[0][r][0] = load8(lanes);
+    acc[0][r][1] = load8(lanes + kUnitTile);
+    for (int st = 1; st < S; ++st) acc[st][r][0] = acc[st][r][1] = v8f{};
+  }
+  int64_t g = g0;
+  for (; g + S <= g1; g += S) {
+    for (int st = 0; st < S; ++st) {
+      const float* w = w_block + (g + st) * kGradBlockAvx2;
+      const v8f w0 = load8(w), w1 = load8(w + kUnitTile);
+      for (int r = 0; r < R; ++r) {
+        const v8f d = splat8(dpre[r * G + g + st]);
+        acc[st][r][0] += d * w0;
+        acc[st][r][1] += d * w1;
+      }
+    }
+  }
+  for (; g < g1; ++g) {
+    const float* w = w_block + g * kGradBlockAvx2;
     for (int r = 0; r < R; ++r) {
       const v8f d = splat8(dpre[r * G + g]);
-      for (int v = 0; v < KV; ++v) acc[r][v] += d * w[v];
+      acc[0][r][0] += d * load8(w);
+      acc[0][r][1] += d * load8(w + kUnitTile);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < KV; ++v) store8(dh + r * H + k0 + 8 * v, acc[r][v]);
+  for (int r = 0; r < R; ++r) {
+    for (int st = 1; st < S; ++st) {
+      acc[0][r][0] += acc[st][r][0];
+      acc[0][r][1] += acc[st][r][1];
+    }
+    float lanes[kGradBlockAvx2];
+    store8(lanes, acc[0][r][0]);
+    store8(lanes + kUnitTile, acc[0][r][1]);
+    std::memcpy(dh + r * H + k0, lanes, sizeof(float) * nk);
+  }
 }
 
-// dh[:bt, k] = dpre[:bt, :]·W_hh[:, k] for the units k in [k0, k1) (AVX2).
+// dh[:bt, k] = dpre[:bt, :]·W_hh[:, k] for the units k in [k0, k1) (k0 a multiple of 16),
+// in column blocks of 16 units and chunks of kChunkGAvx2 gate rows (each chunk stays in L1
+// over all row blocks), rows in blocks as units_product_avx2.
+//   w_packed: pack_w_hh_columns layout with kGradBlockAvx2
 inline void recurrent_grad_units_avx2(int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
-                                 const float* w_hh, float* dh) {
+                                      const float* w_packed, float* dh) {
   const int64_t G = 4 * H;
-  int64_t b = 0;
-  for (; b + 4 <= bt; b += 4) {
-    int64_t k = k0;
-    for (; k + 16 <= k1; k += 16) block_recurrent_grad<4, 2>(H, k, dpre + b * G, w_hh, dh + b * H);
-    for (; k + 8 <= k1; k += 8) block_recurrent_grad<4, 1>(H, k, dpre + b * G, w_hh, dh + b * H);
-    for (int64_t r = b; r < b + 4; ++r)
-      for (int64_t kk = k; kk < k1; ++kk) {
-        float s = 0.f;
-        for (int64_t g = 0; g < G; ++g) s += dpre[r * G + g] * w_hh[g * H + kk];
-        dh[r * H + kk] = s;
-      }
-  }
-  for (; b < bt; ++b) {
-    int64_t k = k0;
-    for (; k + 32 <= k1; k += 32) block_recurrent_grad<1, 4>(H, k, dpre + b * G, w_hh, dh + b * H);
-    for (; k + 8 <= k1; k += 8) block_recurrent_grad<1, 1>(H, k, dpre + b * G, w_hh, dh + b * H);
-    for (int64_t kk = k; kk < k1; ++kk) {
-      float s = 0.f;
-      for (int64_t g = 0; g < G; ++g) s += dpre[b * G + g] * w_hh[g * H + kk];
-      dh[b * H + kk] = s;
+  for (int64_t kb = k0; kb < k1; kb += kGradBlockAvx2) {
+    const int64_t nk = std::min(kGradBlockAvx2, k1 - kb);
+    const float* w_block = w_packed + (kb / kGradBlockAvx2) * G * kGradBlockAvx2;
+    for (int64_t g0 = 0; g0 < G; g0 += kChunkGAvx2) {
+      const int64_t g1 = std::min(G, g0 + kChunkGAvx2);
+      const auto rows = [&](auto kernel, int64_t b) { kernel(H, kb, nk, g0, g1, dpre + b * G, w_block, dh + b * H); };
+      for_row_blocks_avx2(bt, [&](auto r, int64_t b) { rows(grad_rows_avx2<decltype(r)::value>, b); });
     }
   }
 }
-
 
 // ---------------------------------------------------------------------------------------
 // AVX-512 kernels (x86-64 only; compiled for AVX-512 by function attribute and called only
@@ -514,25 +770,7 @@ SEQKERNELS_AVX512 __attribute__((flatten)) inline void backward_gate_rows(int64_
   }
 }
 
-// W_hh [G, H] -> [column blocks of 64 units, G, 64]: the backward's products then read each
-// chunk of gate rows as one contiguous block. In W_hh itself consecutive gate rows of a
-// block lie H floats apart, so at H = 256 a 16 KB chunk would fall into a quarter of the L1
-// sets and not stay resident. Units past H are zero.
-constexpr int64_t kGradBlock = 4 * kTile;
-inline int64_t packed_w_hh_columns_numel(int64_t H) { return (H + kGradBlock - 1) / kGradBlock * 4 * H * kGradBlock; }
-inline void pack_w_hh_columns(const float* w_hh, int64_t H, float* packed) {
-  const int64_t G = 4 * H, blocks = (H + kGradBlock - 1) / kGradBlock;
-  at::parallel_for(0, blocks * G, 256, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t blk = i / G, g = i % G;
-      float* dst = packed + i * kGradBlock;
-      for (int64_t l = 0; l < kGradBlock; ++l) {
-        const int64_t k = blk * kGradBlock + l;
-        dst[l] = k < H ? w_hh[g * H + k] : 0.f;
-      }
-    }
-  });
-}
+constexpr int64_t kGradBlock = 4 * kTile;  // units per packed column block of W_hh
 
 // dh[r, k0 .. k0 + 64) (+)= dpre[r, g0:g1]·W_hh[g0:g1, k0 .. k0 + 64) for R rows: the first
 // chunk of gate rows writes, later ones add (a fixed order: deterministic). mask[v] keeps
@@ -607,21 +845,23 @@ inline int64_t backward_unit_tile(CpuKernels kernels) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (kernels == CpuKernels::kAvx512) return avx512::kGradBlock;
 #endif
-  return kUnitTile;
+  return kGradBlockAvx2;
 }
 
-// W_hh in the layout part_recurrent_grad reads with `kernels`: W_hh itself for AVX2,
-// packed into `storage` by pack_w_hh_columns for AVX-512.
+// W_hh in the layout part_recurrent_grad reads with `kernels`: packed into `storage` by
+// pack_w_hh_columns, in column blocks of kGradBlockAvx2 or avx512::kGradBlock units.
 inline const float* recurrent_grad_weights(CpuKernels kernels, const float* w_hh, int64_t H,
                                            std::vector<float>& storage) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (kernels == CpuKernels::kAvx512) {
-    storage.resize(avx512::packed_w_hh_columns_numel(H));
-    avx512::pack_w_hh_columns(w_hh, H, storage.data());
+    storage.resize(packed_w_hh_columns_numel(H, avx512::kGradBlock));
+    pack_w_hh_columns(w_hh, H, avx512::kGradBlock, storage.data());
     return storage.data();
   }
 #endif
-  return w_hh;
+  storage.resize(packed_w_hh_columns_numel(H, kGradBlockAvx2));
+  pack_w_hh_columns(w_hh, H, kGradBlockAvx2, storage.data());
+  return storage.data();
 }
 
 // A part's share of dL/dh_{t-1} = dpre_t·W_hh (its units k in [k0, k1), k0 a multiple of
