@@ -267,8 +267,8 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
   const CpuKernels kernels = cpu_kernels();
   const int64_t tile = backward_unit_tile(kernels);
   const int64_t parts = persistent_parts(H, tile, s.B);
-  std::vector<float> w_grad_storage;
-  const float* w_grad = recurrent_grad_weights(kernels, w_hh, H, w_grad_storage);
+  const Tensor w_grad_packed = recurrent_grad_weights(kernels, w_hh, H);
+  const float* w_grad = w_grad_packed.const_data_ptr<float>();
   auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
   run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
     const UnitRange units = part_units(part, parts, H, tile);

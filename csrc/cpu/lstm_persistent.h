@@ -11,6 +11,7 @@
 // [off_t, off_t + bt).
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "seqkernels/lstm_cell.h"
@@ -848,20 +849,18 @@ inline int64_t backward_unit_tile(CpuKernels kernels) {
   return kGradBlockAvx2;
 }
 
-// W_hh in the layout part_recurrent_grad reads with `kernels`: packed into `storage` by
-// pack_w_hh_columns, in column blocks of kGradBlockAvx2 or avx512::kGradBlock units.
-inline const float* recurrent_grad_weights(CpuKernels kernels, const float* w_hh, int64_t H,
-                                           std::vector<float>& storage) {
+// W_hh in the layout part_recurrent_grad reads with `kernels`: packed by pack_w_hh_columns,
+// in column blocks of kGradBlockAvx2 or avx512::kGradBlock units, into a tensor: PyTorch's
+// CPU allocator aligns it to 64 bytes. (A large std::vector sits 16 bytes past a page
+// boundary, so every other 32-byte load, and every 64-byte one, would span two cache lines.)
+inline at::Tensor recurrent_grad_weights(CpuKernels kernels, const float* w_hh, int64_t H) {
+  int64_t block = kGradBlockAvx2;
 #if defined(__x86_64__) || defined(_M_X64)
-  if (kernels == CpuKernels::kAvx512) {
-    storage.resize(packed_w_hh_columns_numel(H, avx512::kGradBlock));
-    pack_w_hh_columns(w_hh, H, avx512::kGradBlock, storage.data());
-    return storage.data();
-  }
+  if (kernels == CpuKernels::kAvx512) block = avx512::kGradBlock;
 #endif
-  storage.resize(packed_w_hh_columns_numel(H, kGradBlockAvx2));
-  pack_w_hh_columns(w_hh, H, kGradBlockAvx2, storage.data());
-  return storage.data();
+  at::Tensor packed = at::empty({packed_w_hh_columns_numel(H, block)}, at::kFloat);
+  pack_w_hh_columns(w_hh, H, block, packed.data_ptr<float>());
+  return packed;
 }
 
 // A part's share of dL/dh_{t-1} = dpre_t·W_hh (its units k in [k0, k1), k0 a multiple of
