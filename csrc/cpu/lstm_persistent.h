@@ -235,9 +235,8 @@ inline void tile_product(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t 
 // tile_product<2, 1> (its 8 accumulators leave the FMA pipes waiting on latency).
 //   arguments as tile_product
 template <int R>
-inline void tile_product_pairs(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a,
-                               int64_t lda, const float* w_tile, float* pre, int64_t ldp, AccStart start,
-                               const float* bias) {
+inline void tile_product_pairs(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a_packed,
+                               const float* w_tile, float* pre, int64_t ldp, AccStart start, const float* bias) {
   const bool full = nj == kUnitTile;
   for (int g0 = 0; g0 < 4; g0 += 2) {
     v8f acc[R][2];
@@ -255,11 +254,12 @@ inline void tile_product_pairs(int64_t H, int64_t j0, int64_t nj, int64_t k0, in
         }
       }
     }
-    const float* w = w_tile + g0 * kUnitTile;
-    for (int64_t k = k0; k < k1; ++k) {
-      const v8f w0 = load8(w + k * 4 * kUnitTile), w1 = load8(w + k * 4 * kUnitTile + kUnitTile);
+    const float* w = w_tile + k0 * 4 * kUnitTile + g0 * kUnitTile;
+    const float* a = a_packed + k0 * R;
+    for (int64_t k = k0; k < k1; ++k, w += 4 * kUnitTile, a += R) {
+      const v8f w0 = load8(w), w1 = load8(w + kUnitTile);
       for (int r = 0; r < R; ++r) {
-        const v8f hk = splat8(a[r * lda + k]);
+        const v8f hk = splat8(a[r]);
         acc[r][0] += hk * w0;
         acc[r][1] += hk * w1;
       }
@@ -310,6 +310,18 @@ inline void for_row_blocks_avx2(int64_t bt, const Block& block) {
 //   start, bias: what the accumulators start from (AccStart; bias [G])
 inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a, int64_t lda,
                                const float* w_packed, float* pre, int64_t ldp, AccStart start, const float* bias) {
+  // A's row blocks of 3-6 rows, each packed [K, R]: the pair kernels then broadcast from one
+  // pointer at fixed offsets (no per-row addresses for the compiler to keep, or spill).
+  thread_local std::vector<float> a_packed;
+  a_packed.resize(std::max<int64_t>(1, bt * K));
+  for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
+    constexpr int R = decltype(r)::value;
+    if constexpr (R >= 3) {
+      float* dst = a_packed.data() + b * K;
+      for (int64_t k = 0; k < K; ++k)
+        for (int rr = 0; rr < R; ++rr) dst[k * R + rr] = a[(b + rr) * lda + k];
+    }
+  });
   for (int64_t j = j0; j < j1; j += kUnitTile) {
     const int64_t nj = std::min(kUnitTile, j1 - j);
     const float* w_tile = w_packed + (j / kUnitTile) * K * 4 * kUnitTile;
@@ -323,7 +335,8 @@ inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int
       for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
         constexpr int R = decltype(r)::value;
         if constexpr (R >= 3) {
-          rows(tile_product_pairs<R>, b);
+          tile_product_pairs<R>(H, j, nj, k0, k1, a_packed.data() + b * K, w_tile, pre + b * ldp, ldp, chunk_start,
+                                bias);
         } else {
           rows(tile_product<R, 3 - R>, b);  // all four gates at once: 8 accumulators
         }
