@@ -233,7 +233,7 @@ inline void tile_product(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t 
 // feeds R FMAs. Single thread on the 2-core AVX2 EPYC (Zen 3), a part's whole product
 // (B = 8 / 64, H = 256 / 512): 84-91 GFLOP/s at R = 6 against 42-68 for
 // tile_product<2, 1> (its 8 accumulators leave the FMA pipes waiting on latency).
-//   arguments as tile_product
+//   arguments as tile_product, but A as the block's rows packed [K, R] (pack_row_blocks_avx2)
 template <int R>
 inline void tile_product_pairs(int64_t H, int64_t j0, int64_t nj, int64_t k0, int64_t k1, const float* a_packed,
                                const float* w_tile, float* pre, int64_t ldp, AccStart start, const float* bias) {
@@ -302,6 +302,24 @@ inline void for_row_blocks_avx2(int64_t bt, const Block& block) {
   }
 }
 
+// Rows [0, bt) of a ([bt, K], row stride lda) in the blocks of for_row_blocks_avx2, each block
+// of R rows packed [K, R] and starting at the result + b * K (a per-thread buffer, valid until
+// the thread's next call). The kernels then broadcast from one pointer at fixed offsets:
+// reading the rows in place, GCC kept the row offsets on the stack and reloaded them every k
+// (13 loads per 12 FMAs instead of 8). Costs bt * K copies per part and product, 1-2% of
+// the product's memory traffic.
+inline const float* pack_row_blocks_avx2(const float* a, int64_t lda, int64_t bt, int64_t K) {
+  thread_local std::vector<float> packed;
+  packed.resize(std::max<int64_t>(1, bt * K));
+  for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
+    constexpr int R = decltype(r)::value;
+    float* dst = packed.data() + b * K;
+    for (int64_t k = 0; k < K; ++k)
+      for (int rr = 0; rr < R; ++rr) dst[k * R + rr] = a[(b + rr) * lda + k];
+  });
+  return packed.data();
+}
+
 // One part's share of a step's product with W_hh (a = h_{t-1}, K = H) or W_ih (a = x_t,
 // K = I), AVX2: pre[:bt, g*H + j] += a[:bt, :]·W[g*H + j, :]ᵀ for its units j in [j0, j1).
 // Rows go in blocks of 6 (tile_product_pairs); one or two rows left over take all four gates
@@ -310,18 +328,7 @@ inline void for_row_blocks_avx2(int64_t bt, const Block& block) {
 //   start, bias: what the accumulators start from (AccStart; bias [G])
 inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a, int64_t lda,
                                const float* w_packed, float* pre, int64_t ldp, AccStart start, const float* bias) {
-  // A's row blocks of 3-6 rows, each packed [K, R]: the pair kernels then broadcast from one
-  // pointer at fixed offsets (no per-row addresses for the compiler to keep, or spill).
-  thread_local std::vector<float> a_packed;
-  a_packed.resize(std::max<int64_t>(1, bt * K));
-  for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
-    constexpr int R = decltype(r)::value;
-    if constexpr (R >= 3) {
-      float* dst = a_packed.data() + b * K;
-      for (int64_t k = 0; k < K; ++k)
-        for (int rr = 0; rr < R; ++rr) dst[k * R + rr] = a[(b + rr) * lda + k];
-    }
-  });
+  const float* a_packed = pack_row_blocks_avx2(a, lda, bt, K);
   for (int64_t j = j0; j < j1; j += kUnitTile) {
     const int64_t nj = std::min(kUnitTile, j1 - j);
     const float* w_tile = w_packed + (j / kUnitTile) * K * 4 * kUnitTile;
@@ -335,8 +342,7 @@ inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int
       for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
         constexpr int R = decltype(r)::value;
         if constexpr (R >= 3) {
-          tile_product_pairs<R>(H, j, nj, k0, k1, a_packed.data() + b * K, w_tile, pre + b * ldp, ldp, chunk_start,
-                                bias);
+          tile_product_pairs<R>(H, j, nj, k0, k1, a_packed + b * K, w_tile, pre + b * ldp, ldp, chunk_start, bias);
         } else {
           rows(tile_product<R, 3 - R>, b);  // all four gates at once: 8 accumulators
         }
@@ -490,17 +496,20 @@ inline void pack_w_hh_columns(const float* w_hh, int64_t H, int64_t block, float
 
 constexpr int64_t kGradBlockAvx2 = 2 * kUnitTile;  // AVX2 backward: units per column block (two vectors)
 constexpr int64_t kChunkGAvx2 = 256;               // gate rows per chunk: 256 x 16 units x 4 B = 16 KB of W_hh
+constexpr int64_t kPackGradBlocksAvx2 = 4;         // column blocks per part from which dpre is packed
 
 // dh[r, k0 .. k0 + 16) (+)= dpre[r, g0:g1]·W_hh[g0:g1, k0 .. k0 + 16) for R rows (AVX2): the
 // first chunk of gate rows writes, later ones add (a fixed order: deterministic). R rows x 2
 // vectors of accumulators, as tile_product_pairs, in two interleaved g-streams for R <= 2;
 // nk: units of the block that exist.
-//   dpre: [R, G] row stride G; w_block: packed [G, 16] of the block at k0; dh: [R, H] row stride H
-template <int R>
-inline void grad_rows_avx2(int64_t H, int64_t k0, int64_t nk, int64_t g0, int64_t g1, const float* dpre,
+//   dpre_rows: the block's rows of dpre, packed [G, R] (pack_row_blocks_avx2) or [R, G] row
+//   stride G; w_block: packed [G, 16] of the block at k0; dh: [R, H] row stride H
+template <int R, bool kPacked>
+inline void grad_rows_avx2(int64_t H, int64_t k0, int64_t nk, int64_t g0, int64_t g1, const float* dpre_rows,
                            const float* w_block, float* dh) {
   constexpr int S = R <= 2 ? 2 : 1;  // interleaved g-streams: at least 4 accumulators
   const int64_t G = 4 * H;
+  const auto dpre = [&](int r, int64_t g) { return kPacked ? dpre_rows[g * R + r] : dpre_rows[r * G + g]; };
   v8f acc[S][R][2];
   for (int r = 0; r < R; ++r) {
     float lanes[kGradBlockAvx2] = {};
@@ -515,7 +524,7 @@ inline void grad_rows_avx2(int64_t H, int64_t k0, int64_t nk, int64_t g0, int64_
       const float* w = w_block + (g + st) * kGradBlockAvx2;
       const v8f w0 = load8(w), w1 = load8(w + kUnitTile);
       for (int r = 0; r < R; ++r) {
-        const v8f d = splat8(dpre[r * G + g + st]);
+        const v8f d = splat8(dpre(r, g + st));
         acc[st][r][0] += d * w0;
         acc[st][r][1] += d * w1;
       }
@@ -524,7 +533,7 @@ inline void grad_rows_avx2(int64_t H, int64_t k0, int64_t nk, int64_t g0, int64_
   for (; g < g1; ++g) {
     const float* w = w_block + g * kGradBlockAvx2;
     for (int r = 0; r < R; ++r) {
-      const v8f d = splat8(dpre[r * G + g]);
+      const v8f d = splat8(dpre(r, g));
       acc[0][r][0] += d * load8(w);
       acc[0][r][1] += d * load8(w + kUnitTile);
     }
@@ -548,13 +557,25 @@ inline void grad_rows_avx2(int64_t H, int64_t k0, int64_t nk, int64_t g0, int64_
 inline void recurrent_grad_units_avx2(int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
                                       const float* w_packed, float* dh) {
   const int64_t G = 4 * H;
+  // Each column block reads all of dpre once, so packing it (one more write and read of it)
+  // is paid back from a few blocks per part; at B >= 16 and H = 256 a part has two (several
+  // parts per thread). On the 2-core AVX2 EPYC packing looked ~5% faster at B = 8 and ~5%
+  // slower at B = 16 (`train`, H = 256), both within that machine's run-to-run noise.
+  const bool packed = k1 - k0 >= kPackGradBlocksAvx2 * kGradBlockAvx2;
+  const float* rows_src = packed ? pack_row_blocks_avx2(dpre, G, bt, G) : dpre;
   for (int64_t kb = k0; kb < k1; kb += kGradBlockAvx2) {
     const int64_t nk = std::min(kGradBlockAvx2, k1 - kb);
     const float* w_block = w_packed + (kb / kGradBlockAvx2) * G * kGradBlockAvx2;
     for (int64_t g0 = 0; g0 < G; g0 += kChunkGAvx2) {
       const int64_t g1 = std::min(G, g0 + kChunkGAvx2);
-      const auto rows = [&](auto kernel, int64_t b) { kernel(H, kb, nk, g0, g1, dpre + b * G, w_block, dh + b * H); };
-      for_row_blocks_avx2(bt, [&](auto r, int64_t b) { rows(grad_rows_avx2<decltype(r)::value>, b); });
+      for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
+        constexpr int R = decltype(r)::value;
+        if (packed) {
+          grad_rows_avx2<R, true>(H, kb, nk, g0, g1, rows_src + b * G, w_block, dh + b * H);
+        } else {
+          grad_rows_avx2<R, false>(H, kb, nk, g0, g1, rows_src + b * G, w_block, dh + b * H);
+        }
+      });
     }
   }
 }
