@@ -336,15 +336,12 @@ inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int
     for (int64_t k0 = 0; k0 < std::max<int64_t>(K, 1); k0 += kChunkK) {
       const int64_t k1 = std::min(K, k0 + kChunkK);
       const AccStart chunk_start = k0 == 0 ? start : AccStart::kPre;
-      const auto rows = [&](auto kernel, int64_t b) {
-        kernel(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp, chunk_start, bias);
-      };
       for_row_blocks_avx2(bt, [&](auto r, int64_t b) {
         constexpr int R = decltype(r)::value;
         if constexpr (R >= 3) {
           tile_product_pairs<R>(H, j, nj, k0, k1, a_packed + b * K, w_tile, pre + b * ldp, ldp, chunk_start, bias);
-        } else {
-          rows(tile_product<R, 3 - R>, b);  // all four gates at once: 8 accumulators
+        } else {  // all four gates at once: 8 accumulators
+          tile_product<R, 3 - R>(H, j, nj, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp, ldp, chunk_start, bias);
         }
       });
     }

@@ -47,6 +47,7 @@
 #include <array>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "seqkernels/convlstm_checks.h"
 #include "seqkernels/error_format.h"
@@ -117,14 +118,14 @@ inline Tensor conv(const Tensor& input, const Tensor& weight, const std::optiona
   return to_nhwc(at::convolution(input, weight, bias, g.stride, g.padding, g.dilation, false, g.output_padding, 1));
 }
 
-// The gradients of conv(input, weight) selected by mask (input, weight, bias).
-inline std::tuple<Tensor, Tensor, Tensor> conv_backward(const Tensor& grad_out, const Tensor& input,
-                                                        const Tensor& weight, bool with_bias, const ConvGeometry& g,
-                                                        std::array<bool, 3> mask) {
-  const std::vector<int64_t> bias_sizes{weight.size(0)};
-  return at::convolution_backward(grad_out, input, weight,
-                                  with_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
-                                  g.stride, g.padding, g.dilation, false, g.output_padding, 1, mask);
+// The gradients of conv(input, weight) selected by mask (input, weight). No bias gradient:
+// the backward takes it as onesᵀ·dz (weight_grads in convlstm_backward_loop).
+inline std::pair<Tensor, Tensor> conv_backward(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
+                                               const ConvGeometry& g, std::array<bool, 2> mask) {
+  auto [grad_input, grad_weight, unused] =
+      at::convolution_backward(grad_out, input, weight, at::OptionalIntArrayRef(), g.stride, g.padding, g.dilation,
+                               false, g.output_padding, 1, {mask[0], mask[1], false});
+  return {grad_input, grad_weight};
 }
 
 // Moves the channel dimension of a [..., C, H, W] tensor last (to_back) or back from last.
@@ -328,7 +329,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // dL/dh_{t-1}'s recurrent part, w_hhᵀ * dz_t, from dz's slot `slot`.
   const auto state_grad = [&](int64_t slot) {
     return to_nhwc(
-        std::get<0>(conv_backward(nchw_view(dz.select(0, slot)), h_like, w_hh_nhwc, false, geom, {true, false, false})));
+        conv_backward(nchw_view(dz.select(0, slot)), h_like, w_hh_nhwc, geom, {true, false}).first);
   };
   // h_{t-1} and x_t of steps t0 .. t0 + n - 1 into h_prev's and x_prev's first n slots.
   const auto stage_frames = [&](int64_t t0, int64_t n) {
@@ -350,8 +351,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const auto weight_grads = [&](int64_t n) {
     const auto frames = [&](const Tensor& t) { return nchw_view(t.narrow(0, 0, n).flatten(0, 1)); };
     const Tensor dz_frames = frames(dz);
-    grad_w_hh.add_(std::get<1>(conv_backward(dz_frames, frames(h_prev), w_hh_nhwc, false, geom, {false, true, false})));
-    auto [gx, gw_ih, unused] = conv_backward(dz_frames, frames(x_prev), w_ih_nhwc, false, geom, {true, true, false});
+    grad_w_hh.add_(conv_backward(dz_frames, frames(h_prev), w_hh_nhwc, geom, {false, true}).second);
+    auto [gx, gw_ih] = conv_backward(dz_frames, frames(x_prev), w_ih_nhwc, geom, {true, true});
     grad_w_ih.add_(gw_ih);
     if (has_bias) {  // [n·B·H·W, 4C]ᵀ · ones: a GEMV, float accumulation in 16-bit types
       const int64_t rows = n * s.B * P;
