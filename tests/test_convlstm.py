@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -379,6 +380,117 @@ def test_incoming_gradients_in_any_strides(device, T):
                                            (upstream["y"], upstream["h"], upstream["c"])))
     for name, a, e in zip(t, *results):
         assert_close(a, e, torch.float64, f"grad_{name}")
+
+
+# --------------------------------------------------------------------------------------
+# Winograd convolutions on the CPU (csrc/cpu/winograd.h), chosen by SEQKERNELS_CONV_ALGO
+# --------------------------------------------------------------------------------------
+# Winograd's transforms grow float32 rounding error: ~1e-5 of the magnitude against ~1e-6 for
+# the direct convolution (winograd.h), so float32 gets 5e-5 at the magnitude here.
+WINOGRAD_TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 5e-5)}
+
+
+@contextlib.contextmanager
+def conv_algo(value: str):
+    """SEQKERNELS_CONV_ALGO set to value inside the block (read by every CPU call)."""
+    saved = os.environ.get("SEQKERNELS_CONV_ALGO")
+    os.environ["SEQKERNELS_CONV_ALGO"] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["SEQKERNELS_CONV_ALGO"]
+        else:
+            os.environ["SEQKERNELS_CONV_ALGO"] = saved
+
+
+def _winograd_case(c: dict, seed: int):
+    torch.manual_seed(seed)
+    tensors = _functional_leaves(c["T"], c["B"], c["Ci"], c["C"], c["H"], c["W"], (c["K"], c["K"]), c["bias"],
+                                 c["peephole"], c["with_state"], "cpu")
+    shape = (c["B"], c["C"], c["H"], c["W"])
+    upstream = {"y": torch.randn(c["T"], *shape, dtype=torch.float64), "h": torch.randn(*shape, dtype=torch.float64),
+                "c": torch.randn(*shape, dtype=torch.float64)}
+    return tensors, upstream
+
+
+def _assert_winograd_close(got: dict, ref64: dict, dtype: torch.dtype, what: str) -> None:
+    rtol, atol = WINOGRAD_TOLERANCE[dtype]
+    for key in ref64:
+        torch.testing.assert_close(got[key].double(), ref64[key], rtol=rtol, atol=atol * max(1.0, max_abs(ref64[key])),
+                                   msg=lambda m, key=key: f"{what}: {key} ({dtype}): {m}")
+
+
+@given(
+    config=st.fixed_dictionaries(dict(
+        # Frames that are not whole tiles (4 x 4 output tiles for K = 3, 2 x 2 for K = 5), one
+        # pixel wide, and longer than the kernel; 8..9 steps give multi-step backward chunks.
+        T=st.one_of(st.integers(1, 3), st.integers(8, 9)), B=st.integers(1, 3), Ci=st.integers(1, 5),
+        C=st.integers(1, 5), H=st.sampled_from([1, 2, 3, 5, 6, 9, 13]), W=st.sampled_from([1, 4, 5, 7, 10]),
+        K=st.sampled_from([3, 5]), bias=st.booleans(), peephole=st.booleans(), with_state=st.booleans(),
+    )),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_winograd_matches_reference(config, dtype, seed):
+    """With SEQKERNELS_CONV_ALGO=winograd every convolution of the CPU op (forward, the input
+    gradients, the weight gradients; training and inference) runs Winograd's: outputs and
+    every gradient against the float64 reference loop, and the same bits on a second call."""
+    note(f"{config} {dtype}")
+    tensors, upstream = _winograd_case(config, seed)
+    ref64 = run_functional(convlstm_reference, tensors, torch.float64, upstream)
+    with conv_algo("winograd"):
+        got = run_functional(convlstm, tensors, dtype, upstream)
+        again = run_functional(convlstm, tensors, dtype, upstream)
+        with torch.no_grad():
+            leaves = {k: v.to(dtype) for k, v in tensors.items()}
+            peep = tuple(leaves[f"weight_{g}"] for g in PEEPHOLES) if config["peephole"] else None
+            y, (h, c) = convlstm(leaves["x"], leaves.get("h0"), leaves.get("c0"), leaves["weight_ih"],
+                                 leaves["weight_hh"], leaves.get("bias_ih"), leaves.get("bias_hh"), peep)
+    _assert_winograd_close(got, ref64, dtype, "training call")
+    _assert_winograd_close({"y": y, "h": h, "c": c}, {k: ref64[k] for k in ("y", "h", "c")}, dtype, "inference call")
+    for key in got:
+        assert torch.equal(got[key], again[key]), f"{key}: two identical calls differ"
+
+
+def test_auto_takes_winograd_for_wide_convolutions():
+    """auto runs Winograd's convolutions where the channels are wide (w_ih [64, 32, 3, 3] here)
+    and oneDNN's where they are not (w_hh [64, 16, 3, 3]): the float32 result is bitwise the
+    forced-Winograd one, differs from the all-direct one, and both are within tolerance."""
+    config = dict(T=3, B=2, Ci=32, C=16, H=8, W=8, K=3, bias=True, peephole=False, with_state=True)
+    tensors, upstream = _winograd_case(config, 7)
+    ref64 = run_functional(convlstm_reference, tensors, torch.float64, upstream)
+    results = {}
+    for algo in ("auto", "winograd", "direct"):
+        with conv_algo(algo):
+            results[algo] = run_functional(convlstm, tensors, torch.float32, upstream)
+        _assert_winograd_close(results[algo], ref64, torch.float32, algo)
+    assert torch.equal(results["auto"]["y"], results["winograd"]["y"])
+    assert not torch.equal(results["auto"]["y"], results["direct"]["y"])
+
+
+@pytest.mark.parametrize("K", [3, 5])
+def test_gradcheck_winograd(K):
+    """The Winograd weight and input gradients are the forward's exact derivatives (float64)."""
+    torch.manual_seed(3)
+    tensors = _functional_leaves(2, 2, 2, 2, 5, 6, (K, K), True, False, True, "cpu")
+    names = list(tensors)
+    leaves = tuple(t.requires_grad_(True) for t in tensors.values())
+
+    def fn(*ts):
+        kw = dict(zip(names, ts))
+        y, (h, c) = convlstm(kw["x"], kw["h0"], kw["c0"], kw["weight_ih"], kw["weight_hh"], kw["bias_ih"],
+                             kw["bias_hh"])
+        return y, h, c
+
+    with conv_algo("winograd"):
+        assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_conv_algo_rejects_unknown_values():
+    t = _functional_leaves(2, 1, 2, 2, 4, 4, (3, 3), False, False, True, "cpu")
+    with conv_algo("fastest"), pytest.raises(RuntimeError, match="SEQKERNELS_CONV_ALGO must be auto, winograd or direct"):
+        convlstm(t["x"], t["h0"], t["c0"], t["weight_ih"], t["weight_hh"])
 
 
 # --------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include "seqkernels/convlstm_cell.h"
 #include "seqkernels/convlstm_loop.h"
 #include "vec_math.h"
+#include "winograd.h"
 
 namespace seqkernels::cpu {
 namespace {
@@ -142,7 +143,37 @@ void forward_pixels_dispatch(const ConvLstmForwardStep<scalar_t>& s) {
   else forward_pixels<kPeephole, false, false>(s);
 }
 
+// The loop's convolutions of one weight: Winograd's (winograd.h) where WinogradConv::chosen
+// says so for this weight and frame size, oneDNN's otherwise.
+class CpuConvolution {
+ public:
+  CpuConvolution(const Tensor& weight, const convlstm_detail::ConvGeometry& g, int64_t pixels) {
+    if (WinogradConv::chosen(weight, pixels)) winograd_.emplace(weight);
+    else aten_.emplace(weight, g, pixels);
+  }
+  Tensor forward(const Tensor& input, const std::optional<Tensor>& bias) {
+    return winograd_ ? winograd_->forward(input, bias) : aten_->forward(input, bias);
+  }
+  Tensor input_grad(const Tensor& grad_out, const Tensor& input_like) {
+    return winograd_ ? winograd_->input_grad(grad_out) : aten_->input_grad(grad_out, input_like);
+  }
+  Tensor weight_grad(const Tensor& grad_out, const Tensor& input) {
+    return winograd_ ? winograd_->weight_grad(grad_out, input) : aten_->weight_grad(grad_out, input);
+  }
+  std::pair<Tensor, Tensor> grads(const Tensor& grad_out, const Tensor& input) {
+    if (!winograd_) return aten_->grads(grad_out, input);
+    return {winograd_->input_grad(grad_out), winograd_->weight_grad(grad_out, input)};
+  }
+
+ private:
+  std::optional<WinogradConv> winograd_;
+  std::optional<convlstm_detail::AtenConvolution> aten_;
+};
+
 struct CpuPointwise {
+  using Convolution = CpuConvolution;
+
+
   static void check(const Tensor& x) { check_cpu(x, "seqkernels.convlstm"); }
 
   // dL/dy_t is copied into channels-last per step: the channel loop vectorises over

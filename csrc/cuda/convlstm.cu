@@ -351,6 +351,8 @@ struct CudaPointwise {
   template <class Result>
   using StepCall = StepGraph<Result>;
 
+  using Convolution = convlstm_detail::AtenConvolution;  // cuDNN's
+
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {
     if (s.peep) launch_forward<true>(s);

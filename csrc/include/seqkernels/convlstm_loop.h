@@ -1,6 +1,7 @@
 // The ConvLSTM time loop, written once for every backend (csrc/cpu/convlstm.cpp,
-// csrc/cuda/convlstm.cu). The convolutions are ATen's (oneDNN on the CPU, cuDNN on the
-// GPU); the loop and the gate math are ours:
+// csrc/cuda/convlstm.cu). The convolutions are the backend's (Backend::Convolution: cuDNN's
+// on the GPU; on the CPU Winograd's (csrc/cpu/winograd.h) where they pay, oneDNN's
+// elsewhere); the loop and the gate math are ours:
 //   forward   training: one convolution w_ih * x + bias of all T·B input frames before the
 //             loop, written straight into the buffer that keeps the activated gates for
 //             backward (the pointwise pass overwrites each step's pre-activations with its
@@ -32,7 +33,8 @@
 // convolution's host cost, ~30-60 µs per step through ATen and cuDNN, from a loop that is
 // otherwise host-bound at these sizes).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
-// `kStridedDy`, `kChunkPixels` and `StepCall`. No host synchronisation; the only allocations
+// `kStridedDy`, `kChunkPixels`, `StepCall` and `Convolution`. No host synchronisation; the
+// only allocations
 // are ATen's (the caching allocator on the GPU), so the loop can be captured in a CUDA graph.
 //
 // Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gate
@@ -128,6 +130,30 @@ inline std::pair<Tensor, Tensor> conv_backward(const Tensor& grad_out, const Ten
   return {grad_input, grad_weight};
 }
 
+// The convolutions of one weight that the loop runs, through ATen (oneDNN on the CPU, cuDNN on
+// the GPU). A backend supplies its own as Backend::Convolution (the CPU's takes Winograd's
+// where it pays: csrc/cpu/winograd.h), with this interface; `pixels` is H·W of the frames.
+class AtenConvolution {
+ public:
+  AtenConvolution(const Tensor& weight, const ConvGeometry& g, int64_t /*pixels*/) : weight_(to_nhwc(weight)), geom_(g) {}
+  Tensor forward(const Tensor& input, const std::optional<Tensor>& bias) { return conv(input, weight_, bias, geom_); }
+  // dL/d(input) of a call on inputs shaped like input_like, in NHWC memory.
+  Tensor input_grad(const Tensor& grad_out, const Tensor& input_like) {
+    return to_nhwc(conv_backward(grad_out, input_like, weight_, geom_, {true, false}).first);
+  }
+  Tensor weight_grad(const Tensor& grad_out, const Tensor& input) {
+    return conv_backward(grad_out, input, weight_, geom_, {false, true}).second;
+  }
+  // Both, in one call: {input gradient (any strides), weight gradient}.
+  std::pair<Tensor, Tensor> grads(const Tensor& grad_out, const Tensor& input) {
+    return conv_backward(grad_out, input, weight_, geom_, {true, true});
+  }
+
+ private:
+  Tensor weight_;
+  ConvGeometry geom_;
+};
+
 // Moves the channel dimension of a [..., C, H, W] tensor last (to_back) or back from last.
 
 inline Tensor move_channels(const Tensor& t, bool to_back) {
@@ -213,7 +239,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   // [B, H, W, C] buffer holding h_{t-1}. Inference: [w_ih | w_hh] over one [B, H, W, Ci + C]
   // buffer holding x_t next to h_{t-1}. The pointwise pass writes h_t (and x_{t+1}) over it
   // once the convolution has read it, so every step convolves the same buffer.
-  const Tensor w_nhwc = to_nhwc(training ? w_hh : at::cat({w_ih, w_hh}, 1));
+  typename Backend::Convolution step_weights(training ? w_hh : at::cat({w_ih, w_hh}, 1), geom, P);
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
   Tensor h_buf = at::empty({s.B, s.H, s.W, h_channels}, x.options());
   const Tensor h_in = nchw_view(h_buf);  // as the convolution's [B, channels, H, W] input
@@ -221,7 +247,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   if (!training) h_in.narrow(1, 0, s.Ci).copy_(x.select(0, 0));
   // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
   // each step's pre-activations with its activated gates, the buffer saved for backward.
-  const Tensor zx = training ? conv(nhwc_frames(x), to_nhwc(w_ih), bias_or_none, geom) : Tensor();
+  const Tensor zx = training ? typename Backend::Convolution(w_ih, geom, P).forward(nhwc_frames(x), bias_or_none)
+                             : Tensor();
   const Tensor bias_step = !training && bias_or_none.has_value() ? bias_or_none->contiguous() : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_forward", [&] {
@@ -244,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
     for (int64_t t = 0; t < s.T; ++t) {
       // w_hh * h_{t-1} (training) or [w_ih | w_hh] * [x_t, h_{t-1}] (inference); held until the
       // pointwise pass has read it.
-      const Tensor z = step_conv(h_buf.data_ptr(), [&] { return conv(h_in, w_nhwc, std::nullopt, geom); });
+      const Tensor z = step_conv(h_buf.data_ptr(), [&] { return step_weights.forward(h_in, std::nullopt); });
       if (training) {
         step.z = zx.data_ptr<scalar_t>() + t * gate_step;
         step.zh = z.data_ptr<scalar_t>();
@@ -311,7 +338,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   Tensor dy_step = has_dy && !Backend::kStridedDy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
-  const Tensor w_ih_nhwc = to_nhwc(w_ih), w_hh_nhwc = to_nhwc(w_hh);
+  typename Backend::Convolution conv_ih(w_ih, geom, P), conv_hh(w_hh, geom, P);
   // dL/dh from step t+1 as an NHWC [B, C, H, W] tensor (first from h_n).
   Tensor dh_rec = grad_h_n.has_value() && grad_h_n->defined() ? to_nhwc(*grad_h_n) : Tensor();
   // A staged h_{t-1} stands in for h_{t-1} in the input-gradient calls: only its shape and
@@ -328,8 +355,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
   // dL/dh_{t-1}'s recurrent part, w_hhᵀ * dz_t, from dz's slot `slot`.
   const auto state_grad = [&](int64_t slot) {
-    return to_nhwc(
-        conv_backward(nchw_view(dz.select(0, slot)), h_like, w_hh_nhwc, geom, {true, false}).first);
+    return conv_hh.input_grad(nchw_view(dz.select(0, slot)), h_like);
   };
   // h_{t-1} and x_t of steps t0 .. t0 + n - 1 into h_prev's and x_prev's first n slots.
   const auto stage_frames = [&](int64_t t0, int64_t n) {
@@ -351,8 +377,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const auto weight_grads = [&](int64_t n) {
     const auto frames = [&](const Tensor& t) { return nchw_view(t.narrow(0, 0, n).flatten(0, 1)); };
     const Tensor dz_frames = frames(dz);
-    grad_w_hh.add_(conv_backward(dz_frames, frames(h_prev), w_hh_nhwc, geom, {false, true}).second);
-    auto [gx, gw_ih] = conv_backward(dz_frames, frames(x_prev), w_ih_nhwc, geom, {true, true});
+    grad_w_hh.add_(conv_hh.weight_grad(dz_frames, frames(h_prev)));
+    auto [gx, gw_ih] = conv_ih.grads(dz_frames, frames(x_prev));
     grad_w_ih.add_(gw_ih);
     if (has_bias) {  // [n·B·H·W, 4C]ᵀ · ones: a GEMV, float accumulation in 16-bit types
       const int64_t rows = n * s.B * P;
