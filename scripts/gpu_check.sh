@@ -210,9 +210,11 @@ run_step conv_bench "conv benchmarks" 150 "$OUT/bench.log" bash -c \
 
 run_step conv_memory "ConvLSTM memory breakdown" 90 "$OUT/bench.log" "$PY" scripts/convlstm_memory.py
 
-# ---- 6. the rest of the LSTM test file and the CPU loops forced (CPU parts; CI runs them too) -
-run_step cputests "pytest tests/test_lstm.py tests/test_lstm_cpu_loops.py -m 'not cuda'" 120 "$TESTS_LOG" \
-  "$PY" -m pytest -q -m "not cuda" -p no:cacheprovider -rfE tests/test_lstm.py tests/test_lstm_cpu_loops.py
+# ---- 6. the CPU parts of the LSTM and ConvLSTM tests, the CPU loops forced (CI runs them too;
+# here on another CPU and torch: the AVX-512 kernels, the Winograd convolutions under this MKL) -
+run_step cputests "pytest tests/test_lstm.py tests/test_lstm_cpu_loops.py tests/test_convlstm.py -m 'not cuda'" 150 \
+  "$TESTS_LOG" "$PY" -m pytest -q -m "not cuda" -p no:cacheprovider -rfE tests/test_lstm.py \
+  tests/test_lstm_cpu_loops.py tests/test_convlstm.py
 
 # ---- summary ------------------------------------------------------------------------------
 {
