@@ -23,7 +23,9 @@ On a GPU: cuDNN benchmark mode on for both (--no-cudnn-benchmark to turn it off)
 rows with PyTorch's defaults (cuDNN TF32 on, matmul TF32 off) unless --tf32 off|both, the
 switches recorded per row; both candidates also captured in a CUDA graph (infer), and the
 peak memory of one call of each (torch.cuda.max_memory_allocated above what was allocated
-before). The harness has no CPU memory measure: on the CPU the memory column is empty.
+before). On the CPU the peak memory is the resident set's growth during one call after an
+untimed one, each candidate in a child process of this script whose malloc unmaps freed blocks
+(harness.cpu_peak_rss_bytes; Linux).
 
 Targets (speed-up over the loop): GPU infer >= 3x, train >= 2x; CPU >= 1.5x both; peak
 memory no higher than the loop's. Before timing, every cell checks both candidates against
@@ -48,7 +50,9 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
+import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -244,12 +248,37 @@ def run_cell(args, device, env, shape, dtype_name, mode, tf32, seed) -> dict:
         record["speedup"][f"{OURS_GRAPH} vs {PEER_GRAPH}"] = harness.speedup(ms[PEER_GRAPH], ms[OURS_GRAPH])
     if cuda:
         peaks = {name: harness.peak_memory_bytes(fns[name], device, before=before) for name in (OURS, PEER)}
+    else:
+        peaks = {name: cpu_peak_bytes(args, name, shape, dtype_name, mode, seed) for name in (OURS, PEER)}
+    if None not in peaks.values():
         record["peak_mb"] = {name: b / 2**20 for name, b in peaks.items()}
         record["memory_met"] = peaks[OURS] <= peaks[PEER]
     s = record["speedup"][f"{OURS} vs {PEER}"]
     record["target_met"] = s is not None and s >= record["target_speedup"]
     record["load_avg_after"] = harness.load_average()
     return record
+
+
+def cpu_peak_bytes(args, name, shape, dtype_name, mode, seed) -> int | None:
+    """The CPU peak memory of one call of candidate `name` on this cell (same seed, so the same
+    weights and inputs): harness.cpu_peak_rss_bytes in a child process of this script."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--device", "cpu", "--cpu-memory-probe", name,
+           "--shape", *map(str, shape), "--dtype", dtype_name, "--mode", mode, "--seed", str(seed)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    done = subprocess.run(cmd, env=dict(os.environ, **harness.MALLOC_ENV), capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]
+
+
+def cpu_memory_probe(args) -> int:
+    """--cpu-memory-probe NAME: prints {"peak_bytes": ...} of one call of that candidate on the
+    one cell of --shape / --dtype / --mode / --seed (run by cpu_peak_bytes in a child)."""
+    device = harness.setup_device(args, "bench_convlstm")
+    cell = Cell(device, tuple(args.shape[0]), DTYPES[args.dtype[0]], args.mode[0], args.seed)
+    module = cell.ours if args.cpu_memory_probe == OURS else cell.peer
+    before = cell.clear_grads if args.mode[0] == "train" else None
+    print(json.dumps({"peak_bytes": harness.cpu_peak_rss_bytes(cell.fn(module), before)}))
+    return 0
 
 
 def columns(device: str) -> list[harness.Column]:
@@ -273,7 +302,7 @@ def columns(device: str) -> list[harness.Column]:
             harness.Column("loop graph ms", lambda r: r["ms"].get(PEER_GRAPH), "{:.3f}"),
             harness.Column("graph vs graph", lambda r: r["speedup"].get(f"{OURS_GRAPH} vs {PEER_GRAPH}"), "{:.2f}×"),
         ]
-    # The harness measures memory on CUDA only: on the CPU this column reads "–".
+    # CUDA: the caching allocator's peak; CPU: the resident set's peak (cpu_peak_bytes).
     cols += [
         harness.Column("peak MB (ours / loop)", lambda r: f"{r['peak_mb'][OURS]:.1f} / {r['peak_mb'][PEER]:.1f}"),
         harness.Column("target", harness.target_text, align="left"),
@@ -295,6 +324,7 @@ def parse_args(argv=None):
     p.add_argument("--no-cudnn-benchmark", action="store_true",
                    help="GPU: leave torch.backends.cudnn.benchmark off (default: on, for both candidates)")
     harness.add_common_args(p, "convlstm_<device>.json", tf32_and_graphs=True)
+    p.add_argument("--cpu-memory-probe", choices=[OURS, PEER], help=argparse.SUPPRESS)  # cpu_peak_bytes' child
     args = harness.parse_common(p, argv)
     for shape in args.shape or []:
         if min(shape) < 1 or shape[6] % 2 == 0:
@@ -306,6 +336,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.cpu_memory_probe:
+        return cpu_memory_probe(args)
     device = harness.setup_device(args, "bench_convlstm")
     cuda = device.type == "cuda"
     if cuda:
@@ -347,15 +379,16 @@ def main(argv=None) -> int:
                                device)
     ok = [r for r in document["records"] if r["status"] == "ok"]
     table = harness.markdown_table(ok, columns(device.type))
-    notes = [] if cuda else ["peak memory: not measured on the CPU "
-                             "(harness.peak_memory_bytes measures CUDA allocations only)"]
+    notes = [] if cuda else ["peak MB on the CPU: the resident set's growth during one call after an untimed "
+                             "one, each candidate in a child process with glibc's malloc unmapping freed blocks "
+                             "(harness.cpu_peak_rss_bytes)"]
     heading = (f"ConvLSTM suite on {env['device_name']} ({device.type}, {env['threads']} threads), "
                f"torch {env['torch']}, {env['date']}; one layer, 'same' zero padding, bias, batch-first; "
                f"median ms per call (B sequences of T steps) of {args.iters} interleaved calls after "
                f"{args.warmup} warm-up; loop = one conv of cat([x, h]) per step + gate math "
                "(benchmarks/bench_convlstm.py, PeerConvLSTM)"
                + ("; cuDNN benchmark mode " + ("off" if args.no_cudnn_benchmark else "on") if cuda else
-                  "; peak memory not measured on the CPU") + ".")
+                  "; peak memory: resident-set growth of one call") + ".")
     return harness.finish("bench_convlstm", args, document, json_path, table, heading, failed, notes)
 
 

@@ -465,6 +465,43 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device, before: Ca
     return int(peak)
 
 
+# CPU peak memory. There is no allocator counter to read on the CPU, so a child process per
+# candidate measures its resident set: glibc's malloc is told (MALLOC_ENV) to map every block of
+# 64 KiB or more on its own and unmap it when freed, so the resident set after a call is what is
+# still live, and the peak of the next call above it is that call's own. Linux only.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def _proc_status_kb(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def cpu_peak_rss_bytes(fn: Callable[[], object], before: Callable[[], None] | None = None) -> int | None:
+    """Peak resident bytes of one call of ``fn`` above the resident size before it, after one
+    untimed call (one-time allocations such as oneDNN's generated code are not the call's):
+    VmHWM after resetting it through /proc/self/clear_refs. Meant for a child process started
+    with MALLOC_ENV; ``None`` off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    fn()
+    if before is not None:
+        before()
+    import gc
+
+    gc.collect()
+    base = _proc_status_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")  # resets VmHWM to the current resident size
+    out = fn()
+    peak = _proc_status_kb("VmHWM")
+    del out
+    return (peak - base) * 1024
+
+
 # --------------------------------------------------------------------------------------
 # Output: JSON, markdown, progress
 # --------------------------------------------------------------------------------------

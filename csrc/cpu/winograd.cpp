@@ -1,11 +1,14 @@
 // Winograd convolutions of the CPU ConvLSTM: the design is in winograd.h.
 //
-// Each call walks the output tiles in blocks of kBlockTiles, blocks split over the threads:
-// the block's input tiles are transformed into V [n·n, tiles, I] (the channels of a point
-// contiguous, so the loops over channels vectorise), n·n single-threaded GEMMs give
-// M [n·n, tiles, O] = V · U, and the output transform writes the block's pixels. A block's V and
-// M (e.g. 4 MB for 64 tiles of 8 x 8 and 256 output channels) stay in the last-level cache,
-// where the whole call's would stream through memory.
+// Each call walks the output tiles in blocks of kBlockTiles. Forward and input gradient: the
+// blocks are split over the threads; a block's input tiles are transformed into
+// V [n·n, tiles, I] (the channels of a point contiguous, so the loops over channels vectorise),
+// n·n single-threaded GEMMs give M [n·n, tiles, O] = V · U, and the output transform writes the
+// block's pixels. A block's V and M (2.6 MB for 32 tiles of 8 x 8, 80 input and 256 output
+// channels) stay in cache, where the whole call's would stream through memory. 32 tiles
+// rather than 64: half the memory, and the benchmark's first shape went from 2.46x / 1.79x the
+// loop (infer / train) to 2.73x / 2.09x in the next run (AMD EPYC, 2 threads). Weight gradient:
+// the blocks run in order, each split over the threads (weight_gradient_tiles says why).
 //
 // Shape legend: N frames, I input channels, O output channels, H x W the frame, r the kernel,
 // m the output tile, n = m + r - 1 (the template's N) the input tile, (ξ, ν) its points.
@@ -30,7 +33,7 @@ namespace {
 using at::Tensor;
 
 constexpr int kMaxTile = 8;          // input tile side n = m + r - 1: 6 or 8
-constexpr int64_t kBlockTiles = 64;  // tiles per block (the GEMMs' M; 32-256 measured alike)
+constexpr int64_t kBlockTiles = 32;  // tiles per block (the GEMMs' M)
 
 // The Toom-Cook matrices of F(m, r) on the points 0, 1, -1, 2, -2, 1/2, -1/2 (the first n - 1 of
 // them) and ∞, Lavin and Gray's choice, in double; the tile transforms take them cast to the
@@ -355,39 +358,37 @@ void weight_gradient_tiles(const Frames<const T>& in, const Frames<const T>& dy,
   const TypedMatrices<N, T> mat(matrices(r));
   const Tiling tl(in.N, in.H, in.W, mat.m, r);
   const int64_t I = in.C, O = dy.C;
-  const int threads = at::get_num_threads();
-  // One accumulator per thread, summed in thread order after: no two threads add into the
-  // same sums, and the blocks' split over threads is fixed by the thread count, so two calls
-  // give identical gradients.
-  Tensor du = at::zeros({threads, kPoints, I, O}, at::CPU(c10::CppTypeToScalarType<T>::value));
+  // One accumulator dU [N·N, I, O]. The blocks run one after another: a block's tile
+  // transforms are split over the threads by tile, its N·N GEMMs by point, so each point's sum
+  // takes the blocks in order and the gradients are the same bits for any thread count. A split
+  // of the blocks over the threads would hold one accumulator and one block's V and dM per
+  // thread (4 MB and 2.6 MB each for w_hh at the benchmark's first shape).
+  Tensor du = at::zeros({kPoints, I, O}, at::CPU(c10::CppTypeToScalarType<T>::value));
   T* dud = du.data_ptr<T>();
-  at::parallel_for(0, tl.blocks, 1, [&](int64_t b0, int64_t b1) {
-    T* acc = dud + at::get_thread_num() * kPoints * I * O;
-    auto v = scratch_of<T>(kPoints * kBlockTiles * I);
-    auto dm = scratch_of<T>(kPoints * kBlockTiles * O);
-    auto scratch = scratch_of<T>(kPoints * std::max(I, O));
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t t0 = blk * kBlockTiles, count = std::min(kBlockTiles, tl.tiles - t0);
-      for (int64_t j = 0; j < count; ++j) {
+  auto v = scratch_of<T>(kPoints * kBlockTiles * I);
+  auto dm = scratch_of<T>(kPoints * kBlockTiles * O);
+  for (int64_t blk = 0; blk < tl.blocks; ++blk) {
+    const int64_t t0 = blk * kBlockTiles, count = std::min(kBlockTiles, tl.tiles - t0);
+    at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
+      auto scratch = scratch_of<T>(kPoints * std::max(I, O));
+      for (int64_t j = j0; j < j1; ++j) {
         input_tile(in, tl, t0 + j, mat, scratch.get(), v.get() + j * I, kBlockTiles * I);
         output_grad_tile(dy, tl, t0 + j, mat, scratch.get(), dm.get() + j * O, kBlockTiles * O);
       }
-      for (int k = 0; k < kPoints; ++k) {
+    });
+    at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
         gemm(Trans::Yes, Trans::No, I, O, count, v.get() + k * kBlockTiles * I, I, dm.get() + k * kBlockTiles * O, O,
-             T(1), acc + k * I * O, O);
+             T(1), dud + k * I * O, O);
       }
-    }
-  });
+    });
+  }
   const Matrices& dmat = matrices(r);
   at::parallel_for(0, O, 1, [&](int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; ++o) {
       for (int64_t i = 0; i < I; ++i) {
         double u[N][N];
-        for (int k = 0; k < kPoints; ++k) {
-          double s = 0.;
-          for (int th = 0; th < threads; ++th) s += dud[(th * kPoints + k) * I * O + i * O + o];
-          u[k / N][k % N] = s;
-        }
+        for (int k = 0; k < kPoints; ++k) u[k / N][k % N] = dud[k * I * O + i * O + o];
         for (int a = 0; a < r; ++a) {  // dw[a][b] = Σ_ξν G[ξ][a] dU[ξ][ν] G[ν][b]
           double gu[N];
           for (int nu = 0; nu < N; ++nu) {
@@ -423,7 +424,7 @@ Tensor empty_nhwc(int64_t N, int64_t C, int64_t H, int64_t W, const at::TensorOp
 }
 
 void check_activation(const Tensor& t, int64_t channels, const char* what) {
-  TORCH_CHECK(t.dim() == 4 && t.size(1) == channels && t.size(0) > 0 && t.size(2) > 0 && t.size(3) > 0,
+  TORCH_CHECK(t.dim() == 4 && t.size(1) == channels && t.size(2) > 0 && t.size(3) > 0,
               "seqkernels.convlstm (Winograd): ", what, " must be [N, ", num(channels), ", H, W], got ",
               shape(t.sizes()));
 }
