@@ -75,6 +75,8 @@ def config() -> dict:
         "CPU threads": torch.get_num_threads(),
         "ops (CPU / CUDA)": {op: (_registered(op, "CPU"), _registered(op, "CUDA")) for op in ops()},
         "SEQKERNELS_LSTM_BACKEND": os.environ.get("SEQKERNELS_LSTM_BACKEND", "auto (unset)"),
+        # CPU ConvLSTM convolutions: Winograd's or oneDNN's (csrc/cpu/winograd.h)
+        "SEQKERNELS_CONV_ALGO": os.environ.get("SEQKERNELS_CONV_ALGO", "auto (unset)"),
         "CUDA available": torch.cuda.is_available(),
     }
     if torch.cuda.is_available():
