@@ -178,6 +178,22 @@ void axpy(T* __restrict out, const T* __restrict in, int64_t C, T a) {
   for (int64_t c = 0; c < C; ++c) out[c] += a * in[c];
 }
 
+// The second pass of a separable tile transform: out[ξ·N + ν] (`plane` apart, C channels each)
+// = Σ_{a < rows} coef(ξ, a) · in[a·N + ν], skipping zero coefficients.
+template <int N, class T, class Coef>
+void combine_rows(Coef coef, int rows, const T* in, int64_t C, T* out, int64_t plane) {
+  for (int xi = 0; xi < N; ++xi) {
+    for (int nu = 0; nu < N; ++nu) {
+      T* o = out + (xi * N + nu) * plane;
+      fill(o, C, T(0));
+      for (int a = 0; a < rows; ++a) {
+        const T w = coef(xi, a);
+        if (w != T(0)) axpy(o, in + (a * N + nu) * C, C, w);
+      }
+    }
+  }
+}
+
 // v[ξν·plane + c] = (Bᵀ d B)[ξ][ν] over the N x N input patch of tile t (zero outside the
 // frame), both passes skipping Bᵀ's zeros. scratch: [N·N, C].
 template <int N, class T>
@@ -203,15 +219,8 @@ void input_tile(const Frames<const T>& f, const Tiling& tl, int64_t t, const Typ
       }
     }
   }
-  for (int xi = 0; xi < N; ++xi) {  // v[ξ][ν] = Σ_a Bᵀ[ξ][a] scratch[a][ν]
-    for (int nu = 0; nu < N; ++nu) {
-      T* out = v + (xi * N + nu) * plane;
-      fill(out, C, T(0));
-      for (int a = 0; a < N; ++a) {
-        if (mat.BT[xi][a] != T(0)) axpy(out, scratch + (a * N + nu) * C, C, mat.BT[xi][a]);
-      }
-    }
-  }
+  // v[ξ][ν] = Σ_a Bᵀ[ξ][a] scratch[a][ν]
+  combine_rows<N>([&](int xi, int a) { return mat.BT[xi][a]; }, N, scratch, C, v, plane);
 }
 
 // Output pixels of tile t: Y = Aᵀ M A (+ bias), from m[ξν·plane + o]; pixels beyond the frame
@@ -267,15 +276,8 @@ void output_grad_tile(const Frames<const T>& dy, const Tiling& tl, int64_t t, co
       }
     }
   }
-  for (int xi = 0; xi < N; ++xi) {  // dm[ξ][ν] = Σ_i Aᵀ[i][ξ] scratch[i][ν]
-    for (int nu = 0; nu < N; ++nu) {
-      T* out = dm + (xi * N + nu) * plane;
-      fill(out, O, T(0));
-      for (int i = 0; i < m; ++i) {
-        if (mat.AT[i][xi] != T(0)) axpy(out, scratch + (i * N + nu) * O, O, mat.AT[i][xi]);
-      }
-    }
-  }
+  // dm[ξ][ν] = Σ_i Aᵀ[i][ξ] scratch[i][ν]
+  combine_rows<N>([&](int xi, int i) { return mat.AT[i][xi]; }, m, scratch, O, dm, plane);
 }
 
 // Uninitialised scratch of n values (the transforms write before they read).
