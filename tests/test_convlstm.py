@@ -489,7 +489,8 @@ def test_gradcheck_winograd(K):
 
 def test_conv_algo_rejects_unknown_values():
     t = _functional_leaves(2, 1, 2, 2, 4, 4, (3, 3), False, False, True, "cpu")
-    with conv_algo("fastest"), pytest.raises(RuntimeError, match="SEQKERNELS_CONV_ALGO must be auto, winograd or direct"):
+    message = "SEQKERNELS_CONV_ALGO must be auto, winograd or direct"
+    with conv_algo("fastest"), pytest.raises(RuntimeError, match=message):
         convlstm(t["x"], t["h0"], t["c0"], t["weight_ih"], t["weight_hh"])
 
 

@@ -173,7 +173,6 @@ class CpuConvolution {
 struct CpuPointwise {
   using Convolution = CpuConvolution;
 
-
   static void check(const Tensor& x) { check_cpu(x, "seqkernels.convlstm"); }
 
   // dL/dy_t is copied into channels-last per step: the channel loop vectorises over

@@ -17,12 +17,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <vector>
+#include <type_traits>
 
 #include "blas.h"
 #include "seqkernels/error_format.h"
@@ -144,9 +143,10 @@ struct Frames {
   T* pixel(int64_t n, int64_t y, int64_t x) const { return data + n * sN + y * sY + x * sX; }
 };
 
-template <class T>
+template <class T>  // T const for frames only read
 Frames<T> frames_of(const Tensor& t) {  // t: [N, C, H, W] with unit channel stride
-  return {t.data_ptr<T>(), t.size(0), t.size(2), t.size(3), t.size(1), t.stride(0), t.stride(2), t.stride(3)};
+  return {t.data_ptr<std::remove_const_t<T>>(), t.size(0), t.size(2), t.size(3), t.size(1),
+          t.stride(0), t.stride(2), t.stride(3)};
 }
 
 // How the frames split into m x m output tiles.
@@ -259,8 +259,8 @@ void output_tile(const T* mt, int64_t plane, const Tiling& tl, int64_t t, const 
 // dm[ξν·plane + o] = (A dY Aᵀ)[ξ][ν] over tile t's m x m output gradient (zero beyond the
 // frame): the output transform's transpose. scratch: [m, N, O].
 template <int N, class T>
-void output_grad_tile(const Frames<const T>& dy, const Tiling& tl, int64_t t, const TypedMatrices<N, T>& mat, T* scratch,
-                      T* dm, int64_t plane) {
+void output_grad_tile(const Frames<const T>& dy, const Tiling& tl, int64_t t, const TypedMatrices<N, T>& mat,
+                      T* scratch, T* dm, int64_t plane) {
   int64_t n, y0, x0;
   tl.locate(t, n, y0, x0);
   const int64_t O = dy.C;
@@ -458,20 +458,22 @@ bool WinogradConv::chosen(const Tensor& weight, int64_t pixels) {
 }
 
 WinogradConv::WinogradConv(const Tensor& weight) : weight_(weight.contiguous()) {
-  TORCH_CHECK(supports(weight_), "seqkernels.convlstm (Winograd): needs a float32 or float64 weight with a square "
-                                 "3 x 3 or 5 x 5 kernel, got ", shape(weight_.sizes()), " ", c10::toString(weight_.scalar_type()));
+  TORCH_CHECK(supports(weight_),
+              "seqkernels.convlstm (Winograd): needs a float32 or float64 weight with a square 3 x 3 or 5 x 5 kernel, "
+              "got ", shape(weight_.sizes()), " ", c10::toString(weight_.scalar_type()));
 }
 
 Tensor WinogradConv::forward(const Tensor& input, const std::optional<Tensor>& bias) {
   const int64_t O = weight_.size(0), I = weight_.size(1);
   const int r = static_cast<int>(weight_.size(2));
   check_activation(input, I, "the input");
-  TORCH_CHECK(input.scalar_type() == weight_.scalar_type(), "seqkernels.convlstm (Winograd): input and weight dtypes differ");
+  TORCH_CHECK(input.scalar_type() == weight_.scalar_type(),
+              "seqkernels.convlstm (Winograd): input and weight dtypes differ");
   const bool has_bias = bias.has_value() && bias->defined();
   TORCH_CHECK(!has_bias || (bias->dim() == 1 && bias->size(0) == O && bias->scalar_type() == weight_.scalar_type()),
               "seqkernels.convlstm (Winograd): the bias must be [", num(O), "] in the weight's dtype");
   const Tensor in = channels_contiguous(input);
-  const Tensor b = has_bias ? bias->contiguous() : Tensor();
+  const Tensor bias_c = has_bias ? bias->contiguous() : Tensor();
   Tensor out = empty_nhwc(in.size(0), O, in.size(2), in.size(3), in.options());
   AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "winograd_forward", [&] {
     if (!forward_u_.defined()) {
@@ -480,9 +482,8 @@ Tensor WinogradConv::forward(const Tensor& input, const std::optional<Tensor>& b
         return double(w[((o * I + i) * r + a) * r + b]);
       });
     }
-    const Frames<scalar_t> src = frames_of<scalar_t>(in);
-    convolve<scalar_t>({src.data, src.N, src.H, src.W, src.C, src.sN, src.sY, src.sX}, forward_u_,
-                       has_bias ? b.data_ptr<scalar_t>() : nullptr, r, frames_of<scalar_t>(out));
+    convolve<scalar_t>(frames_of<const scalar_t>(in), forward_u_, has_bias ? bias_c.data_ptr<scalar_t>() : nullptr, r,
+                       frames_of<scalar_t>(out));
   });
   return out;
 }
@@ -503,9 +504,7 @@ Tensor WinogradConv::input_grad(const Tensor& grad_out) {
         return double(w[((o * I + i) * r + (r - 1 - a)) * r + (r - 1 - b)]);
       });
     }
-    const Frames<scalar_t> src = frames_of<scalar_t>(dy);
-    convolve<scalar_t>({src.data, src.N, src.H, src.W, src.C, src.sN, src.sY, src.sX}, input_grad_u_, nullptr, r,
-                       frames_of<scalar_t>(dx));
+    convolve<scalar_t>(frames_of<const scalar_t>(dy), input_grad_u_, nullptr, r, frames_of<scalar_t>(dx));
   });
   return dx;
 }
@@ -524,9 +523,8 @@ Tensor WinogradConv::weight_grad(const Tensor& grad_out, const Tensor& input) co
   const Tensor in = channels_contiguous(input), dy = channels_contiguous(grad_out);
   Tensor grad = at::empty(weight_.sizes(), weight_.options());
   AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "winograd_weight_grad", [&] {
-    const Frames<scalar_t> x = frames_of<scalar_t>(in), g = frames_of<scalar_t>(dy);
-    weight_gradient<scalar_t>({x.data, x.N, x.H, x.W, x.C, x.sN, x.sY, x.sX},
-                              {g.data, g.N, g.H, g.W, g.C, g.sN, g.sY, g.sX}, r, grad.data_ptr<scalar_t>());
+    weight_gradient<scalar_t>(frames_of<const scalar_t>(in), frames_of<const scalar_t>(dy), r,
+                              grad.data_ptr<scalar_t>());
   });
   return grad;
 }

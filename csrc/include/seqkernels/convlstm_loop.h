@@ -34,8 +34,8 @@
 // otherwise host-bound at these sizes).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
 // `kStridedDy`, `kChunkPixels`, `StepCall` and `Convolution`. No host synchronisation; the
-// only allocations
-// are ATen's (the caching allocator on the GPU), so the loop can be captured in a CUDA graph.
+// only allocations are ATen's (the caching allocator on the GPU), so the loop can be captured
+// in a CUDA graph.
 //
 // Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gate
 // channels (i, f, g, o), H x W the frame, P = H·W pixels, KH x KW the kernel.
@@ -135,7 +135,8 @@ inline std::pair<Tensor, Tensor> conv_backward(const Tensor& grad_out, const Ten
 // where it pays: csrc/cpu/winograd.h), with this interface; `pixels` is H·W of the frames.
 class AtenConvolution {
  public:
-  AtenConvolution(const Tensor& weight, const ConvGeometry& g, int64_t /*pixels*/) : weight_(to_nhwc(weight)), geom_(g) {}
+  AtenConvolution(const Tensor& weight, const ConvGeometry& g, int64_t /*pixels*/)
+      : weight_(to_nhwc(weight)), geom_(g) {}
   Tensor forward(const Tensor& input, const std::optional<Tensor>& bias) { return conv(input, weight_, bias, geom_); }
   // dL/d(input) of a call on inputs shaped like input_like, in NHWC memory.
   Tensor input_grad(const Tensor& grad_out, const Tensor& input_like) {
