@@ -487,6 +487,24 @@ def test_gradcheck_winograd(K):
         assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.parametrize("algo", ["direct", "winograd"])
+@pytest.mark.parametrize("B, H, W", [(3, 20, 20), (2, 33, 32)])  # 400 px: groups of 2 + 1 frames; 1056 px: 1 + 1
+def test_cpu_inference_in_frame_groups(algo, B, H, W):
+    """CPU inference convolves a step's frames in groups of at most 1024 pixels
+    (CpuPointwise::kInferenceGroupPixels): uneven and single-frame groups, with peepholes,
+    biases and the next input frame staged per group, against the float64 reference."""
+    torch.manual_seed(11)
+    t = _functional_leaves(3, B, 2, 3, H, W, (3, 3), True, True, True, "cpu")
+    peep = tuple(t[f"weight_{g}"] for g in PEEPHOLES)
+    args = (t["x"], t["h0"], t["c0"], t["weight_ih"], t["weight_hh"], t["bias_ih"], t["bias_hh"], peep)
+    with torch.no_grad():
+        with conv_algo(algo):
+            y, (h, c) = convlstm(*args)
+        y_ref, (h_ref, c_ref) = convlstm_reference(*args)
+    for name, a, e in (("y", y, y_ref), ("h", h, h_ref), ("c", c, c_ref)):
+        assert_close(a, e, torch.float64, name)
+
+
 def test_conv_algo_rejects_unknown_values():
     t = _functional_leaves(2, 1, 2, 2, 4, 4, (3, 3), False, False, True, "cpu")
     message = "SEQKERNELS_CONV_ALGO must be auto, winograd or direct"

@@ -147,9 +147,10 @@ void forward_pixels_dispatch(const ConvLstmForwardStep<scalar_t>& s) {
 // says so for this weight and frame size, oneDNN's otherwise.
 class CpuConvolution {
  public:
-  CpuConvolution(const Tensor& weight, const convlstm_detail::ConvGeometry& g, int64_t pixels) {
-    if (WinogradConv::chosen(weight, pixels)) winograd_.emplace(weight);
-    else aten_.emplace(weight, g, pixels);
+  CpuConvolution(const Tensor& weight, const convlstm_detail::ConvGeometry& g, int64_t pixels,
+                 convlstm_detail::ConvUse use) {
+    if (WinogradConv::chosen(weight, pixels)) winograd_.emplace(weight, use == convlstm_detail::ConvUse::kForward);
+    else aten_.emplace(weight, g, pixels, use);
   }
   Tensor forward(const Tensor& input, const std::optional<Tensor>& bias) {
     return winograd_ ? winograd_->forward(input, bias) : aten_->forward(input, bias);
@@ -182,6 +183,11 @@ struct CpuPointwise {
   // Backward chunks: quarters of the sequence, whatever their size (no workspace to bound; the
   // larger oneDNN calls are the faster ones).
   static constexpr int64_t kChunkPixels = std::numeric_limits<int64_t>::max() / 2;
+
+  // Inference: a step's frames convolved in groups of at most 1024 pixels (the step output then
+  // at most 1024 x 4C values: 1 MB at C = 64 in float32, against 4 MB for the benchmark's first
+  // shape's 16 frames of 16 x 16). Groups of 4 such frames cost no time there (AMD EPYC, 2 threads).
+  static constexpr int64_t kInferenceGroupPixels = 1024;
 
   // Each step's convolution is called again (nothing to save on the host: the CPU runs it).
   template <class Result>

@@ -1,14 +1,12 @@
 // Winograd convolutions of the CPU ConvLSTM: the design is in winograd.h.
 //
-// Each call walks the output tiles in blocks of kBlockTiles. Forward and input gradient: the
-// blocks are split over the threads; a block's input tiles are transformed into
-// V [n·n, tiles, I] (the channels of a point contiguous, so the loops over channels vectorise),
-// n·n single-threaded GEMMs give M [n·n, tiles, O] = V · U, and the output transform writes the
-// block's pixels. A block's V and M (2.6 MB for 32 tiles of 8 x 8, 80 input and 256 output
-// channels) stay in cache, where the whole call's would stream through memory. 32 tiles
-// rather than 64: half the memory, and the benchmark's first shape went from 2.46x / 1.79x the
-// loop (infer / train) to 2.73x / 2.09x in the next run (AMD EPYC, 2 threads). Weight gradient:
-// the blocks run in order, each split over the threads (weight_gradient_tiles says why).
+// Each call walks the output tiles one block after another (block_tiles: 16-64 tiles). A
+// block's input tiles are transformed into V [n·n, tiles, I] (the channels of a point
+// contiguous, so the loops over channels vectorise), n·n single-threaded GEMMs give
+// M [n·n, tiles, O] = V · U (weight gradient: dU += Vᵀ · dM), and the output transform writes
+// the block's pixels. Within a block the transforms are split over the threads by tile and the
+// GEMMs by point, so the call holds one block's V and M, which stay in cache (the whole call's
+// would stream through memory), and every result is the same bits for any thread count.
 //
 // Shape legend: N frames, I input channels, O output channels, H x W the frame, r the kernel,
 // m the output tile, n = m + r - 1 (the template's N) the input tile, (ξ, ν) its points.
@@ -32,7 +30,17 @@ namespace {
 using at::Tensor;
 
 constexpr int kMaxTile = 8;          // input tile side n = m + r - 1: 6 or 8
-constexpr int64_t kBlockTiles = 32;  // tiles per block (the GEMMs' M)
+// Tiles per block (the GEMMs' M): the most of 64, 32 and 16 whose V and M (n·n points ×
+// (I + O) channels a tile) fit kBlockBytes; a block is a call's scratch, and the GEMMs want rows.
+// The benchmark's first shape in inference (F(4x4, 5x5), 80 -> 256 channels): 16 tiles, 1.4 MB,
+// which kept its peak below the PyTorch loop's (2.8 MB at 32 tiles did not); the second shape
+// (F(4x4, 3x3), 128 -> 256): 32 tiles, 1.8 MB.
+constexpr int64_t kBlockBytes = int64_t(2) << 20;
+int64_t block_tiles(int points, int64_t I, int64_t O, size_t value_bytes) {
+  int64_t tiles = 64;
+  while (tiles > 16 && tiles * points * (I + O) * int64_t(value_bytes) > kBlockBytes) tiles /= 2;
+  return tiles;
+}
 
 // The Toom-Cook matrices of F(m, r) on the points 0, 1, -1, 2, -2, 1/2, -1/2 (the first n - 1 of
 // them) and ∞, Lavin and Gray's choice, in double; the tile transforms take them cast to the
@@ -151,13 +159,13 @@ Frames<T> frames_of(const Tensor& t) {  // t: [N, C, H, W] with unit channel str
 
 // How the frames split into m x m output tiles.
 struct Tiling {
-  int64_t rows, cols, per_frame, tiles, blocks;
+  int64_t rows, cols, per_frame, tiles, block, blocks;
   int m, pad;
-  Tiling(int64_t N, int64_t H, int64_t W, int m_, int r)
-      : rows((H + m_ - 1) / m_), cols((W + m_ - 1) / m_), m(m_), pad(r / 2) {
+  Tiling(int64_t N, int64_t H, int64_t W, int m_, int r, int64_t block_)
+      : rows((H + m_ - 1) / m_), cols((W + m_ - 1) / m_), block(block_), m(m_), pad(r / 2) {
     per_frame = rows * cols;
     tiles = N * per_frame;
-    blocks = (tiles + kBlockTiles - 1) / kBlockTiles;
+    blocks = (tiles + block - 1) / block;
   }
   // The frame and top-left output pixel of tile t.
   void locate(int64_t t, int64_t& n, int64_t& y0, int64_t& x0) const {
@@ -323,27 +331,35 @@ template <int N, class T>
 void convolve_tiles(const Frames<const T>& in, const Tensor& u, const T* bias, int r, const Frames<T>& out) {
   constexpr int kPoints = N * N;
   const TypedMatrices<N, T> mat(matrices(r));
-  const Tiling tl(in.N, in.H, in.W, mat.m, r);
   const int64_t I = in.C, O = out.C;
+  const Tiling tl(in.N, in.H, in.W, mat.m, r, block_tiles(kPoints, I, O, sizeof(T)));
+  const int64_t block = tl.block;
   const T* ud = u.data_ptr<T>();
-  at::parallel_for(0, tl.blocks, 1, [&](int64_t b0, int64_t b1) {
-    auto v = scratch_of<T>(kPoints * kBlockTiles * I);
-    auto mt = scratch_of<T>(kPoints * kBlockTiles * O);
-    auto scratch = scratch_of<T>(kPoints * std::max(I, O));
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t t0 = blk * kBlockTiles, count = std::min(kBlockTiles, tl.tiles - t0);
-      for (int64_t j = 0; j < count; ++j) {
-        input_tile(in, tl, t0 + j, mat, scratch.get(), v.get() + j * I, kBlockTiles * I);
+  // One block at a time, its transforms split over the threads by tile and its GEMMs by point
+  // (as the weight gradient): one block's V and M in memory rather than one per thread.
+  auto v = scratch_of<T>(kPoints * block * I);
+  auto mt = scratch_of<T>(kPoints * block * O);
+  for (int64_t blk = 0; blk < tl.blocks; ++blk) {
+    const int64_t t0 = blk * block, count = std::min(block, tl.tiles - t0);
+    at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
+      auto scratch = scratch_of<T>(kPoints * I);
+      for (int64_t j = j0; j < j1; ++j) {
+        input_tile(in, tl, t0 + j, mat, scratch.get(), v.get() + j * I, block * I);
       }
-      for (int k = 0; k < kPoints; ++k) {
-        gemm(Trans::No, Trans::No, count, O, I, v.get() + k * kBlockTiles * I, I, ud + k * I * O, O, T(0),
-             mt.get() + k * kBlockTiles * O, O);
+    });
+    at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        gemm(Trans::No, Trans::No, count, O, I, v.get() + k * block * I, I, ud + k * I * O, O, T(0),
+             mt.get() + k * block * O, O);
       }
-      for (int64_t j = 0; j < count; ++j) {
-        output_tile(mt.get() + j * O, kBlockTiles * O, tl, t0 + j, mat, bias, scratch.get(), out);
+    });
+    at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
+      auto scratch = scratch_of<T>(N * mat.m * O);
+      for (int64_t j = j0; j < j1; ++j) {
+        output_tile(mt.get() + j * O, block * O, tl, t0 + j, mat, bias, scratch.get(), out);
       }
-    }
-  });
+    });
+  }
 }
 
 template <class T>
@@ -358,8 +374,9 @@ template <int N, class T>
 void weight_gradient_tiles(const Frames<const T>& in, const Frames<const T>& dy, int r, T* grad) {
   constexpr int kPoints = N * N;
   const TypedMatrices<N, T> mat(matrices(r));
-  const Tiling tl(in.N, in.H, in.W, mat.m, r);
   const int64_t I = in.C, O = dy.C;
+  const Tiling tl(in.N, in.H, in.W, mat.m, r, block_tiles(kPoints, I, O, sizeof(T)));
+  const int64_t block = tl.block;
   // One accumulator dU [N·N, I, O]. The blocks run one after another: a block's tile
   // transforms are split over the threads by tile, its N·N GEMMs by point, so each point's sum
   // takes the blocks in order and the gradients are the same bits for any thread count. A split
@@ -367,20 +384,20 @@ void weight_gradient_tiles(const Frames<const T>& in, const Frames<const T>& dy,
   // thread (4 MB and 2.6 MB each for w_hh at the benchmark's first shape).
   Tensor du = at::zeros({kPoints, I, O}, at::CPU(c10::CppTypeToScalarType<T>::value));
   T* dud = du.data_ptr<T>();
-  auto v = scratch_of<T>(kPoints * kBlockTiles * I);
-  auto dm = scratch_of<T>(kPoints * kBlockTiles * O);
+  auto v = scratch_of<T>(kPoints * block * I);
+  auto dm = scratch_of<T>(kPoints * block * O);
   for (int64_t blk = 0; blk < tl.blocks; ++blk) {
-    const int64_t t0 = blk * kBlockTiles, count = std::min(kBlockTiles, tl.tiles - t0);
+    const int64_t t0 = blk * block, count = std::min(block, tl.tiles - t0);
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
       auto scratch = scratch_of<T>(kPoints * std::max(I, O));
       for (int64_t j = j0; j < j1; ++j) {
-        input_tile(in, tl, t0 + j, mat, scratch.get(), v.get() + j * I, kBlockTiles * I);
-        output_grad_tile(dy, tl, t0 + j, mat, scratch.get(), dm.get() + j * O, kBlockTiles * O);
+        input_tile(in, tl, t0 + j, mat, scratch.get(), v.get() + j * I, block * I);
+        output_grad_tile(dy, tl, t0 + j, mat, scratch.get(), dm.get() + j * O, block * O);
       }
     });
     at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        gemm(Trans::Yes, Trans::No, I, O, count, v.get() + k * kBlockTiles * I, I, dm.get() + k * kBlockTiles * O, O,
+        gemm(Trans::Yes, Trans::No, I, O, count, v.get() + k * block * I, I, dm.get() + k * block * O, O,
              T(1), dud + k * I * O, O);
       }
     });
@@ -457,73 +474,71 @@ bool WinogradConv::chosen(const Tensor& weight, int64_t pixels) {
   return weight.size(0) >= 64 && weight.size(1) >= 16 && pixels >= 64;
 }
 
-WinogradConv::WinogradConv(const Tensor& weight) : weight_(weight.contiguous()) {
-  TORCH_CHECK(supports(weight_),
+WinogradConv::WinogradConv(const Tensor& weight, bool for_forward)
+    : O_(weight.size(0)), I_(weight.size(1)), r_(static_cast<int>(weight.size(2))), dtype_(weight.scalar_type()),
+      for_forward_(for_forward) {
+  TORCH_CHECK(supports(weight),
               "seqkernels.convlstm (Winograd): needs a float32 or float64 weight with a square 3 x 3 or 5 x 5 kernel, "
-              "got ", shape(weight_.sizes()), " ", c10::toString(weight_.scalar_type()));
-}
-
-Tensor WinogradConv::forward(const Tensor& input, const std::optional<Tensor>& bias) {
-  const int64_t O = weight_.size(0), I = weight_.size(1);
-  const int r = static_cast<int>(weight_.size(2));
-  check_activation(input, I, "the input");
-  TORCH_CHECK(input.scalar_type() == weight_.scalar_type(),
-              "seqkernels.convlstm (Winograd): input and weight dtypes differ");
-  const bool has_bias = bias.has_value() && bias->defined();
-  TORCH_CHECK(!has_bias || (bias->dim() == 1 && bias->size(0) == O && bias->scalar_type() == weight_.scalar_type()),
-              "seqkernels.convlstm (Winograd): the bias must be [", num(O), "] in the weight's dtype");
-  const Tensor in = channels_contiguous(input);
-  const Tensor bias_c = has_bias ? bias->contiguous() : Tensor();
-  Tensor out = empty_nhwc(in.size(0), O, in.size(2), in.size(3), in.options());
-  AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "winograd_forward", [&] {
-    if (!forward_u_.defined()) {
-      const scalar_t* w = weight_.data_ptr<scalar_t>();
-      forward_u_ = transform_kernel<scalar_t>(I, O, r, weight_.options(), [&](int64_t o, int64_t i, int a, int b) {
-        return double(w[((o * I + i) * r + a) * r + b]);
+              "got ", shape(weight.sizes()), " ", c10::toString(weight.scalar_type()));
+  const Tensor w = weight.contiguous();
+  const int64_t I = I_, r = r_;
+  AT_DISPATCH_FLOATING_TYPES(dtype_, "winograd_kernel", [&] {
+    const scalar_t* wd = w.data_ptr<scalar_t>();
+    if (for_forward_) {
+      u_ = transform_kernel<scalar_t>(I_, O_, r_, w.options(), [&](int64_t o, int64_t i, int a, int b) {
+        return double(wd[((o * I + i) * r + a) * r + b]);
+      });
+    } else {  // w'[i][o][a][b] = w[o][i][r-1-a][r-1-b]: a convolution from O to I channels
+      u_ = transform_kernel<scalar_t>(O_, I_, r_, w.options(), [&](int64_t i, int64_t o, int a, int b) {
+        return double(wd[((o * I + i) * r + (r - 1 - a)) * r + (r - 1 - b)]);
       });
     }
-    convolve<scalar_t>(frames_of<const scalar_t>(in), forward_u_, has_bias ? bias_c.data_ptr<scalar_t>() : nullptr, r,
+  });
+}
+
+Tensor WinogradConv::forward(const Tensor& input, const std::optional<Tensor>& bias) const {
+  TORCH_CHECK(for_forward_, "seqkernels.convlstm (Winograd): forward call of a convolution made for gradients");
+  check_activation(input, I_, "the input");
+  TORCH_CHECK(input.scalar_type() == dtype_, "seqkernels.convlstm (Winograd): input and weight dtypes differ");
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->dim() == 1 && bias->size(0) == O_ && bias->scalar_type() == dtype_),
+              "seqkernels.convlstm (Winograd): the bias must be [", num(O_), "] in the weight's dtype");
+  const Tensor in = channels_contiguous(input);
+  const Tensor bias_c = has_bias ? bias->contiguous() : Tensor();
+  Tensor out = empty_nhwc(in.size(0), O_, in.size(2), in.size(3), in.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype_, "winograd_forward", [&] {
+    convolve<scalar_t>(frames_of<const scalar_t>(in), u_, has_bias ? bias_c.data_ptr<scalar_t>() : nullptr, r_,
                        frames_of<scalar_t>(out));
   });
   return out;
 }
 
-Tensor WinogradConv::input_grad(const Tensor& grad_out) {
-  const int64_t O = weight_.size(0), I = weight_.size(1);
-  const int r = static_cast<int>(weight_.size(2));
-  check_activation(grad_out, O, "the output gradient");
-  TORCH_CHECK(grad_out.scalar_type() == weight_.scalar_type(),
+Tensor WinogradConv::input_grad(const Tensor& grad_out) const {
+  TORCH_CHECK(!for_forward_, "seqkernels.convlstm (Winograd): gradient call of a convolution made for forward");
+  check_activation(grad_out, O_, "the output gradient");
+  TORCH_CHECK(grad_out.scalar_type() == dtype_,
               "seqkernels.convlstm (Winograd): output gradient and weight dtypes differ");
   const Tensor dy = channels_contiguous(grad_out);
-  Tensor dx = empty_nhwc(dy.size(0), I, dy.size(2), dy.size(3), dy.options());
-  AT_DISPATCH_FLOATING_TYPES(dy.scalar_type(), "winograd_input_grad", [&] {
-    if (!input_grad_u_.defined()) {
-      // w'[i][o][a][b] = w[o][i][r-1-a][r-1-b]: a convolution from O to I channels.
-      const scalar_t* w = weight_.data_ptr<scalar_t>();
-      input_grad_u_ = transform_kernel<scalar_t>(O, I, r, weight_.options(), [&](int64_t i, int64_t o, int a, int b) {
-        return double(w[((o * I + i) * r + (r - 1 - a)) * r + (r - 1 - b)]);
-      });
-    }
-    convolve<scalar_t>(frames_of<const scalar_t>(dy), input_grad_u_, nullptr, r, frames_of<scalar_t>(dx));
+  Tensor dx = empty_nhwc(dy.size(0), I_, dy.size(2), dy.size(3), dy.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype_, "winograd_input_grad", [&] {
+    convolve<scalar_t>(frames_of<const scalar_t>(dy), u_, nullptr, r_, frames_of<scalar_t>(dx));
   });
   return dx;
 }
 
 Tensor WinogradConv::weight_grad(const Tensor& grad_out, const Tensor& input) const {
-  const int64_t O = weight_.size(0), I = weight_.size(1);
-  const int r = static_cast<int>(weight_.size(2));
-  check_activation(input, I, "the input");
-  check_activation(grad_out, O, "the output gradient");
+  check_activation(input, I_, "the input");
+  check_activation(grad_out, O_, "the output gradient");
   TORCH_CHECK(input.size(0) == grad_out.size(0) && input.size(2) == grad_out.size(2) &&
                   input.size(3) == grad_out.size(3),
               "seqkernels.convlstm (Winograd): input ", shape(input.sizes()), " and output gradient ",
               shape(grad_out.sizes()), " differ in frames or size");
-  TORCH_CHECK(input.scalar_type() == weight_.scalar_type() && grad_out.scalar_type() == weight_.scalar_type(),
+  TORCH_CHECK(input.scalar_type() == dtype_ && grad_out.scalar_type() == dtype_,
               "seqkernels.convlstm (Winograd): input, output gradient and weight dtypes differ");
   const Tensor in = channels_contiguous(input), dy = channels_contiguous(grad_out);
-  Tensor grad = at::empty(weight_.sizes(), weight_.options());
-  AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "winograd_weight_grad", [&] {
-    weight_gradient<scalar_t>(frames_of<const scalar_t>(in), frames_of<const scalar_t>(dy), r,
+  Tensor grad = at::empty({O_, I_, r_, r_}, in.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype_, "winograd_weight_grad", [&] {
+    weight_gradient<scalar_t>(frames_of<const scalar_t>(in), frames_of<const scalar_t>(dy), r_,
                               grad.data_ptr<scalar_t>());
   });
   return grad;

@@ -32,7 +32,7 @@
 namespace seqkernels::cpu {
 
 // Which algorithm runs the CPU ConvLSTM's convolutions: SEQKERNELS_CONV_ALGO = auto (default:
-// Winograd where `winograd_pays` says so), winograd (wherever it applies: float32 and float64,
+// Winograd where `WinogradConv::chosen` says so), winograd (wherever it applies: float32 and float64,
 // square 3 x 3 and 5 x 5 kernels), direct (ATen's oneDNN convolutions everywhere).
 enum class ConvAlgo { kAuto, kWinograd, kDirect };
 ConvAlgo conv_algo_from_env();
@@ -47,17 +47,23 @@ class WinogradConv {
   static bool supports(const at::Tensor& weight);
   static bool chosen(const at::Tensor& weight, int64_t pixels);
 
-  explicit WinogradConv(const at::Tensor& weight);
+  // For forward calls (`for_forward`) or for the gradients: the one transformed kernel that
+  // use needs is made here, and the weight itself is not kept (a loop's [w_ih | w_hh] is a
+  // copy that would otherwise live as long as this object).
+  WinogradConv(const at::Tensor& weight, bool for_forward);
 
-  at::Tensor forward(const at::Tensor& input, const std::optional<at::Tensor>& bias);  // [N, O, H, W]
-  at::Tensor input_grad(const at::Tensor& grad_out);                                 // [N, I, H, W]
+  at::Tensor forward(const at::Tensor& input, const std::optional<at::Tensor>& bias) const;  // [N, O, H, W]
+  at::Tensor input_grad(const at::Tensor& grad_out) const;                                 // [N, I, H, W]
   // dL/dw [O, I, r, r], contiguous, in the input's dtype.
   at::Tensor weight_grad(const at::Tensor& grad_out, const at::Tensor& input) const;
 
  private:
-  at::Tensor weight_;        // [O, I, r, r]
-  at::Tensor forward_u_;     // [36, I, O] G w Gᵀ, made at the first forward
-  at::Tensor input_grad_u_;  // [36, O, I] the same of w', made at the first input_grad
+  int64_t O_, I_;
+  int r_;
+  at::ScalarType dtype_;
+  bool for_forward_;
+  // Forward: G w Gᵀ [n·n, I, O]; gradients: the same of the rotated kernel w' [n·n, O, I].
+  at::Tensor u_;
 };
 
 }  // namespace seqkernels::cpu

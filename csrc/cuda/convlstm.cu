@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -348,6 +349,8 @@ struct CudaPointwise {
   // One step per backward chunk (convlstm_loop.h): each step's convolutions, the weight
   // gradients included, replay as one graph, and one step's dL/dz is all the loop holds.
   static constexpr int64_t kChunkPixels = 1;
+  // Inference: every step's frames in one group (one convolution, replayed from the step's graph).
+  static constexpr int64_t kInferenceGroupPixels = std::numeric_limits<int64_t>::max() / 2;
   template <class Result>
   using StepCall = StepGraph<Result>;
 

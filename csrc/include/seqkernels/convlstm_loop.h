@@ -33,7 +33,7 @@
 // convolution's host cost, ~30-60 µs per step through ATen and cuDNN, from a loop that is
 // otherwise host-bound at these sizes).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
-// `kStridedDy`, `kChunkPixels`, `StepCall` and `Convolution`. No host synchronisation; the
+// `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `StepCall` and `Convolution`. No host synchronisation; the
 // only allocations are ATen's (the caching allocator on the GPU), so the loop can be captured
 // in a CUDA graph.
 //
@@ -130,12 +130,15 @@ inline std::pair<Tensor, Tensor> conv_backward(const Tensor& grad_out, const Ten
   return {grad_input, grad_weight};
 }
 
+// What a convolution object of the loop is made for: forward calls, or the two gradients.
+enum class ConvUse { kForward, kGradients };
+
 // The convolutions of one weight that the loop runs, through ATen (oneDNN on the CPU, cuDNN on
 // the GPU). A backend supplies its own as Backend::Convolution (the CPU's takes Winograd's
 // where it pays: csrc/cpu/winograd.h), with this interface; `pixels` is H·W of the frames.
 class AtenConvolution {
  public:
-  AtenConvolution(const Tensor& weight, const ConvGeometry& g, int64_t /*pixels*/)
+  AtenConvolution(const Tensor& weight, const ConvGeometry& g, int64_t /*pixels*/, ConvUse /*use*/)
       : weight_(to_nhwc(weight)), geom_(g) {}
   Tensor forward(const Tensor& input, const std::optional<Tensor>& bias) { return conv(input, weight_, bias, geom_); }
   // dL/d(input) of a call on inputs shaped like input_like, in NHWC memory.
@@ -240,7 +243,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   // [B, H, W, C] buffer holding h_{t-1}. Inference: [w_ih | w_hh] over one [B, H, W, Ci + C]
   // buffer holding x_t next to h_{t-1}. The pointwise pass writes h_t (and x_{t+1}) over it
   // once the convolution has read it, so every step convolves the same buffer.
-  typename Backend::Convolution step_weights(training ? w_hh : at::cat({w_ih, w_hh}, 1), geom, P);
+  typename Backend::Convolution step_weights(training ? w_hh : at::cat({w_ih, w_hh}, 1), geom, P,
+                                             ConvUse::kForward);
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
   Tensor h_buf = at::empty({s.B, s.H, s.W, h_channels}, x.options());
   const Tensor h_in = nchw_view(h_buf);  // as the convolution's [B, channels, H, W] input
@@ -248,7 +252,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   if (!training) h_in.narrow(1, 0, s.Ci).copy_(x.select(0, 0));
   // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
   // each step's pre-activations with its activated gates, the buffer saved for backward.
-  const Tensor zx = training ? typename Backend::Convolution(w_ih, geom, P).forward(nhwc_frames(x), bias_or_none)
+  const Tensor zx = training ? typename Backend::Convolution(w_ih, geom, P, ConvUse::kForward)
+                                   .forward(nhwc_frames(x), bias_or_none)
                              : Tensor();
   const Tensor bias_step = !training && bias_or_none.has_value() ? bias_or_none->contiguous() : Tensor();
 
@@ -261,31 +266,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
     step.bias = ptr_or_null<scalar_t>(bias_step);
     step.training = training;
     step.h_stride = h_channels;
-    step.x_slot = training ? nullptr : h_buf.data_ptr<scalar_t>();
+    step.x_slot = nullptr;
     step.x_stride_b = x.stride(1);
-    step.h = h_buf.data_ptr<scalar_t>() + (h_channels - s.C);
-    step.B = s.B;
     step.P = P;
     step.C = s.C;
     step.Ci = s.Ci;
+    // Inference convolves a step's frames in groups of at most Backend::kInferenceGroupPixels
+    // pixels: on the CPU the step's convolution output (4C channels a pixel) is the largest
+    // allocation of an inference call, and a frame's convolution reads only its own x_t and
+    // h_{t-1}, so a group's pointwise pass may write h_t before the next group convolves. The GPU
+    // takes one group (the step's graph). Training takes one group.
+    const int64_t group = training ? s.B : std::clamp<int64_t>(Backend::kInferenceGroupPixels / P, 1, s.B);
     const scalar_t* c_prev = c0_nhwc.data_ptr<scalar_t>();
     for (int64_t t = 0; t < s.T; ++t) {
-      // w_hh * h_{t-1} (training) or [w_ih | w_hh] * [x_t, h_{t-1}] (inference); held until the
-      // pointwise pass has read it.
-      const Tensor z = step_conv(h_buf.data_ptr(), [&] { return step_weights.forward(h_in, std::nullopt); });
-      if (training) {
-        step.z = zx.data_ptr<scalar_t>() + t * gate_step;
-        step.zh = z.data_ptr<scalar_t>();
-      } else {
-        step.z = z.data_ptr<scalar_t>();
-        step.zh = nullptr;
-        step.x_next = t + 1 < s.T ? x_data + (t + 1) * x.stride(0) : nullptr;
+      scalar_t* cells_t = cells.data_ptr<scalar_t>() + (training ? t : t % 2) * state;
+      for (int64_t b0 = 0; b0 < s.B; b0 += group) {
+        const int64_t frames = std::min(group, s.B - b0);
+        // w_hh * h_{t-1} (training) or [w_ih | w_hh] * [x_t, h_{t-1}] (inference) of the group's
+        // frames; held until the pointwise pass has read it.
+        const Tensor z = step_conv(h_buf.data_ptr(), [&] {
+          return step_weights.forward(frames == s.B ? h_in : h_in.narrow(0, b0, frames), std::nullopt);
+        });
+        if (training) {
+          step.z = zx.data_ptr<scalar_t>() + t * gate_step;
+          step.zh = z.data_ptr<scalar_t>();
+        } else {
+          step.z = z.data_ptr<scalar_t>();
+          step.zh = nullptr;
+          step.x_next = t + 1 < s.T ? x_data + (t + 1) * x.stride(0) + b0 * x.stride(1) : nullptr;
+          step.x_slot = h_buf.data_ptr<scalar_t>() + b0 * P * h_channels;
+        }
+        step.B = frames;
+        step.h = h_buf.data_ptr<scalar_t>() + b0 * P * h_channels + (h_channels - s.C);
+        step.c_prev = c_prev + b0 * P * s.C;
+        step.c = cells_t + b0 * P * s.C;
+        step.y = y.data_ptr<scalar_t>() + t * state + b0 * s.C * P;
+        Backend::forward_step(step);
       }
-      step.c_prev = c_prev;
-      step.c = cells.data_ptr<scalar_t>() + (training ? t : t % 2) * state;
-      step.y = y.data_ptr<scalar_t>() + t * state;
-      Backend::forward_step(step);
-      c_prev = step.c;
+      c_prev = cells_t;
     }
   });
   Tensor h_n = y.select(0, s.T - 1).clone();
@@ -339,7 +357,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   Tensor dy_step = has_dy && !Backend::kStridedDy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
-  typename Backend::Convolution conv_ih(w_ih, geom, P), conv_hh(w_hh, geom, P);
+  typename Backend::Convolution conv_ih(w_ih, geom, P, ConvUse::kGradients),
+      conv_hh(w_hh, geom, P, ConvUse::kGradients);
   // dL/dh from step t+1 as an NHWC [B, C, H, W] tensor (first from h_n).
   Tensor dh_rec = grad_h_n.has_value() && grad_h_n->defined() ? to_nhwc(*grad_h_n) : Tensor();
   // A staged h_{t-1} stands in for h_{t-1} in the input-gradient calls: only its shape and
