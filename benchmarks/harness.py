@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import gc
 import hashlib
 import importlib.util
 import json
@@ -490,8 +491,6 @@ def cpu_peak_rss_bytes(fn: Callable[[], object], before: Callable[[], None] | No
     fn()
     if before is not None:
         before()
-    import gc
-
     gc.collect()
     base = _proc_status_kb("VmRSS")
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:

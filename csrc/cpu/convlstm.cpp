@@ -186,7 +186,8 @@ struct CpuPointwise {
 
   // Inference: a step's frames convolved in groups of at most 1024 pixels (the step output then
   // at most 1024 x 4C values: 1 MB at C = 64 in float32, against 4 MB for the benchmark's first
-  // shape's 16 frames of 16 x 16). Groups of 4 such frames cost no time there (AMD EPYC, 2 threads).
+  // shape's 16 frames of 16 x 16). One-frame groups of the second shape's 64 x 64 frames measured
+  // no slower than whole steps (AMD EPYC, 2 threads, alternating processes).
   static constexpr int64_t kInferenceGroupPixels = 1024;
 
   // Each step's convolution is called again (nothing to save on the host: the CPU runs it).

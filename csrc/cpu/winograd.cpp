@@ -294,6 +294,20 @@ std::unique_ptr<T[]> scratch_of(int64_t n) {
   return std::unique_ptr<T[]>(new T[static_cast<size_t>(n)]);
 }
 
+// The tile transforms' scratch of one call: one share per thread, allocated once rather than in
+// every parallel region of every block.
+template <class T>
+class ThreadScratch {
+ public:
+  explicit ThreadScratch(int64_t per_thread)
+      : per_thread_(per_thread), data_(scratch_of<T>(per_thread * at::get_num_threads())) {}
+  T* mine() const { return data_.get() + at::get_thread_num() * per_thread_; }
+
+ private:
+  int64_t per_thread_;
+  std::unique_ptr<T[]> data_;
+};
+
 // U [n·n, I, O] = G w Gᵀ for every (o, i), in double before the cast, with w(o, i, a, b) read
 // through `weight_at` (the forward's kernel or the input gradient's rotated one).
 template <class T, class KernelAt>
@@ -339,12 +353,12 @@ void convolve_tiles(const Frames<const T>& in, const Tensor& u, const T* bias, i
   // (as the weight gradient): one block's V and M in memory rather than one per thread.
   auto v = scratch_of<T>(kPoints * block * I);
   auto mt = scratch_of<T>(kPoints * block * O);
+  const ThreadScratch<T> scratch(kPoints * std::max(I, O));
   for (int64_t blk = 0; blk < tl.blocks; ++blk) {
     const int64_t t0 = blk * block, count = std::min(block, tl.tiles - t0);
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
-      auto scratch = scratch_of<T>(kPoints * I);
       for (int64_t j = j0; j < j1; ++j) {
-        input_tile(in, tl, t0 + j, mat, scratch.get(), v.get() + j * I, block * I);
+        input_tile(in, tl, t0 + j, mat, scratch.mine(), v.get() + j * I, block * I);
       }
     });
     at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {
@@ -354,9 +368,8 @@ void convolve_tiles(const Frames<const T>& in, const Tensor& u, const T* bias, i
       }
     });
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
-      auto scratch = scratch_of<T>(N * mat.m * O);
       for (int64_t j = j0; j < j1; ++j) {
-        output_tile(mt.get() + j * O, block * O, tl, t0 + j, mat, bias, scratch.get(), out);
+        output_tile(mt.get() + j * O, block * O, tl, t0 + j, mat, bias, scratch.mine(), out);
       }
     });
   }
@@ -386,13 +399,13 @@ void weight_gradient_tiles(const Frames<const T>& in, const Frames<const T>& dy,
   T* dud = du.data_ptr<T>();
   auto v = scratch_of<T>(kPoints * block * I);
   auto dm = scratch_of<T>(kPoints * block * O);
+  const ThreadScratch<T> scratch(kPoints * std::max(I, O));
   for (int64_t blk = 0; blk < tl.blocks; ++blk) {
     const int64_t t0 = blk * block, count = std::min(block, tl.tiles - t0);
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
-      auto scratch = scratch_of<T>(kPoints * std::max(I, O));
       for (int64_t j = j0; j < j1; ++j) {
-        input_tile(in, tl, t0 + j, mat, scratch.get(), v.get() + j * I, block * I);
-        output_grad_tile(dy, tl, t0 + j, mat, scratch.get(), dm.get() + j * O, block * O);
+        input_tile(in, tl, t0 + j, mat, scratch.mine(), v.get() + j * I, block * I);
+        output_grad_tile(dy, tl, t0 + j, mat, scratch.mine(), dm.get() + j * O, block * O);
       }
     });
     at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {

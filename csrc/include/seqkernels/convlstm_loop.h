@@ -33,9 +33,9 @@
 // convolution's host cost, ~30-60 µs per step through ATen and cuDNN, from a loop that is
 // otherwise host-bound at these sizes).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
-// `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `StepCall` and `Convolution`. No host synchronisation; the
-// only allocations are ATen's (the caching allocator on the GPU), so the loop can be captured
-// in a CUDA graph.
+// `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `StepCall` and `Convolution`. No host
+// synchronisation; the only allocations are ATen's (the caching allocator on the GPU), so the
+// loop can be captured in a CUDA graph.
 //
 // Shape legend: T steps, B batch, Ci input channels, C hidden channels, G = 4C gate
 // channels (i, f, g, o), H x W the frame, P = H·W pixels, KH x KW the kernel.
