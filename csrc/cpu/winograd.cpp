@@ -308,6 +308,17 @@ class ThreadScratch {
   std::unique_ptr<T[]> data_;
 };
 
+// One call's working memory: one block's V [n·n, block, I] and M (or dM) [n·n, block, O], and
+// the threads' transform scratch.
+template <class T>
+struct BlockBuffers {
+  std::unique_ptr<T[]> v, m;
+  ThreadScratch<T> scratch;
+  BlockBuffers(int points, int64_t block, int64_t I, int64_t O)
+      : v(scratch_of<T>(points * block * I)), m(scratch_of<T>(points * block * O)),
+        scratch(points * std::max(I, O)) {}
+};
+
 // U [n·n, I, O] = G w Gᵀ for every (o, i), in double before the cast, with w(o, i, a, b) read
 // through `weight_at` (the forward's kernel or the input gradient's rotated one).
 template <class T, class KernelAt>
@@ -351,25 +362,25 @@ void convolve_tiles(const Frames<const T>& in, const Tensor& u, const T* bias, i
   const T* ud = u.data_ptr<T>();
   // One block at a time, its transforms split over the threads by tile and its GEMMs by point
   // (as the weight gradient): one block's V and M in memory rather than one per thread.
-  auto v = scratch_of<T>(kPoints * block * I);
-  auto mt = scratch_of<T>(kPoints * block * O);
-  const ThreadScratch<T> scratch(kPoints * std::max(I, O));
+  const BlockBuffers<T> buf(kPoints, block, I, O);
+  T* const v = buf.v.get();
+  T* const mt = buf.m.get();
   for (int64_t blk = 0; blk < tl.blocks; ++blk) {
     const int64_t t0 = blk * block, count = std::min(block, tl.tiles - t0);
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
-        input_tile(in, tl, t0 + j, mat, scratch.mine(), v.get() + j * I, block * I);
+        input_tile(in, tl, t0 + j, mat, buf.scratch.mine(), v + j * I, block * I);
       }
     });
     at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        gemm(Trans::No, Trans::No, count, O, I, v.get() + k * block * I, I, ud + k * I * O, O, T(0),
-             mt.get() + k * block * O, O);
+        gemm(Trans::No, Trans::No, count, O, I, v + k * block * I, I, ud + k * I * O, O, T(0),
+             mt + k * block * O, O);
       }
     });
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
-        output_tile(mt.get() + j * O, block * O, tl, t0 + j, mat, bias, scratch.mine(), out);
+        output_tile(mt + j * O, block * O, tl, t0 + j, mat, bias, buf.scratch.mine(), out);
       }
     });
   }
@@ -397,20 +408,20 @@ void weight_gradient_tiles(const Frames<const T>& in, const Frames<const T>& dy,
   // thread (4 MB and 2.6 MB each for w_hh at the benchmark's first shape).
   Tensor du = at::zeros({kPoints, I, O}, at::CPU(c10::CppTypeToScalarType<T>::value));
   T* dud = du.data_ptr<T>();
-  auto v = scratch_of<T>(kPoints * block * I);
-  auto dm = scratch_of<T>(kPoints * block * O);
-  const ThreadScratch<T> scratch(kPoints * std::max(I, O));
+  const BlockBuffers<T> buf(kPoints, block, I, O);
+  T* const v = buf.v.get();
+  T* const dm = buf.m.get();
   for (int64_t blk = 0; blk < tl.blocks; ++blk) {
     const int64_t t0 = blk * block, count = std::min(block, tl.tiles - t0);
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
-        input_tile(in, tl, t0 + j, mat, scratch.mine(), v.get() + j * I, block * I);
-        output_grad_tile(dy, tl, t0 + j, mat, scratch.mine(), dm.get() + j * O, block * O);
+        input_tile(in, tl, t0 + j, mat, buf.scratch.mine(), v + j * I, block * I);
+        output_grad_tile(dy, tl, t0 + j, mat, buf.scratch.mine(), dm + j * O, block * O);
       }
     });
     at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        gemm(Trans::Yes, Trans::No, I, O, count, v.get() + k * block * I, I, dm.get() + k * block * O, O,
+        gemm(Trans::Yes, Trans::No, I, O, count, v + k * block * I, I, dm + k * block * O, O,
              T(1), dud + k * I * O, O);
       }
     });
