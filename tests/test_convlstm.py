@@ -469,6 +469,20 @@ def test_auto_takes_winograd_for_wide_convolutions():
     assert not torch.equal(results["auto"]["y"], results["direct"]["y"])
 
 
+def test_winograd_float32_gemm_edges():
+    """float32 Winograd runs its own packed GEMM (csrc/cpu/packed_gemm.h); these channels reach
+    its edge cases: 4C = 260 output columns (16 whole panels and a 4-column one), the input
+    gradients' 260-deep inner dimension (two passes of 256), narrow outputs (Ci = 3, one masked
+    panel) and 9 tiles a frame (a 6-row micro-tile and a 3-row rest). Outputs and gradients
+    against the float64 reference loop."""
+    config = dict(T=2, B=1, Ci=3, C=65, H=9, W=9, K=3, bias=True, peephole=True, with_state=True)
+    tensors, upstream = _winograd_case(config, 11)
+    ref64 = run_functional(convlstm_reference, tensors, torch.float64, upstream)
+    with conv_algo("winograd"):
+        got = run_functional(convlstm, tensors, torch.float32, upstream)
+    _assert_winograd_close(got, ref64, torch.float32, "wide channels")
+
+
 @pytest.mark.parametrize("K", [3, 5])
 def test_gradcheck_winograd(K):
     """The Winograd weight and input gradients are the forward's exact derivatives (float64)."""

@@ -9,6 +9,7 @@
 // Shape legend: B batch, P = H·W pixels, C hidden channels, G = 4C.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <torch/library.h>
@@ -63,25 +64,41 @@ void forward_channels(scalar_t* __restrict z, const scalar_t* __restrict add, co
   }
 }
 
+// Pixels per run of the transpositions between channels-last and the output's layout: a
+// channel's run of 16 pixels is one 64-byte line of y_t (float32). Pixel by pixel, a pixel's C
+// channels lie P apart there; at P = 4096 that is 16 KB, so all of them fell into one L1 set
+// and every element written (y_t) or read (x_{t+1}) missed: the pass took as long as the
+// step's convolution (AMD EPYC, B = 4, 64 x 64, C = 64: 17% of an inference call in perf).
+constexpr int64_t kTransposeRun = 16;
+
 template <bool kPeephole, bool kTraining, bool kAdd, class scalar_t>
 void forward_pixels(const ConvLstmForwardStep<scalar_t>& s) {
-  const int64_t C = s.C, G = 4 * s.C, P = s.P, PC = P * C, Ci = s.Ci;
+  const int64_t C = s.C, G = 4 * s.C, P = s.P, PC = P * C, Ci = s.Ci, h_stride = s.h_stride;
   at::parallel_for(0, s.B * P, pixel_grain(C), [&](int64_t begin, int64_t end) {
-    for (int64_t pixel = begin; pixel < end; ++pixel) {
-      scalar_t* h = s.h + pixel * s.h_stride;
-      const scalar_t* add = kTraining ? s.zh + pixel * G : s.bias;
-      forward_channels<kPeephole, kTraining, kAdd>(s.z + pixel * G, add, s.c_prev + pixel * C,
-                                                   kPeephole ? s.peep + (pixel % P) * C : nullptr, PC, h,
-                                                   s.c + pixel * C, C);
-      // y_t in the output's layout: the pixel's channels P apart.
-      const int64_t b = pixel / P, p = pixel - b * P;
-      scalar_t* y = s.y + b * PC + p;
-      for (int64_t c = 0; c < C; ++c) y[c * P] = h[c];
-      if (s.x_next) {  // inference: x_{t+1} next to h_t, the next convolution's input
-        const scalar_t* x = s.x_next + b * s.x_stride_b + p;
-        scalar_t* slot = s.x_slot + pixel * s.h_stride;
-        for (int64_t ci = 0; ci < Ci; ++ci) slot[ci] = x[ci * P];
+    // Runs of at most kTransposeRun pixels of one frame.
+    for (int64_t first = begin; first < end;) {
+      const int64_t b = first / P, p0 = first - b * P;
+      const int64_t run = std::min({kTransposeRun, end - first, P - p0});
+      for (int64_t pixel = first; pixel < first + run; ++pixel) {
+        const scalar_t* add = kTraining ? s.zh + pixel * G : s.bias;
+        forward_channels<kPeephole, kTraining, kAdd>(s.z + pixel * G, add, s.c_prev + pixel * C,
+                                                     kPeephole ? s.peep + (pixel % P) * C : nullptr, PC,
+                                                     s.h + pixel * h_stride, s.c + pixel * C, C);
       }
+      // y_t in the output's layout, [C, P] of frame b: each channel's run contiguous.
+      const scalar_t* h = s.h + first * h_stride;
+      scalar_t* y = s.y + b * PC + p0;
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t k = 0; k < run; ++k) y[c * P + k] = h[k * h_stride + c];
+      }
+      if (s.x_next) {  // inference: x_{t+1} ([Ci, P] of frame b) next to h_t, the next convolution's input
+        const scalar_t* x = s.x_next + b * s.x_stride_b + p0;
+        scalar_t* slot = s.x_slot + first * h_stride;
+        for (int64_t ci = 0; ci < Ci; ++ci) {
+          for (int64_t k = 0; k < run; ++k) slot[k * h_stride + ci] = x[ci * P + k];
+        }
+      }
+      first += run;
     }
   });
 }
@@ -189,11 +206,17 @@ struct CpuPointwise {
   // shape's 16 frames of 16 x 16). One-frame groups of the second shape's 64 x 64 frames measured
   // no slower than whole steps (AMD EPYC, 2 threads, alternating processes).
   static constexpr int64_t kInferenceGroupPixels = 1024;
+  // The step convolution's weight as Convolution (Winograd's transform, oneDNN) reads it.
+  static constexpr at::MemoryFormat kStepWeightFormat = at::MemoryFormat::Contiguous;
 
-  // Each step's convolution is called again (nothing to save on the host: the CPU runs it).
+  // Each step's convolution is called again (nothing to save on the host: the CPU runs it), and
+  // its buffers are fresh per call.
   template <class Result>
   struct StepCall {
-    StepCall(int64_t /*calls*/, const std::string& /*key*/) {}
+    StepCall(int64_t /*calls*/, const std::string& /*key*/, bool /*keep_across_calls*/ = false) {}
+    static Tensor buffer(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format) {
+      return at::empty(sizes, options.memory_format(format));
+    }
     template <class F>
     Result operator()(const void* /*input*/, F&& fn) {
       return fn();

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "blas.h"
+#include "packed_gemm.h"
 #include "seqkernels/error_format.h"
 
 namespace seqkernels::cpu {
@@ -74,7 +75,7 @@ Matrices make_matrices(int m, int r) {
   mat.m = m;
   mat.r = r;
   const int n = mat.n = m + r - 1;
-  double V[kMaxTile][kMaxTile], A[kMaxTile][kMaxTile], Gm[kMaxTile][kMaxTile];
+  double V[kMaxTile][kMaxTile] = {}, A[kMaxTile][kMaxTile] = {}, Gm[kMaxTile][kMaxTile] = {};
   evaluation(n, n, V);
   evaluation(n, m, A);
   evaluation(n, r, Gm);
@@ -319,8 +320,31 @@ struct BlockBuffers {
         scratch(points * std::max(I, O)) {}
 };
 
-// U [n·n, I, O] = G w Gᵀ for every (o, i), in double before the cast, with w(o, i, a, b) read
-// through `weight_at` (the forward's kernel or the input gradient's rotated one).
+// The transformed kernel's points as the GEMMs take them: float32 (where packed_gemm.h's kernel
+// is built) each point's [I, O] packed into panels of 16 columns, made once per loop and read
+// by every step; float64 goes to the BLAS as [I, O].
+template <class T>
+constexpr bool kPackedPoints = std::is_same_v<T, float> && SEQKERNELS_PACKED_GEMM;
+
+template <class T>
+int64_t point_size(int64_t I, int64_t O) {
+  return kPackedPoints<T> ? packed_gemm::panels_size(I, O) : I * O;
+}
+
+// M [count, O] = V [count, I] · U, one point's GEMM.
+inline void point_gemm(int64_t count, int64_t O, int64_t I, const float* v, const float* u, float* m) {
+#if SEQKERNELS_PACKED_GEMM
+  packed_gemm::gemm(count, O, I, v, I, u, m, O);
+#else
+  gemm(Trans::No, Trans::No, count, O, I, v, I, u, O, 0.f, m, O);
+#endif
+}
+inline void point_gemm(int64_t count, int64_t O, int64_t I, const double* v, const double* u, double* m) {
+  gemm(Trans::No, Trans::No, count, O, I, v, I, u, O, 0., m, O);
+}
+
+// U = G w Gᵀ for every (o, i), in double before the cast, with w(o, i, a, b) read through
+// `weight_at` (the forward's kernel or the input gradient's rotated one): [n·n, point_size(I, O)].
 template <class T, class KernelAt>
 Tensor transform_kernel(int64_t I, int64_t O, int r, const at::TensorOptions& opts, KernelAt weight_at) {
   const Matrices& mat = matrices(r);
@@ -348,10 +372,20 @@ Tensor transform_kernel(int64_t I, int64_t O, int r, const at::TensorOptions& op
       }
     }
   });
-  return u;
+  if constexpr (!kPackedPoints<T>) {
+    return u;
+  } else {
+    Tensor packed = at::empty({n * n, point_size<T>(I, O)}, opts);
+    at::parallel_for(0, n * n, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        packed_gemm::pack_panels(ud + k * I * O, O, I, O, packed.data_ptr<T>() + k * point_size<T>(I, O));
+      }
+    });
+    return packed;
+  }
 }
 
-// out = w * in (+ bias) with U = G w Gᵀ [N·N, I, O].
+// out = w * in (+ bias) with U = G w Gᵀ (transform_kernel's layout).
 template <int N, class T>
 void convolve_tiles(const Frames<const T>& in, const Tensor& u, const T* bias, int r, const Frames<T>& out) {
   constexpr int kPoints = N * N;
@@ -365,6 +399,7 @@ void convolve_tiles(const Frames<const T>& in, const Tensor& u, const T* bias, i
   const BlockBuffers<T> buf(kPoints, block, I, O);
   T* const v = buf.v.get();
   T* const mt = buf.m.get();
+  const int64_t u_point = point_size<T>(I, O);
   for (int64_t blk = 0; blk < tl.blocks; ++blk) {
     const int64_t t0 = blk * block, count = std::min(block, tl.tiles - t0);
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {
@@ -374,8 +409,7 @@ void convolve_tiles(const Frames<const T>& in, const Tensor& u, const T* bias, i
     });
     at::parallel_for(0, kPoints, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        gemm(Trans::No, Trans::No, count, O, I, v + k * block * I, I, ud + k * I * O, O, T(0),
-             mt + k * block * O, O);
+        point_gemm(count, O, I, v + k * block * I, ud + k * u_point, mt + k * block * O);
       }
     });
     at::parallel_for(0, count, 1, [&](int64_t j0, int64_t j1) {

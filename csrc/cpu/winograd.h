@@ -62,7 +62,8 @@ class WinogradConv {
   int r_;
   at::ScalarType dtype_;
   bool for_forward_;
-  // Forward: G w Gᵀ [n·n, I, O]; gradients: the same of the rotated kernel w' [n·n, O, I].
+  // Forward: G w Gᵀ [n·n, I, O]; gradients: the same of the rotated kernel w' [n·n, O, I]. float32
+  // keeps each point packed for csrc/cpu/packed_gemm.h (winograd.cpp: transform_kernel).
   at::Tensor u_;
 };
 
