@@ -19,10 +19,10 @@ from .ops.lstm import lstm_layer  # noqa: E402
 from .nn.lstm import LSTM, LSTMCell, replace_lstm  # noqa: E402
 from .ops.convrnn import convrnn, convrnn_forward  # noqa: E402
 from .nn.convrnn import ConvRNN  # noqa: E402
-from .ops.convlstm import convlstm  # noqa: E402
+from .ops.convlstm import convlstm, release_step_graphs  # noqa: E402
 from .nn.convlstm import ConvLSTM  # noqa: E402
 
-__all__ = ["LSTM", "LSTMCell", "replace_lstm", "lstm_layer", "ConvRNN", "convrnn", "convrnn_forward", "ConvLSTM", "convlstm", "show_config"]
+__all__ = ["LSTM", "LSTMCell", "replace_lstm", "lstm_layer", "ConvRNN", "convrnn", "convrnn_forward", "ConvLSTM", "convlstm", "release_step_graphs", "show_config"]
 __version__ = "0.1.0"
 
 from ._config import show_config  # noqa: E402  (reads __version__)

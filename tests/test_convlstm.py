@@ -932,6 +932,44 @@ def test_cuda_step_graphs_across_calls_and_streams():
         compare(got_infer, {k: ref[k] for k in got_infer}, torch.float64, f"call {call} (inference)")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_kept_step_graphs():
+    """A forward keeps its step graph, with the weight and state buffers it reads, for the next
+    call of the same sizes (csrc/cuda/convlstm.cu, KeptStep): each call must see its own input,
+    state and weights (changed through .data, which bumps no version counter), on another
+    stream too, after more sizes than are kept (the least recently used dropped and captured
+    again) and after seqkernels.release_step_graphs(). Inference and training against the
+    float64 reference."""
+    side = torch.cuda.Stream()
+    shapes = [(5, 2, 3, 4, 6, 6), (5, 2, 3, 4, 7, 6), (4, 1, 3, 4, 6, 6), (5, 3, 3, 4, 6, 5), (3, 2, 3, 4, 5, 5),
+              (4, 2, 2, 4, 6, 6)]  # (T, B, Ci, C, H, W): six sizes, more than the four kept
+    schedule = [(0, None), (0, None), (0, "data"), (0, side)] + [(k, None) for k in range(1, 6)] + \
+               [(0, None), (0, "release"), (0, None)]
+    models = {}
+    for call, (k, action) in enumerate(schedule):
+        T, B, Ci, C, H, W = shapes[k]
+        torch.manual_seed(100 + call)
+        config = dict(Ci=Ci, C=C, kernel_size=3, num_layers=1, bias=True, batch_first=False, peephole=False,
+                      H=H, W=W, T=T, B=B, with_state=call % 2 == 0)
+        fresh, x, hx, upstream = _module_case(config, "cuda")
+        m = models.setdefault(k, fresh)
+        if action == "data":  # new values in the same storage, no version bump
+            for p, q in zip(m.parameters(), fresh.parameters()):
+                p.data.copy_(q.data)
+        elif action == "release":
+            seqkernels.release_step_graphs()
+        with torch.cuda.stream(side) if action is side else contextlib.nullcontext():
+            with torch.no_grad():
+                y, (h_n, c_n) = m(x, hx)
+            got_infer = {"y": y, "h_n": h_n, "c_n": c_n}
+            got = run_module(m, x, hx, upstream)
+        torch.cuda.synchronize()
+        ref = run_module(m, x, hx, upstream, convlstm_module_reference)
+        compare(got, ref, torch.float64, f"call {call} (training)")
+        compare(got_infer, {key: ref[key] for key in got_infer}, torch.float64, f"call {call} (inference)")
+
+
 # --------------------------------------------------------------------------------------
 # Bad input: a clear ValueError or RuntimeError, never a crash, never broadcasting
 # --------------------------------------------------------------------------------------

@@ -22,9 +22,11 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "seqkernels/convlstm_cell.h"
 #include "seqkernels/convlstm_loop.h"
@@ -191,27 +193,102 @@ void launch_forward(const ConvLstmForwardStep<scalar_t>& s) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// A captured step convolution: the graph, its result (in the graph's memory; replays write it
+// again) and the input buffer the capture read. Declared in this order so that the result goes
+// back to the pool before the graph that holds the pool.
+template <class Result>
+struct CapturedStep {
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  Result out;
+  const void* input = nullptr;
+};
+
+// A forward loop's step graph, kept from one call to the next with the buffers it reads (the
+// step weight and the h buffer, StepGraph::buffer): a call of the same sizes writes them and
+// replays every step, where a fresh capture cost ~190 µs of host time per call (H100: the
+// convolution's capture, cudaGraphInstantiate, two generator fills, the graph's destruction)
+// against ~600 µs for a whole inference call of the benchmark's first shape.
+struct KeptStep {
+  std::vector<Tensor> buffers;  // in the order the loop asks for them
+  cudaStream_t buffers_stream = nullptr;  // the stream they were allocated on
+  CapturedStep<Tensor> step;
+  uint64_t last_use = 0;
+};
+
 // The memory and stream every StepGraph of a thread captures with, per device: one private
-// memory pool, kept alive from one call to the next by the last graph captured into it, and
-// one capture stream (the pool's free blocks are found again by stream). A fresh pool per
-// call cost a cudaMalloc (~190 µs) and later a synchronising cudaFree (~290 µs of host
-// stall) per call on the H100 host. Graphs of successive calls reuse the same blocks; `done`
-// (recorded where a graph's replays ran) orders the next graph's replays after them when the
-// caller has switched streams in between. `seen` holds the keys of the step calls that have
-// run plainly on this thread (cuDNN's plan and benchmark caches are per thread too): those
-// are captured at their first call. Never freed, not even when the thread ends (the map below
-// forgets it): destroying graphs at process exit could outlive the CUDA context.
+// memory pool, kept alive from one call to the next by the kept graphs and the last per-call
+// graph captured into it, and one capture stream (the pool's free blocks are found again by
+// stream). A fresh pool per call cost a cudaMalloc (~190 µs) and later a synchronising cudaFree
+// (~290 µs of host stall) per call on the H100 host. Graphs of successive calls share the
+// pool's blocks (apart from the kept graphs' results and buffers, which stay allocated); `done`
+// (recorded where a call's replays ran, on `done_stream`) orders the next call's replays and
+// buffer writes after them when the caller has switched streams in between. `seen` holds the
+// keys of the step calls that have run plainly on this thread (cuDNN's plan and benchmark
+// caches are per thread too): those are captured at their first call. At most kKeptSteps
+// forward graphs are kept, the least recently used dropped. Never freed, not even when the
+// thread ends (the map below forgets it): destroying graphs at process exit could outlive the
+// CUDA context. release_step_graphs() drops the calling thread's graphs and buffers.
 struct StepGraphPool {
+  static constexpr size_t kKeptSteps = 4;
   decltype(at::cuda::graph_pool_handle()) id;  // MempoolId_t (its namespace moved between torch versions)
   c10::cuda::CUDAStream capture_stream;
   cudaEvent_t done = nullptr;
   bool done_recorded = false;
+  cudaStream_t done_stream = nullptr;
   at::cuda::CUDAGraph* last = nullptr;
   std::unordered_set<std::string> seen;
+  std::unordered_map<std::string, KeptStep> kept;
+  uint64_t uses = 0;
+  // Graphs captured into `id` and alive. The caching allocator frees a private pool when its last
+  // graph goes, and its id cannot be captured into again: a new id then.
+  int graphs = 0;
+
+  void graph_captured() { ++graphs; }
+  void graph_gone() {
+    if (--graphs == 0) id = at::cuda::graph_pool_handle();
+  }
+  // Destroys a captured step: its result first (back to the pool), then its graph.
+  template <class Result>
+  void drop(CapturedStep<Result>& step) {
+    step.out = Result();
+    if (step.graph) {
+      step.graph.reset();  // an in-flight replay finishes first: cudaGraphExecDestroy defers
+      graph_gone();
+    }
+  }
+  void drop_last() {
+    if (last) {
+      delete std::exchange(last, nullptr);
+      graph_gone();
+    }
+  }
+
+  // The kept step of `key`, made if new (then the least recently used other one goes over the
+  // limit).
+  KeptStep& keep(const std::string& key) {
+    KeptStep& entry = kept[key];
+    entry.last_use = ++uses;
+    if (kept.size() > kKeptSteps) {
+      auto oldest = kept.end();
+      for (auto it = kept.begin(); it != kept.end(); ++it) {
+        if (&it->second != &entry && (oldest == kept.end() || it->second.last_use < oldest->second.last_use)) {
+          oldest = it;
+        }
+      }
+      drop(oldest->second.step);
+      kept.erase(oldest);
+    }
+    return entry;
+  }
 };
 
-StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
+std::unordered_map<c10::DeviceIndex, StepGraphPool*>& step_graph_pools() {
   thread_local std::unordered_map<c10::DeviceIndex, StepGraphPool*> pools;
+  return pools;
+}
+
+StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
+  auto& pools = step_graph_pools();
   auto it = pools.find(device);
   if (it == pools.end()) {
     auto* pool = new StepGraphPool{at::cuda::graph_pool_handle(),
@@ -237,10 +314,13 @@ StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
 // caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING, as under compute-sanitizer: a
 // capture cannot allocate then). A capture that fails anyway is abandoned with a warning and
 // the calls run plain.
+// keep_across_calls (the forward loop): the graph and the buffers handed out by `buffer`, which
+// fn must read instead of tensors of its own, are the pool's KeptStep of the key, so the next
+// call of the key replays from its first step.
 template <class Result>
 class StepGraph {
  public:
-  StepGraph(int64_t calls, const std::string& key)
+  StepGraph(int64_t calls, const std::string& key, bool keep_across_calls = false)
       : replay_(calls >= 3 && caching_allocator_on() &&
                 c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
     if (!replay_) return;
@@ -254,35 +334,80 @@ class StepGraph {
                             ctx.allowTF32CuDNN(at::Float32Op::CONV), ctx.deterministicAlgorithms()}) {
       key_ += flag ? " 1" : " 0";
     }
-    seen_ = step_graph_pool(device_).seen.count(key_) > 0;
+    pool_ = &step_graph_pool(device_);
+    seen_ = pool_->seen.count(key_) > 0;
+    replay_stream_ = c10::cuda::getCurrentCUDAStream(device_).stream();
+    if (keep_across_calls) {
+      if constexpr (std::is_same_v<Result, Tensor>) {
+        kept_ = &pool_->keep(key_);
+        step_ = &kept_->step;
+      } else {
+        TORCH_INTERNAL_ASSERT(false, "seqkernels.convlstm: only a forward step graph is kept across calls");
+      }
+      // The kept buffers and graph memory were last used by work on another stream.
+      if (pool_->done_recorded && pool_->done_stream != replay_stream_) {
+        C10_CUDA_CHECK(cudaStreamWaitEvent(replay_stream_, pool_->done, 0));
+      }
+    }
   }
 
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
   ~StepGraph() {
-    if (!graph_) return;
-    out_ = Result();  // back to the pool for the next capture
-    C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, replay_stream_));
-    pool_->done_recorded = true;
+    if (replayed_) {
+      C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, replay_stream_));
+      pool_->done_recorded = true;
+      pool_->done_stream = replay_stream_;
+    }
+    if (kept_ || !own_.graph) return;
+    own_.out = Result();  // back to the pool for the next capture
     // This graph keeps the pool alive now; the previous keeper goes.
-    at::cuda::CUDAGraph* previous = std::exchange(pool_->last, graph_.release());
-    delete previous;
+    pool_->drop_last();
+    pool_->last = own_.graph.release();
+  }
+
+  // A buffer for fn to read: the kept one (made at the key's first call, or again where the
+  // sizes or format differ, which drops the kept graph) or, when nothing is kept, a fresh one.
+  Tensor buffer(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format) {
+    if (!kept_) return at::empty(sizes, options.memory_format(format));
+    const size_t index = next_buffer_++;
+    if (index < kept_->buffers.size()) {
+      const Tensor& b = kept_->buffers[index];
+      if (b.sizes() == sizes && b.dtype() == options.dtype() && b.is_contiguous(format)) {
+        // Used on another stream than its own: the caching allocator must not hand the block
+        // to its own stream's next allocation before this stream's work on it is done (the
+        // buffer is freed later, with its KeptStep).
+        if (replay_stream_ != kept_->buffers_stream) {
+          c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(),
+                                                         c10::cuda::getCurrentCUDAStream(device_));
+        }
+        return b;
+      }
+      kept_->buffers.resize(index);
+      pool_->drop(kept_->step);
+    }
+    if (index == 0) kept_->buffers_stream = replay_stream_;
+    kept_->buffers.push_back(at::empty(sizes, options.memory_format(format)));
+    return kept_->buffers.back();
   }
 
   template <class F>
   Result operator()(const void* input, F&& fn) {
     if (!replay_) return fn();
-    if (!seen_) {  // the first call of this key on this thread
-      Result out = fn();
-      step_graph_pool(device_).seen.insert(key_);
-      seen_ = true;
-      return out;
+    if (!step_->graph) {
+      if (!seen_) {  // the first call of this key on this thread
+        Result out = fn();
+        pool_->seen.insert(key_);
+        seen_ = true;
+        return out;
+      }
+      if (!capture(input, fn)) return fn();
     }
-    if (!graph_ && !capture(input, fn)) return fn();
-    TORCH_INTERNAL_ASSERT(input == input_, "seqkernels.convlstm: a replayed step convolution changed its input");
-    graph_->replay();
-    return out_;
+    TORCH_INTERNAL_ASSERT(input == step_->input, "seqkernels.convlstm: a replayed step convolution changed its input");
+    step_->graph->replay();
+    replayed_ = true;
+    return step_->out;
   }
 
  private:
@@ -295,15 +420,14 @@ class StepGraph {
   // Captures fn; false (and plain calls from then on) if the capture failed.
   template <class F>
   bool capture(const void* input, F& fn) {
-    StepGraphPool& pool = step_graph_pool(device_);
-    const cudaStream_t replay_stream = c10::cuda::getCurrentCUDAStream(device_).stream();
+    StepGraphPool& pool = *pool_;
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     {
       const c10::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream);
       // Thread-local: another thread's CUDA calls do not invalidate this capture.
       graph->capture_begin(pool.id, cudaStreamCaptureModeThreadLocal);
       try {
-        out_ = fn();
+        step_->out = fn();
       } catch (const std::exception& e) {  // leave the stream and the allocator as they were
         cudaGraph_t partial = nullptr;
         (void)cudaStreamEndCapture(pool.capture_stream.stream(), &partial);
@@ -311,7 +435,8 @@ class StepGraph {
         (void)cudaGetLastError();
         c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool.id);
         c10::cuda::CUDACachingAllocator::releasePool(device_, pool.id);
-        out_ = Result();
+        if (pool.graphs == 0) pool.id = at::cuda::graph_pool_handle();  // the pool is gone with it
+        step_->out = Result();
         replay_ = false;
         TORCH_WARN_ONCE("seqkernels.convlstm: capturing a step convolution in a CUDA graph failed (", e.what(),
                         "); the steps call it directly instead");
@@ -321,24 +446,36 @@ class StepGraph {
     }
     // The previous graph of this pool may still be replaying on another stream: its memory is
     // this graph's now.
-    if (pool.done_recorded) C10_CUDA_CHECK(cudaStreamWaitEvent(replay_stream, pool.done, 0));
-    graph_ = std::move(graph);
-    pool_ = &pool;
-    replay_stream_ = replay_stream;
-    input_ = input;
+    if (pool.done_recorded) C10_CUDA_CHECK(cudaStreamWaitEvent(replay_stream_, pool.done, 0));
+    step_->graph = std::move(graph);
+    step_->input = input;
+    pool.graph_captured();
     return true;
   }
 
   bool replay_;
   bool seen_ = false;
+  bool replayed_ = false;
   c10::DeviceIndex device_ = 0;
   std::string key_;
-  const void* input_ = nullptr;
   StepGraphPool* pool_ = nullptr;
+  KeptStep* kept_ = nullptr;  // keep_across_calls: the pool's entry of the key
+  size_t next_buffer_ = 0;
   cudaStream_t replay_stream_ = nullptr;
-  std::unique_ptr<at::cuda::CUDAGraph> graph_;
-  Result out_;  // declared after graph_: released first
+  CapturedStep<Result> own_;       // a per-call graph (the backward's)
+  CapturedStep<Result>* step_ = &own_;  // own_ or the kept entry's
 };
+
+// Drops the calling thread's kept step graphs and their buffers on every device (and the last
+// per-call graph, which keeps the pool's memory): seqkernels.release_step_graphs().
+void release_step_graphs() {
+  for (auto& [device, pool] : step_graph_pools()) {
+    const c10::cuda::CUDAGuard on_device(device);
+    for (auto& [key, entry] : pool->kept) pool->drop(entry.step);
+    pool->kept.clear();
+    pool->drop_last();
+  }
+}
 
 struct CudaPointwise {
   static void check(const Tensor& x) {
@@ -353,6 +490,8 @@ struct CudaPointwise {
   static constexpr int64_t kInferenceGroupPixels = std::numeric_limits<int64_t>::max() / 2;
   template <class Result>
   using StepCall = StepGraph<Result>;
+  // cuDNN's NHWC convolution reads a channels-last weight as it is (AtenConvolution's to_nhwc).
+  static constexpr at::MemoryFormat kStepWeightFormat = at::MemoryFormat::ChannelsLast;
 
   using Convolution = convlstm_detail::AtenConvolution;  // cuDNN's
 
@@ -398,6 +537,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> convlstm_back
 
 }  // namespace
 }  // namespace seqkernels
+
+TORCH_LIBRARY_FRAGMENT(seqkernels, m) {
+  // No tensor arguments: a catch-all kernel. Only CUDA builds have it (seqkernels.release_step_graphs).
+  m.def("release_step_graphs() -> ()", &seqkernels::release_step_graphs);
+}
 
 TORCH_LIBRARY_IMPL(seqkernels, CUDA, m) {
   m.impl("convlstm_forward", &seqkernels::convlstm_forward_cuda);

@@ -229,6 +229,8 @@ class ConvLSTM(nn.Module):
 
         if self.batch_first:
             output = output.transpose(0, 1)
+        if L == 1:  # the op's h_T and c_T are fresh tensors: a view saves a copy each (~30 us on a GPU)
+            return output, (h_n[0].unsqueeze(0), c_n[0].unsqueeze(0))
         return output, (torch.stack(h_n, 0), torch.stack(c_n, 0))
 
     @torch.no_grad()

@@ -13,11 +13,24 @@ from torch import Tensor
 
 from ._autograd import call_backward_op, call_op, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
 
-__all__ = ["convlstm"]
+__all__ = ["convlstm", "release_step_graphs"]
 
 _forward = torch.ops.seqkernels.convlstm_forward.default
 _backward = torch.ops.seqkernels.convlstm_backward.default
 _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
+
+
+def release_step_graphs() -> None:
+    """Frees the GPU memory that ConvLSTM calls keep on this thread between calls.
+
+    On the GPU a ConvLSTM forward replays its per-step convolution from a CUDA graph and keeps
+    that graph, with the buffers it reads (the step weight, one state buffer) and its result
+    (one step's gate pre-activations), for the next call of the same sizes (at most four sizes
+    per thread and device, the least recently used dropped). A later call captures again.
+    Nothing to do on the CPU, or in a build without CUDA."""
+    release = getattr(torch.ops.seqkernels, "release_step_graphs", None)
+    if release is not None:
+        release()
 
 
 def _fail(message: str) -> None:

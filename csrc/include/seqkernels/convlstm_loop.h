@@ -31,9 +31,12 @@
 // backend may replay it instead of calling it again: Backend::StepCall (CPU: a plain call;
 // CUDA: captured into a CUDA graph at the second step and replayed, which removes the
 // convolution's host cost, ~30-60 µs per step through ATen and cuDNN, from a loop that is
-// otherwise host-bound at these sizes).
+// otherwise host-bound at these sizes; the forward's graph is kept for the next call of the
+// same sizes, with the buffers it reads).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
-// `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `StepCall` and `Convolution`. No host
+// `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `kStepWeightFormat` (the memory format
+// its Convolution takes the step weight in without a copy), `StepCall` (with `buffer`) and
+// `Convolution`. No host
 // synchronisation; the only allocations are ATen's (the caching allocator on the GPU), so the
 // loop can be captured in a CUDA graph.
 //
@@ -242,11 +245,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   // The step convolution's weights and input, channels-last. Training: w_hh over one
   // [B, H, W, C] buffer holding h_{t-1}. Inference: [w_ih | w_hh] over one [B, H, W, Ci + C]
   // buffer holding x_t next to h_{t-1}. The pointwise pass writes h_t (and x_{t+1}) over it
-  // once the convolution has read it, so every step convolves the same buffer.
-  typename Backend::Convolution step_weights(training ? w_hh : at::cat({w_ih, w_hh}, 1), geom, P,
-                                             ConvUse::kForward);
+  // once the convolution has read it, so every step convolves the same buffer. Both buffers
+  // come from the step call (the GPU keeps them, with the step graph that reads them, from one
+  // call to the next) and are written afresh by every call.
+  typename Backend::template StepCall<Tensor> step_conv(s.T, step_key(training ? "train" : "infer", s, dtype),
+                                                        /*keep_across_calls=*/true);
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
-  Tensor h_buf = at::empty({s.B, s.H, s.W, h_channels}, x.options());
+  Tensor w_step = step_conv.buffer({s.G, h_channels, s.KH, s.KW}, x.options(), Backend::kStepWeightFormat);
+  w_step.narrow(1, h_channels - s.C, s.C).copy_(w_hh);
+  if (!training) w_step.narrow(1, 0, s.Ci).copy_(w_ih);
+  typename Backend::Convolution step_weights(w_step, geom, P, ConvUse::kForward);
+  Tensor h_buf = step_conv.buffer({s.B, s.H, s.W, h_channels}, x.options(), at::MemoryFormat::Contiguous);
   const Tensor h_in = nchw_view(h_buf);  // as the convolution's [B, channels, H, W] input
   h_in.narrow(1, h_channels - s.C, s.C).copy_(h0);
   if (!training) h_in.narrow(1, 0, s.Ci).copy_(x.select(0, 0));
@@ -258,8 +267,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const Tensor bias_step = !training && bias_or_none.has_value() ? bias_or_none->contiguous() : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_forward", [&] {
-    // Its buffers are released when the loop ends.
-    typename Backend::template StepCall<Tensor> step_conv(s.T, step_key(training ? "train" : "infer", s, dtype));
     const scalar_t* x_data = x.data_ptr<scalar_t>();
     ConvLstmForwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);

@@ -1,0 +1,90 @@
+"""The host's share of an eager seqkernels.ConvLSTM `infer` call on the GPU: one call's timeline.
+
+    python scripts/convlstm_host_timeline.py [--iters 10] [--shape B T CI C H W K]
+
+An eager call's time is the GPU's time plus what the GPU waits for the host. This traces
+``iters`` calls of the benchmark's first shape (benchmarks/bench_convlstm.py, float32, no_grad)
+with torch.profiler and prints, for the call of median length, every host event at depth <= 2
+under the call (ATen ops; CUDA runtime calls, whatever their depth) with its host offset and duration in us, then the
+host time per call without the profiler (perf_counter around a call, the GPU drained before
+it), the call's wall time (synchronised) and the summed GPU kernel time.
+Diagnostic only: the benchmark is what the tables come from.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import seqkernels  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--shape", type=int, nargs=7, default=[16, 10, 16, 64, 16, 16, 5], metavar=("B", "T", "CI", "C",
+                                                                                              "H", "W", "K"))
+    args = p.parse_args()
+    B, T, Ci, C, H, W, K = args.shape
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    model = seqkernels.ConvLSTM(Ci, C, K, device="cuda")
+    x = torch.randn(T, B, Ci, H, W, device="cuda")
+
+    def call():
+        with torch.no_grad():
+            return model(x)
+
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+
+    host, wall = [], []
+    for _ in range(30):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e6)
+        wall.append((t2 - t0) * 1e6)
+    print(f"shape {args.shape}: host time per call {statistics.median(host):.1f} us (median of 30), "
+          f"wall {statistics.median(wall):.1f} us")
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(args.iters):
+            with record_function(f"call_{i}"):
+                call()
+            torch.cuda.synchronize()
+    events = list(prof.events())
+    calls = sorted((e for e in events if e.name.startswith("call_")), key=lambda e: e.time_range.elapsed_us())
+    median = calls[len(calls) // 2]
+    start, end = median.time_range.start, median.time_range.end
+
+    def depth(e) -> int:
+        d, parent = 0, e.cpu_parent
+        while parent is not None and parent.id != median.id:
+            d, parent = d + 1, parent.cpu_parent
+        return d if parent is not None else -1  # -1: no parent recorded (CUDA runtime calls)
+
+    inside = sorted((e for e in events if e.id != median.id and start <= e.time_range.start <= end
+                     and e.device_type == torch.autograd.DeviceType.CPU), key=lambda e: e.time_range.start)
+    print(f"median traced call: {median.time_range.elapsed_us():.1f} us host (profiler on)")
+    print(f"{'offset':>8} {'dur':>8}  event")
+    for e in inside:
+        d = depth(e)
+        if d <= 2:
+            print(f"{e.time_range.start - start:8.1f} {e.time_range.elapsed_us():8.1f}  {'  ' * max(d, 0)}{e.name}")
+    gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    print(f"GPU kernel time per call: {sum(e.time_range.elapsed_us() for e in gpu) / args.iters:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
