@@ -1,10 +1,10 @@
-"""The host's share of an eager seqkernels.ConvLSTM `infer` call on the GPU: one call's timeline.
+"""The host's share of an eager seqkernels.ConvLSTM call on the GPU: one call's timeline.
 
-    python scripts/convlstm_host_timeline.py [--iters 10] [--shape B T CI C H W K]
+    python scripts/convlstm_host_timeline.py [--iters 10] [--shape B T CI C H W K] [--mode infer|train]
 
 An eager call's time is the GPU's time plus what the GPU waits for the host. This traces
-``iters`` calls of the benchmark's first shape (benchmarks/bench_convlstm.py, float32, no_grad)
-with torch.profiler and prints, for the call of median length, every host event at depth <= 2
+``iters`` calls of the benchmark's first shape (benchmarks/bench_convlstm.py, float32; `infer` under no_grad)
+(`train`: forward and backward of sum(y)) with torch.profiler and prints, for the call of median length, every host event at depth <= 2
 under the call (ATen ops; CUDA runtime calls, whatever their depth) with its host offset and duration in us, then the
 host time per call without the profiler (perf_counter around a call, the GPU drained before
 it), the call's wall time (synchronised) and the summed GPU kernel time.
@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--shape", type=int, nargs=7, default=[16, 10, 16, 64, 16, 16, 5], metavar=("B", "T", "CI", "C",
                                                                                               "H", "W", "K"))
+    p.add_argument("--mode", choices=["infer", "train"], default="infer")
     args = p.parse_args()
     B, T, Ci, C, H, W, K = args.shape
     torch.backends.cudnn.benchmark = True
@@ -38,6 +39,10 @@ def main() -> None:
     x = torch.randn(T, B, Ci, H, W, device="cuda")
 
     def call():
+        if args.mode == "train":
+            y, _ = model(x)
+            y.sum().backward()
+            return y
         with torch.no_grad():
             return model(x)
 
@@ -55,7 +60,7 @@ def main() -> None:
         t2 = time.perf_counter()
         host.append((t1 - t0) * 1e6)
         wall.append((t2 - t0) * 1e6)
-    print(f"shape {args.shape}: host time per call {statistics.median(host):.1f} us (median of 30), "
+    print(f"shape {args.shape} {args.mode}: host time per call {statistics.median(host):.1f} us (median of 30), "
           f"wall {statistics.median(wall):.1f} us")
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
