@@ -206,17 +206,17 @@ struct CpuPointwise {
   // shape's 16 frames of 16 x 16). One-frame groups of the second shape's 64 x 64 frames measured
   // no slower than whole steps (AMD EPYC, 2 threads, alternating processes).
   static constexpr int64_t kInferenceGroupPixels = 1024;
-  // The step convolution's weight as Convolution (Winograd's transform, oneDNN) reads it.
-  static constexpr at::MemoryFormat kStepWeightFormat = at::MemoryFormat::Contiguous;
 
   // Each step's convolution is called again (nothing to save on the host: the CPU runs it), and
   // its buffers are fresh per call.
   template <class Result>
   struct StepCall {
-    StepCall(int64_t /*calls*/, const std::string& /*key*/, bool /*keep_across_calls*/ = false) {}
+    StepCall(int64_t /*calls*/, const std::string& /*key*/) {}
     static Tensor buffer(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format) {
       return at::empty(sizes, options.memory_format(format));
     }
+    // The parts side by side along the input channels (no copy of a single part).
+    static Tensor weights(at::TensorList parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 1); }
     template <class F>
     Result operator()(const void* /*input*/, F&& fn) {
       return fn();

@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -193,9 +194,9 @@ void launch_forward(const ConvLstmForwardStep<scalar_t>& s) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// A captured step convolution: the graph, its result (in the graph's memory; replays write it
-// again) and the input buffer the capture read. Declared in this order so that the result goes
-// back to the pool before the graph that holds the pool.
+// A captured step: the graph, its result (in the graph's memory; replays write it again) and
+// the input buffer the capture read. Declared in this order so that the result goes back to
+// the pool before the graph that holds the pool.
 template <class Result>
 struct CapturedStep {
   std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -203,31 +204,36 @@ struct CapturedStep {
   const void* input = nullptr;
 };
 
-// A forward loop's step graph, kept from one call to the next with the buffers it reads (the
-// step weight and the h buffer, StepGraph::buffer): a call of the same sizes writes them and
-// replays every step, where a fresh capture cost ~190 µs of host time per call (H100: the
+// A loop's step graph, kept from one call to the next with the buffers it reads and writes
+// (StepGraph::buffer: the forward's step weight and state buffer; the backward's staged
+// inputs, weights and gradient accumulators): a call of the same sizes writes (or zeroes) them
+// and replays every step. A capture per call cost ~190 µs of host time in a forward (H100: the
 // convolution's capture, cudaGraphInstantiate, two generator fills, the graph's destruction)
-// against ~600 µs for a whole inference call of the benchmark's first shape.
+// of a ~600 µs inference call at the benchmark's first shape, and more in a backward.
+template <class Result>
 struct KeptStep {
-  std::vector<Tensor> buffers;  // in the order the loop asks for them
+  std::vector<Tensor> buffers;            // in the order the loop asks for them
   cudaStream_t buffers_stream = nullptr;  // the stream they were allocated on
-  CapturedStep<Tensor> step;
+  CapturedStep<Result> step;
   uint64_t last_use = 0;
 };
 
+using ForwardResult = Tensor;                     // the step's convolution output
+using BackwardResult = std::array<Tensor, 2>;     // {dL/dh_{t-1}'s recurrent part, dL/dx_t}
+
 // The memory and stream every StepGraph of a thread captures with, per device: one private
-// memory pool, kept alive from one call to the next by the kept graphs and the last per-call
-// graph captured into it, and one capture stream (the pool's free blocks are found again by
-// stream). A fresh pool per call cost a cudaMalloc (~190 µs) and later a synchronising cudaFree
-// (~290 µs of host stall) per call on the H100 host. Graphs of successive calls share the
-// pool's blocks (apart from the kept graphs' results and buffers, which stay allocated); `done`
-// (recorded where a call's replays ran, on `done_stream`) orders the next call's replays and
-// buffer writes after them when the caller has switched streams in between. `seen` holds the
-// keys of the step calls that have run plainly on this thread (cuDNN's plan and benchmark
-// caches are per thread too): those are captured at their first call. At most kKeptSteps
-// forward graphs are kept, the least recently used dropped. Never freed, not even when the
-// thread ends (the map below forgets it): destroying graphs at process exit could outlive the
-// CUDA context. release_step_graphs() drops the calling thread's graphs and buffers.
+// memory pool, kept alive by the kept graphs captured into it, and one capture stream (the
+// pool's free blocks are found again by stream). A fresh pool per call cost a cudaMalloc
+// (~190 µs) and later a synchronising cudaFree (~290 µs of host stall) per call on the H100
+// host. The graphs share the pool's blocks apart from their results and the kept buffers,
+// which stay allocated; `done` (recorded where a call's replays ran, on `done_stream`) orders
+// the next call's replays and buffer writes after them when the caller has switched streams
+// in between. `seen` holds the keys of the step calls that have run plainly on this thread
+// (cuDNN's plan and benchmark caches are per thread too): those are captured at their first
+// call. At most kKeptSteps forward and kKeptSteps backward graphs are kept, the least recently
+// used dropped. Never freed, not even when the thread ends (the map below forgets it):
+// destroying graphs at process exit could outlive the CUDA context. release_step_graphs()
+// drops the calling thread's graphs and buffers.
 struct StepGraphPool {
   static constexpr size_t kKeptSteps = 4;
   decltype(at::cuda::graph_pool_handle()) id;  // MempoolId_t (its namespace moved between torch versions)
@@ -235,18 +241,18 @@ struct StepGraphPool {
   cudaEvent_t done = nullptr;
   bool done_recorded = false;
   cudaStream_t done_stream = nullptr;
-  at::cuda::CUDAGraph* last = nullptr;
   std::unordered_set<std::string> seen;
-  std::unordered_map<std::string, KeptStep> kept;
+  std::unordered_map<std::string, KeptStep<ForwardResult>> kept_forward;
+  std::unordered_map<std::string, KeptStep<BackwardResult>> kept_backward;
   uint64_t uses = 0;
   // Graphs captured into `id` and alive. The caching allocator frees a private pool when its last
   // graph goes, and its id cannot be captured into again: a new id then.
   int graphs = 0;
 
-  void graph_captured() { ++graphs; }
   void graph_gone() {
     if (--graphs == 0) id = at::cuda::graph_pool_handle();
   }
+
   // Destroys a captured step: its result first (back to the pool), then its graph.
   template <class Result>
   void drop(CapturedStep<Result>& step) {
@@ -256,29 +262,42 @@ struct StepGraphPool {
       graph_gone();
     }
   }
-  void drop_last() {
-    if (last) {
-      delete std::exchange(last, nullptr);
-      graph_gone();
+
+  template <class Result>
+  std::unordered_map<std::string, KeptStep<Result>>& kept() {
+    if constexpr (std::is_same_v<Result, ForwardResult>) {
+      return kept_forward;
+    } else {
+      static_assert(std::is_same_v<Result, BackwardResult>, "a step graph returns a forward or a backward result");
+      return kept_backward;
     }
   }
 
-  // The kept step of `key`, made if new (then the least recently used other one goes over the
-  // limit).
-  KeptStep& keep(const std::string& key) {
-    KeptStep& entry = kept[key];
+  // The kept step of `key`, made if new (then the least recently used other one of its kind
+  // goes over the limit).
+  template <class Result>
+  KeptStep<Result>& keep(const std::string& key) {
+    auto& map = kept<Result>();
+    KeptStep<Result>& entry = map[key];
     entry.last_use = ++uses;
-    if (kept.size() > kKeptSteps) {
-      auto oldest = kept.end();
-      for (auto it = kept.begin(); it != kept.end(); ++it) {
-        if (&it->second != &entry && (oldest == kept.end() || it->second.last_use < oldest->second.last_use)) {
+    if (map.size() > kKeptSteps) {
+      auto oldest = map.end();
+      for (auto it = map.begin(); it != map.end(); ++it) {
+        if (&it->second != &entry && (oldest == map.end() || it->second.last_use < oldest->second.last_use)) {
           oldest = it;
         }
       }
       drop(oldest->second.step);
-      kept.erase(oldest);
+      map.erase(oldest);
     }
     return entry;
+  }
+
+  void drop_all() {
+    for (auto& entry : kept_forward) drop(entry.second.step);
+    for (auto& entry : kept_backward) drop(entry.second.step);
+    kept_forward.clear();
+    kept_backward.clear();
   }
 };
 
@@ -300,27 +319,25 @@ StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
 }
 
 // A step's convolutions, replayed: fn is captured into a CUDA graph (StepGraphPool) and
-// replayed on the current stream at every later call. Every call reads the same buffers
-// (`input`, asserted, is one of them) and the results land in the graph's memory, so a replay
-// computes what a call would, with the same kernels, for a few µs of host time instead of
-// ATen's and cuDNN's ~30-60 µs per convolution (the eager loop was host-bound: 92 µs of wall
-// time against 44 µs of kernels per step at B = 16, 16 x 16, K = 5 on an H100). The results
-// are valid until the next call and while the StepGraph lives.
+// replayed on the current stream at every later call, in this loop and the next loops of the
+// same key (KeptStep). fn reads and writes only the buffers handed out by `buffer` (`input`,
+// asserted, is one of them) and its results land in the graph's memory, so a replay computes
+// what a call would, with the same kernels, for a few µs of host time instead of ATen's and
+// cuDNN's ~30-60 µs per convolution (the eager loop was host-bound: 92 µs of wall time
+// against 44 µs of kernels per step at B = 16, 16 x 16, K = 5 on an H100). The results are
+// valid until the next replay.
 // The capture comes at the first call where `key` (the calls' shapes and dtype, to which the
 // device and cuDNN's switches are added here) has run plainly on this thread before, else at
 // the second: the first plain call fills cuDNN's caches (benchmark mode's search cannot run
-// inside a capture). Every call is a plain call where the caller is capturing already (its
-// graph holds the whole loop), where there are fewer than three calls, and where PyTorch's
-// caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING, as under compute-sanitizer: a
-// capture cannot allocate then). A capture that fails anyway is abandoned with a warning and
-// the calls run plain.
-// keep_across_calls (the forward loop): the graph and the buffers handed out by `buffer`, which
-// fn must read instead of tensors of its own, are the pool's KeptStep of the key, so the next
-// call of the key replays from its first step.
+// inside a capture). Every call is a plain call, with fresh buffers, where the caller is
+// capturing already (its graph holds the whole loop), where there are fewer than three calls,
+// and where PyTorch's caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING, as under
+// compute-sanitizer: a capture cannot allocate then). A capture that fails anyway is
+// abandoned with a warning and the calls run plain.
 template <class Result>
 class StepGraph {
  public:
-  StepGraph(int64_t calls, const std::string& key, bool keep_across_calls = false)
+  StepGraph(int64_t calls, const std::string& key)
       : replay_(calls >= 3 && caching_allocator_on() &&
                 c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
     if (!replay_) return;
@@ -337,17 +354,10 @@ class StepGraph {
     pool_ = &step_graph_pool(device_);
     seen_ = pool_->seen.count(key_) > 0;
     replay_stream_ = c10::cuda::getCurrentCUDAStream(device_).stream();
-    if (keep_across_calls) {
-      if constexpr (std::is_same_v<Result, Tensor>) {
-        kept_ = &pool_->keep(key_);
-        step_ = &kept_->step;
-      } else {
-        TORCH_INTERNAL_ASSERT(false, "seqkernels.convlstm: only a forward step graph is kept across calls");
-      }
-      // The kept buffers and graph memory were last used by work on another stream.
-      if (pool_->done_recorded && pool_->done_stream != replay_stream_) {
-        C10_CUDA_CHECK(cudaStreamWaitEvent(replay_stream_, pool_->done, 0));
-      }
+    kept_ = &pool_->keep<Result>(key_);
+    // The kept buffers and the pool's memory were last used by work on another stream.
+    if (pool_->done_recorded && pool_->done_stream != replay_stream_) {
+      C10_CUDA_CHECK(cudaStreamWaitEvent(replay_stream_, pool_->done, 0));
     }
   }
 
@@ -355,20 +365,14 @@ class StepGraph {
   StepGraph& operator=(const StepGraph&) = delete;
 
   ~StepGraph() {
-    if (replayed_) {
-      C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, replay_stream_));
-      pool_->done_recorded = true;
-      pool_->done_stream = replay_stream_;
-    }
-    if (kept_ || !own_.graph) return;
-    own_.out = Result();  // back to the pool for the next capture
-    // This graph keeps the pool alive now; the previous keeper goes.
-    pool_->drop_last();
-    pool_->last = own_.graph.release();
+    if (!replayed_) return;
+    C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, replay_stream_));
+    pool_->done_recorded = true;
+    pool_->done_stream = replay_stream_;
   }
 
-  // A buffer for fn to read: the kept one (made at the key's first call, or again where the
-  // sizes or format differ, which drops the kept graph) or, when nothing is kept, a fresh one.
+  // A buffer for fn: the kept one (made at the key's first call, or again where the sizes,
+  // dtype or format differ, which drops the kept graph) or, when nothing replays, a fresh one.
   Tensor buffer(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format) {
     if (!kept_) return at::empty(sizes, options.memory_format(format));
     const size_t index = next_buffer_++;
@@ -392,10 +396,28 @@ class StepGraph {
     return kept_->buffers.back();
   }
 
+  // The parts side by side along the input channels ([G, sum of their channels, KH, KW]),
+  // channels-last, as cuDNN's NHWC convolution reads them without a copy (AtenConvolution's
+  // to_nhwc): copied into a buffer every call, so a replay reads this call's weights whatever
+  // changed them (`.data` included).
+  Tensor weights(at::TensorList parts) {
+    std::vector<int64_t> sizes = parts[0].sizes().vec();
+    sizes[1] = 0;
+    for (const Tensor& part : parts) sizes[1] += part.size(1);
+    Tensor w = buffer(sizes, parts[0].options(), at::MemoryFormat::ChannelsLast);
+    int64_t offset = 0;
+    for (const Tensor& part : parts) {
+      w.narrow(1, offset, part.size(1)).copy_(part);
+      offset += part.size(1);
+    }
+    return w;
+  }
+
   template <class F>
   Result operator()(const void* input, F&& fn) {
     if (!replay_) return fn();
-    if (!step_->graph) {
+    CapturedStep<Result>& step = kept_->step;
+    if (!step.graph) {
       if (!seen_) {  // the first call of this key on this thread
         Result out = fn();
         pool_->seen.insert(key_);
@@ -404,10 +426,10 @@ class StepGraph {
       }
       if (!capture(input, fn)) return fn();
     }
-    TORCH_INTERNAL_ASSERT(input == step_->input, "seqkernels.convlstm: a replayed step convolution changed its input");
-    step_->graph->replay();
+    TORCH_INTERNAL_ASSERT(input == step.input, "seqkernels.convlstm: a replayed step convolution changed its input");
+    step.graph->replay();
     replayed_ = true;
-    return step_->out;
+    return step.out;
   }
 
  private:
@@ -421,13 +443,14 @@ class StepGraph {
   template <class F>
   bool capture(const void* input, F& fn) {
     StepGraphPool& pool = *pool_;
+    CapturedStep<Result>& step = kept_->step;
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     {
       const c10::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream);
       // Thread-local: another thread's CUDA calls do not invalidate this capture.
       graph->capture_begin(pool.id, cudaStreamCaptureModeThreadLocal);
       try {
-        step_->out = fn();
+        step.out = fn();
       } catch (const std::exception& e) {  // leave the stream and the allocator as they were
         cudaGraph_t partial = nullptr;
         (void)cudaStreamEndCapture(pool.capture_stream.stream(), &partial);
@@ -436,7 +459,7 @@ class StepGraph {
         c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool.id);
         c10::cuda::CUDACachingAllocator::releasePool(device_, pool.id);
         if (pool.graphs == 0) pool.id = at::cuda::graph_pool_handle();  // the pool is gone with it
-        step_->out = Result();
+        step.out = Result();
         replay_ = false;
         TORCH_WARN_ONCE("seqkernels.convlstm: capturing a step convolution in a CUDA graph failed (", e.what(),
                         "); the steps call it directly instead");
@@ -444,12 +467,12 @@ class StepGraph {
       }
       graph->capture_end();
     }
-    // The previous graph of this pool may still be replaying on another stream: its memory is
-    // this graph's now.
+    // An earlier graph of this pool may still be replaying on another stream: its freed memory
+    // is this graph's now.
     if (pool.done_recorded) C10_CUDA_CHECK(cudaStreamWaitEvent(replay_stream_, pool.done, 0));
-    step_->graph = std::move(graph);
-    step_->input = input;
-    pool.graph_captured();
+    step.graph = std::move(graph);
+    step.input = input;
+    ++pool.graphs;
     return true;
   }
 
@@ -459,21 +482,17 @@ class StepGraph {
   c10::DeviceIndex device_ = 0;
   std::string key_;
   StepGraphPool* pool_ = nullptr;
-  KeptStep* kept_ = nullptr;  // keep_across_calls: the pool's entry of the key
+  KeptStep<Result>* kept_ = nullptr;  // the pool's entry of the key (where calls replay)
   size_t next_buffer_ = 0;
   cudaStream_t replay_stream_ = nullptr;
-  CapturedStep<Result> own_;       // a per-call graph (the backward's)
-  CapturedStep<Result>* step_ = &own_;  // own_ or the kept entry's
 };
 
-// Drops the calling thread's kept step graphs and their buffers on every device (and the last
-// per-call graph, which keeps the pool's memory): seqkernels.release_step_graphs().
+// Drops the calling thread's kept step graphs and their buffers on every device:
+// seqkernels.release_step_graphs().
 void release_step_graphs() {
   for (auto& [device, pool] : step_graph_pools()) {
     const c10::cuda::CUDAGuard on_device(device);
-    for (auto& [key, entry] : pool->kept) pool->drop(entry.step);
-    pool->kept.clear();
-    pool->drop_last();
+    pool->drop_all();
   }
 }
 
@@ -490,8 +509,6 @@ struct CudaPointwise {
   static constexpr int64_t kInferenceGroupPixels = std::numeric_limits<int64_t>::max() / 2;
   template <class Result>
   using StepCall = StepGraph<Result>;
-  // cuDNN's NHWC convolution reads a channels-last weight as it is (AtenConvolution's to_nhwc).
-  static constexpr at::MemoryFormat kStepWeightFormat = at::MemoryFormat::ChannelsLast;
 
   using Convolution = convlstm_detail::AtenConvolution;  // cuDNN's
 

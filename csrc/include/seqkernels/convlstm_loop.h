@@ -34,9 +34,8 @@
 // otherwise host-bound at these sizes; the forward's graph is kept for the next call of the
 // same sizes, with the buffers it reads).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
-// `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `kStepWeightFormat` (the memory format
-// its Convolution takes the step weight in without a copy), `StepCall` (with `buffer`) and
-// `Convolution`. No host
+// `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `StepCall` (with `buffer` and `weights`:
+// the buffers and weights a step's convolutions read) and `Convolution`. No host
 // synchronisation; the only allocations are ATen's (the caching allocator on the GPU), so the
 // loop can be captured in a CUDA graph.
 //
@@ -245,16 +244,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   // The step convolution's weights and input, channels-last. Training: w_hh over one
   // [B, H, W, C] buffer holding h_{t-1}. Inference: [w_ih | w_hh] over one [B, H, W, Ci + C]
   // buffer holding x_t next to h_{t-1}. The pointwise pass writes h_t (and x_{t+1}) over it
-  // once the convolution has read it, so every step convolves the same buffer. Both buffers
-  // come from the step call (the GPU keeps them, with the step graph that reads them, from one
-  // call to the next) and are written afresh by every call.
-  typename Backend::template StepCall<Tensor> step_conv(s.T, step_key(training ? "train" : "infer", s, dtype),
-                                                        /*keep_across_calls=*/true);
+  // once the convolution has read it, so every step convolves the same buffer. Both come from
+  // the step call (the GPU keeps them, with the step graph that reads them, from one call to
+  // the next, and writes the weight afresh in every call).
+  typename Backend::template StepCall<Tensor> step_conv(s.T, step_key(training ? "train" : "infer", s, dtype));
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
-  Tensor w_step = step_conv.buffer({s.G, h_channels, s.KH, s.KW}, x.options(), Backend::kStepWeightFormat);
-  w_step.narrow(1, h_channels - s.C, s.C).copy_(w_hh);
-  if (!training) w_step.narrow(1, 0, s.Ci).copy_(w_ih);
-  typename Backend::Convolution step_weights(w_step, geom, P, ConvUse::kForward);
+  typename Backend::Convolution step_weights(training ? step_conv.weights({w_hh}) : step_conv.weights({w_ih, w_hh}),
+                                             geom, P, ConvUse::kForward);
   Tensor h_buf = step_conv.buffer({s.B, s.H, s.W, h_channels}, x.options(), at::MemoryFormat::Contiguous);
   const Tensor h_in = nchw_view(h_buf);  // as the convolution's [B, channels, H, W] input
   h_in.narrow(1, h_channels - s.C, s.C).copy_(h0);
@@ -351,10 +347,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const int64_t chunk =
       std::max<int64_t>(1, std::min(s.T / 4, (Backend::kChunkPixels + s.B * P - 1) / (s.B * P)));
   const int64_t slots = std::min(chunk, s.T);
+  // One step per chunk: a step's convolutions, replayed ({dL/dh_{t-1}, dL/dx_t}). Everything
+  // they read or accumulate into comes from the step call (the GPU keeps it, with the step
+  // graph, from one call to the next) and is written or zeroed afresh below.
+  using StepGrads = std::array<Tensor, 2>;
+  typename Backend::template StepCall<StepGrads> step_grads(chunk == 1 ? s.T : 0, step_key("backward", s, dtype));
+  const auto contiguous = at::MemoryFormat::Contiguous;
   // The chunk's dL/dz, h_{t-1} and x_t, channels-last: the inputs of its weight gradients.
-  Tensor dz = at::empty({slots, s.B, s.H, s.W, s.G}, x.options());
-  Tensor h_prev = at::empty({slots, s.B, s.H, s.W, s.C}, x.options());
-  Tensor x_prev = at::empty({slots, s.B, s.H, s.W, s.Ci}, x.options());
+  Tensor dz = step_grads.buffer({slots, s.B, s.H, s.W, s.G}, x.options(), contiguous);
+  Tensor h_prev = step_grads.buffer({slots, s.B, s.H, s.W, s.C}, x.options(), contiguous);
+  Tensor x_prev = step_grads.buffer({slots, s.B, s.H, s.W, s.Ci}, x.options(), contiguous);
   // dL/dc is carried in the accumulation type: it sums over the whole remaining sequence.
   Tensor dc = grad_c_n.has_value() && grad_c_n->defined() ? to_nhwc_buffer(*grad_c_n, acc_dtype)
                                                           : at::zeros({s.B, s.H, s.W, s.C}, x.options().dtype(acc_dtype));
@@ -364,19 +366,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   Tensor dy_step = has_dy && !Backend::kStridedDy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
   const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
   const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
-  typename Backend::Convolution conv_ih(w_ih, geom, P, ConvUse::kGradients),
-      conv_hh(w_hh, geom, P, ConvUse::kGradients);
+  typename Backend::Convolution conv_ih(step_grads.weights({w_ih}), geom, P, ConvUse::kGradients),
+      conv_hh(step_grads.weights({w_hh}), geom, P, ConvUse::kGradients);
   // dL/dh from step t+1 as an NHWC [B, C, H, W] tensor (first from h_n).
   Tensor dh_rec = grad_h_n.has_value() && grad_h_n->defined() ? to_nhwc(*grad_h_n) : Tensor();
   // A staged h_{t-1} stands in for h_{t-1} in the input-gradient calls: only its shape and
   // layout matter (a channels-last copy of h0 would cost a state).
   const Tensor h_like = nchw_view(h_prev.select(0, 0));
 
-  // The summed gradients accumulate over chunks in the accumulation type.
+  // The summed gradients accumulate over chunks in the accumulation type (returned as copies:
+  // the GPU keeps these buffers).
   const auto acc_opts = x.options().dtype(acc_dtype);
   Tensor grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
-  Tensor grad_w_ih = at::zeros(w_ih.sizes(), acc_opts), grad_w_hh = at::zeros(w_hh.sizes(), acc_opts);
-  Tensor grad_bias = has_bias ? at::zeros({s.G}, acc_opts) : at::empty({0}, x.options());
+  Tensor grad_w_ih = step_grads.buffer(w_ih.sizes(), acc_opts, contiguous).zero_();
+  Tensor grad_w_hh = step_grads.buffer(w_hh.sizes(), acc_opts, contiguous).zero_();
+  Tensor grad_bias = has_bias ? step_grads.buffer({s.G}, acc_opts, contiguous).zero_() : at::empty({0}, x.options());
   // [3, H, W, C] accumulated: w_ci, w_cf, w_co.
   Tensor grad_peep_nhwc = s.has_peephole ? at::zeros({3, s.H, s.W, s.C}, acc_opts) : Tensor();
 
@@ -398,7 +402,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // Ones over a chunk's dz rows (n·B·H·W): the bias gradient is onesᵀ·dz. convolution_backward's
   // own bias gradient is a sum over dims (0, 2, 3) whose CUDA reduction takes a staging buffer of
   // 4x dz (H100, bf16, B = 16, 16 x 16, 4C = 256: 8 MB, the largest allocation of the backward).
-  const Tensor ones = has_bias ? at::ones({slots * s.B * P}, x.options()) : Tensor();
+  const Tensor ones = has_bias ? step_grads.buffer({slots * s.B * P}, x.options(), contiguous).fill_(1) : Tensor();
   // The weight and bias gradients of the staged steps (the first n slots), accumulated; returns
   // their input gradient [n·B, Ci, H, W] (any strides).
   const auto weight_grads = [&](int64_t n) {
@@ -427,10 +431,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   Tensor grad_h0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "convlstm_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    // One step per chunk: a step's convolutions, replayed ({dL/dh_{t-1}, dL/dx_t}). Its buffers
-    // are released when the loop ends.
-    typename Backend::template StepCall<std::array<Tensor, 2>> step_grads(chunk == 1 ? s.T : 0,
-                                                                         step_key("backward", s, dtype));
     ConvLstmBackwardStep<scalar_t> step{};
     step.peep = ptr_or_null<scalar_t>(peep_nhwc);
     step.dc = dc.data_ptr<acc_t>();
@@ -459,7 +459,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         step.dz = dz.data_ptr<scalar_t>() + (t - t0) * gate_step;
         Backend::backward_step(step);
         if (chunk == 1) {
-          const auto [dh, gx] = step_grads(dz.data_ptr(), [&] { return std::array<Tensor, 2>{state_grad(0), weight_grads(1)}; });
+          const auto [dh, gx] = step_grads(dz.data_ptr(), [&] { return StepGrads{state_grad(0), weight_grads(1)}; });
           dh_rec = dh;
           grad_x.select(0, t).copy_(gx);
         } else {
@@ -472,7 +472,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       }
       if (s.has_peephole) peephole_grads(t0, n);
     }
-    grad_h0 = dh_rec.clone(at::MemoryFormat::Contiguous);  // before step_grads' buffers are released
+    grad_h0 = dh_rec.clone(at::MemoryFormat::Contiguous);  // a copy: dh_rec may be the step graph's result
     dh_rec = Tensor();
   });
 
@@ -483,9 +483,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return {grad_x,
           grad_h0,
           grad_c0,
-          grad_w_ih.to(dtype).contiguous(),
-          grad_w_hh.to(dtype).contiguous(),
-          has_bias ? grad_bias.to(dtype) : grad_bias,
+          grad_w_ih.to(dtype, /*non_blocking=*/false, /*copy=*/true),
+          grad_w_hh.to(dtype, /*non_blocking=*/false, /*copy=*/true),
+          has_bias ? grad_bias.to(dtype, /*non_blocking=*/false, /*copy=*/true) : grad_bias,
           grad_peephole};
 }
 
