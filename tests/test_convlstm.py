@@ -935,12 +935,12 @@ def test_cuda_step_graphs_across_calls_and_streams():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_kept_step_graphs():
-    """A forward keeps its step graph, with the weight and state buffers it reads, for the next
-    call of the same sizes (csrc/cuda/convlstm.cu, KeptStep): each call must see its own input,
-    state and weights (changed through .data, which bumps no version counter), on another
-    stream too, after more sizes than are kept (the least recently used dropped and captured
-    again) and after seqkernels.release_step_graphs(). Inference and training against the
-    float64 reference."""
+    """The forward and the backward keep their step graphs, with the buffers they read and
+    accumulate into, for the next call of the same sizes (csrc/cuda/convlstm.cu, KeptStep):
+    each call must see its own input, state and weights (changed through .data, which bumps no
+    version counter) and return its own gradients, on another stream too, after more sizes
+    than are kept (the least recently used dropped and captured again) and after
+    seqkernels.release_step_graphs(). Inference and training against the float64 reference."""
     side = torch.cuda.Stream()
     shapes = [(5, 2, 3, 4, 6, 6), (5, 2, 3, 4, 7, 6), (4, 1, 3, 4, 6, 6), (5, 3, 3, 4, 6, 5), (3, 2, 3, 4, 5, 5),
               (4, 2, 2, 4, 6, 6)]  # (T, B, Ci, C, H, W): six sizes, more than the four kept

@@ -23,11 +23,11 @@ _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
 def release_step_graphs() -> None:
     """Frees the GPU memory that ConvLSTM calls keep on this thread between calls.
 
-    On the GPU a ConvLSTM forward replays its per-step convolution from a CUDA graph and keeps
-    that graph, with the buffers it reads (the step weight, one state buffer) and its result
-    (one step's gate pre-activations), for the next call of the same sizes (at most four sizes
-    per thread and device, the least recently used dropped). A later call captures again.
-    Nothing to do on the CPU, or in a build without CUDA."""
+    On the GPU a ConvLSTM forward and backward replay each step's convolutions from a CUDA
+    graph and keep the graph, with the buffers it reads and writes (the step weights, one step's
+    states and gradients) and its results, for the next call of the same sizes (at most four
+    forward and four backward sizes per thread and device, the least recently used dropped). A
+    later call captures again. Nothing to do on the CPU, or in a build without CUDA."""
     release = getattr(torch.ops.seqkernels, "release_step_graphs", None)
     if release is not None:
         release()

@@ -31,8 +31,8 @@
 // backend may replay it instead of calling it again: Backend::StepCall (CPU: a plain call;
 // CUDA: captured into a CUDA graph at the second step and replayed, which removes the
 // convolution's host cost, ~30-60 µs per step through ATen and cuDNN, from a loop that is
-// otherwise host-bound at these sizes; the forward's graph is kept for the next call of the
-// same sizes, with the buffers it reads).
+// otherwise host-bound at these sizes; the forward's and the backward's graphs are kept for the
+// next call of the same sizes, with the buffers they read and write).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
 // `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `StepCall` (with `buffer` and `weights`:
 // the buffers and weights a step's convolutions read) and `Convolution`. No host
