@@ -3,11 +3,12 @@
     python scripts/convlstm_host_timeline.py [--iters 10] [--shape B T CI C H W K] [--mode infer|train]
 
 An eager call's time is the GPU's time plus what the GPU waits for the host. This traces
-``iters`` calls of the benchmark's first shape (benchmarks/bench_convlstm.py, float32; `infer` under no_grad)
-(`train`: forward and backward of sum(y)) with torch.profiler and prints, for the call of median length, every host event at depth <= 2
-under the call (ATen ops; CUDA runtime calls, whatever their depth) with its host offset and duration in us, then the
-host time per call without the profiler (perf_counter around a call, the GPU drained before
-it), the call's wall time (synchronised) and the summed GPU kernel time.
+``iters`` calls (default: the benchmark's first shape, benchmarks/bench_convlstm.py; float32;
+`infer` under no_grad, `train` the forward and backward of sum(y)) with torch.profiler and
+prints, for the call of median length, every host event at depth <= 2 under the call (ATen
+ops; CUDA runtime calls whatever their depth) with its host offset and duration in us. First
+it prints the host time per call without the profiler (perf_counter around a call, the GPU
+drained before it) and the call's wall time (synchronised); last the summed GPU kernel time.
 Diagnostic only: the benchmark is what the tables come from.
 """
 from __future__ import annotations
