@@ -970,6 +970,32 @@ def test_cuda_kept_step_graphs():
         compare(got_infer, {key: ref[key] for key in got_infer}, torch.float64, f"call {call} (inference)")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_release_step_graphs_frees_every_threads_buffers():
+    """Autograd runs a CUDA backward on its own device thread, so the backward's kept step graph
+    and buffers belong to that thread: seqkernels.release_step_graphs() from this thread must
+    free them too. Freed bytes >= the forward's kept buffers (step weight, state buffer, step
+    output) plus the backward's dz alone."""
+    T, B, Ci, C, H, W, K = 4, 2, 3, 8, 8, 8, 3
+    seqkernels.release_step_graphs()
+    torch.manual_seed(5)
+    m = ConvLSTM(Ci, C, K, device="cuda")
+    x = torch.randn(T, B, Ci, H, W, device="cuda", requires_grad=True)
+    for _ in range(2):  # graphs captured in the first call (from its second step), replayed in the second
+        y, _ = m(x)
+        y.sum().backward()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    seqkernels.release_step_graphs()
+    torch.cuda.synchronize()
+    freed = before - torch.cuda.memory_allocated()
+    f32 = 4
+    forward_kept = (4 * C * C * K * K + B * H * W * C + B * H * W * 4 * C) * f32
+    backward_dz = B * H * W * 4 * C * f32
+    assert freed >= forward_kept + backward_dz, f"freed {freed} bytes, want >= {forward_kept + backward_dz}"
+
+
 # --------------------------------------------------------------------------------------
 # Bad input: a clear ValueError or RuntimeError, never a crash, never broadcasting
 # --------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -231,13 +232,17 @@ using BackwardResult = std::array<Tensor, 2>;     // {dL/dh_{t-1}'s recurrent pa
 // in between. `seen` holds the keys of the step calls that have run plainly on this thread
 // (cuDNN's plan and benchmark caches are per thread too): those are captured at their first
 // call. At most kKeptSteps forward and kKeptSteps backward graphs are kept, the least recently
-// used dropped. Never freed, not even when the thread ends (the map below forgets it):
+// used dropped. Never freed, not even when the thread ends (the thread's map forgets it):
 // destroying graphs at process exit could outlive the CUDA context. release_step_graphs()
-// drops the calling thread's graphs and buffers.
+// drops every thread's graphs and buffers.
 struct StepGraphPool {
   static constexpr size_t kKeptSteps = 4;
+  c10::DeviceIndex device;
   decltype(at::cuda::graph_pool_handle()) id;  // MempoolId_t (its namespace moved between torch versions)
   c10::cuda::CUDAStream capture_stream;
+  // Held by the pool's thread while a loop uses it, and by release_step_graphs(), which may
+  // run on another thread (autograd runs a CUDA backward on its own device thread).
+  std::mutex mutex;
   cudaEvent_t done = nullptr;
   bool done_recorded = false;
   cudaStream_t done_stream = nullptr;
@@ -301,18 +306,27 @@ struct StepGraphPool {
   }
 };
 
-std::unordered_map<c10::DeviceIndex, StepGraphPool*>& step_graph_pools() {
-  thread_local std::unordered_map<c10::DeviceIndex, StepGraphPool*> pools;
-  return pools;
+// Every thread's pools, for release_step_graphs() (the pools of threads that have ended too).
+struct StepGraphPools {
+  std::mutex mutex;
+  std::vector<StepGraphPool*> all;
+};
+
+StepGraphPools& all_step_graph_pools() {
+  static auto* pools = new StepGraphPools();  // never destroyed, like the pools
+  return *pools;
 }
 
 StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
-  auto& pools = step_graph_pools();
+  thread_local std::unordered_map<c10::DeviceIndex, StepGraphPool*> pools;
   auto it = pools.find(device);
   if (it == pools.end()) {
-    auto* pool = new StepGraphPool{at::cuda::graph_pool_handle(),
+    auto* pool = new StepGraphPool{device, at::cuda::graph_pool_handle(),
                                    c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)};
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&pool->done, cudaEventDisableTiming));
+    StepGraphPools& registry = all_step_graph_pools();
+    const std::lock_guard<std::mutex> registered(registry.mutex);
+    registry.all.push_back(pool);
     it = pools.emplace(device, pool).first;
   }
   return *it->second;
@@ -352,6 +366,7 @@ class StepGraph {
       key_ += flag ? " 1" : " 0";
     }
     pool_ = &step_graph_pool(device_);
+    lock_ = std::unique_lock<std::mutex>(pool_->mutex);
     seen_ = pool_->seen.count(key_) > 0;
     replay_stream_ = c10::cuda::getCurrentCUDAStream(device_).stream();
     kept_ = &pool_->keep<Result>(key_);
@@ -485,13 +500,18 @@ class StepGraph {
   KeptStep<Result>* kept_ = nullptr;  // the pool's entry of the key (where calls replay)
   size_t next_buffer_ = 0;
   cudaStream_t replay_stream_ = nullptr;
+  std::unique_lock<std::mutex> lock_;  // the pool's, until the destructor's body has run
 };
 
-// Drops the calling thread's kept step graphs and their buffers on every device:
-// seqkernels.release_step_graphs().
+// Drops every thread's kept step graphs and their buffers, on every device (waiting for a loop
+// that is using them to end): seqkernels.release_step_graphs(). Their memory goes back to
+// PyTorch's caching allocator.
 void release_step_graphs() {
-  for (auto& [device, pool] : step_graph_pools()) {
-    const c10::cuda::CUDAGuard on_device(device);
+  StepGraphPools& registry = all_step_graph_pools();
+  const std::lock_guard<std::mutex> registered(registry.mutex);
+  for (StepGraphPool* pool : registry.all) {
+    const std::lock_guard<std::mutex> in_use(pool->mutex);
+    const c10::cuda::CUDAGuard on_device(pool->device);
     pool->drop_all();
   }
 }
