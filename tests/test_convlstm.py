@@ -907,12 +907,26 @@ def test_cuda_graph_forward_and_training_step(dtype):
         matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+def _check_cuda_calls(m: nn.Module, x: Tensor, hx, upstream: dict, stream, label: str) -> None:
+    """A training call and an inference call of m on `stream` (None: the current one), each
+    against the float64 reference."""
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        got = run_module(m, x, hx, upstream)
+        with torch.no_grad():
+            y, (h_n, c_n) = m(x, hx)
+    torch.cuda.synchronize()
+    ref = run_module(m, x, hx, upstream, convlstm_module_reference)
+    compare(got, ref, torch.float64, f"{label} (training)")
+    compare({"y": y, "h_n": h_n, "c_n": c_n}, {k: ref[k] for k in ("y", "h_n", "c_n")}, torch.float64,
+            f"{label} (inference)")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_step_graphs_across_calls_and_streams():
-    """The CUDA loop replays each step's convolution from a CUDA graph whose memory the next
-    call's graph reuses (csrc/cuda/convlstm.cu, StepGraph): calls on alternating streams,
-    training and inference, two shapes, each against the reference (float64)."""
+    """The CUDA loop replays each step's convolutions from CUDA graphs that share one memory
+    pool (csrc/cuda/convlstm.cu, StepGraph): calls on alternating streams, training and
+    inference, three shapes, each against the reference (float64)."""
     side = torch.cuda.Stream()
     for call, (stream, shape) in enumerate([(None, (6, 2, 3, 5, 9, 7)), (side, (6, 2, 3, 5, 9, 7)),
                                             (None, (4, 3, 3, 5, 9, 7)), (side, (7, 2, 3, 5, 9, 7))]):
@@ -921,15 +935,7 @@ def test_cuda_step_graphs_across_calls_and_streams():
         config = dict(Ci=Ci, C=C, kernel_size=3, num_layers=2, bias=True, batch_first=False, peephole=call % 2 == 1,
                       H=H, W=W, T=T, B=B, with_state=True)
         m, x, hx, upstream = _module_case(config, "cuda")
-        with torch.cuda.stream(side) if stream is not None else contextlib.nullcontext():
-            got = run_module(m, x, hx, upstream)
-            with torch.no_grad():
-                y, (h_n, c_n) = m(x, hx)
-            got_infer = {"y": y, "h_n": h_n, "c_n": c_n}
-        torch.cuda.synchronize()
-        ref = run_module(m, x, hx, upstream, convlstm_module_reference)
-        compare(got, ref, torch.float64, f"call {call} (training)")
-        compare(got_infer, {k: ref[k] for k in got_infer}, torch.float64, f"call {call} (inference)")
+        _check_cuda_calls(m, x, hx, upstream, stream, f"call {call}")
 
 
 @pytest.mark.cuda
@@ -959,15 +965,7 @@ def test_cuda_kept_step_graphs():
                 p.data.copy_(q.data)
         elif action == "release":
             seqkernels.release_step_graphs()
-        with torch.cuda.stream(side) if action is side else contextlib.nullcontext():
-            with torch.no_grad():
-                y, (h_n, c_n) = m(x, hx)
-            got_infer = {"y": y, "h_n": h_n, "c_n": c_n}
-            got = run_module(m, x, hx, upstream)
-        torch.cuda.synchronize()
-        ref = run_module(m, x, hx, upstream, convlstm_module_reference)
-        compare(got, ref, torch.float64, f"call {call} (training)")
-        compare(got_infer, {key: ref[key] for key in got_infer}, torch.float64, f"call {call} (inference)")
+        _check_cuda_calls(m, x, hx, upstream, action if action is side else None, f"call {call}")
 
 
 @pytest.mark.cuda
