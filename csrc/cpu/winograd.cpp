@@ -331,16 +331,17 @@ int64_t point_size(int64_t I, int64_t O) {
   return kPackedPoints<T> ? packed_gemm::panels_size(I, O) : I * O;
 }
 
-// M [count, O] = V [count, I] · U, one point's GEMM.
-inline void point_gemm(int64_t count, int64_t O, int64_t I, const float* v, const float* u, float* m) {
+// M [count, O] = V [count, I] · U, one point's GEMM, U in transform_kernel's layout (packed
+// exactly where kPackedPoints says so).
+template <class T>
+void point_gemm(int64_t count, int64_t O, int64_t I, const T* v, const T* u, T* m) {
 #if SEQKERNELS_PACKED_GEMM
-  packed_gemm::gemm(count, O, I, v, I, u, m, O);
-#else
-  gemm(Trans::No, Trans::No, count, O, I, v, I, u, O, 0.f, m, O);
+  if constexpr (kPackedPoints<T>) {
+    packed_gemm::gemm(count, O, I, v, I, u, m, O);
+    return;
+  }
 #endif
-}
-inline void point_gemm(int64_t count, int64_t O, int64_t I, const double* v, const double* u, double* m) {
-  gemm(Trans::No, Trans::No, count, O, I, v, I, u, O, 0., m, O);
+  gemm(Trans::No, Trans::No, count, O, I, v, I, u, O, T(0), m, O);
 }
 
 // U = G w Gᵀ for every (o, i), in double before the cast, with w(o, i, a, b) read through
