@@ -215,13 +215,19 @@ struct CpuPointwise {
     static Tensor buffer(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format) {
       return at::empty(sizes, options.memory_format(format));
     }
-    // The parts side by side along the input channels (no copy of a single part).
-    static Tensor weights(at::TensorList parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 1); }
+    // The parts side by side along the input channels (no copy of a single part; nothing staged).
+    static Tensor weights(at::TensorList parts, convlstm_detail::CopyList& /*staging*/) {
+      return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+    }
     template <class F>
     Result operator()(const void* /*input*/, F&& fn) {
       return fn();
     }
   };
+
+  static void copy_all(const convlstm_detail::CopyList& staging) {
+    for (const auto& [dst, src] : staging) dst.copy_(src);
+  }
 
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {

@@ -179,6 +179,100 @@ __global__ void __launch_bounds__(kTile* kRows)
   }
 }
 
+// A call's staging copies (convlstm_loop.h, CopyList) in one launch: each is a [N, C, H, W]
+// copy in any strides, element (n, c, h, w) at n·s[0] + c·s[1] + h·s[2] + w·s[3] on either side,
+// tiled kTile channels x kTile pixels of one n. Read with threadIdx.x along pixels and written
+// with it along channels (the NCHW sources, the channels-last destinations: both coalesced).
+// Only the bits move (element_t: an unsigned integer of the dtype's size).
+constexpr int kMaxCopies = 8;
+struct StridedCopy {
+  const void* src;
+  void* dst;
+  int64_t N, C, H, W;
+  int64_t src_stride[4], dst_stride[4];
+  int64_t channel_tiles, pixel_tiles, first_tile;  // first_tile: the tiles of the copies before
+};
+struct StridedCopies {
+  StridedCopy copy[kMaxCopies];
+  int count;
+  int64_t tiles;
+};
+
+template <class element_t>
+__global__ void __launch_bounds__(kTile* kRows) strided_copy_kernel(StridedCopies copies) {
+  __shared__ element_t tile[kTile][kTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t t = blockIdx.x; t < copies.tiles; t += gridDim.x) {
+    int j = 0;
+    while (j + 1 < copies.count && t >= copies.copy[j + 1].first_tile) ++j;
+    const StridedCopy& cp = copies.copy[j];
+    const int64_t local = t - cp.first_tile, per_n = cp.channel_tiles * cp.pixel_tiles;
+    const int64_t n = local / per_n, c0 = (local % per_n) / cp.pixel_tiles * kTile,
+                  p0 = local % cp.pixel_tiles * kTile, P = cp.H * cp.W;
+    const element_t* src = static_cast<const element_t*>(cp.src) + n * cp.src_stride[0];
+    element_t* dst = static_cast<element_t*>(cp.dst) + n * cp.dst_stride[0];
+    if (p0 + tx < P) {
+      const int64_t h = (p0 + tx) / cp.W, w = (p0 + tx) % cp.W;
+      for (int k = ty; k < kTile && c0 + k < cp.C; k += kRows) {
+        tile[k][tx] = src[(c0 + k) * cp.src_stride[1] + h * cp.src_stride[2] + w * cp.src_stride[3]];
+      }
+    }
+    __syncthreads();
+    if (c0 + tx < cp.C) {
+      for (int k = ty; k < kTile && p0 + k < P; k += kRows) {
+        const int64_t h = (p0 + k) / cp.W, w = (p0 + k) % cp.W;
+        dst[(c0 + tx) * cp.dst_stride[1] + h * cp.dst_stride[2] + w * cp.dst_stride[3]] = tile[tx][k];
+      }
+    }
+    __syncthreads();  // the tile is reused for the next tile
+  }
+}
+
+// dst.copy_(src) for every pair of `staging`, in one launch per kMaxCopies pairs.
+void copy_all_cuda(const convlstm_detail::CopyList& staging) {
+  StridedCopies copies{};
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  const auto launch = [&] {
+    if (copies.tiles == 0) return;
+    const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+    const dim3 grid(unsigned(std::min(copies.tiles, max_blocks))), block(kTile, kRows);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    switch (c10::elementSize(dtype)) {
+      case 2: strided_copy_kernel<uint16_t><<<grid, block, 0, stream>>>(copies); break;
+      case 4: strided_copy_kernel<uint32_t><<<grid, block, 0, stream>>>(copies); break;
+      case 8: strided_copy_kernel<uint64_t><<<grid, block, 0, stream>>>(copies); break;
+      default: TORCH_CHECK(false, "seqkernels.convlstm: no staging copy for dtype ", dtype);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    copies = StridedCopies{};
+  };
+  for (const auto& [dst, src] : staging) {
+    TORCH_CHECK(dst.dim() == 4 && dst.sizes() == src.sizes() && dst.scalar_type() == src.scalar_type() &&
+                    dst.is_cuda() && src.device() == dst.device(),
+                "seqkernels.convlstm: a staging copy needs two 4-D CUDA tensors of one size, dtype and device, got ",
+                src.sizes(), " ", src.scalar_type(), " into ", dst.sizes(), " ", dst.scalar_type());
+    if (dst.numel() == 0) continue;
+    if (copies.count == kMaxCopies || (copies.count > 0 && dst.scalar_type() != dtype)) launch();
+    dtype = dst.scalar_type();
+    StridedCopy& cp = copies.copy[copies.count++];
+    cp.src = src.data_ptr();
+    cp.dst = dst.data_ptr();
+    cp.N = dst.size(0);
+    cp.C = dst.size(1);
+    cp.H = dst.size(2);
+    cp.W = dst.size(3);
+    for (int d = 0; d < 4; ++d) {
+      cp.src_stride[d] = src.stride(d);
+      cp.dst_stride[d] = dst.stride(d);
+    }
+    cp.channel_tiles = (cp.C + kTile - 1) / kTile;
+    cp.pixel_tiles = (cp.H * cp.W + kTile - 1) / kTile;
+    cp.first_tile = copies.tiles;
+    copies.tiles += cp.N * cp.channel_tiles * cp.pixel_tiles;
+  }
+  launch();
+}
+
 template <bool kPeephole, class scalar_t>
 void launch_forward(const ConvLstmForwardStep<scalar_t>& s) {
   const int64_t gate_tiles = (s.C + kTile - 1) / kTile, x_tiles = s.x_next ? (s.Ci + kTile - 1) / kTile : 0;
@@ -413,16 +507,16 @@ class StepGraph {
 
   // The parts side by side along the input channels ([G, sum of their channels, KH, KW]),
   // channels-last, as cuDNN's NHWC convolution reads them without a copy (AtenConvolution's
-  // to_nhwc): copied into a buffer every call, so a replay reads this call's weights whatever
-  // changed them (`.data` included).
-  Tensor weights(at::TensorList parts) {
+  // to_nhwc): copied into a buffer every call (the copies staged), so a replay reads this call's
+  // weights whatever changed them (`.data` included).
+  Tensor weights(at::TensorList parts, convlstm_detail::CopyList& staging) {
     std::vector<int64_t> sizes = parts[0].sizes().vec();
     sizes[1] = 0;
     for (const Tensor& part : parts) sizes[1] += part.size(1);
     Tensor w = buffer(sizes, parts[0].options(), at::MemoryFormat::ChannelsLast);
     int64_t offset = 0;
     for (const Tensor& part : parts) {
-      w.narrow(1, offset, part.size(1)).copy_(part);
+      staging.emplace_back(w.narrow(1, offset, part.size(1)), part);
       offset += part.size(1);
     }
     return w;
@@ -531,6 +625,8 @@ struct CudaPointwise {
   using StepCall = StepGraph<Result>;
 
   using Convolution = convlstm_detail::AtenConvolution;  // cuDNN's
+
+  static void copy_all(const convlstm_detail::CopyList& staging) { copy_all_cuda(staging); }
 
   template <class scalar_t>
   static void forward_step(const ConvLstmForwardStep<scalar_t>& s) {

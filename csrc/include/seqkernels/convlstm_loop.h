@@ -35,7 +35,8 @@
 // next call of the same sizes, with the buffers they read and write).
 // A Backend supplies `check(x)` (the device), the two step functions over raw pointers,
 // `kStridedDy`, `kChunkPixels`, `kInferenceGroupPixels`, `StepCall` (with `buffer` and `weights`:
-// the buffers and weights a step's convolutions read) and `Convolution`. No host
+// the buffers and weights a step's convolutions read), `Convolution` and `copy_all` (a call's
+// staging copies, before its first step: one launch on the GPU). No host
 // synchronisation; the only allocations are ATen's (the caching allocator on the GPU), so the
 // loop can be captured in a CUDA graph.
 //
@@ -193,6 +194,12 @@ inline Tensor to_nhwc_buffer(const Tensor& t, at::ScalarType dtype) {
   return move_channels(t, true).to(dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
 
+// A call's staging copies (dst, src), made together by Backend::copy_all before the first step:
+// 4-D tensors of one dtype, each src of its dst's sizes, any strides. On the GPU they are one
+// launch (the weights, h_0, c_0, x_0 and the peepholes: five ATen copies were ~60 µs of host
+// time before the first step's convolution could start).
+using CopyList = std::vector<std::pair<Tensor, Tensor>>;
+
 template <class T>
 T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -213,8 +220,15 @@ inline std::string step_key(const char* kind, const ConvLstmSizes& s, at::Scalar
   return key;
 }
 
-inline Tensor optional_nhwc_buffer(const std::optional<Tensor>& t, at::ScalarType dtype) {
-  return t.has_value() && t->defined() ? to_nhwc_buffer(*t, dtype) : Tensor();
+// A fresh channels-last buffer for t ([..., C, H, W] -> [..., H, W, C] memory), its copy staged.
+inline Tensor staged_nhwc_buffer(const Tensor& t, CopyList& staging) {
+  const Tensor out = at::empty(move_channels(t, true).sizes(), t.options());
+  staging.emplace_back(nchw_view(out), t);
+  return out;
+}
+
+inline Tensor optional_staged_nhwc_buffer(const std::optional<Tensor>& t, CopyList& staging) {
+  return t.has_value() && t->defined() ? staged_nhwc_buffer(*t, staging) : Tensor();
 }
 
 }  // namespace convlstm_detail
@@ -233,14 +247,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const at::ScalarType dtype = x.scalar_type();
 
   const std::optional<Tensor> bias_or_none = s.has_bias ? bias : std::nullopt;
-  Tensor y = at::empty({s.T, s.B, s.C, s.H, s.W}, x.options());
-  // Training keeps every c_t for backward; inference two alternating buffers.
-  Tensor cells = at::empty({training ? s.T : 2, s.B, s.H, s.W, s.C}, x.options());
-  // c_0 channels-last: its own buffer in training (backward reads it), else the second cell
-  // buffer (step 0 writes the first).
-  const Tensor c0_nhwc = training ? to_nhwc_buffer(c0, dtype) : cells.select(0, 1);
-  if (!training) nchw_view(c0_nhwc).copy_(c0);
-  const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
+  CopyList staging;  // made together before the first step
   // The step convolution's weights and input, channels-last. Training: w_hh over one
   // [B, H, W, C] buffer holding h_{t-1}. Inference: [w_ih | w_hh] over one [B, H, W, Ci + C]
   // buffer holding x_t next to h_{t-1}. The pointwise pass writes h_t (and x_{t+1}) over it
@@ -249,12 +256,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   // the next, and writes the weight afresh in every call).
   typename Backend::template StepCall<Tensor> step_conv(s.T, step_key(training ? "train" : "infer", s, dtype));
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
-  typename Backend::Convolution step_weights(training ? step_conv.weights({w_hh}) : step_conv.weights({w_ih, w_hh}),
-                                             geom, P, ConvUse::kForward);
+  const Tensor step_w = training ? step_conv.weights({w_hh}, staging) : step_conv.weights({w_ih, w_hh}, staging);
   Tensor h_buf = step_conv.buffer({s.B, s.H, s.W, h_channels}, x.options(), at::MemoryFormat::Contiguous);
   const Tensor h_in = nchw_view(h_buf);  // as the convolution's [B, channels, H, W] input
-  h_in.narrow(1, h_channels - s.C, s.C).copy_(h0);
-  if (!training) h_in.narrow(1, 0, s.Ci).copy_(x.select(0, 0));
+  staging.emplace_back(h_in.narrow(1, h_channels - s.C, s.C), h0);
+  if (!training) staging.emplace_back(h_in.narrow(1, 0, s.Ci), x.select(0, 0));
+  // Training keeps every c_t for backward; inference two alternating buffers.
+  Tensor cells = at::empty({training ? s.T : 2, s.B, s.H, s.W, s.C}, x.options());
+  // c_0 channels-last: its own buffer in training (backward reads it), else the second cell
+  // buffer (step 0 writes the first).
+  const Tensor c0_nhwc = training ? staged_nhwc_buffer(c0, staging) : cells.select(0, 1);
+  if (!training) staging.emplace_back(nchw_view(c0_nhwc), c0);
+  const Tensor peep_nhwc = optional_staged_nhwc_buffer(peephole, staging);
+  Backend::copy_all(staging);
+  staging.clear();
+  typename Backend::Convolution step_weights(step_w, geom, P, ConvUse::kForward);
+  Tensor y = at::empty({s.T, s.B, s.C, s.H, s.W}, x.options());
   // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
   // each step's pre-activations with its activated gates, the buffer saved for backward.
   const Tensor zx = training ? typename Backend::Convolution(w_ih, geom, P, ConvUse::kForward)
@@ -364,10 +381,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // step at a time (a whole-sequence copy would cost another output's worth of memory).
   const bool has_dy = grad_y.has_value() && grad_y->defined();
   Tensor dy_step = has_dy && !Backend::kStridedDy ? at::empty({s.B, s.H, s.W, s.C}, x.options()) : Tensor();
-  const Tensor c0_nhwc = to_nhwc_buffer(c0, dtype);
-  const Tensor peep_nhwc = optional_nhwc_buffer(peephole, dtype);
-  typename Backend::Convolution conv_ih(step_grads.weights({w_ih}), geom, P, ConvUse::kGradients),
-      conv_hh(step_grads.weights({w_hh}), geom, P, ConvUse::kGradients);
+  CopyList staging;  // made together before the first step
+  const Tensor c0_nhwc = staged_nhwc_buffer(c0, staging);
+  const Tensor peep_nhwc = optional_staged_nhwc_buffer(peephole, staging);
+  const Tensor w_ih_step = step_grads.weights({w_ih}, staging), w_hh_step = step_grads.weights({w_hh}, staging);
+  Backend::copy_all(staging);
+  staging.clear();
+  typename Backend::Convolution conv_ih(w_ih_step, geom, P, ConvUse::kGradients),
+      conv_hh(w_hh_step, geom, P, ConvUse::kGradients);
   // dL/dh from step t+1 as an NHWC [B, C, H, W] tensor (first from h_n).
   Tensor dh_rec = grad_h_n.has_value() && grad_h_n->defined() ? to_nhwc(*grad_h_n) : Tensor();
   // A staged h_{t-1} stands in for h_{t-1} in the input-gradient calls: only its shape and
