@@ -108,6 +108,8 @@ def convlstm(
         for name, w in zip(("w_ci", "w_cf", "w_co"), peephole_weights):
             _check_tensor(w, (C, H, W), name, "(C, H, W)", x)
         peephole = torch.stack(tuple(peephole_weights))
+    if h0 is None and c0 is None:  # one allocation and one fill for both (~10 us of host time on a GPU)
+        h0, c0 = x.new_zeros(2, B, C, H, W).unbind(0)
     h0 = x.new_zeros(B, C, H, W) if h0 is None else h0
     c0 = x.new_zeros(B, C, H, W) if c0 is None else c0
     if T == 0 or B == 0 or Ci == 0 or H == 0 or W == 0:  # nothing to run: the state passes through
