@@ -8,7 +8,8 @@ An eager call's time is the GPU's time plus what the GPU waits for the host. Thi
 prints, for the call of median length, every host event at depth <= 2 under the call (ATen
 ops; CUDA runtime calls whatever their depth) with its host offset and duration in us. First
 it prints the host time per call without the profiler (perf_counter around a call, the GPU
-drained before it) and the call's wall time (synchronised); last the summed GPU kernel time.
+drained before it) and the call's wall time (synchronised); then the summed GPU kernel time,
+and the median call's GPU kernels on the host's clock with the GPU's idle time between them.
 Diagnostic only: the benchmark is what the tables come from.
 """
 from __future__ import annotations
@@ -90,6 +91,24 @@ def main() -> None:
             print(f"{e.time_range.start - start:8.1f} {e.time_range.elapsed_us():8.1f}  {'  ' * max(d, 0)}{e.name}")
     gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     print(f"GPU kernel time per call: {sum(e.time_range.elapsed_us() for e in gpu) / args.iters:.1f} us")
+
+    # The median call's GPU work on the same clock (CUPTI's timestamps): when the GPU starts, and
+    # how long it idles between kernels (a launch's latency on the GPU side, or a host that lags).
+    later = [c.time_range.start for c in calls if c.time_range.start > start]
+    stop = min(later) if later else float("inf")
+    kernels = sorted({(e.time_range.start, e.time_range.end, e.name) for e in gpu
+                      if start <= e.time_range.start < stop and not e.name.startswith("call_")})  # not the GPU-side annotation
+    print(f"GPU work of the median call: {len(kernels)} kernels and copies")
+    print(f"{'offset':>8} {'dur':>8} {'idle':>8}  kernel")
+    previous_end, idle = None, 0.0
+    for k_start, k_end, name in kernels:
+        gap = 0.0 if previous_end is None else max(0.0, k_start - previous_end)
+        idle += gap
+        print(f"{k_start - start:8.1f} {k_end - k_start:8.1f} {gap:8.1f}  {name[:90]}")
+        previous_end = k_end if previous_end is None else max(previous_end, k_end)
+    if kernels:
+        print(f"first GPU work at {kernels[0][0] - start:.1f} us, last ends at {previous_end - start:.1f} us; "
+              f"GPU idle between them {idle:.1f} us")
 
 
 if __name__ == "__main__":

@@ -201,6 +201,9 @@ struct StridedCopies {
 template <class element_t>
 __global__ void __launch_bounds__(kTile* kRows) strided_copy_kernel(StridedCopies copies) {
   __shared__ element_t tile[kTile][kTile + 1];
+  // The tile's pixels' offsets (h·s[2] + w·s[3]) in src and dst: one division per pixel and
+  // tile (64-bit divisions per element had made the copy 3x slower than its memory traffic).
+  __shared__ int64_t src_pixel[kTile], dst_pixel[kTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   for (int64_t t = blockIdx.x; t < copies.tiles; t += gridDim.x) {
     int j = 0;
@@ -209,22 +212,23 @@ __global__ void __launch_bounds__(kTile* kRows) strided_copy_kernel(StridedCopie
     const int64_t local = t - cp.first_tile, per_n = cp.channel_tiles * cp.pixel_tiles;
     const int64_t n = local / per_n, c0 = (local % per_n) / cp.pixel_tiles * kTile,
                   p0 = local % cp.pixel_tiles * kTile, P = cp.H * cp.W;
-    const element_t* src = static_cast<const element_t*>(cp.src) + n * cp.src_stride[0];
-    element_t* dst = static_cast<element_t*>(cp.dst) + n * cp.dst_stride[0];
-    if (p0 + tx < P) {
-      const int64_t h = (p0 + tx) / cp.W, w = (p0 + tx) % cp.W;
-      for (int k = ty; k < kTile && c0 + k < cp.C; k += kRows) {
-        tile[k][tx] = src[(c0 + k) * cp.src_stride[1] + h * cp.src_stride[2] + w * cp.src_stride[3]];
-      }
+    const int pixels = int(std::min<int64_t>(kTile, P - p0)), channels = int(std::min<int64_t>(kTile, cp.C - c0));
+    if (ty == 0 && tx < pixels) {
+      const int64_t h = (p0 + tx) / cp.W, w = p0 + tx - h * cp.W;
+      src_pixel[tx] = h * cp.src_stride[2] + w * cp.src_stride[3];
+      dst_pixel[tx] = h * cp.dst_stride[2] + w * cp.dst_stride[3];
     }
     __syncthreads();
-    if (c0 + tx < cp.C) {
-      for (int k = ty; k < kTile && p0 + k < P; k += kRows) {
-        const int64_t h = (p0 + k) / cp.W, w = (p0 + k) % cp.W;
-        dst[(c0 + tx) * cp.dst_stride[1] + h * cp.dst_stride[2] + w * cp.dst_stride[3]] = tile[tx][k];
-      }
+    const element_t* src = static_cast<const element_t*>(cp.src) + n * cp.src_stride[0] + c0 * cp.src_stride[1];
+    element_t* dst = static_cast<element_t*>(cp.dst) + n * cp.dst_stride[0] + c0 * cp.dst_stride[1];
+    if (tx < pixels) {
+      for (int k = ty; k < channels; k += kRows) tile[k][tx] = src[k * cp.src_stride[1] + src_pixel[tx]];
     }
-    __syncthreads();  // the tile is reused for the next tile
+    __syncthreads();
+    if (tx < channels) {
+      for (int k = ty; k < pixels; k += kRows) dst[tx * cp.dst_stride[1] + dst_pixel[k]] = tile[tx][k];
+    }
+    __syncthreads();  // the tile and the offsets are reused for the next tile
   }
 }
 
@@ -348,8 +352,14 @@ struct StepGraphPool {
   // graph goes, and its id cannot be captured into again: a new id then.
   int graphs = 0;
 
+  // A new id once no graph holds the pool (the caching allocator has freed it then).
+  void renew_if_unused() {
+    if (graphs == 0) id = at::cuda::graph_pool_handle();
+  }
+
   void graph_gone() {
-    if (--graphs == 0) id = at::cuda::graph_pool_handle();
+    --graphs;
+    renew_if_unused();
   }
 
   // Destroys a captured step: its result first (back to the pool), then its graph.
@@ -567,7 +577,7 @@ class StepGraph {
         (void)cudaGetLastError();
         c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool.id);
         c10::cuda::CUDACachingAllocator::releasePool(device_, pool.id);
-        if (pool.graphs == 0) pool.id = at::cuda::graph_pool_handle();  // the pool is gone with it
+        pool.renew_if_unused();  // the released pool is gone unless a kept graph holds it
         step.out = Result();
         replay_ = false;
         TORCH_WARN_ONCE("seqkernels.convlstm: capturing a step convolution in a CUDA graph failed (", e.what(),
