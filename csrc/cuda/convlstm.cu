@@ -50,7 +50,6 @@ struct CudaMath {
 // tile in shared memory and is written (read) with threadIdx.x along pixels.
 constexpr int kTile = 32;
 constexpr int kRows = 8;
-static_assert(kTile % kRows == 0, "a thread takes kTile / kRows whole rows of a tile");
 
 struct TileGrid {
   int64_t pixel_tiles;
@@ -81,44 +80,27 @@ __global__ void __launch_bounds__(kTile* kRows)
     const int64_t p0 = pt * kTile;
     if (int(blockIdx.y) < gate_tiles) {
       const int64_t c0 = int64_t(blockIdx.y) * kTile, c_idx = c0 + tx;
-      // A thread's kRowsPerThread pixels: every load first, then the math and the stores, so that
-      // all the loads are in flight at once (the stores could alias them for the compiler; one
-      // pixel at a time, each pixel's loads waited for the last pixel's stores: the inference
-      // pass ran at ~2.3 TB/s on the H100).
-      constexpr int kRowsPerThread = kTile / kRows;
-      LstmGates<acc_t> pre[kRowsPerThread];
-      acc_t c_prev[kRowsPerThread];
-      Peephole<acc_t> w[kRowsPerThread];
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const int64_t pixel = p0 + ty + r * kRows;
-        if (pixel >= pixels || c_idx >= C) continue;
-        const int64_t z = pixel * G + c_idx;
-        // All four pre-activations are read before any gate is written over them (training).
-        pre[r] = {acc_t(s.z[z]), acc_t(s.z[z + C]), acc_t(s.z[z + 2 * C]), acc_t(s.z[z + 3 * C])};
-        if constexpr (kAdd) {  // training: w_hh * h_{t-1}; inference: the bias
-          const scalar_t* add = kTraining ? s.zh + pixel * G + c_idx : s.bias + c_idx;
-          pre[r].i += acc_t(add[0]);
-          pre[r].f += acc_t(add[C]);
-          pre[r].g += acc_t(add[2 * C]);
-          pre[r].o += acc_t(add[3 * C]);
-        }
-        w[r] = {};
-        if constexpr (kPeephole) {
-          const int64_t within = (pixel % P) * C + c_idx;
-          w[r] = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
-        }
-        c_prev[r] = acc_t(s.c_prev[pixel * C + c_idx]);
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const int k = ty + r * kRows;
+      for (int k = ty; k < kTile; k += kRows) {
         const int64_t pixel = p0 + k;
         if (pixel >= pixels || c_idx >= C) continue;
         const int64_t z = pixel * G + c_idx;
+        // All four pre-activations are read before any gate is written over them (training).
+        LstmGates<acc_t> pre{acc_t(s.z[z]), acc_t(s.z[z + C]), acc_t(s.z[z + 2 * C]), acc_t(s.z[z + 3 * C])};
+        if constexpr (kAdd) {  // training: w_hh * h_{t-1}; inference: the bias
+          const scalar_t* add = kTraining ? s.zh + pixel * G + c_idx : s.bias + c_idx;
+          pre.i += acc_t(add[0]);
+          pre.f += acc_t(add[C]);
+          pre.g += acc_t(add[2 * C]);
+          pre.o += acc_t(add[3 * C]);
+        }
+        Peephole<acc_t> w{};
+        if constexpr (kPeephole) {
+          const int64_t within = (pixel % P) * C + c_idx;
+          w = {acc_t(s.peep[within]), acc_t(s.peep[PC + within]), acc_t(s.peep[2 * PC + within])};
+        }
         LstmGates<acc_t> act;
         acc_t c, h;
-        convlstm_cell_forward<kPeephole, CudaMath<acc_t>>(pre[r], c_prev[r], w[r], act, c, h);
+        convlstm_cell_forward<kPeephole, CudaMath<acc_t>>(pre, acc_t(s.c_prev[pixel * C + c_idx]), w, act, c, h);
         s.h[pixel * s.h_stride + c_idx] = scalar_t(h);
         s.c[pixel * C + c_idx] = scalar_t(c);
         tile[k][tx] = scalar_t(h);
