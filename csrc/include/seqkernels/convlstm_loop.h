@@ -257,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   // the next, and writes the weight afresh in every call).
   typename Backend::template StepCall<Tensor> step_conv(s.T, step_key(training ? "train" : "infer", s, dtype));
   const int64_t h_channels = training ? s.C : s.Ci + s.C;  // pixel stride of the h buffer
-  const Tensor step_w = training ? step_conv.weights({w_hh}, staging) : step_conv.weights({w_ih, w_hh}, staging);
+  Tensor step_w = training ? step_conv.weights({w_hh}, staging) : step_conv.weights({w_ih, w_hh}, staging);
   Tensor h_buf = step_conv.buffer({s.B, s.H, s.W, h_channels}, x.options(), at::MemoryFormat::Contiguous);
   const Tensor h_in = nchw_view(h_buf);  // as the convolution's [B, channels, H, W] input
   staging.emplace_back(h_in.narrow(1, h_channels - s.C, s.C), h0);
@@ -271,7 +271,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> convlstm_
   const Tensor peep_nhwc = optional_staged_nhwc_buffer(peephole, staging);
   Backend::copy_all(staging);
   staging.clear();
-  typename Backend::Convolution step_weights(step_w, geom, P, ConvUse::kForward);
+  // Handed over, not held: the CPU's convolution keeps its own transformed kernel, and its
+  // concatenated weight (2 MB at the first benchmark shape) would otherwise outlive the loop.
+  typename Backend::Convolution step_weights(std::exchange(step_w, Tensor()), geom, P, ConvUse::kForward);
   Tensor y = at::empty({s.T, s.B, s.C, s.H, s.W}, x.options());
   // Training: [T·B, G, H, W] in NHWC memory, w_ih * x + bias of every frame; the steps overwrite
   // each step's pre-activations with its activated gates, the buffer saved for backward.
