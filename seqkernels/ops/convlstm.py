@@ -108,10 +108,10 @@ def convlstm(
         for name, w in zip(("w_ci", "w_cf", "w_co"), peephole_weights):
             _check_tensor(w, (C, H, W), name, "(C, H, W)", x)
         peephole = torch.stack(tuple(peephole_weights))
-    if h0 is None and c0 is None:  # one allocation and one fill for both (~10 us of host time on a GPU)
-        h0, c0 = x.new_zeros(2, B, C, H, W).unbind(0)
-    h0 = x.new_zeros(B, C, H, W) if h0 is None else h0
-    c0 = x.new_zeros(B, C, H, W) if c0 is None else c0
+    if h0 is None or c0 is None:  # one allocation and one fill for the zero states (~10 us of host time on a GPU)
+        zeros = x.new_zeros(2, B, C, H, W)
+        h0 = zeros[0] if h0 is None else h0
+        c0 = zeros[1] if c0 is None else c0
     if T == 0 or B == 0 or Ci == 0 or H == 0 or W == 0:  # nothing to run: the state passes through
         return x.new_empty(T, B, C, H, W), (h0.clone(), c0.clone())
     if bias_ih is None or bias_hh is None:
