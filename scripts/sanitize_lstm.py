@@ -187,6 +187,17 @@ def sweep(gen, backend: str) -> int:
                     ok, line = run_case(dtype, False, reverse, True, True, batch_sizes, I, H, gen)
                 failures += not ok
                 print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
+    if backend == "cublas":
+        # Equal batch sizes and T >= 16: the cuBLAS loop replays its steps from a kept CUDA graph
+        # (csrc/cuda/lstm.cu; T = 36: two 16-step chunks and four eager steps); H = 8 vectorised,
+        # H = 5 scalar; each case twice.
+        for dtype, reverse, training, (B, H) in itertools.product(
+            [torch.float64, torch.float32, torch.bfloat16], [False, True], [True, False], [(3, 8), (2, 5)]
+        ):
+            for _ in range(2):
+                ok, line = run_case(dtype, False, reverse, training, True, [B] * 36, 4, H, gen)
+                failures += not ok
+                print(line, flush=True)
     if backend == "fused":
         # 2 units per block (H = 64, 40: a K tail), 8 (H = 1024), several m16 tiles (B = 17, 33),
         # two batch blocks of 8 tiles (B = 140), packed and both directions; bf16 and TF32.

@@ -18,6 +18,7 @@ Shape legend: T steps, B batch, I input, H hidden, G = 4H, N packed rows.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -490,3 +491,149 @@ def test_backends_agree_on_the_env_default(monkeypatch):
             outs["unset"] = model(x)[0]
         assert torch.equal(outs["auto"], outs["persistent"]) and torch.equal(outs["unset"], outs["persistent"])
         assert os.environ.get("SEQKERNELS_LSTM_BACKEND") is None
+
+
+# --------------------------------------------------------------------------------------
+# The cuBLAS loop replayed from CUDA graphs (csrc/cuda/lstm.cu, ReplayedSteps)
+# --------------------------------------------------------------------------------------
+# With equal batch sizes, no projection and T >= 16, the cuBLAS loop captures 16 steps into a
+# CUDA graph, keeps it for later calls of the same sizes and W_hh, and runs the T % 16 steps
+# left over eagerly. T = 37: two replayed chunks and five eager steps.
+REPLAY_T = 37
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("B,H,bias", [(1, 7, True), (3, 64, False), (16, 256, True)])
+def test_replayed_cublas_loop_matches_reference(monkeypatch, precision, B, H, bias, reverse):
+    """Two calls of each case (the first captures the chunk, the second replays the kept one),
+    outputs and every gradient against the float64 reference. H = 7: the scalar kernels."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    for call in range(2):
+        compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=bias, precision=precision,
+                      seed=B * 100 + H + call, what=f"replayed cuBLAS loop, call {call}")
+
+
+def _replay_names(fn) -> set[str]:
+    return {n for n in kernel_names(fn) if "replay" in n}
+
+
+def test_replayed_cublas_loop_is_taken(monkeypatch):
+    """Equal batch sizes and T >= 16 replay; a ragged PackedSequence, a projection and T < 16
+    run the plain loop."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    names = _replay_names(_train_call(torch.float32, 4, 32, T=20))
+    assert any("lstm_forward_replay_step_kernel" in n for n in names), names
+    assert any("lstm_backward_replay_step_kernel" in n for n in names), names
+    assert not _replay_names(_train_call(torch.float32, 4, 32, T=15))
+    assert not _replay_names(_train_call(torch.float32, 4, 32, T=20, proj_size=16))
+    torch.manual_seed(0)
+    model = seqkernels.LSTM(8, 16).cuda()
+    x = torch.randn(20, 3, 8, device="cuda")
+    packed = pack_padded_sequence(x, torch.tensor([20, 20, 19]), enforce_sorted=True)
+    with torch.no_grad():
+        assert not _replay_names(lambda: model(packed))
+
+
+def test_replayed_cublas_loop_across_calls_and_streams(monkeypatch):
+    """Kept chunks must see each call's own input, state and weights: weights changed in place
+    (load_state_dict: the same addresses, so the same kept graph reads the new values), other
+    models of the same sizes (other W_hh addresses: other keys), a side stream, more keys than
+    are kept (16 per thread: the least recently used dropped and captured again), and
+    seqkernels.release_step_graphs(). Every call trains (forward + backward) against nn.LSTM on
+    the CPU in float64 with the same weights."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    side = torch.cuda.Stream()
+    T, B, I, H = 21, 3, 6, 32
+    models = {}
+
+    def call(key, seed, stream=None, new_values=False):
+        torch.manual_seed(seed)
+        if key not in models or new_values:
+            values = nn.LSTM(I, H).double().state_dict()
+            models.setdefault(key, seqkernels.LSTM(I, H).double().cuda()).load_state_dict(values)
+        model = models[key]
+        ref = nn.LSTM(I, H).double()
+        ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+        inputs = [torch.randn(T, B, I, dtype=torch.float64), torch.randn(1, B, H, dtype=torch.float64),
+                  torch.randn(1, B, H, dtype=torch.float64)]
+        upstream = [torch.randn(T, B, H, dtype=torch.float64), torch.randn(1, B, H, dtype=torch.float64),
+                    torch.randn(1, B, H, dtype=torch.float64)]
+
+        def run(m, device):
+            x, h0, c0 = (t.to(device).requires_grad_(True) for t in inputs)
+            y, (h, c) = m(x, (h0, c0))
+            loss = sum((o * u.to(device)).sum() for o, u in zip((y, h, c), upstream))
+            grads = torch.autograd.grad(loss, [x, h0, c0] + list(m.parameters()))
+            return [o.detach().cpu() for o in (y, h, c)] + [g.cpu() for g in grads]
+
+        expected = run(ref, "cpu")
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            got = run(model, "cuda")
+        torch.cuda.synchronize()
+        for i, (g, e) in enumerate(zip(got, expected)):
+            err = max_abs(g - e)
+            assert err <= 1e-10 * max(1.0, max_abs(e)), f"call {seed} (model {key}) result {i}: error {err:.3g}"
+
+    call(0, 1)
+    call(0, 2)
+    call(0, 3, new_values=True)
+    call(0, 4, stream=side)
+    call(1, 5)
+    for k in range(2, 20):  # past the 16 kept keys
+        call(k, 10 + k)
+    call(0, 40)
+    seqkernels.release_step_graphs()
+    call(0, 41)
+    call(1, 42, stream=side)
+
+
+def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch):
+    """The kept state buffers of a replayed forward and backward (autograd's device thread)
+    go back to PyTorch's allocator: freed bytes >= forward (h, c, rec) + backward (dh, dc, dG)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    seqkernels.release_step_graphs()
+    B, H = 8, 128
+    run = _train_call(torch.float32, B, H, T=32)
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    seqkernels.release_step_graphs()
+    torch.cuda.synchronize()
+    freed = before - torch.cuda.memory_allocated()
+    f32 = 4
+    kept = (B * H * 2 + B * 4 * H) * f32 * 2
+    assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
+
+
+@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16"])
+def test_replayed_cublas_loop_inside_a_users_cuda_graph(monkeypatch, precision_name):
+    """A caller's own CUDA graph holds the plain loop (the replayed one is skipped while the
+    stream captures); its replays agree with eager calls, which replay kept chunks."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    with _Precision(precision_name):
+        dtype = DTYPE[precision_name]
+        torch.manual_seed(13)
+        model = seqkernels.LSTM(48, 48, bidirectional=True).to(device="cuda", dtype=dtype)
+        check_cuda_graph_replays(model, torch.randn(REPLAY_T, 4, 48, device="cuda", dtype=dtype))
+
+
+@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float64"])
+def test_replayed_cublas_loop_bitwise_deterministic(monkeypatch, precision_name):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    with _Precision(precision_name):
+        dtype = DTYPE[precision_name]
+        torch.manual_seed(17)
+        model = seqkernels.LSTM(40, 40, bidirectional=True).to(device="cuda", dtype=dtype)
+        x = torch.randn(REPLAY_T, 5, 40, device="cuda", dtype=dtype)
+
+        def once():
+            model.zero_grad(set_to_none=True)
+            xx = x.clone().requires_grad_(True)
+            y, (h, c) = model(xx)
+            (y.float().sum() + h.float().square().sum()).backward()
+            return [y, h, c, xx.grad] + [p.grad for p in model.parameters()]
+
+        first, second, third = once(), once(), once()
+        for a, b, c in zip(first, second, third):
+            assert torch.equal(a, b) and torch.equal(b, c)

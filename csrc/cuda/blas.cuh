@@ -218,12 +218,29 @@ class StepGemm {
         workspace_(at::cuda::getCUDABlasLtWorkspace()),
         workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()),
         stream_(at::cuda::getCurrentCUDAStream()) {}
+  // With a workspace of the caller's: a GEMM captured into a CUDA graph that outlives the call
+  // (the replayed LSTM loop, lstm.cu) must not hold PyTorch's per-stream workspace, which
+  // PyTorch may free or hand to other work in the meantime.
+  StepGemm(const BlasContext& ctx, Trans ta, Trans tb, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc,
+           void* workspace, size_t workspace_bytes)
+      : ctx_(ctx), ta_(ta), tb_(tb), N_(N), K_(K), lda_(lda), ldb_(ldb), ldc_(ldc),
+        lt_(at::cuda::getCurrentCUDABlasLtHandle()), workspace_(workspace), workspace_bytes_(workspace_bytes),
+        stream_(at::cuda::getCurrentCUDAStream()) {}
   ~StepGemm() {
     for (Plan& p : plans_) p.destroy();
   }
   StepGemm(const StepGemm&) = delete;
   StepGemm& operator=(const StepGemm&) = delete;
 
+  // Whether cuBLASLt has an algorithm for these operands. Without one, operator() runs gemm(),
+  // on the stream the BlasContext's handle was bound to, which a capture on another stream
+  // must not meet.
+  bool has_plan(int64_t M, const AB* A, const AB* B, const CT* C) {
+    return plan_for(M, detail::row_alignment(A, lda_ * int64_t(sizeof(AB))),
+                    detail::row_alignment(B, ldb_ * int64_t(sizeof(AB))),
+                    detail::row_alignment(C, ldc_ * int64_t(sizeof(CT))))
+        .found;
+  }
   void operator()(int64_t M, Scale alpha, const AB* A, const AB* B, Scale beta, CT* C) {
     if (M == 0 || N_ == 0) return;
     const Plan& plan = plan_for(M, detail::row_alignment(A, lda_ * int64_t(sizeof(AB))),

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "lstm_loop.cuh"
 #include "seqkernels/convlstm_cell.h"
 #include "seqkernels/convlstm_loop.h"
 
@@ -608,9 +609,10 @@ class StepGraph {
 };
 
 // Drops every thread's kept step graphs and their buffers, on every device (waiting for a loop
-// that is using them to end): seqkernels.release_step_graphs(). Their memory goes back to
-// PyTorch's caching allocator.
+// that is using them to end), the LSTM's replayed loops' too: seqkernels.release_step_graphs().
+// Their memory goes back to PyTorch's caching allocator.
 void release_step_graphs() {
+  cuda::release_lstm_step_graphs();
   StepGraphPools& registry = all_step_graph_pools();
   const std::lock_guard<std::mutex> registered(registry.mutex);
   for (StepGraphPool* pool : registry.all) {

@@ -47,16 +47,24 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
+#include <vector>
 
 #include "blas.cuh"
 #include "lstm_device.cuh"
@@ -129,9 +137,12 @@ __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const sc
 
 // One forward time step, fused: bias, gate nonlinearities, cell update, output. A thread owns
 // V consecutive hidden units j of one batch row b (V = 4: 16-byte loads of the fp32 data).
-template <class scalar_t, class acc_t, int V, bool kTraining>
-__global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
-    const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ + h_{t-1}·W_hhᵀ (no bias), gate blocks i, f, g, o
+// kRec: the recurrent product is in `rec` ([bt, G], the replayed loop's fixed GEMM output)
+// rather than already added into `pre`.
+template <class scalar_t, class acc_t, int V, bool kTraining, bool kRec>
+__device__ __forceinline__ void forward_step_rows(
+    const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ (+ h_{t-1}·W_hhᵀ unless kRec), no bias; gates i, f, g, o
+    const acc_t* __restrict__ rec,   // [bt, G] h_{t-1}·W_hhᵀ (kRec), else unused
     const scalar_t* __restrict__ b_ih,  // [G] input-hidden bias, or nullptr without bias
     const scalar_t* __restrict__ b_hh,  // [G] hidden-hidden bias (with b_ih)
     acc_t* __restrict__ cbuf,        // [B, H] rows [0, bt): c_{t-1} on entry, c_t on exit
@@ -148,10 +159,22 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
     const int64_t b = idx / HV;
     const int64_t j = (idx - b * HV) * V;
     const acc_t* p = pre + b * G + j;
-    const Vec<acc_t, V> pi = load_vec<V>(p);
-    const Vec<acc_t, V> pf = load_vec<V>(p + H);
-    const Vec<acc_t, V> pg = load_vec<V>(p + 2 * H);
-    const Vec<acc_t, V> po = load_vec<V>(p + 3 * H);
+    Vec<acc_t, V> pi = load_vec<V>(p);
+    Vec<acc_t, V> pf = load_vec<V>(p + H);
+    Vec<acc_t, V> pg = load_vec<V>(p + 2 * H);
+    Vec<acc_t, V> po = load_vec<V>(p + 3 * H);
+    if constexpr (kRec) {
+      const acc_t* r = rec + b * G + j;
+      const Vec<acc_t, V> ri = load_vec<V>(r), rf = load_vec<V>(r + H), rg = load_vec<V>(r + 2 * H),
+                          ro = load_vec<V>(r + 3 * H);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        pi.v[k] += ri.v[k];
+        pf.v[k] += rf.v[k];
+        pg.v[k] += rg.v[k];
+        po.v[k] += ro.v[k];
+      }
+    }
     Vec<acc_t, V> c = load_vec<V>(cbuf + b * H + j);
     const Vec<acc_t, V> bi = bias_vec<V>(b_ih, b_hh, j), bf = bias_vec<V>(b_ih, b_hh, H + j),
                         bg = bias_vec<V>(b_ih, b_hh, 2 * H + j), bo = bias_vec<V>(b_ih, b_hh, 3 * H + j);
@@ -186,6 +209,16 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
   }
 }
 
+// The cuBLAS loop's forward step: forward_step_rows on the step's rows.
+template <class scalar_t, class acc_t, int V, bool kTraining>
+__global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
+    const acc_t* __restrict__ pre, const scalar_t* __restrict__ b_ih, const scalar_t* __restrict__ b_hh,
+    acc_t* __restrict__ cbuf, scalar_t* __restrict__ gates, scalar_t* __restrict__ cells,
+    scalar_t* __restrict__ m_out, scalar_t* __restrict__ hbuf, int64_t bt, int64_t H) {
+  forward_step_rows<scalar_t, acc_t, V, kTraining, false>(pre, nullptr, b_ih, b_hh, cbuf, gates, cells, m_out, hbuf,
+                                                          bt, H);
+}
+
 // Projection, backward: dh = dhbuf + grad_y of one step, rounded to scalar_t (it is both the
 // A operand of dm = dh·W_hr and a row block of dHtot for grad_w_hr).
 template <class scalar_t, class acc_t>
@@ -201,9 +234,10 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
 
 // One backward time step, fused: gradients of the pre-activations, of c_{t-1}, the
 // recomputed m_t (projection), and the gathered h_{t-1} rows (for grad_w_hh). A thread owns V
-// consecutive hidden units of one batch row; with projection V = 1.
-template <class scalar_t, class acc_t, int V, bool kProj>
-__global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
+// consecutive hidden units of one batch row; with projection V = 1. kCopy: dG is also written
+// to dG_copy ([bt, G], the replayed loop's fixed operand of the step's dh GEMM).
+template <class scalar_t, class acc_t, int V, bool kProj, bool kCopy>
+__device__ __forceinline__ void backward_step_rows(
     const scalar_t* __restrict__ gates,       // [bt, G] activated gates i, f, g, o of step t
     const scalar_t* __restrict__ cells,       // [bt, H] c_t of step t
     const scalar_t* __restrict__ prev_cells,  // [n_prev, H] c_{t-1} of rows b < n_prev (cells rows of the previous-state step)
@@ -215,6 +249,7 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
     const acc_t* __restrict__ dh_in,          // !kProj: [B, Hout] dhbuf rows [0, bt); kProj: [B, H] dm = dh·W_hr rows [0, bt)
     acc_t* __restrict__ dcbuf,                // [B, H] rows [0, bt): dL/dc_t on entry, dL/dc_{t-1} on exit
     scalar_t* __restrict__ dG,                // [bt, G] out: dL/d(pre-activations) of step t
+    scalar_t* __restrict__ dG_copy,           // [bt, G] out (kCopy): dG again; unused otherwise
     scalar_t* __restrict__ m_out,             // [bt, H] out (kProj): recomputed m_t; unused otherwise
     scalar_t* __restrict__ hprev,             // [bt, Hout] out: h_{t-1} of every row of step t
     int64_t bt,                               // rows of this step
@@ -266,6 +301,13 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
     store_vec<V>(d + H, df);
     store_vec<V>(d + 2 * H, dg);
     store_vec<V>(d + 3 * H, dout);
+    if constexpr (kCopy) {
+      scalar_t* d2 = dG_copy + b * G + j;
+      store_vec<V>(d2, di);
+      store_vec<V>(d2 + H, df);
+      store_vec<V>(d2 + 2 * H, dg);
+      store_vec<V>(d2 + 3 * H, dout);
+    }
     const scalar_t* hsrc = cont ? prev_y + b * Hout : h0 + b * Hout;
     if constexpr (kProj) {
       static_assert(V == 1, "the projection path moves single elements");
@@ -275,6 +317,112 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
     } else {
       store_vec<V>(hprev + b * Hout + j, load_vec<V>(hsrc + j));
     }
+  }
+}
+
+// The cuBLAS loop's backward step: backward_step_rows on the step's rows.
+template <class scalar_t, class acc_t, int V, bool kProj>
+__global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
+    const scalar_t* __restrict__ gates, const scalar_t* __restrict__ cells, const scalar_t* __restrict__ prev_cells,
+    const scalar_t* __restrict__ prev_y, int64_t n_prev, const scalar_t* __restrict__ h0,
+    const scalar_t* __restrict__ c0, const scalar_t* __restrict__ grad_y, const acc_t* __restrict__ dh_in,
+    acc_t* __restrict__ dcbuf, scalar_t* __restrict__ dG, scalar_t* __restrict__ m_out,
+    scalar_t* __restrict__ hprev, int64_t bt, int64_t H, int64_t Hout) {
+  backward_step_rows<scalar_t, acc_t, V, kProj, false>(gates, cells, prev_cells, prev_y, n_prev, h0, c0, grad_y,
+                                                       dh_in, dcbuf, dG, nullptr, m_out, hprev, bt, H, Hout);
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels of the replayed cuBLAS loop (ReplayedSteps below)
+// ---------------------------------------------------------------------------------------
+
+// What a replayed step reads of its call. One captured graph serves every call of its key, so
+// the per-call pointers cannot be kernel arguments: replay_prologue_kernel writes them into
+// the kept entry's device memory at the start of each call. `step` is the processing step the
+// next chunk starts at; each chunk's last node advances it.
+template <class scalar_t, class acc_t>
+struct ForwardReplayArgs {
+  const acc_t* pre;       // [N, G] x·W_ihᵀ, no bias
+  const scalar_t* b_ih;   // [G] or nullptr
+  const scalar_t* b_hh;   // [G] or nullptr
+  scalar_t* gates;        // [N, G] out (training)
+  scalar_t* cells;        // [N, H] out (training)
+  scalar_t* y;            // [N, H] out
+  int64_t T;
+  int64_t step;
+  bool reverse;           // the layer's direction: step s is time T - 1 - s
+};
+
+template <class scalar_t>
+struct BackwardReplayArgs {
+  const scalar_t* gates;   // [N, G] saved activated gates
+  const scalar_t* cells;   // [N, H] saved c_t
+  const scalar_t* y;       // [N, H] the forward's outputs (h_t)
+  const scalar_t* grad_y;  // [N, H]
+  const scalar_t* h0;      // [B, H]
+  const scalar_t* c0;      // [B, H]
+  scalar_t* dG;            // [N, G] out
+  scalar_t* hprev;         // [N, H] out
+  int64_t T;
+  int64_t step;
+  bool reverse;            // the layer's direction (the backward walks it the other way)
+};
+
+// Step k of a chunk: forward_step_rows on the B rows of time t, the recurrent product in rec.
+template <class scalar_t, class acc_t, int V, bool kTraining>
+__global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
+    const ForwardReplayArgs<scalar_t, acc_t>* __restrict__ args, int k,
+    const acc_t* __restrict__ rec,  // [B, G] h_{t-1}·W_hhᵀ
+    acc_t* __restrict__ cbuf,       // [B, H] c_{t-1} on entry, c_t on exit
+    scalar_t* __restrict__ hbuf,    // [B, H] out: h_t (the next step's GEMM operand)
+    int64_t B, int64_t H) {
+  const ForwardReplayArgs<scalar_t, acc_t> a = *args;
+  const int64_t step = a.step + k;
+  const int64_t t = a.reverse ? a.T - 1 - step : step;
+  const int64_t off = t * B, G = 4 * H;
+  forward_step_rows<scalar_t, acc_t, V, kTraining, true>(a.pre + off * G, rec, a.b_ih, a.b_hh, cbuf,
+                                                         kTraining ? a.gates + off * G : nullptr,
+                                                         kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf,
+                                                         B, H);
+}
+
+// Step k of a backward chunk: backward_step_rows on the B rows of time t; dG also to dG_step,
+// the fixed operand of the step's dh GEMM.
+template <class scalar_t, class acc_t, int V>
+__global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
+    const BackwardReplayArgs<scalar_t>* __restrict__ args, int k,
+    const acc_t* __restrict__ dhbuf,  // [B, H] dL/dh_t from the later step (or grad_h_n)
+    acc_t* __restrict__ dcbuf,        // [B, H] dL/dc_t on entry, dL/dc_{t-1} on exit
+    scalar_t* __restrict__ dG_step,   // [B, G] out: this step's dG
+    int64_t B, int64_t H) {
+  const BackwardReplayArgs<scalar_t> a = *args;
+  const int64_t step = a.step + k;
+  const int64_t t = a.reverse ? step : a.T - 1 - step;
+  // The step whose state time t started from (previous_step() for equal batch sizes).
+  const bool has_prev = a.reverse ? t + 1 < a.T : t > 0;
+  const int64_t prev_off = (a.reverse ? t + 1 : t - 1) * B;
+  const int64_t off = t * B, G = 4 * H;
+  backward_step_rows<scalar_t, acc_t, V, false, true>(
+      a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
+      has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dcbuf,
+      a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H);
+}
+
+// A chunk's last node: the next chunk starts `steps` later.
+__global__ void replay_advance_kernel(int64_t* step, int64_t steps) { *step += steps; }
+
+// A replayed call's first launch: its arguments into the kept entry, and the two recurrent
+// states (forward: h0 and c0; backward: grad_h_n and grad_c_n) into the kept state buffers.
+template <class Args, class scalar_t, class h_t, class c_t>
+__global__ void __launch_bounds__(kThreads) replay_prologue_kernel(Args* __restrict__ args_out, Args args,
+                                                                   const scalar_t* __restrict__ h_in,
+                                                                   h_t* __restrict__ h_out,
+                                                                   const scalar_t* __restrict__ c_in,
+                                                                   c_t* __restrict__ c_out, int64_t count) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *args_out = args;
+  for (int64_t i = global_thread(); i < count; i += global_stride()) {
+    h_out[i] = static_cast<h_t>(h_in[i]);
+    c_out[i] = static_cast<c_t>(c_in[i]);
   }
 }
 
@@ -289,6 +437,410 @@ void check_on_cuda(const Tensor& x, const char* op) {
 
 template <class scalar_t>
 using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+// ---------------------------------------------------------------------------------------
+// The cuBLAS loop replayed from CUDA graphs
+// ---------------------------------------------------------------------------------------
+//
+// Eager, the cuBLAS loop is host-bound at small batches: a cuBLASLt call and a kernel launch
+// cost 9-19 µs of host time per step on an H100 host, against 5-12 µs of device time per step
+// (the same loop inside a CUDA graph) and cuDNN's ~10 µs (docs/benchmarks.md). So where it
+// applies, a call captures kReplaySteps steps (per step the recurrent GEMM and the gate
+// kernel) into one CUDA graph once, keeps it for later calls of the same key, and launches it
+// T / kReplaySteps times; the remaining T % kReplaySteps steps run eagerly with the same kernels.
+// A captured graph fixes its pointers, so:
+//  - the step GEMMs read and write kept buffers (forward: h_{t-1} -> rec = h_{t-1}·W_hhᵀ, the
+//    gate kernel adding rec to pre[rows]; backward: dG_step -> dh), and W_hh's address is part
+//    of the key (its values are read at replay, so updated weights are seen);
+//  - the step kernels read the call's pointers (pre, y, gates, ...) and the step counter from
+//    kept device memory that the call's first launch writes (ForwardReplayArgs), and each
+//    chunk ends with a one-thread kernel that advances the counter.
+// It applies without projection, with equal batch sizes (no ragged PackedSequence), T >=
+// kReplaySteps, and when the caller is not capturing a CUDA graph itself (its graph holds the
+// plain loop then). Nothing is allocated inside a capture, so it also runs with the caching
+// allocator off (compute-sanitizer).
+constexpr int kReplaySteps = 16;
+
+bool replay_applies(const LstmSizes& s) {
+  return s.P == 0 && s.B > 0 && s.H > 0 && s.T >= kReplaySteps && s.batch_sizes[s.T - 1] == s.B &&
+         c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
+}
+
+// One key's captured chunk and the buffers it reads and writes.
+struct ReplayEntry {
+  std::vector<Tensor> buffers;            // made at the key's first call, in the order the loop asks
+  cudaStream_t buffers_stream = nullptr;  // the stream they were allocated on
+  cudaGraphExec_t chunk = nullptr;        // kReplaySteps steps and the counter's advance
+  bool capture_failed = false;            // then the plain loop runs, for every call of the key
+  uint64_t last_use = 0;
+
+  void release() {
+    // An in-flight launch completes first: cudaGraphExecDestroy frees it asynchronously.
+    if (chunk != nullptr) (void)cudaGraphExecDestroy(chunk);
+    chunk = nullptr;
+    buffers.clear();
+  }
+};
+
+// The replayed loops of one thread on one device. `done`, recorded on the stream of the last
+// call, orders a call on another stream after it (the kept buffers and the shared workspace
+// are reused). Never freed (a thread's map only forgets it): see release_lstm_step_graphs().
+struct ReplayPool {
+  static constexpr size_t kKept = 16;  // entries, the least recently used dropped
+  c10::DeviceIndex device;
+  c10::cuda::CUDAStream capture_stream;
+  std::mutex mutex;  // held by a call using the pool, and by release_lstm_step_graphs()
+  cudaEvent_t done = nullptr;
+  cudaStream_t done_stream = nullptr;  // nullptr until a call has recorded `done`
+  Tensor workspace;                    // cuBLASLt workspace of every captured GEMM
+  std::vector<cudaStream_t> workspace_streams;
+  std::unordered_map<std::string, ReplayEntry> entries;
+  uint64_t uses = 0;
+
+  ReplayEntry& entry(const std::string& key) {
+    ReplayEntry& e = entries[key];
+    e.last_use = ++uses;
+    if (entries.size() > kKept) {
+      auto oldest = entries.end();
+      for (auto it = entries.begin(); it != entries.end(); ++it) {
+        if (&it->second != &e && (oldest == entries.end() || it->second.last_use < oldest->second.last_use)) {
+          oldest = it;
+        }
+      }
+      oldest->second.release();
+      entries.erase(oldest);
+    }
+    return e;
+  }
+
+  void release_all() {
+    for (auto& kv : entries) kv.second.release();
+    entries.clear();
+    workspace = Tensor();
+    workspace_streams.clear();
+  }
+};
+
+struct ReplayPools {
+  std::mutex mutex;
+  std::vector<ReplayPool*> all;
+};
+
+ReplayPools& all_replay_pools() {
+  static auto* pools = new ReplayPools();  // never destroyed, like the pools
+  return *pools;
+}
+
+ReplayPool& replay_pool(c10::DeviceIndex device) {
+  thread_local std::unordered_map<c10::DeviceIndex, ReplayPool*> pools;
+  auto it = pools.find(device);
+  if (it == pools.end()) {
+    // A stream of its own: a pool stream may carry another thread's work, which a capture
+    // on it would take in.
+    cudaStream_t capture_stream = nullptr;
+    {
+      const c10::cuda::CUDAGuard on_device(device);
+      C10_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
+    }
+    auto* pool = new ReplayPool{device, c10::cuda::getStreamFromExternal(capture_stream, device)};
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&pool->done, cudaEventDisableTiming));
+    ReplayPools& registry = all_replay_pools();
+    const std::lock_guard<std::mutex> registered(registry.mutex);
+    registry.all.push_back(pool);
+    it = pools.emplace(device, pool).first;
+  }
+  return *it->second;
+}
+
+// The kept entry a replayed call uses, for the call's duration (the pool locked).
+class ReplayedSteps {
+ public:
+  explicit ReplayedSteps(const std::string& key)
+      : device_(c10::cuda::current_device()),
+        pool_(&replay_pool(device_)),
+        lock_(pool_->mutex),
+        stream_(c10::cuda::getCurrentCUDAStream(device_)),
+        entry_(&pool_->entry(key)) {
+    if (pool_->done_stream != nullptr && pool_->done_stream != stream_.stream()) {
+      C10_CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), pool_->done, 0));
+    }
+  }
+  ReplayedSteps(const ReplayedSteps&) = delete;
+  ReplayedSteps& operator=(const ReplayedSteps&) = delete;
+  ~ReplayedSteps() {
+    C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, stream_.stream()));
+    pool_->done_stream = stream_.stream();
+  }
+
+  bool capture_failed() const { return entry_->capture_failed; }
+  bool captured() const { return entry_->chunk != nullptr; }
+  cudaStream_t stream() const { return stream_.stream(); }
+  const c10::cuda::CUDAStream& capture_stream() const { return pool_->capture_stream; }
+
+  // The entry's index-th buffer (the same sizes for every call of a key).
+  Tensor buffer(size_t index, at::IntArrayRef sizes, const at::TensorOptions& options) {
+    if (index == entry_->buffers.size()) {
+      if (index == 0) entry_->buffers_stream = stream_.stream();
+      entry_->buffers.push_back(at::empty(sizes, options));
+    }
+    TORCH_INTERNAL_ASSERT(index < entry_->buffers.size() && entry_->buffers[index].sizes() == sizes,
+                          "seqkernels.lstm: a replayed loop's buffers are asked for out of order");
+    const Tensor& b = entry_->buffers[index];
+    // Used on another stream than its own: the caching allocator must not hand the block to its
+    // own stream's next allocation before this stream's work on it is done.
+    if (stream_.stream() != entry_->buffers_stream) {
+      c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream_);
+    }
+    return b;
+  }
+
+  // The pool's cuBLASLt workspace (PyTorch's size), for GEMMs captured into a chunk.
+  void* workspace() {
+    if (!pool_->workspace.defined()) {
+      pool_->workspace = at::empty({static_cast<int64_t>(at::cuda::getCUDABlasLtWorkspaceSize())},
+                                   at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
+      pool_->workspace_streams = {c10::cuda::getCurrentCUDAStream(device_).stream()};  // where it was allocated
+    }
+    if (std::find(pool_->workspace_streams.begin(), pool_->workspace_streams.end(), stream_.stream()) ==
+        pool_->workspace_streams.end()) {
+      c10::cuda::CUDACachingAllocator::recordStream(pool_->workspace.storage().data_ptr(), stream_);
+      pool_->workspace_streams.push_back(stream_.stream());
+    }
+    return pool_->workspace.data_ptr();
+  }
+  size_t workspace_bytes() const { return static_cast<size_t>(pool_->workspace.numel()); }
+
+  // Captures one chunk: `record` issues it on the current stream, which must be
+  // capture_stream(). False, with a warning and the plain loop for the key from then on, if
+  // the capture fails.
+  template <class F>
+  bool capture(F&& record) {
+    const cudaStream_t cs = pool_->capture_stream.stream();
+    TORCH_INTERNAL_ASSERT(c10::cuda::getCurrentCUDAStream(device_).stream() == cs);
+    // Thread-local: other threads' CUDA calls do not invalidate this capture.
+    C10_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      record();
+    } catch (const std::exception& e) {  // leave the stream as it was
+      (void)cudaStreamEndCapture(cs, &graph);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      fail(e.what());
+      return false;
+    }
+    C10_CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(cudaGetErrorString(status));
+      return false;
+    }
+    entry_->chunk = exec;
+    return true;
+  }
+
+  // No cuBLASLt algorithm for a step GEMM, or a failed capture: the plain loop for this key.
+  void fail(const char* why) {
+    entry_->release();
+    entry_->capture_failed = true;
+    TORCH_WARN_ONCE("seqkernels.lstm: replaying the cuBLAS loop's steps from a CUDA graph failed (", why,
+                    "); those calls run the steps directly");
+  }
+
+  void launch_chunks(int64_t chunks) {
+    for (int64_t i = 0; i < chunks; ++i) C10_CUDA_CHECK(cudaGraphLaunch(entry_->chunk, stream_.stream()));
+  }
+
+ private:
+  c10::DeviceIndex device_;
+  ReplayPool* pool_;
+  std::unique_lock<std::mutex> lock_;
+  c10::cuda::CUDAStream stream_;
+  ReplayEntry* entry_;
+};
+
+// What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
+// sizes, mode, TF32, vector width, and W_hh's address.
+std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s, bool training, bool tf32,
+                       bool vec4) {
+  std::string key = pass;
+  key += ' ';
+  key += c10::toString(w_hh.scalar_type());
+  for (const int64_t v : {s.B, s.H, int64_t(training), int64_t(tf32), int64_t(vec4),
+                          static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))}) {
+    key += ' ';
+    key += num(v);
+  }
+  return key;
+}
+
+// The forward time loop replayed (see above); false, having launched nothing, where it does
+// not apply. Writes y, gates and cells (training) as the plain loop does, and h_n and c_n
+// (scalar_t) as new tensors.
+template <class scalar_t>
+bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, const cuda::BlasContext& blas,
+                           const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
+                           const Tensor& w_hh, const Tensor& h0, const Tensor& c0, scalar_t* y, scalar_t* gates,
+                           scalar_t* cells, Tensor& h_n, Tensor& c_n) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using sc_t = scale_t<scalar_t>;
+  using Args = ForwardReplayArgs<scalar_t, acc_t>;
+  if (!replay_applies(s)) return false;
+  const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
+  // pre, y, gates and cells come from the caching allocator; the state buffers are kept ones.
+  const bool vec4 = H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
+  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4));
+  if (replay.capture_failed()) return false;
+  const auto opts = h0.options();
+  const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
+  Tensor hbuf = replay.buffer(0, {B, H}, opts);
+  Tensor cbuf = replay.buffer(1, {B, H}, acc_opts);
+  Tensor rec = replay.buffer(2, {B, G}, acc_opts);
+  Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
+  scalar_t* hbuf_p = hbuf.data_ptr<scalar_t>();
+  acc_t* cbuf_p = cbuf.data_ptr<acc_t>();
+  acc_t* rec_p = rec.data_ptr<acc_t>();
+  auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
+  const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+
+  auto launch_step = [&](int k, cudaStream_t stream) {
+    const int V = vec4 ? 4 : 1;
+    const dim3 grid(blocks_for(B * H / V));
+    if (vec4 && training) {
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+    } else if (vec4) {
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, false><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+    } else if (training) {
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, true><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+    } else {
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, false><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+
+  if (!replay.captured()) {
+    const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
+    const cudaStream_t cs = replay.capture_stream().stream();
+    // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ
+    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, H, H, H, G,
+                                                         replay.workspace(), replay.workspace_bytes());
+    if (!recurrent_gemm.has_plan(B, hbuf_p, w_hh_p, rec_p)) {
+      replay.fail("no cuBLASLt algorithm for the step GEMM");
+      return false;
+    }
+    const bool ok = replay.capture([&] {
+      for (int k = 0; k < kReplaySteps; ++k) {
+        recurrent_gemm(B, sc_t(1), hbuf_p, w_hh_p, sc_t(0), rec_p);
+        launch_step(k, cs);
+      }
+      replay_advance_kernel<<<1, 1, 0, cs>>>(&args_p->step, kReplaySteps);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    if (!ok) return false;
+  }
+
+  const cudaStream_t stream = replay.stream();
+  const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse};
+  replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(args_p, call, h0.data_ptr<scalar_t>(), hbuf_p,
+                                                                     c0.data_ptr<scalar_t>(), cbuf_p, B * H);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  replay.launch_chunks(T / kReplaySteps);
+  if (T % kReplaySteps != 0) {
+    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, H, H, H, G);
+    for (int k = 0; k < T % kReplaySteps; ++k) {
+      recurrent_gemm(B, sc_t(1), hbuf_p, w_hh_p, sc_t(0), rec_p);
+      launch_step(k, stream);
+    }
+  }
+  h_n = hbuf.clone();
+  c_n = cbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  return true;
+}
+
+// The backward time loop replayed (see above); false, having launched nothing, where it does
+// not apply. Fills dG and hprev as the plain loop does, and grad_h0 and grad_c0 (scalar_t) as
+// new tensors.
+template <class scalar_t>
+bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasContext& blas, const Tensor& w_hh,
+                            const scalar_t* gates, const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y,
+                            const Tensor& h0, const Tensor& c0, const Tensor& grad_h_n, const Tensor& grad_c_n,
+                            scalar_t* dG, scalar_t* hprev, Tensor& grad_h0, Tensor& grad_c0) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using sc_t = scale_t<scalar_t>;
+  using Args = BackwardReplayArgs<scalar_t>;
+  if (!replay_applies(s)) return false;
+  const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
+  const scalar_t* h0_p = h0.data_ptr<scalar_t>();
+  const scalar_t* c0_p = c0.data_ptr<scalar_t>();
+  // dG and hprev come from the caching allocator; the state buffers are kept ones.
+  const bool vec4 = H % 4 == 0 && aligned_for<4>(gates) && aligned_for<4>(cells) && aligned_for<4>(y) &&
+                    aligned_for<4>(grad_y) && aligned_for<4>(h0_p) && aligned_for<4>(c0_p);
+  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), vec4));
+  if (replay.capture_failed()) return false;
+  const auto opts = h0.options();
+  const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
+  Tensor dhbuf = replay.buffer(0, {B, H}, acc_opts);
+  Tensor dcbuf = replay.buffer(1, {B, H}, acc_opts);
+  Tensor dG_step = replay.buffer(2, {B, G}, opts);
+  Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
+  acc_t* dhbuf_p = dhbuf.data_ptr<acc_t>();
+  acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
+  scalar_t* dG_step_p = dG_step.data_ptr<scalar_t>();
+  auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
+  const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
+
+  auto launch_step = [&](int k, cudaStream_t stream) {
+    if (vec4) {
+      lstm_backward_replay_step_kernel<scalar_t, acc_t, 4>
+          <<<blocks_for(B * H / 4), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
+    } else {
+      lstm_backward_replay_step_kernel<scalar_t, acc_t, 1>
+          <<<blocks_for(B * H), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+
+  if (!replay.captured()) {
+    const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
+    const cudaStream_t cs = replay.capture_stream().stream();
+    // dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H]
+    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(blas, Trans::N, Trans::N, H, G, G, H, H,
+                                                              replay.workspace(), replay.workspace_bytes());
+    if (!recurrent_grad_gemm.has_plan(B, dG_step_p, w_hh_p, dhbuf_p)) {
+      replay.fail("no cuBLASLt algorithm for the step GEMM");
+      return false;
+    }
+    const bool ok = replay.capture([&] {
+      for (int k = 0; k < kReplaySteps; ++k) {
+        launch_step(k, cs);
+        recurrent_grad_gemm(B, sc_t(1), dG_step_p, w_hh_p, sc_t(0), dhbuf_p);
+      }
+      replay_advance_kernel<<<1, 1, 0, cs>>>(&args_p->step, kReplaySteps);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    if (!ok) return false;
+  }
+
+  const cudaStream_t stream = replay.stream();
+  const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
+  replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
+      args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, grad_c_n.data_ptr<scalar_t>(), dcbuf_p, B * H);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  replay.launch_chunks(T / kReplaySteps);
+  if (T % kReplaySteps != 0) {
+    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(blas, Trans::N, Trans::N, H, G, G, H, H);
+    for (int k = 0; k < T % kReplaySteps; ++k) {
+      launch_step(k, stream);
+      recurrent_grad_gemm(B, sc_t(1), dG_step_p, w_hh_p, sc_t(0), dhbuf_p);
+    }
+  }
+  grad_h0 = dhbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  grad_c0 = dcbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  return true;
+}
 
 template <class scalar_t>
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
@@ -347,6 +899,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
                                           hbuf_p, cbuf_p, x))) {
     Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
     return {y, hbuf, c_n, gates, cells};
+  }
+  // The cuBLAS loop's steps replayed from CUDA graphs, where that applies (above).
+  Tensor replayed_h_n, replayed_c_n;
+  if (lstm_forward_replayed<scalar_t>(s, reverse, training, blas, pre_p, b_ih_p, b_hh_p, w_hh, h0, c0, y_p, gates_p,
+                                      cells_p, replayed_h_n, replayed_c_n)) {
+    return {y, replayed_h_n, replayed_c_n, gates, cells};
   }
   // With a projection, in the forward direction the recurrent GEMM reads h_{t-1} straight from
   // y (h0 at the first step): batch sizes never grow, so step t's rows are rows of step t-1, and
@@ -478,7 +1036,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
       (loop == cuda::Loop::kFused &&
        cuda::lstm_fused_backward<scalar_t>(s, reverse, blas.tf32(), w_hh_p, gates_p, cells_p, y_p, grad_y_p, h0_p,
                                            c0_p, grad_h_n_p, grad_c_n_p, dG_p, hprev_p, dhbuf_p, dcbuf_p, x));
-  if (!native) {
+  // Else the cuBLAS loop's steps replayed from CUDA graphs, where that applies (above).
+  Tensor grad_h0, grad_c0;
+  const bool replayed = !native && lstm_backward_replayed<scalar_t>(s, reverse, blas, w_hh, gates_p, cells_p, y_p,
+                                                                    grad_y_p, h0, c0, grad_h_n, grad_c_n, dG_p,
+                                                                    hprev_p, grad_h0, grad_c0);
+  const bool plain = !native && !replayed;
+  if (plain) {
     dhbuf.copy_(grad_h_n);
     dcbuf.copy_(grad_c_n);
   }
@@ -486,7 +1050,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   // until a step calls them.
   cuda::StepGemm<scalar_t, acc_t, sc_t> projection_grad_gemm(blas, Trans::N, Trans::N, H, P, P, H, H);
   cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(blas, Trans::N, Trans::N, Hout, G, G, Hout, Hout);
-  for (int64_t step = 0; step < T && !native; ++step) {
+  for (int64_t step = 0; step < T && plain; ++step) {
     // Reverse of the forward's processing order.
     const int64_t t = reverse ? step : T - 1 - step;
     const int64_t bt = s.batch_sizes[t];
@@ -552,8 +1116,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   } else {
     grad_w_hr = at::empty({0, 0}, opts);
   }
-  Tensor grad_h0 = std::is_same_v<acc_t, scalar_t> ? dhbuf : dhbuf.to(x.scalar_type());
-  Tensor grad_c0 = std::is_same_v<acc_t, scalar_t> ? dcbuf : dcbuf.to(x.scalar_type());
+  if (!replayed) {
+    grad_h0 = std::is_same_v<acc_t, scalar_t> ? dhbuf : dhbuf.to(x.scalar_type());
+    grad_c0 = std::is_same_v<acc_t, scalar_t> ? dcbuf : dcbuf.to(x.scalar_type());
+  }
   return {grad_x, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_bias, grad_w_hr};
 }
 
@@ -585,6 +1151,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 }
 
 }  // namespace
+
+namespace cuda {
+void release_lstm_step_graphs() {
+  ReplayPools& registry = all_replay_pools();
+  const std::lock_guard<std::mutex> registered(registry.mutex);
+  for (ReplayPool* pool : registry.all) {
+    const std::lock_guard<std::mutex> in_use(pool->mutex);
+    const c10::cuda::CUDAGuard on_device(pool->device);
+    pool->release_all();
+  }
+}
+}  // namespace cuda
 }  // namespace seqkernels
 
 TORCH_LIBRARY_IMPL(seqkernels, CUDA, m) {

@@ -21,13 +21,15 @@ _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
 
 
 def release_step_graphs() -> None:
-    """Frees the GPU memory that ConvLSTM calls keep between calls, on every thread.
+    """Frees the GPU memory that ConvLSTM and LSTM calls keep between calls, on every thread.
 
     On the GPU a ConvLSTM forward and backward replay each step's convolutions from a CUDA
     graph and keep the graph, with the buffers it reads and writes (the step weights, one step's
     states and gradients) and its results, for the next call of the same sizes (at most four
     forward and four backward sizes per thread and device, the least recently used dropped; a
-    CUDA backward runs on autograd's device thread and keeps its graphs there). This drops
+    CUDA backward runs on autograd's device thread and keeps its graphs there). The LSTM's
+    cuBLAS loop replays its steps 16 at a time from a CUDA graph and keeps it, with one step's
+    state buffers, per layer, direction and size (at most 16 per thread and device). This drops
     them all, those of threads that have ended too, waiting for a call that is using them to
     end. A later call captures again. Nothing to do on the CPU, or in a build without CUDA."""
     release = getattr(torch.ops.seqkernels, "release_step_graphs", None)
