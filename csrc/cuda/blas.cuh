@@ -209,6 +209,9 @@ inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
 // workspace is PyTorch's cuBLASLt workspace of the current stream, so nothing is allocated;
 // the algorithm is fixed per plan, so two runs give bitwise-identical results. A shape for
 // which the heuristic offers nothing runs through gemm().
+// StepGemm's constructor tag: the caller provides the workspace (set_workspace).
+struct CallerWorkspace {};
+
 template <class AB, class CT, class Scale>
 class StepGemm {
  public:
@@ -218,28 +221,34 @@ class StepGemm {
         workspace_(at::cuda::getCUDABlasLtWorkspace()),
         workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()),
         stream_(at::cuda::getCurrentCUDAStream()) {}
-  // With a workspace of the caller's: a GEMM captured into a CUDA graph that outlives the call
-  // (the replayed LSTM loop, lstm.cu) must not hold PyTorch's per-stream workspace, which
-  // PyTorch may free or hand to other work in the meantime.
+  // Without a workspace yet, for a GEMM captured into a CUDA graph that outlives the call (the
+  // replayed LSTM loop, lstm.cu): such a graph must not hold PyTorch's per-stream workspace,
+  // which PyTorch may free or hand to other work in the meantime. The caller asks
+  // plan_workspace() what the plan needs (up to PyTorch's workspace size), allocates that and
+  // hands it over with set_workspace() before the first call.
   StepGemm(const BlasContext& ctx, Trans ta, Trans tb, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc,
-           void* workspace, size_t workspace_bytes)
+           CallerWorkspace)
       : ctx_(ctx), ta_(ta), tb_(tb), N_(N), K_(K), lda_(lda), ldb_(ldb), ldc_(ldc),
-        lt_(at::cuda::getCurrentCUDABlasLtHandle()), workspace_(workspace), workspace_bytes_(workspace_bytes),
-        stream_(at::cuda::getCurrentCUDAStream()) {}
+        lt_(at::cuda::getCurrentCUDABlasLtHandle()), workspace_(nullptr),
+        workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()), stream_(at::cuda::getCurrentCUDAStream()) {}
   ~StepGemm() {
     for (Plan& p : plans_) p.destroy();
   }
   StepGemm(const StepGemm&) = delete;
   StepGemm& operator=(const StepGemm&) = delete;
 
-  // Whether cuBLASLt has an algorithm for these operands. Without one, operator() runs gemm(),
-  // on the stream the BlasContext's handle was bound to, which a capture on another stream
-  // must not meet.
-  bool has_plan(int64_t M, const AB* A, const AB* B, const CT* C) {
-    return plan_for(M, detail::row_alignment(A, lda_ * int64_t(sizeof(AB))),
-                    detail::row_alignment(B, ldb_ * int64_t(sizeof(AB))),
-                    detail::row_alignment(C, ldc_ * int64_t(sizeof(CT))))
-        .found;
+  // The workspace bytes cuBLASLt's algorithm for these operands needs, or -1 without one (then
+  // operator() would run gemm(), on the stream the BlasContext's handle was bound to, which a
+  // capture on another stream must not meet).
+  int64_t plan_workspace(int64_t M, const AB* A, const AB* B, const CT* C) {
+    const Plan& p = plan_for(M, detail::row_alignment(A, lda_ * int64_t(sizeof(AB))),
+                             detail::row_alignment(B, ldb_ * int64_t(sizeof(AB))),
+                             detail::row_alignment(C, ldc_ * int64_t(sizeof(CT))));
+    return p.found ? static_cast<int64_t>(p.workspace) : -1;
+  }
+  void set_workspace(void* workspace, size_t bytes) {
+    workspace_ = workspace;
+    workspace_bytes_ = bytes;
   }
   void operator()(int64_t M, Scale alpha, const AB* A, const AB* B, Scale beta, CT* C) {
     if (M == 0 || N_ == 0) return;
@@ -264,6 +273,7 @@ class StepGemm {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;  // ours: A, B, C
     cublasLtMatmulAlgo_t algo{};
+    size_t workspace = 0;  // bytes the algorithm needs
     void destroy() {
       // Never throw from a destructor: statuses ignored.
       if (layout_c) (void)cublasLtMatrixLayoutDestroy(layout_c);
@@ -351,7 +361,10 @@ class StepGemm {
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) TORCH_CUDABLAS_CHECK(st);
     p.found = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
               result.workspaceSize <= workspace_bytes_;
-    if (p.found) p.algo = result.algo;
+    if (p.found) {
+      p.algo = result.algo;
+      p.workspace = result.workspaceSize;
+    }
   }
 
   const BlasContext& ctx_;

@@ -483,8 +483,7 @@ struct ReplayEntry {
 };
 
 // The replayed loops of one thread on one device. `done`, recorded on the stream of the last
-// call, orders a call on another stream after it (the kept buffers and the shared workspace
-// are reused). Never freed (a thread's map only forgets it): see release_lstm_step_graphs().
+// call, orders a call on another stream after it (the kept buffers are reused). Never freed (a thread's map only forgets it): see release_lstm_step_graphs().
 struct ReplayPool {
   static constexpr size_t kKept = 16;  // entries, the least recently used dropped
   c10::DeviceIndex device;
@@ -492,8 +491,6 @@ struct ReplayPool {
   std::mutex mutex;  // held by a call using the pool, and by release_lstm_step_graphs()
   cudaEvent_t done = nullptr;
   cudaStream_t done_stream = nullptr;  // nullptr until a call has recorded `done`
-  Tensor workspace;                    // cuBLASLt workspace of every captured GEMM
-  std::vector<cudaStream_t> workspace_streams;
   std::unordered_map<std::string, ReplayEntry> entries;
   uint64_t uses = 0;
 
@@ -516,8 +513,6 @@ struct ReplayPool {
   void release_all() {
     for (auto& kv : entries) kv.second.release();
     entries.clear();
-    workspace = Tensor();
-    workspace_streams.clear();
   }
 };
 
@@ -580,6 +575,8 @@ class ReplayedSteps {
   // The entry's index-th buffer (the same sizes for every call of a key).
   Tensor buffer(size_t index, at::IntArrayRef sizes, const at::TensorOptions& options) {
     if (index == entry_->buffers.size()) {
+      // On the call's stream (what buffers_stream says), whichever stream is current.
+      const c10::cuda::CUDAStreamGuard on_call_stream(stream_);
       if (index == 0) entry_->buffers_stream = stream_.stream();
       entry_->buffers.push_back(at::empty(sizes, options));
     }
@@ -594,21 +591,19 @@ class ReplayedSteps {
     return b;
   }
 
-  // The pool's cuBLASLt workspace (PyTorch's size), for GEMMs captured into a chunk.
-  void* workspace() {
-    if (!pool_->workspace.defined()) {
-      pool_->workspace = at::empty({static_cast<int64_t>(at::cuda::getCUDABlasLtWorkspaceSize())},
-                                   at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
-      pool_->workspace_streams = {c10::cuda::getCurrentCUDAStream(device_).stream()};  // where it was allocated
+  // The captured GEMM's workspace, what its plan needs, as the entry's index-th buffer; false
+  // (and the plain loop for the key) without a cuBLASLt algorithm.
+  template <class Gemm, class A, class B, class C>
+  bool give_workspace(Gemm& gemm, int64_t M, const A* a, const B* b, const C* c, size_t index) {
+    const int64_t bytes = gemm.plan_workspace(M, a, b, c);
+    if (bytes < 0) {
+      fail("no cuBLASLt algorithm for the step GEMM");
+      return false;
     }
-    if (std::find(pool_->workspace_streams.begin(), pool_->workspace_streams.end(), stream_.stream()) ==
-        pool_->workspace_streams.end()) {
-      c10::cuda::CUDACachingAllocator::recordStream(pool_->workspace.storage().data_ptr(), stream_);
-      pool_->workspace_streams.push_back(stream_.stream());
-    }
-    return pool_->workspace.data_ptr();
+    Tensor workspace = buffer(index, {bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
+    gemm.set_workspace(bytes > 0 ? workspace.data_ptr() : nullptr, static_cast<size_t>(bytes));
+    return true;
   }
-  size_t workspace_bytes() const { return static_cast<size_t>(pool_->workspace.numel()); }
 
   // Captures one chunk: `record` issues it on the current stream, which must be
   // capture_stream(). False, with a warning and the plain loop for the key from then on, if
@@ -726,11 +721,8 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
     const cudaStream_t cs = replay.capture_stream().stream();
     // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ
     cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, H, H, H, G,
-                                                         replay.workspace(), replay.workspace_bytes());
-    if (!recurrent_gemm.has_plan(B, hbuf_p, w_hh_p, rec_p)) {
-      replay.fail("no cuBLASLt algorithm for the step GEMM");
-      return false;
-    }
+                                                         cuda::CallerWorkspace{});
+    if (!replay.give_workspace(recurrent_gemm, B, hbuf_p, w_hh_p, rec_p, 4)) return false;
     const bool ok = replay.capture([&] {
       for (int k = 0; k < kReplaySteps; ++k) {
         recurrent_gemm(B, sc_t(1), hbuf_p, w_hh_p, sc_t(0), rec_p);
@@ -807,12 +799,9 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
     const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
     const cudaStream_t cs = replay.capture_stream().stream();
     // dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H]
-    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(blas, Trans::N, Trans::N, H, G, G, H, H,
-                                                              replay.workspace(), replay.workspace_bytes());
-    if (!recurrent_grad_gemm.has_plan(B, dG_step_p, w_hh_p, dhbuf_p)) {
-      replay.fail("no cuBLASLt algorithm for the step GEMM");
-      return false;
-    }
+    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(
+        blas, Trans::N, Trans::N, H, G, G, H, H, cuda::CallerWorkspace{});
+    if (!replay.give_workspace(recurrent_grad_gemm, B, dG_step_p, w_hh_p, dhbuf_p, 4)) return false;
     const bool ok = replay.capture([&] {
       for (int k = 0; k < kReplaySteps; ++k) {
         launch_step(k, cs);
