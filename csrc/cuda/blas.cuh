@@ -205,6 +205,9 @@ inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
 // 15.58 ms against cuDNN's 13.96 (0.90x), against 1.03x with the heuristic's choice (H100,
 // bench_lstm.py, 2026-11-24).
 //
+// GEMMs replayed from a CUDA graph (allow_split_k()) keep the heuristic's choice at every size:
+// there a second kernel costs no host time.
+//
 // Precision as gemm(): float32 uses TF32 exactly when the BlasContext allows it. The
 // workspace is PyTorch's cuBLASLt workspace of the current stream, so nothing is allocated;
 // the algorithm is fixed per plan, so two runs give bitwise-identical results. A shape for
@@ -246,6 +249,11 @@ class StepGemm {
                              detail::row_alignment(C, ldc_ * int64_t(sizeof(CT))));
     return p.found ? static_cast<int64_t>(p.workspace) : -1;
   }
+  // Keep the heuristic's first choice at every size, split-K included (call before the first
+  // GEMM): for GEMMs replayed from a CUDA graph, where split-K's second kernel costs no host
+  // time. Without split-K the deep-K GEMM of the LSTM backward (dG·W_hh, K = 4H) ran as one
+  // serial kernel at small B: 92 µs a step at B = 16, H = 1024, bf16 (H100, 2026-11-25).
+  void allow_split_k() { split_k_always_ = true; }
   void set_workspace(void* workspace, size_t bytes) {
     workspace_ = workspace;
     workspace_bytes_ = bytes;
@@ -326,10 +334,12 @@ class StepGemm {
     cublasLtMatmulPreference_t pref = nullptr;
     TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t max_workspace = workspace_bytes_;
-    // Split-K only for large GEMMs (the class comment); a half-type C reduces partial sums in
-    // fp32 only (the reduced-precision reduction BlasContext disallows for cublasGemmEx).
-    const bool large = 2.0 * double(p.M) * double(N_) * double(K_) >= double(int64_t(1) << 28);
-    const uint32_t reduction = !large ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
+    // Split-K only for large GEMMs (the class comment) unless allow_split_k(); a half-type C
+    // reduces partial sums in fp32 only (the reduced-precision reduction BlasContext disallows
+    // for cublasGemmEx).
+    const bool split_k =
+        split_k_always_ || 2.0 * double(p.M) * double(N_) * double(K_) >= double(int64_t(1) << 28);
+    const uint32_t reduction = !split_k ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
                                : std::is_same_v<CT, AB> && kHalfType ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
                                                                     : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
     const uint32_t align_first = p.align_b, align_second = p.align_a, align_c = p.align_c;
@@ -374,6 +384,7 @@ class StepGemm {
   void* workspace_;
   size_t workspace_bytes_;
   cudaStream_t stream_;
+  bool split_k_always_ = false;
   std::vector<Plan> plans_;
 };
 

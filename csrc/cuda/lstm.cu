@@ -591,10 +591,11 @@ class ReplayedSteps {
     return b;
   }
 
-  // The captured GEMM's workspace, what its plan needs, as the entry's index-th buffer; false
-  // (and the plain loop for the key) without a cuBLASLt algorithm.
+  // The captured GEMM's workspace, what its plan needs, as the entry's last buffer; false (and
+  // the plain loop for the key) without a cuBLASLt algorithm.
   template <class Gemm, class A, class B, class C>
-  bool give_workspace(Gemm& gemm, int64_t M, const A* a, const B* b, const C* c, size_t index) {
+  bool give_workspace(Gemm& gemm, int64_t M, const A* a, const B* b, const C* c) {
+    const size_t index = entry_->buffers.size();  // after the loop's own buffers
     const int64_t bytes = gemm.plan_workspace(M, a, b, c);
     if (bytes < 0) {
       fail("no cuBLASLt algorithm for the step GEMM");
@@ -672,6 +673,57 @@ std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s,
   return key;
 }
 
+// A replayed loop's step GEMM: row-major C[M, N] = A[M, K] · op(B)[K, N] (blas.cuh's contract),
+// the same operands at every step.
+template <class scalar_t, class acc_t>
+struct ReplayGemm {
+  Trans tb;
+  int64_t M, N, K;
+  const scalar_t* A;
+  const scalar_t* B;
+  acc_t* C;
+};
+
+// A replayed call's steps, each the step GEMM and step(k, stream) (the GEMM first where
+// gemm_first): captures the key's chunk where it has none (kReplaySteps steps, then the
+// counter's advance), launches prologue(stream) and the chunk T / kReplaySteps times, then runs
+// the T % kReplaySteps remaining steps eagerly with the same kernels and GEMM algorithm. False,
+// having launched nothing, where the capture is not possible (the plain loop runs then).
+template <class scalar_t, class acc_t, class Step, class Prologue>
+bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, const ReplayGemm<scalar_t, acc_t>& g,
+                        bool gemm_first, int64_t T, int64_t* counter, Step&& step, Prologue&& prologue) {
+  using sc_t = scale_t<scalar_t>;
+  using Gemm = cuda::StepGemm<scalar_t, acc_t, sc_t>;
+  const int64_t lda = g.K, ldb = g.tb == Trans::N ? g.N : g.K, ldc = g.N;
+  auto one_step = [&](Gemm& gemm, int k, cudaStream_t stream) {
+    if (gemm_first) gemm(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
+    step(k, stream);
+    if (!gemm_first) gemm(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
+  };
+  if (!replay.captured()) {
+    const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
+    const cudaStream_t cs = replay.capture_stream().stream();
+    Gemm gemm(blas, Trans::N, g.tb, g.N, g.K, lda, ldb, ldc, cuda::CallerWorkspace{});
+    gemm.allow_split_k();  // no host time per kernel inside a graph
+    if (!replay.give_workspace(gemm, g.M, g.A, g.B, g.C)) return false;
+    const bool captured = replay.capture([&] {
+      for (int k = 0; k < kReplaySteps; ++k) one_step(gemm, k, cs);
+      replay_advance_kernel<<<1, 1, 0, cs>>>(counter, kReplaySteps);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    if (!captured) return false;
+  }
+  const cudaStream_t stream = replay.stream();
+  prologue(stream);
+  replay.launch_chunks(T / kReplaySteps);
+  if (T % kReplaySteps != 0) {
+    Gemm gemm(blas, Trans::N, g.tb, g.N, g.K, lda, ldb, ldc);
+    gemm.allow_split_k();  // the captured steps' algorithm
+    for (int k = 0; k < T % kReplaySteps; ++k) one_step(gemm, k, stream);
+  }
+  return true;
+}
+
 // The forward time loop replayed (see above); false, having launched nothing, where it does
 // not apply. Writes y, gates and cells (training) as the plain loop does, and h_n and c_n
 // (scalar_t) as new tensors.
@@ -681,7 +733,6 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
                            const Tensor& w_hh, const Tensor& h0, const Tensor& c0, scalar_t* y, scalar_t* gates,
                            scalar_t* cells, Tensor& h_n, Tensor& c_n) {
   using acc_t = at::opmath_type<scalar_t>;
-  using sc_t = scale_t<scalar_t>;
   using Args = ForwardReplayArgs<scalar_t, acc_t>;
   if (!replay_applies(s)) return false;
   const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
@@ -699,54 +750,33 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   acc_t* cbuf_p = cbuf.data_ptr<acc_t>();
   acc_t* rec_p = rec.data_ptr<acc_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
-  const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
 
-  auto launch_step = [&](int k, cudaStream_t stream) {
-    const int V = vec4 ? 4 : 1;
-    const dim3 grid(blocks_for(B * H / V));
+  auto step = [&](int k, cudaStream_t stream) {
+    const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
     if (vec4 && training) {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true>
+          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
     } else if (vec4) {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, false><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, false>
+          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
     } else if (training) {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, true><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, true>
+          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
     } else {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, false><<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, false>
+          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-
-  if (!replay.captured()) {
-    const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
-    const cudaStream_t cs = replay.capture_stream().stream();
-    // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ
-    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, H, H, H, G,
-                                                         cuda::CallerWorkspace{});
-    if (!replay.give_workspace(recurrent_gemm, B, hbuf_p, w_hh_p, rec_p, 4)) return false;
-    const bool ok = replay.capture([&] {
-      for (int k = 0; k < kReplaySteps; ++k) {
-        recurrent_gemm(B, sc_t(1), hbuf_p, w_hh_p, sc_t(0), rec_p);
-        launch_step(k, cs);
-      }
-      replay_advance_kernel<<<1, 1, 0, cs>>>(&args_p->step, kReplaySteps);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-    if (!ok) return false;
-  }
-
-  const cudaStream_t stream = replay.stream();
-  const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse};
-  replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(args_p, call, h0.data_ptr<scalar_t>(), hbuf_p,
-                                                                     c0.data_ptr<scalar_t>(), cbuf_p, B * H);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  replay.launch_chunks(T / kReplaySteps);
-  if (T % kReplaySteps != 0) {
-    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, H, H, H, G);
-    for (int k = 0; k < T % kReplaySteps; ++k) {
-      recurrent_gemm(B, sc_t(1), hbuf_p, w_hh_p, sc_t(0), rec_p);
-      launch_step(k, stream);
-    }
-  }
+  auto prologue = [&](cudaStream_t stream) {
+    const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse};
+    replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
+        args_p, call, h0.data_ptr<scalar_t>(), hbuf_p, c0.data_ptr<scalar_t>(), cbuf_p, B * H);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ, then the gate kernel.
+  const ReplayGemm<scalar_t, acc_t> gemm{Trans::T, B, G, H, hbuf_p, w_hh.data_ptr<scalar_t>(), rec_p};
+  if (!run_replayed_steps(replay, blas, gemm, /*gemm_first=*/true, T, &args_p->step, step, prologue)) return false;
   h_n = hbuf.clone();
   c_n = cbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
@@ -761,7 +791,6 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
                             const Tensor& h0, const Tensor& c0, const Tensor& grad_h_n, const Tensor& grad_c_n,
                             scalar_t* dG, scalar_t* hprev, Tensor& grad_h0, Tensor& grad_c0) {
   using acc_t = at::opmath_type<scalar_t>;
-  using sc_t = scale_t<scalar_t>;
   using Args = BackwardReplayArgs<scalar_t>;
   if (!replay_applies(s)) return false;
   const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
@@ -782,9 +811,8 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
   scalar_t* dG_step_p = dG_step.data_ptr<scalar_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
-  const scalar_t* w_hh_p = w_hh.data_ptr<scalar_t>();
 
-  auto launch_step = [&](int k, cudaStream_t stream) {
+  auto step = [&](int k, cudaStream_t stream) {
     if (vec4) {
       lstm_backward_replay_step_kernel<scalar_t, acc_t, 4>
           <<<blocks_for(B * H / 4), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
@@ -794,38 +822,15 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-
-  if (!replay.captured()) {
-    const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
-    const cudaStream_t cs = replay.capture_stream().stream();
-    // dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H]
-    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(
-        blas, Trans::N, Trans::N, H, G, G, H, H, cuda::CallerWorkspace{});
-    if (!replay.give_workspace(recurrent_grad_gemm, B, dG_step_p, w_hh_p, dhbuf_p, 4)) return false;
-    const bool ok = replay.capture([&] {
-      for (int k = 0; k < kReplaySteps; ++k) {
-        launch_step(k, cs);
-        recurrent_grad_gemm(B, sc_t(1), dG_step_p, w_hh_p, sc_t(0), dhbuf_p);
-      }
-      replay_advance_kernel<<<1, 1, 0, cs>>>(&args_p->step, kReplaySteps);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-    if (!ok) return false;
-  }
-
-  const cudaStream_t stream = replay.stream();
-  const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
-  replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
-      args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, grad_c_n.data_ptr<scalar_t>(), dcbuf_p, B * H);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  replay.launch_chunks(T / kReplaySteps);
-  if (T % kReplaySteps != 0) {
-    cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_grad_gemm(blas, Trans::N, Trans::N, H, G, G, H, H);
-    for (int k = 0; k < T % kReplaySteps; ++k) {
-      launch_step(k, stream);
-      recurrent_grad_gemm(B, sc_t(1), dG_step_p, w_hh_p, sc_t(0), dhbuf_p);
-    }
-  }
+  auto prologue = [&](cudaStream_t stream) {
+    const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
+    replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
+        args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, grad_c_n.data_ptr<scalar_t>(), dcbuf_p, B * H);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H].
+  const ReplayGemm<scalar_t, acc_t> gemm{Trans::N, B, H, G, dG_step_p, w_hh.data_ptr<scalar_t>(), dhbuf_p};
+  if (!run_replayed_steps(replay, blas, gemm, /*gemm_first=*/false, T, &args_p->step, step, prologue)) return false;
   grad_h0 = dhbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   grad_c0 = dcbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
