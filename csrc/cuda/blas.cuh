@@ -195,8 +195,8 @@ inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
 // algorithm (below: without split-K for small GEMMs), and each step is one cublasLtMatmul:
 // 2-3 µs less host time per step there.
 //
-// Split-K only for GEMMs of at least 2^28 flops. Split-K adds a second kernel launch, and a
-// time loop is host-bound at the small sizes where the heuristic also picks it: at B = 16,
+// Split-K only for GEMMs of at least 2^28 flops, or with K > N (below). Split-K adds a second
+// kernel launch, and a time loop is host-bound at the small sizes where the heuristic also picks it: at B = 16,
 // H = 512 (fp32, TF32; 34 MFLOP) its first choice (split-K 4) took 10.4-17.7 µs of host time per
 // call against 8.4 µs for the first one without, an eager loop of (GEMM, small kernel) 14.5-24.1
 // against 12.7 µs per step, while its device time was 5.7 against 6.8 µs (gemm_pick, H100
@@ -205,8 +205,12 @@ inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
 // 15.58 ms against cuDNN's 13.96 (0.90x), against 1.03x with the heuristic's choice (H100,
 // bench_lstm.py, 2026-11-24).
 //
-// GEMMs replayed from a CUDA graph (allow_split_k()) keep the heuristic's choice at every size:
-// there a second kernel costs no host time.
+// Deep-K GEMMs (K > N: the LSTM backward's dG·W_hh, K = 4H) keep it at every size too: without
+// split-K the heuristic's kernel for dG·W_hh at B = 16, H = 1024, bf16 had four CTAs walk
+// K = 4096 serially, 92 µs a step, and at B = 1 a gemv of 53 µs (H100, 2026-11-25;
+// docs/kernels.md), far more than split-K's extra host time. GEMMs replayed from a CUDA graph
+// (allow_split_k()) keep the heuristic's choice at every size: there a second kernel costs no
+// host time.
 //
 // Precision as gemm(): float32 uses TF32 exactly when the BlasContext allows it. The
 // workspace is PyTorch's cuBLASLt workspace of the current stream, so nothing is allocated;
@@ -334,11 +338,11 @@ class StepGemm {
     cublasLtMatmulPreference_t pref = nullptr;
     TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t max_workspace = workspace_bytes_;
-    // Split-K only for large GEMMs (the class comment) unless allow_split_k(); a half-type C
-    // reduces partial sums in fp32 only (the reduced-precision reduction BlasContext disallows
-    // for cublasGemmEx).
-    const bool split_k =
-        split_k_always_ || 2.0 * double(p.M) * double(N_) * double(K_) >= double(int64_t(1) << 28);
+    // Split-K only for large or deep-K GEMMs (the class comment) unless allow_split_k(); a
+    // half-type C reduces partial sums in fp32 only (the reduced-precision reduction
+    // BlasContext disallows for cublasGemmEx).
+    const bool split_k = split_k_always_ || K_ > N_ ||
+                         2.0 * double(p.M) * double(N_) * double(K_) >= double(int64_t(1) << 28);
     const uint32_t reduction = !split_k ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
                                : std::is_same_v<CT, AB> && kHalfType ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
                                                                     : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
