@@ -1,6 +1,6 @@
 """Where the GPU time of a `train` call goes, the cuBLAS loop forced: its steps replayed from a
 kept CUDA graph (equal lengths) against the plain loop (the same batch with one sequence a step
-shorter, a ragged PackedSequence, which the replay does not take).
+shorter, a ragged PackedSequence, which the replay does not take; B >= 2).
 
     SEQKERNELS_LSTM_BACKEND=cublas python scripts/lstm_replay_profile.py [--cases bfloat16:16:1024 ...]
 
@@ -49,7 +49,8 @@ def main() -> None:
     args = ap.parse_args()
     for case in args.cases:
         name, B, H = case.split(":")
-        for ragged in (False, True):
+        # B = 1 has no ragged batch (one sequence a step shorter is a shorter uniform one).
+        for ragged in (False, True) if int(B) > 1 else (False,):
             run = train_call(DTYPES[name], int(B), int(H), args.seq_len, ragged)
             for _ in range(3):
                 run()
