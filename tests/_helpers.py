@@ -52,6 +52,29 @@ def check_cuda_graph_replays(model: torch.nn.Module, static_x: torch.Tensor) -> 
             torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"grad {name} trial {trial}: {m}")
 
 
+def bytes_freed_by_release() -> int:
+    """CUDA memory that seqkernels.release_step_graphs() gives back to PyTorch's allocator
+    (every thread's kept step graphs and buffers), measured after the queued work is done."""
+    import seqkernels
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    seqkernels.release_step_graphs()
+    torch.cuda.synchronize()
+    return before - torch.cuda.memory_allocated()
+
+
+def lstm_training_results(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """One training call of an LSTM module on a fresh copy of ``x`` (loss: sum of the output
+    plus the square of h_n): the output, h_n, c_n, the input's gradient and every parameter's
+    gradient, for comparing calls bit for bit."""
+    model.zero_grad(set_to_none=True)
+    xx = x.clone().requires_grad_(True)
+    y, (h, c) = model(xx)
+    (y.float().sum() + h.float().square().sum()).backward()
+    return [y, h, c, xx.grad] + [p.grad for p in model.parameters()]
+
+
 def max_abs(t: torch.Tensor) -> float:
     """max |t| in float64 (0 for an empty tensor)."""
     return t.detach().double().abs().max().item() if t.numel() else 0.0

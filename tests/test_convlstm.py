@@ -33,7 +33,7 @@ from torch import Tensor, nn
 import seqkernels
 from seqkernels import ConvLSTM, convlstm
 from seqkernels.reference import convlstm_module_reference, convlstm_reference
-from _helpers import assert_low_precision_close, check_cuda_graph_replays, max_abs
+from _helpers import assert_low_precision_close, bytes_freed_by_release, check_cuda_graph_replays, max_abs
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 1e-5)}  # (rtol, atol per unit magnitude)
@@ -983,11 +983,7 @@ def test_cuda_release_step_graphs_frees_every_threads_buffers():
     for _ in range(2):  # graphs captured in the first call (from its second step), replayed in the second
         y, _ = m(x)
         y.sum().backward()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    seqkernels.release_step_graphs()
-    torch.cuda.synchronize()
-    freed = before - torch.cuda.memory_allocated()
+    freed = bytes_freed_by_release()
     f32 = 4
     forward_kept = (4 * C * C * K * K + B * H * W * C + B * H * W * 4 * C) * f32
     backward_dz = B * H * W * 4 * C * f32

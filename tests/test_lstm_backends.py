@@ -31,7 +31,7 @@ import seqkernels
 from seqkernels import lstm_layer
 from seqkernels._config import lstm_loop_choice
 from seqkernels.reference import lstm_layer_reference
-from _helpers import check_cuda_graph_replays, max_abs
+from _helpers import bytes_freed_by_release, check_cuda_graph_replays, lstm_training_results, max_abs
 
 pytestmark = pytest.mark.cuda
 
@@ -462,15 +462,7 @@ def test_bitwise_deterministic(backend, precision_name, B, H):
         torch.manual_seed(5)
         model = seqkernels.LSTM(H, H, bidirectional=True).to(device="cuda", dtype=dtype)
         x = torch.randn(9, B, H, device="cuda", dtype=dtype)
-
-        def once():
-            model.zero_grad(set_to_none=True)
-            xx = x.clone().requires_grad_(True)
-            y, (h, c) = model(xx)
-            (y.float().sum() + h.float().square().sum()).backward()
-            return [y, h, c, xx.grad] + [p.grad for p in model.parameters()]
-
-        first, second = once(), once()
+        first, second = lstm_training_results(model, x), lstm_training_results(model, x)
         for a, b in zip(first, second):
             assert torch.equal(a, b)
 
@@ -596,11 +588,7 @@ def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch):
     run = _train_call(torch.float32, B, H, T=32)
     for _ in range(2):
         run()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    seqkernels.release_step_graphs()
-    torch.cuda.synchronize()
-    freed = before - torch.cuda.memory_allocated()
+    freed = bytes_freed_by_release()
     f32 = 4
     kept = (B * H * 2 + B * 4 * H) * f32 * 2
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
@@ -626,14 +614,6 @@ def test_replayed_cublas_loop_bitwise_deterministic(monkeypatch, precision_name)
         torch.manual_seed(17)
         model = seqkernels.LSTM(40, 40, bidirectional=True).to(device="cuda", dtype=dtype)
         x = torch.randn(REPLAY_T, 5, 40, device="cuda", dtype=dtype)
-
-        def once():
-            model.zero_grad(set_to_none=True)
-            xx = x.clone().requires_grad_(True)
-            y, (h, c) = model(xx)
-            (y.float().sum() + h.float().square().sum()).backward()
-            return [y, h, c, xx.grad] + [p.grad for p in model.parameters()]
-
-        first, second, third = once(), once(), once()
+        first, second, third = (lstm_training_results(model, x) for _ in range(3))
         for a, b, c in zip(first, second, third):
             assert torch.equal(a, b) and torch.equal(b, c)

@@ -223,11 +223,9 @@ template <class AB, class CT, class Scale>
 class StepGemm {
  public:
   StepGemm(const BlasContext& ctx, Trans ta, Trans tb, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
-      : ctx_(ctx), ta_(ta), tb_(tb), N_(N), K_(K), lda_(lda), ldb_(ldb), ldc_(ldc),
-        lt_(at::cuda::getCurrentCUDABlasLtHandle()),
-        workspace_(at::cuda::getCUDABlasLtWorkspace()),
-        workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()),
-        stream_(at::cuda::getCurrentCUDAStream()) {}
+      : StepGemm(ctx, ta, tb, N, K, lda, ldb, ldc, CallerWorkspace{}) {
+    workspace_ = at::cuda::getCUDABlasLtWorkspace();
+  }
   // Without a workspace yet, for a GEMM captured into a CUDA graph that outlives the call (the
   // replayed LSTM loop, lstm.cu): such a graph must not hold PyTorch's per-stream workspace,
   // which PyTorch may free or hand to other work in the meantime. The caller asks
@@ -248,9 +246,7 @@ class StepGemm {
   // operator() would run gemm(), on the stream the BlasContext's handle was bound to, which a
   // capture on another stream must not meet).
   int64_t plan_workspace(int64_t M, const AB* A, const AB* B, const CT* C) {
-    const Plan& p = plan_for(M, detail::row_alignment(A, lda_ * int64_t(sizeof(AB))),
-                             detail::row_alignment(B, ldb_ * int64_t(sizeof(AB))),
-                             detail::row_alignment(C, ldc_ * int64_t(sizeof(CT))));
+    const Plan& p = plan_for(M, A, B, C);
     return p.found ? static_cast<int64_t>(p.workspace) : -1;
   }
   // Keep the heuristic's first choice at every size, split-K included (call before the first
@@ -264,9 +260,7 @@ class StepGemm {
   }
   void operator()(int64_t M, Scale alpha, const AB* A, const AB* B, Scale beta, CT* C) {
     if (M == 0 || N_ == 0) return;
-    const Plan& plan = plan_for(M, detail::row_alignment(A, lda_ * int64_t(sizeof(AB))),
-                                detail::row_alignment(B, ldb_ * int64_t(sizeof(AB))),
-                                detail::row_alignment(C, ldc_ * int64_t(sizeof(CT))));
+    const Plan& plan = plan_for(M, A, B, C);
     if (!plan.found) {
       gemm<AB, CT, Scale>(ctx_, ta_, tb_, M, N_, K_, alpha, A, lda_, B, ldb_, beta, C, ldc_);
       return;
@@ -297,7 +291,11 @@ class StepGemm {
 
   static constexpr bool kHalfType = std::is_same_v<AB, c10::Half> || std::is_same_v<AB, c10::BFloat16>;
 
-  const Plan& plan_for(int64_t M, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+  // The plan of these operands: their row alignments decide which algorithms may run.
+  const Plan& plan_for(int64_t M, const AB* A, const AB* B, const CT* C) {
+    const uint32_t align_a = detail::row_alignment(A, lda_ * int64_t(sizeof(AB)));
+    const uint32_t align_b = detail::row_alignment(B, ldb_ * int64_t(sizeof(AB)));
+    const uint32_t align_c = detail::row_alignment(C, ldc_ * int64_t(sizeof(CT)));
     for (const Plan& p : plans_) {
       if (p.M == M && p.align_a == align_a && p.align_b == align_b && p.align_c == align_c) return p;
     }

@@ -36,11 +36,16 @@
 //   grad_x = dG·W_ih, grad_w_ih = dGᵀ·x, grad_w_hh = dGᵀ·Hprev, grad_bias = 1ᵀ·dG,
 //   grad_w_hr = dHtotᵀ·M, grad_h0 = dhbuf, grad_c0 = dcbuf     (all GEMMs: deterministic)
 //
+// The cuBLAS loop replays its steps from kept CUDA graphs where that applies (equal batch
+// sizes, no projection, T >= 16, the caller not capturing; ReplayedSteps below): the same
+// math with the recurrent GEMM into a kept buffer, 16 steps per graph launch.
+//
 // Every buffer is allocated before the time loop (caching allocator); inside it there are only
-// cuBLAS calls, kernel launches and one device-to-device copy, all on the current stream: no
-// allocation, no host synchronisation, no private stream, so a call can be captured in a CUDA
-// graph. T never appears in a launch dimension (sequences longer than 65535 steps are fine)
-// and every in-kernel index is 64-bit.
+// cuBLAS calls, kernel launches, graph launches and one device-to-device copy, all on the
+// current stream: no allocation, no host synchronisation. Inside a caller's CUDA-graph capture
+// the plain loop runs, which uses no private stream, so a call can be captured. T never
+// appears in a launch dimension (sequences longer than 65535 steps are fine) and every
+// in-kernel index is 64-bit.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
