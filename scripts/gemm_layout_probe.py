@@ -41,10 +41,25 @@ def time_graph(fn, reps=16, rounds=30):
     return times[len(times) // 2]
 
 
+def kernel_names(fn):
+    """The names of the CUDA kernels (and memsets) one call of fn launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return " + ".join(n[:90] for n in names)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--hidden", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--kernels", action="store_true", help="also print the kernels each GEMM ran")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     print(torch.cuda.get_device_name(), torch.__version__)
@@ -52,7 +67,7 @@ def main():
     print("|:--|:--|--:|--:|--:|--:|--:|")
     for library in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(library)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (getattr(torch, name) for name in args.dtype):
             for H in args.hidden:
                 w = torch.randn(4 * H, H, device="cuda", dtype=dtype) / H**0.5
                 w_t = w.t().contiguous()  # [H, 4H]
@@ -65,6 +80,11 @@ def main():
                     nn = time_graph(lambda: torch.mm(dG, w, out=dh))
                     tn = time_graph(lambda: torch.mm(dG, w_t.t(), out=dh))
                     print(f"| {library} | {str(dtype)[6:]} | {B} | {H} | {fwd:.2f} | {nn:.2f} | {tn:.2f} |", flush=True)
+                    if args.kernels:
+                        for name, fn in (("fwd", lambda: torch.mm(h, w.t(), out=rec)),
+                                         ("NN", lambda: torch.mm(dG, w, out=dh)),
+                                         ("TN", lambda: torch.mm(dG, w_t.t(), out=dh))):
+                            print(f"    {name}: {kernel_names(fn)}", flush=True)
 
 
 if __name__ == "__main__":
