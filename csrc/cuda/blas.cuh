@@ -338,19 +338,12 @@ class StepGemm {
     uint64_t max_workspace = workspace_bytes_;
     // Split-K only for large or deep-K GEMMs (the class comment) unless allow_split_k(); a
     // half-type C reduces partial sums in fp32 only (the reduced-precision reduction
-    // BlasContext disallows for cublasGemmEx). Never the in-place scheme: its kernels zero a
-    // semaphore buffer (a memset node) and add the K slices into C one after another, and the
-    // heuristic prefers them at fp32 (TF32): dG·W_hh at B = 16, H = 1024 ran 18.6 µs a step as
-    // a 64x64 tile with in-place reduction against 9.6 µs as cuBLAS's own choice, a 128x64 tile
-    // whose slices a second kernel sums from the workspace (H100, scripts/gemm_layout_probe.py,
-    // 2026-11-25).
+    // BlasContext disallows for cublasGemmEx).
     const bool split_k = split_k_always_ || K_ > N_ ||
                          2.0 * double(p.M) * double(N_) * double(K_) >= double(int64_t(1) << 28);
-    const uint32_t reduction =
-        !split_k ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
-        : std::is_same_v<CT, AB> && kHalfType
-            ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
-            : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) | uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
+    const uint32_t reduction = !split_k ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
+                               : std::is_same_v<CT, AB> && kHalfType ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                                                                    : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
     const uint32_t align_first = p.align_b, align_second = p.align_a, align_c = p.align_c;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &max_workspace, sizeof(max_workspace));
