@@ -225,17 +225,29 @@ class StepGemm {
   StepGemm(const BlasContext& ctx, Trans ta, Trans tb, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
       : StepGemm(ctx, ta, tb, N, K, lda, ldb, ldc, CallerWorkspace{}) {
     workspace_ = at::cuda::getCUDABlasLtWorkspace();
+    heuristic_workspace_ = workspace_bytes_;
   }
   // Without a workspace yet, for a GEMM captured into a CUDA graph that outlives the call (the
   // replayed LSTM loop, lstm.cu): such a graph must not hold PyTorch's per-stream workspace,
   // which PyTorch may free or hand to other work in the meantime. The caller asks
-  // plan_workspace() what the plan needs (up to PyTorch's workspace size), allocates that and
-  // hands it over with set_workspace() before the first call.
+  // plan_workspace() what the plan needs, allocates that and hands it over with set_workspace()
+  // before the first call.
+  //
+  // The plan may need up to PyTorch's cuBLASLt workspace size, or up to kDeepKWorkspaceCap for
+  // an fp32 deep-K GEMM (K > N). Offered PyTorch's size (CUBLASLT_WORKSPACE_SIZE; 1, 4 and 8
+  // MiB measured alike), the heuristic ranks first a split-K kernel that adds its K slices
+  // into C one after another; offered 32 MiB, a split-K kernel whose slices a second kernel
+  // sums: dG·W_hh at B = 16, H = 1024 (TF32) 9.5 against 18.6 µs a step, at B = 64 10.5
+  // against 20.4 (H100, scripts/gemm_layout_probe.py, 2026-11-25). Other GEMMs keep
+  // PyTorch's limit: the forward's h·W_hhᵀ got slower with the larger one (10.2 against 8.3 µs
+  // at B = 16); half types were not measured with it.
   StepGemm(const BlasContext& ctx, Trans ta, Trans tb, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc,
            CallerWorkspace)
       : ctx_(ctx), ta_(ta), tb_(tb), N_(N), K_(K), lda_(lda), ldb_(ldb), ldc_(ldc),
         lt_(at::cuda::getCurrentCUDABlasLtHandle()), workspace_(nullptr),
-        workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()), stream_(at::cuda::getCurrentCUDAStream()) {}
+        workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()), stream_(at::cuda::getCurrentCUDAStream()) {
+    heuristic_workspace_ = std::is_same_v<AB, float> && K_ > N_ ? kDeepKWorkspaceCap : workspace_bytes_;
+  }
   ~StepGemm() {
     for (Plan& p : plans_) p.destroy();
   }
@@ -335,7 +347,7 @@ class StepGemm {
 
     cublasLtMatmulPreference_t pref = nullptr;
     TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t max_workspace = workspace_bytes_;
+    uint64_t max_workspace = heuristic_workspace_;
     // Split-K only for large or deep-K GEMMs (the class comment) unless allow_split_k(); a
     // half-type C reduces partial sums in fp32 only (the reduced-precision reduction
     // BlasContext disallows for cublasGemmEx).
@@ -372,7 +384,7 @@ class StepGemm {
     // NOT_SUPPORTED: no algorithm for this shape (p.found stays false: gemm() runs it).
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) TORCH_CUDABLAS_CHECK(st);
     p.found = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
-              result.workspaceSize <= workspace_bytes_;
+              result.workspaceSize <= heuristic_workspace_;
     if (p.found) {
       p.algo = result.algo;
       p.workspace = result.workspaceSize;
@@ -387,6 +399,8 @@ class StepGemm {
   size_t workspace_bytes_;
   cudaStream_t stream_;
   bool split_k_always_ = false;
+  static constexpr size_t kDeepKWorkspaceCap = size_t(32) << 20;
+  size_t heuristic_workspace_;  // the most workspace the chosen algorithm may need
   std::vector<Plan> plans_;
 };
 
