@@ -27,11 +27,10 @@ CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc
 CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 = 16  # kPersistentMaxBackwardBatchTf32
 CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 = 768  # kFusedMaxBackwardHiddenTf32
-CUDA_FUSED_MAX_FORWARD_BH = 64 * 1024  # kFusedMaxForwardBH
-CUDA_FUSED_MAX_FORWARD_BH_TF32 = 32 * 1024  # kFusedMaxForwardBHTf32
+CUDA_FUSED_MAX_FORWARD_BH = 32 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
-CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 16 * 1024  # kFusedMaxBackwardBHTf32
-CUDA_FUSED_MAX_HIDDEN_TF32 = 1024  # kFusedMaxHiddenTf32
+CUDA_FUSED_MAX_BACKWARD_BH = 32 * 1024  # kFusedMaxBackwardBH
+CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 8 * 1024  # kFusedMaxBackwardBHTf32
 _BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 
 
@@ -175,24 +174,20 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} with H > {CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32} "
                               "(the split backward kernel)")
     if backward and half:
-        if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH:
-            return "fused", f"auto: {kib} > {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB, B = {batch} <= 64"
-        return "cublas", f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH}"
+        if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
+            return "fused", (f"auto: {kib} > {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB, B = {batch} <= "
+                             f"{CUDA_FUSED_MAX_BACKWARD_BATCH} and B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH}")
+        return "cublas", (f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH} or B*H = {bh} > "
+                          f"{CUDA_FUSED_MAX_BACKWARD_BH}")
     if backward:
         if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32:
             return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= "
                              f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
         return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > "
                           f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
-    if half:
-        if bh <= CUDA_FUSED_MAX_FORWARD_BH:
-            return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}"
-        return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH}"
-    if bh <= CUDA_FUSED_MAX_FORWARD_BH_TF32 or (bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= CUDA_FUSED_MAX_HIDDEN_TF32):
-        return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH_TF32}, or <= "
-                         f"{CUDA_FUSED_MAX_FORWARD_BH} with H <= {CUDA_FUSED_MAX_HIDDEN_TF32}")
-    return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH_TF32} (and > {CUDA_FUSED_MAX_FORWARD_BH} "
-                      f"or H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_TF32})")
+    if bh <= CUDA_FUSED_MAX_FORWARD_BH:
+        return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}"
+    return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH}"
 
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,

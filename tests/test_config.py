@@ -62,19 +62,22 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (17, 512, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, 17 KiB
     (8, 2048, torch.bfloat16, True, "fused", "fused"),  # forward H > 1024
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
-    (64, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 65536; B <= 64
-    (256, 256, torch.bfloat16, True, "fused", "cublas"),  # B*H = 65536; backward B > 64
+    (64, 512, torch.bfloat16, True, "fused", "fused"),  # B*H = 32768: the fused limits
+    (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)
+    (256, 256, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
     (16, 1024, torch.float32, True, "persistent", "persistent"),  # TF32: B <= 16, 64 KiB; backward B <= 16, H > 768
     (8, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: split kernel
     (4, 768, torch.float32, True, "persistent", "persistent"),  # TF32 backward: B <= 4, H <= 1024
-    (8, 768, torch.float32, True, "persistent", "fused"),  # TF32 backward: B*H <= 16384 and H <= 768
+    (8, 768, torch.float32, True, "persistent", "fused"),  # TF32 backward: B*H <= 8192 and H <= 768
     (8, 512, torch.float32, True, "persistent", "fused"),  # the same rule
     (8, 2048, torch.float32, True, "persistent", "cublas"),  # TF32: 64 KiB; backward H > 1024 (beyond the split kernel)
-    (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, B*H <= 16384
-    (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H <= 65536, H <= 512; backward B*H > 16384
+    (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, B*H <= 8192
+    (64, 256, torch.float32, True, "fused", "cublas"),  # forward B*H <= 32768; backward B*H = 16384 > 8192
+    (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768; backward B*H > 8192
     (32, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768
-    (64, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 65536 with H <= 1024
+    (64, 1024, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
+    (256, 256, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
     (32, 2048, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536, H > 1024
     (64, 100, torch.bfloat16, True, "cublas", "cublas"),  # fused chosen, but H % 8 != 0
     # float32 with TF32 off, float64: the state-size rule
@@ -113,7 +116,7 @@ def test_cli_prints_the_choice_and_why():
     out = run_cli("--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
     assert "forward: fused" in out.stdout and "backward (training): fused" in out.stdout
-    assert "B*H = 16384 <= 65536" in out.stdout
+    assert "B*H = 16384 <= 32768" in out.stdout
     out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert "forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the direct forward kernel)" in out.stdout
 

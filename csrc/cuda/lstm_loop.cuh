@@ -26,21 +26,22 @@ constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor core
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
 // Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= kSplitBackwardMaxHidden):
-// persistent at B <= 4, and at B <= 16 above the fused loop's H limit; fused while B·H <= 16384
+// persistent at B <= 4, and at B <= 16 above the fused loop's H limit; fused while B·H <= 8192
 // and H <= 768.
 constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
-constexpr int64_t kFusedMaxForwardBH = 64 * 1024;  // fused forward: B·H <= 65536 ...
-constexpr int64_t kFusedMaxForwardBHTf32 = 32 * 1024;  // ... TF32: B·H <= 32768, or 65536 with H <= 1024
-constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64
-constexpr int64_t kFusedMaxBackwardBHTf32 = 16 * 1024;  // fused backward, TF32: B·H <= 16384 and H <= 768
-// Fused forward, TF32: the 65536 rule's H limit. 1024 since 2026-11-24: at B = 64, H = 1024
-// the cuBLAS loop is host-bound (its per-step cuBLASLt call takes 13-14 µs of host time there,
-// benchmarks/micro/gemm_pick.cu), and it ran 6.16 ms against the fused loop's 5.17 ms on the
-// H200 grid (docs/kernels.md), 0.88-1.07x cuDNN eager against 1.03x on an H100 host. Inside a
-// CUDA graph the cuBLAS loop would be faster (12.8 against 18.7 µs per step there).
-constexpr int64_t kFusedMaxHiddenTf32 = 1024;
+// Fused loop limits. Since the cuBLAS loop replays its steps from kept CUDA graphs (lstm.cu),
+// its step costs device time only, and it overtook the fused loop at B·H = 65536 (the forward:
+// B = 64, H = 1024 TF32 3.14 against 4.89 ms, bf16 2.51 against 2.81; B = 256, H = 256 TF32
+// 2.34 against 2.88) and in the backward at B = 64, H = 1024 (bf16) and B·H = 16384 (TF32):
+// H200 grid, 2026-11-25, docs/kernels.md. Before, the host-bound cuBLAS loop had lost those.
+// Where the steps are not replayed (a ragged PackedSequence, T < 16) the cuBLAS loop is
+// host-bound again and the fused loop would still win these shapes; the rule does not look at that.
+constexpr int64_t kFusedMaxForwardBH = 32 * 1024;  // fused forward: B·H <= 32768
+constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64 and ...
+constexpr int64_t kFusedMaxBackwardBH = 32 * 1024;  // ... B·H <= 32768
+constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: B·H <= 8192 and H <= 768
 
 // The loop for one op call. `mma`: the dtype runs on tensor cores (bf16, fp16, or float32 with
 // TF32 allowed); `half`: a 16-bit dtype. A forced loop that does not apply to the call (e.g.
@@ -53,13 +54,14 @@ constexpr int64_t kFusedMaxHiddenTf32 = 1024;
 //  - tensor-core dtypes: the persistent loop's step cost grows with the state it exchanges
 //    between all blocks every step; the fused loop's is ~4 µs and nearly flat until the A
 //    operand every block re-reads (B·H, or B·4H in the backward) grows; the cuBLAS loop's is
-//    ~12 µs flat, and it wins for large B·H. Persistent while the state is <= 8 KiB, and in
+//    flat at its GEMM's device time (replayed from a kept CUDA graph), and it wins for large
+//    B·H. Persistent while the state is <= 8 KiB, and in
 //    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
 //    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the TF32 backward also
 //    (H <= 1024, the split backward kernel) at B <= 4 and at B <= 16 with H > 768; else fused
-//    while B·H <= 65536 (forward; TF32: <= 32768, or 65536 with H <= 1024) or B <= 64 (backward;
-//    TF32: B·H <= 16384 with H <= 768: its dG rows are 4H fp32 values and its W slice 128 KiB at
-//    H = 1024, where it takes 14–17 ms); else cuBLAS. The TF32 backward rule is from the backward
+//    while B·H <= 32768 (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768
+//    (backward, 16-bit; TF32: B·H <= 8192 with H <= 768: its dG rows are 4H fp32 values and its
+//    W slice 128 KiB at H = 1024, where it takes 14–17 ms); else cuBLAS. The TF32 backward rule is from the backward
 //    op timed alone under each loop (scripts/lstm_backward_choice.py, H200, 2026-11-24,
 //    docs/kernels.md): e.g. B = 16, H = 1024: persistent 4.70 ms, cuBLAS 5.76; H = 768: fused
 //    3.34, persistent 4.24, cuBLAS 5.38.
@@ -97,10 +99,10 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   if (persistent) return Loop::kPersistent;
   bool fused;
   if (backward) {
-    fused = half ? s.B <= kFusedMaxBackwardBatch : bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32;
+    fused = half ? s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH
+                 : bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32;
   } else {
-    fused = half ? bh <= kFusedMaxForwardBH
-                 : bh <= kFusedMaxForwardBHTf32 || (bh <= kFusedMaxForwardBH && s.H <= kFusedMaxHiddenTf32);
+    fused = bh <= kFusedMaxForwardBH;
   }
   return fused ? Loop::kFused : Loop::kCublas;
 }
