@@ -148,7 +148,7 @@ for backend in cublas persistent fused; do
   [ "$backend" != cublas ] && sfx="_$backend"
   run_step "memcheck$sfx" "memcheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool memcheck \
     --leak-check no --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
-  run_step "racecheck$sfx" "racecheck ($backend)" 75 "$SAN_LOG" $export_san compute-sanitizer --tool racecheck \
+  run_step "racecheck$sfx" "racecheck ($backend)" 180 "$SAN_LOG" $export_san compute-sanitizer --tool racecheck \
     --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
   run_step "synccheck$sfx" "synccheck ($backend)" 60 "$SAN_LOG" $export_san compute-sanitizer --tool synccheck \
     --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --backend $backend
