@@ -25,19 +25,20 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, metavar="H", help="hidden size of the LSTM shape to explain")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="default float32")
     p.add_argument("--proj", type=int, default=0, metavar="P", help="proj_size (default 0: none)")
+    p.add_argument("--steps", type=int, default=256, metavar="T", help="sequence length (default 256)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda if available, else cpu")
     args = p.parse_args(argv)
     if (args.batch is None) != (args.hidden is None):
         p.error("--batch and --hidden go together")
-    if args.batch is not None and (args.batch < 1 or args.hidden < 1 or args.proj < 0):
-        p.error("--batch and --hidden must be >= 1, --proj >= 0")
+    if args.batch is not None and (args.batch < 1 or args.hidden < 1 or args.proj < 0 or args.steps < 1):
+        p.error("--batch, --hidden and --steps must be >= 1, --proj >= 0")
     show_config()
     if args.batch is not None:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         print()
         try:
-            show_lstm_choice(args.batch, args.hidden, _DTYPES[args.dtype], args.proj, device)
+            show_lstm_choice(args.batch, args.hidden, _DTYPES[args.dtype], args.proj, device, args.steps)
         except ValueError as exc:  # e.g. a bad SEQKERNELS_LSTM_BACKEND
             print(f"python -m seqkernels: {exc}", file=sys.stderr)
             return 2

@@ -16,6 +16,9 @@ _KNOWN_OPS = ("lstm_forward", "lstm_backward", "convrnn_forward", "convrnn_backw
 
 # The constants of the C++ heuristics mirrored by lstm_loop_choice (keep them in step).
 CPU_PERSISTENT_MAX_BATCH = 256  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.h
+CPU_PERSISTENT_MIN_STEPS = 4  # kPersistentMinSteps, csrc/cpu/lstm.cpp
+CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH = 8  # kPersistentMinStepsSmallBatch, B < kPersistentSmallBatch
+CPU_PERSISTENT_SMALL_BATCH = 8  # kPersistentSmallBatch
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
@@ -83,7 +86,7 @@ def config() -> dict:
         info["GPU"] = f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs)"
         info["cuDNN RNN may use TF32 (float32 follows it)"] = _rnn_tf32_allowed()
     info["LSTM time loops"] = {
-        "cpu": "persistent (float32, no proj_size, B <= 256 under auto) or gemm (BLAS)",
+        "cpu": "persistent (float32, no proj_size, B <= 256 and T >= 4, or T >= 8 below B = 8, under auto) or gemm (BLAS)",
         "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "
         "fp16, TF32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
         "picks" if torch.cuda.is_available() else "no GPU here",
@@ -191,14 +194,16 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
 
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
-                     device: str = "cpu", backend: str | None = None, tf32: bool | None = None) -> dict:
+                     device: str = "cpu", backend: str | None = None, tf32: bool | None = None,
+                     steps: int = 256) -> dict:
     """Which time loop an LSTM layer of this shape runs, and why, for the forward and the
     backward op: a dict ``{"forward": (loop, reason), "backward": (loop, reason)}``.
 
     Mirrors the C++ selection exactly (change both together):
       CPU:  use_persistent_loop, csrc/cpu/lstm.cpp, with kPersistentMaxBatch
             (csrc/cpu/lstm_persistent.h): persistent for float32 without projection;
-            under auto only while B <= 256. Forward and backward decide alike.
+            under auto only while B <= 256 and the sequence has at least 4 steps (8 below
+            B = 8). Forward and backward decide alike.
       CUDA: choose_loop, csrc/cuda/lstm_loop.cuh: persistent, fused (one kernel per step) or
             cublas, by dtype, B, H and the state size B * H * sizeof(dtype); forward and backward
             separately. What the chosen loop checks at launch is not mirrored: the persistent
@@ -207,11 +212,12 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
             H % 8 == 0 for 16-bit types and H % 4 == 0 for TF32, 16-byte aligned h0, shared
             memory). Where those fail, the cuBLAS loop runs.
     ``backend`` is SEQKERNELS_LSTM_BACKEND's value (default: read from the environment);
-    ``tf32`` whether float32 RNNs may use TF32 (default: PyTorch's cuDNN RNN setting).
+    ``tf32`` whether float32 RNNs may use TF32 (default: PyTorch's cuDNN RNN setting);
+    ``steps`` the sequence length T (the CPU's choice depends on it; default the suite's 256).
     """
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
-    if batch < 1 or hidden < 1:
-        raise ValueError(f"batch and hidden must be >= 1, got batch={batch}, hidden={hidden}")
+    if batch < 1 or hidden < 1 or steps < 1:
+        raise ValueError(f"batch, hidden and steps must be >= 1, got batch={batch}, hidden={hidden}, steps={steps}")
     dtype_name = str(dtype).replace("torch.", "")
     if device == "cpu":
         if backend == "gemm" or backend == "fused":
@@ -222,10 +228,16 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
             choice = ("gemm", "the persistent CPU loop has no projection (proj_size > 0 takes the BLAS loop)")
         elif backend == "persistent":
             choice = ("persistent", "SEQKERNELS_LSTM_BACKEND=persistent, and it applies (float32, no projection)")
-        elif batch <= CPU_PERSISTENT_MAX_BATCH:
-            choice = ("persistent", f"auto: float32, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}")
-        else:
+        elif batch > CPU_PERSISTENT_MAX_BATCH:
             choice = ("gemm", f"auto: B = {batch} > {CPU_PERSISTENT_MAX_BATCH}, where the BLAS loop is faster")
+        else:
+            min_steps = CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH if batch < CPU_PERSISTENT_SMALL_BATCH else CPU_PERSISTENT_MIN_STEPS
+            if steps < min_steps:
+                choice = ("gemm", f"auto: T = {steps} < {min_steps} steps at B = {batch}: too few to pay for packing "
+                                  "the weights (the persistent loop packs them on every call)")
+            else:
+                choice = ("persistent", f"auto: float32, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, "
+                                        f"T = {steps} >= {min_steps}")
         return {"forward": choice, "backward": choice}
     if device != "cuda":
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -239,12 +251,12 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
 
 
 def show_lstm_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
-                     device: str = "cpu") -> None:
+                     device: str = "cpu", steps: int = 256) -> None:
     """Print lstm_loop_choice() for one shape."""
     dtype_name = str(dtype).replace("torch.", "")
-    print(f"LSTM time loop for B={batch}, H={hidden}, {dtype_name}, proj_size={proj_size} on {device} "
+    print(f"LSTM time loop for T={steps}, B={batch}, H={hidden}, {dtype_name}, proj_size={proj_size} on {device} "
           f"(SEQKERNELS_LSTM_BACKEND={os.environ.get('SEQKERNELS_LSTM_BACKEND', 'auto')}):")
     if device == "cuda" and not torch.cuda.is_available():
         print("  (no GPU here: what the heuristic would pick on one)")
-    for op, (loop, why) in lstm_loop_choice(batch, hidden, dtype, proj_size, device).items():
+    for op, (loop, why) in lstm_loop_choice(batch, hidden, dtype, proj_size, device, steps=steps).items():
         print(f"  {op if op == 'forward' else 'backward (training)'}: {loop} ({why})")

@@ -31,15 +31,20 @@ def test_report_lists_every_op():
         assert f"  {op}: (True," in out.stdout, out.stdout  # registered on the CPU
 
 
-@pytest.mark.parametrize("batch,dtype,proj,loop", [
-    (256, torch.float32, 0, "persistent"),
-    (257, torch.float32, 0, "gemm"),
-    (1, torch.float64, 0, "gemm"),
-    (1, torch.float32, 8, "gemm"),
+@pytest.mark.parametrize("batch,dtype,proj,steps,loop", [
+    (256, torch.float32, 0, 256, "persistent"),
+    (257, torch.float32, 0, 256, "gemm"),
+    (1, torch.float64, 0, 256, "gemm"),
+    (1, torch.float32, 8, 256, "gemm"),
+    (8, torch.float32, 0, 4, "persistent"),  # from B = 8: T >= 4
+    (8, torch.float32, 0, 3, "gemm"),
+    (7, torch.float32, 0, 8, "persistent"),  # below B = 8: T >= 8
+    (7, torch.float32, 0, 7, "gemm"),
+    (1, torch.float32, 0, 1, "gemm"),  # an LSTMCell step
 ])
-def test_cpu_choice_mirrors_use_persistent_loop(monkeypatch, batch, dtype, proj, loop):
+def test_cpu_choice_mirrors_use_persistent_loop(monkeypatch, batch, dtype, proj, steps, loop):
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
-    choice = lstm_loop_choice(batch, 256, dtype, proj, "cpu")
+    choice = lstm_loop_choice(batch, 256, dtype, proj, "cpu", steps=steps)
     assert choice["forward"][0] == choice["backward"][0] == loop
 
 
@@ -111,8 +116,11 @@ def test_cuda_choice_follows_the_environment(monkeypatch):
 def test_cli_prints_the_choice_and_why():
     out = run_cli("--batch", "16", "--hidden", "512", "--device", "cpu")
     assert out.returncode == 0, out.stderr
-    assert "LSTM time loop for B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
-    assert "forward: persistent (auto: float32, no projection, B = 16 <= 256)" in out.stdout
+    assert "LSTM time loop for T=256, B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
+    assert "forward: persistent (auto: float32, no projection, B = 16 <= 256, T = 256 >= 4)" in out.stdout
+    out = run_cli("--batch", "1", "--hidden", "512", "--steps", "1", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "forward: gemm (auto: T = 1 < 8 steps at B = 1" in out.stdout
     out = run_cli("--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
     assert "forward: fused" in out.stdout and "backward (training): fused" in out.stdout

@@ -151,12 +151,25 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
 
 // Which time loop runs: SEQKERNELS_LSTM_BACKEND=auto (default) | persistent | gemm.
 // The persistent loop covers float32 without projection; other cases always take the
-// BLAS ("gemm") loop, which handles everything.
+// BLAS ("gemm") loop, which handles everything. Under auto the persistent loop also needs
+// enough steps to pay for packing the weights, which it does on every call (a pass over W_hh,
+// and over W_ih where the projection runs in the loop; the backward packs W_hh again): at
+// T = 1 (an LSTMCell step) the BLAS loop was 10-40% faster. Measured on the 2-core AVX-512
+// EPYC (Zen 4), both loops interleaved in one process, H 256 / 512 / 1024: from B = 8 the
+// persistent loop won from T = 3-4 in both modes; below B = 8, where its products are
+// matrix-vector products, from T = 4-8 (B = 1, H = 512 `infer`: 0.77x the BLAS loop at T = 2,
+// 0.67x at T = 4, 1.21x at T = 8, 1.54x at T = 16).
+constexpr int64_t kPersistentMinSteps = 4;
+constexpr int64_t kPersistentMinStepsSmallBatch = 8;  // B < kPersistentSmallBatch
+constexpr int64_t kPersistentSmallBatch = 8;
 bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
   const LstmBackend backend = lstm_backend_from_env();
   const bool supported = dtype == at::kFloat && s.P == 0;
   if (backend == LstmBackend::kPersistent) return supported;
-  if (backend == LstmBackend::kAuto) return supported && s.B <= kPersistentMaxBatch;
+  if (backend == LstmBackend::kAuto) {
+    const int64_t min_steps = s.B < kPersistentSmallBatch ? kPersistentMinStepsSmallBatch : kPersistentMinSteps;
+    return supported && s.B <= kPersistentMaxBatch && s.T >= min_steps;
+  }
   return false;
 }
 
