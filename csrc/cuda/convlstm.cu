@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "kept_pools.cuh"
 #include "lstm_loop.cuh"
 #include "seqkernels/convlstm_cell.h"
 #include "seqkernels/convlstm_loop.h"
@@ -387,20 +388,8 @@ struct StepGraphPool {
   // goes over the limit).
   template <class Result>
   KeptStep<Result>& keep(const std::string& key) {
-    auto& map = kept<Result>();
-    KeptStep<Result>& entry = map[key];
-    entry.last_use = ++uses;
-    if (map.size() > kKeptSteps) {
-      auto oldest = map.end();
-      for (auto it = map.begin(); it != map.end(); ++it) {
-        if (&it->second != &entry && (oldest == map.end() || it->second.last_use < oldest->second.last_use)) {
-          oldest = it;
-        }
-      }
-      drop(oldest->second.step);
-      map.erase(oldest);
-    }
-    return entry;
+    return cuda::keep_recent(kept<Result>(), key, uses, kKeptSteps,
+                             [this](KeptStep<Result>& oldest) { drop(oldest.step); });
   }
 
   void drop_all() {
@@ -411,30 +400,13 @@ struct StepGraphPool {
   }
 };
 
-// Every thread's pools, for release_step_graphs() (the pools of threads that have ended too).
-struct StepGraphPools {
-  std::mutex mutex;
-  std::vector<StepGraphPool*> all;
-};
-
-StepGraphPools& all_step_graph_pools() {
-  static auto* pools = new StepGraphPools();  // never destroyed, like the pools
-  return *pools;
-}
-
 StepGraphPool& step_graph_pool(c10::DeviceIndex device) {
-  thread_local std::unordered_map<c10::DeviceIndex, StepGraphPool*> pools;
-  auto it = pools.find(device);
-  if (it == pools.end()) {
-    auto* pool = new StepGraphPool{device, at::cuda::graph_pool_handle(),
-                                   c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)};
+  return cuda::thread_pool<StepGraphPool>(device, [](c10::DeviceIndex dev) {
+    auto* pool = new StepGraphPool{dev, at::cuda::graph_pool_handle(),
+                                   c10::cuda::getStreamFromPool(/*isHighPriority=*/false, dev)};
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&pool->done, cudaEventDisableTiming));
-    StepGraphPools& registry = all_step_graph_pools();
-    const std::lock_guard<std::mutex> registered(registry.mutex);
-    registry.all.push_back(pool);
-    it = pools.emplace(device, pool).first;
-  }
-  return *it->second;
+    return pool;
+  });
 }
 
 // A step's convolutions, replayed: fn is captured into a CUDA graph (StepGraphPool) and
@@ -613,13 +585,7 @@ class StepGraph {
 // Their memory goes back to PyTorch's caching allocator.
 void release_step_graphs() {
   cuda::release_lstm_step_graphs();
-  StepGraphPools& registry = all_step_graph_pools();
-  const std::lock_guard<std::mutex> registered(registry.mutex);
-  for (StepGraphPool* pool : registry.all) {
-    const std::lock_guard<std::mutex> in_use(pool->mutex);
-    const c10::cuda::CUDAGuard on_device(pool->device);
-    pool->drop_all();
-  }
+  cuda::release_all_pools<StepGraphPool>([](StepGraphPool& pool) { pool.drop_all(); });
 }
 
 struct CudaPointwise {

@@ -72,6 +72,7 @@
 #include <vector>
 
 #include "blas.cuh"
+#include "kept_pools.cuh"
 #include "lstm_device.cuh"
 #include "lstm_fused_step.cuh"
 #include "lstm_loop.cuh"
@@ -488,7 +489,8 @@ struct ReplayEntry {
 };
 
 // The replayed loops of one thread on one device. `done`, recorded on the stream of the last
-// call, orders a call on another stream after it (the kept buffers are reused). Never freed (a thread's map only forgets it): see release_lstm_step_graphs().
+// call, orders a call on another stream after it (the kept buffers are reused). One per thread and device
+// (kept_pools.cuh's thread_pool), never freed: see release_lstm_step_graphs().
 struct ReplayPool {
   static constexpr size_t kKept = 16;  // entries, the least recently used dropped
   c10::DeviceIndex device;
@@ -500,19 +502,7 @@ struct ReplayPool {
   uint64_t uses = 0;
 
   ReplayEntry& entry(const std::string& key) {
-    ReplayEntry& e = entries[key];
-    e.last_use = ++uses;
-    if (entries.size() > kKept) {
-      auto oldest = entries.end();
-      for (auto it = entries.begin(); it != entries.end(); ++it) {
-        if (&it->second != &e && (oldest == entries.end() || it->second.last_use < oldest->second.last_use)) {
-          oldest = it;
-        }
-      }
-      oldest->second.release();
-      entries.erase(oldest);
-    }
-    return e;
+    return cuda::keep_recent(entries, key, uses, kKept, [](ReplayEntry& oldest) { oldest.release(); });
   }
 
   void release_all() {
@@ -521,35 +511,19 @@ struct ReplayPool {
   }
 };
 
-struct ReplayPools {
-  std::mutex mutex;
-  std::vector<ReplayPool*> all;
-};
-
-ReplayPools& all_replay_pools() {
-  static auto* pools = new ReplayPools();  // never destroyed, like the pools
-  return *pools;
-}
-
 ReplayPool& replay_pool(c10::DeviceIndex device) {
-  thread_local std::unordered_map<c10::DeviceIndex, ReplayPool*> pools;
-  auto it = pools.find(device);
-  if (it == pools.end()) {
+  return cuda::thread_pool<ReplayPool>(device, [](c10::DeviceIndex dev) {
     // A stream of its own: a pool stream may carry another thread's work, which a capture
     // on it would take in.
     cudaStream_t capture_stream = nullptr;
     {
-      const c10::cuda::CUDAGuard on_device(device);
+      const c10::cuda::CUDAGuard on_device(dev);
       C10_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
     }
-    auto* pool = new ReplayPool{device, c10::cuda::getStreamFromExternal(capture_stream, device)};
+    auto* pool = new ReplayPool{dev, c10::cuda::getStreamFromExternal(capture_stream, dev)};
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&pool->done, cudaEventDisableTiming));
-    ReplayPools& registry = all_replay_pools();
-    const std::lock_guard<std::mutex> registered(registry.mutex);
-    registry.all.push_back(pool);
-    it = pools.emplace(device, pool).first;
-  }
-  return *it->second;
+    return pool;
+  });
 }
 
 // The kept entry a replayed call uses, for the call's duration (the pool locked).
@@ -1153,13 +1127,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 
 namespace cuda {
 void release_lstm_step_graphs() {
-  ReplayPools& registry = all_replay_pools();
-  const std::lock_guard<std::mutex> registered(registry.mutex);
-  for (ReplayPool* pool : registry.all) {
-    const std::lock_guard<std::mutex> in_use(pool->mutex);
-    const c10::cuda::CUDAGuard on_device(pool->device);
-    pool->release_all();
-  }
+  release_all_pools<ReplayPool>([](ReplayPool& pool) { pool.release_all(); });
 }
 }  // namespace cuda
 }  // namespace seqkernels
