@@ -999,14 +999,52 @@ class _Tagger(nn.Module):
         return self.head(y), h, c
 
 
+class _OneLayer(nn.Module):
+    """One layer, one direction, no projection: the module's short path (LSTM._forward_one_layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = LSTM(5, 8, batch_first=True)
+
+    def forward(self, x, hx=None):
+        y, (h, c) = self.lstm(x, hx)
+        return y, h, c
+
+
+def test_short_path_taken_only_where_it_applies(device):
+    """The module's short path (one layer, one direction, no projection, valid 3-D input and
+    state) runs for the common call and declines everything else, which the general path
+    validates; both are checked against nn.LSTM by the property tests above."""
+    torch.manual_seed(15)
+    x = torch.randn(4, 2, 3, device=device)
+    state = (torch.randn(1, 2, 5, device=device), torch.randn(1, 2, 5, device=device))
+    one = LSTM(3, 5, device=device)
+    assert one._forward_one_layer(x, None) is not None
+    assert one._forward_one_layer(x, state) is not None
+    declined = [
+        (LSTM(3, 5, num_layers=2, device=device), x, None),
+        (LSTM(3, 5, bidirectional=True, device=device), x, None),
+        (LSTM(3, 5, proj_size=2, device=device), x, None),
+        (one, x[:, 0], None),  # unbatched
+        (one, x.double(), None),  # dtype mismatch: the general path raises
+        (one, x, (state[0][:, :1], state[1])),  # wrong state size: the general path raises
+        (one, x, list(state)),
+        (one, torch.nn.utils.rnn.pack_padded_sequence(x, [4, 3]), None),
+    ]
+    for module, inp, hx in declined:
+        assert module._forward_one_layer(inp, hx) is None
+
+
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph(device, backend, with_state):
+@pytest.mark.parametrize("model_kind", ["tagger", "one_layer"])
+def test_torch_compile_fullgraph(device, backend, with_state, model_kind):
     torch.manual_seed(14)
     torch._dynamo.reset()
-    model = _Tagger().to(device)
+    model = (_Tagger() if model_kind == "tagger" else _OneLayer()).to(device)
     x = torch.randn(3, 7, 5, device=device)
-    hx = (torch.randn(4, 3, 4, device=device), torch.randn(4, 3, 8, device=device)) if with_state else None
+    layers, hout = (4, 4) if model_kind == "tagger" else (1, 8)
+    hx = (torch.randn(layers, 3, hout, device=device), torch.randn(layers, 3, 8, device=device)) if with_state else None
 
     def run(fn):
         xi = x.clone().requires_grad_()
