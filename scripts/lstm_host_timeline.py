@@ -1,6 +1,6 @@
 """The host's share of an eager seqkernels.LSTM call on the GPU: a timeline of one call.
 
-    python scripts/lstm_host_timeline.py [--iters 10] [--out DIR]
+    python scripts/lstm_host_timeline.py [--iters 10] [--out DIR] [--cpu-ops] [--host-only]
 
 An eager call's CUDA-event time is the GPU's time plus whatever the GPU waits for the host:
 before the time loop's kernel is launched the GPU is mostly idle, so the host work in front
@@ -15,7 +15,10 @@ median time (CUDA events, 30 interleaved calls, each after an untimed one:
 benchmarks/harness.py's measure_interleaved) with the op's eager
 autograd.Function (seqkernels.ops._autograd.register_autograd, the default) and with the op's
 registered torch.library formula. Last, the host time (no profiler) of an `infer` call's layers:
-the module call, the functional lstm_layer, the op below autograd, a default zero state.
+the module call, the functional lstm_layer, the op below autograd, a default zero state, and
+for scale one allocation and one small kernel. With --cpu-ops, each `infer` case also lists
+the operators the call ran on the host (the profiler's cpu_op events: the module's, the op's
+own span and the allocations and copies inside it).
 Diagnostic only: the benchmark is what the tables come from.
 """
 from __future__ import annotations
@@ -74,6 +77,7 @@ def timeline(trace_path):
     calls = sorted((e for e in events if e.get("name") == "call" and e.get("cat") == "user_annotation"),
                    key=lambda e: e["ts"])
     runtime = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("ph") == "X"]
+    cpu_ops = [e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"]
     device_work = {e["args"].get("correlation"): e for e in events
                    if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and e.get("ph") == "X"}
     out = []
@@ -86,7 +90,9 @@ def timeline(trace_path):
                          work and work["ts"] - t0, work and work["ts"] + work["dur"] - t0))
         gpu = [row for row in rows if row[4] is not None]
         end = max((row[5] for row in gpu), default=c["dur"])
-        out.append((end, c["dur"], rows))
+        ops = [(o["ts"] - t0, o["dur"], o["name"]) for o in sorted(cpu_ops, key=lambda o: o["ts"])
+               if t0 <= o["ts"] <= t1]
+        out.append((end, c["dur"], rows, ops))
     return out
 
 
@@ -151,6 +157,8 @@ def host_breakdown(device):
                 "lstm_layer": lambda: lstm_layer(x2, bs, h0, h0, *w),
                 "op below autograd": lambda: _below(op, args),
                 "zero state (torch.zeros)": lambda: torch.zeros(2, 1, B, H, device=device, dtype=dtype),
+                "one allocation (torch.empty)": lambda: torch.empty(B, H, device=device, dtype=dtype),
+                "a small kernel (torch.neg)": lambda: torch.neg(h0),
                 "torch.full batch_sizes (CPU)": lambda: torch.full((256,), B, dtype=torch.int64),
             }
             for label, fn in rows.items():
@@ -169,6 +177,8 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None, help="keep the Chrome traces here")
     ap.add_argument("--host-only", action="store_true", help="only the host-time breakdown (no profiler)")
+    ap.add_argument("--cpu-ops", action="store_true",
+                    help="also list each infer call's operators on the host (allocations, copies, the op itself)")
     args = ap.parse_args()
     device = torch.device("cuda")
     if args.host_only:
@@ -189,7 +199,7 @@ def main():
         path = os.path.join(out_dir, name.replace(" ", "_").replace("=", "") + ".json")
         prof.export_chrome_trace(path)
         calls = sorted(timeline(path), key=lambda c: c[0])
-        end, host, rows = calls[len(calls) // 2]
+        end, host, rows, ops = calls[len(calls) // 2]
         print(f"\n== {name}: median call {end:.1f} us until its last GPU work (host {host:.1f} us); "
               f"{len(rows)} runtime calls")
         print(f"   {'host at':>8s} {'dur':>6s}  {'runtime call':28s} {'gpu start':>9s} {'gpu end':>8s}  issued")
@@ -202,6 +212,11 @@ def main():
             busy = sum(r[5] - r[4] for r in rows if r[4] is not None and r[5] <= first[4])
             print(f"   first loop kernel launched at {first[0]:.1f} us (host), ran from {first[4]:.1f} us; "
                   f"GPU busy before it {busy:.1f} us")
+        if args.cpu_ops and not name.endswith("train"):
+            print(f"   the call's operators on the host (profiler's cpu_op events, nested ones included):")
+            print(f"   {'host at':>8s} {'dur':>6s}  operator")
+            for at, dur, op_name in ops:
+                print(f"   {at:8.1f} {dur:6.1f}  {op_name[:90]}")
     compare_autograd(device)
     host_breakdown(device)
 
