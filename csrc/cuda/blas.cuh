@@ -42,6 +42,7 @@
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/Exceptions.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -53,6 +54,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -193,7 +198,9 @@ inline uint32_t row_alignment(const void* base, int64_t row_bytes) {
 // an eager loop, stretches every step. StepGemm builds the cuBLASLt descriptors and asks
 // cublasLtMatmulAlgoGetHeuristic once per distinct (M, operand alignments), keeps its first
 // algorithm (below: without split-K for small GEMMs), and each step is one cublasLtMatmul:
-// 2-3 µs less host time per step there.
+// 2-3 µs less host time per step there. The plans are kept for the process (per device and
+// GEMM signature), so a later call of the same shape asks no heuristic at all: one GEMM of a
+// call (the LSTM's input projection) pays the launch only.
 //
 // Split-K only for GEMMs of at least 2^28 flops, or with K > N (below). Split-K adds a second
 // kernel launch, and a time loop is host-bound at the small sizes where the heuristic also picks it: at B = 16,
@@ -245,11 +252,9 @@ class StepGemm {
            CallerWorkspace)
       : ctx_(ctx), ta_(ta), tb_(tb), N_(N), K_(K), lda_(lda), ldb_(ldb), ldc_(ldc),
         lt_(at::cuda::getCurrentCUDABlasLtHandle()), workspace_(nullptr),
-        workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()), stream_(at::cuda::getCurrentCUDAStream()) {
+        workspace_bytes_(at::cuda::getCUDABlasLtWorkspaceSize()), stream_(at::cuda::getCurrentCUDAStream()),
+        device_(c10::cuda::current_device()) {
     heuristic_workspace_ = std::is_same_v<AB, float> && K_ > N_ ? kDeepKWorkspaceCap : workspace_bytes_;
-  }
-  ~StepGemm() {
-    for (Plan& p : plans_) p.destroy();
   }
   StepGemm(const StepGemm&) = delete;
   StepGemm& operator=(const StepGemm&) = delete;
@@ -271,7 +276,10 @@ class StepGemm {
     workspace_bytes_ = bytes;
   }
   void operator()(int64_t M, Scale alpha, const AB* A, const AB* B, Scale beta, CT* C) {
-    if (M == 0 || N_ == 0) return;
+    if (M == 0 || N_ == 0 || K_ == 0) {  // (K = 0: C = beta * C, which gemm() does)
+      if (M > 0 && N_ > 0) gemm<AB, CT, Scale>(ctx_, ta_, tb_, M, N_, K_, alpha, A, lda_, B, ldb_, beta, C, ldc_);
+      return;
+    }
     const Plan& plan = plan_for(M, A, B, C);
     if (!plan.found) {
       gemm<AB, CT, Scale>(ctx_, ta_, tb_, M, N_, K_, alpha, A, lda_, B, ldb_, beta, C, ldc_);
@@ -292,7 +300,10 @@ class StepGemm {
     cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;  // ours: A, B, C
     cublasLtMatmulAlgo_t algo{};
     size_t workspace = 0;  // bytes the algorithm needs
-    void destroy() {
+    Plan() = default;
+    Plan(const Plan&) = delete;
+    Plan& operator=(const Plan&) = delete;
+    ~Plan() {
       // Never throw from a destructor: statuses ignored.
       if (layout_c) (void)cublasLtMatrixLayoutDestroy(layout_c);
       if (layout_b) (void)cublasLtMatrixLayoutDestroy(layout_b);
@@ -303,22 +314,51 @@ class StepGemm {
 
   static constexpr bool kHalfType = std::is_same_v<AB, c10::Half> || std::is_same_v<AB, c10::BFloat16>;
 
+  // Everything build() depends on besides the AB / CT types (the template's): the device (its
+  // architecture decides the algorithms), the GEMM's shape and strides, the operands'
+  // alignments, TF32, the split-K rule's input and the workspace the plan may need.
+  using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t,
+                             uint32_t, bool, bool, size_t>;
+  // Plans kept for the process, shared by every StepGemm of this type (never destroyed: a
+  // plan is a few small host objects). Past kMaxKeptPlans distinct keys (e.g. many ragged
+  // batch sizes) new plans are kept by their StepGemm only.
+  static constexpr size_t kMaxKeptPlans = 4096;
+  struct PlanCache {
+    std::mutex mutex;
+    std::map<PlanKey, std::shared_ptr<const Plan>> plans;
+  };
+  static PlanCache& plan_cache() {
+    static auto* cache = new PlanCache();  // never destroyed, like the cuBLAS handles' pools
+    return *cache;
+  }
+
   // The plan of these operands: their row alignments decide which algorithms may run.
   const Plan& plan_for(int64_t M, const AB* A, const AB* B, const CT* C) {
     const uint32_t align_a = detail::row_alignment(A, lda_ * int64_t(sizeof(AB)));
     const uint32_t align_b = detail::row_alignment(B, ldb_ * int64_t(sizeof(AB)));
     const uint32_t align_c = detail::row_alignment(C, ldc_ * int64_t(sizeof(CT)));
-    for (const Plan& p : plans_) {
-      if (p.M == M && p.align_a == align_a && p.align_b == align_b && p.align_c == align_c) return p;
+    for (const auto& p : plans_) {
+      if (p->M == M && p->align_a == align_a && p->align_b == align_b && p->align_c == align_c) return *p;
     }
-    plans_.emplace_back();
-    Plan& p = plans_.back();
-    p.M = M;
-    p.align_a = align_a;
-    p.align_b = align_b;
-    p.align_c = align_c;
-    build(p);
-    return p;
+    const PlanKey key{device_, int(ta_), int(tb_), M, N_, K_, lda_, ldb_, ldc_, align_a, align_b, align_c,
+                      ctx_.tf32(), split_k_always_, heuristic_workspace_};
+    PlanCache& cache = plan_cache();
+    {
+      const std::lock_guard<std::mutex> lock(cache.mutex);
+      const auto it = cache.plans.find(key);
+      if (it != cache.plans.end()) return *plans_.emplace_back(it->second);
+    }
+    auto p = std::make_shared<Plan>();
+    p->M = M;
+    p->align_a = align_a;
+    p->align_b = align_b;
+    p->align_c = align_c;
+    build(*p);
+    {
+      const std::lock_guard<std::mutex> lock(cache.mutex);
+      if (cache.plans.size() < kMaxKeptPlans) cache.plans.emplace(key, p);
+    }
+    return *plans_.emplace_back(std::move(p));
   }
 
   void build(Plan& p) const {
@@ -401,7 +441,8 @@ class StepGemm {
   bool split_k_always_ = false;
   static constexpr size_t kDeepKWorkspaceCap = size_t(32) << 20;
   size_t heuristic_workspace_;  // the most workspace the chosen algorithm may need
-  std::vector<Plan> plans_;
+  int device_;
+  std::vector<std::shared_ptr<const Plan>> plans_;  // this object's, looked up first
 };
 
 }  // namespace cuda

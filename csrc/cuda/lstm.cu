@@ -854,8 +854,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
 
   cuda::BlasContext blas(std::is_same_v<scalar_t, float> && cuda::rnn_allows_tf32());
 
-  // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ.
-  cuda::gemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, N, G, I, sc_t(1), x_p, I, w_ih_p, I, sc_t(0), pre_p, G);
+  // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ. Through a kept
+  // cuBLASLt plan (StepGemm): cublasGemmEx would run cuBLAS's heuristic on every call, host
+  // time in front of the loop's launch, which an eager call's latency pays in full.
+  cuda::StepGemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, G, I, I, I, G)(N, sc_t(1), x_p, w_ih_p, sc_t(0),
+                                                                                 pre_p);
 
   // The time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one fused
   // kernel per step (lstm_fused_step.cu), each writing y, gates, cells, h_n (hbuf) and c_n
