@@ -23,6 +23,7 @@
 
 #include "cpu_checks.h"
 #include "blas.h"
+#include "huge_pages.h"
 #include "lstm_persistent.h"
 #include "seqkernels/lstm_backend.h"
 #include "seqkernels/lstm_cell.h"
@@ -321,8 +322,9 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
 template <class scalar_t>
 Tensor input_projection(const LstmSizes& s, const Tensor& x, const Tensor& w_ih, const Tensor& bias) {
   using acc_t = at::opmath_type<scalar_t>;
-  Tensor pre = bias.defined() ? bias.expand({s.N, s.G}).contiguous()
-                              : at::empty({s.N, s.G}, x.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  Tensor pre = at::empty({s.N, s.G}, x.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  on_huge_pages(pre);
+  if (bias.defined()) pre.copy_(bias.expand({s.N, s.G}));
   gemm(Trans::No, Trans::Yes, s.N, s.G, s.I, x.const_data_ptr<scalar_t>(), s.I, w_ih.const_data_ptr<scalar_t>(), s.I,
        acc_t(bias.defined() ? 1 : 0), pre.data_ptr<acc_t>(), s.G);
   return pre;
@@ -340,11 +342,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   const bool persistent = use_persistent_loop(s, x.scalar_type());
 
   // Buffers, all allocated before the time loop.
-  Tensor y = at::empty({s.N, s.Hout}, opts);
+  // The [N, ...] buffers on huge pages where the OS offers them (huge_pages.h).
+  Tensor y = on_huge_pages(at::empty({s.N, s.Hout}, opts));
   Tensor hbuf = h0.clone();
   Tensor cbuf = c0.to(acc, /*non_blocking=*/false, /*copy=*/true);
-  Tensor gates = at::empty({saved, s.G}, opts);
-  Tensor cells = at::empty({saved, s.H}, opts);
+  Tensor gates = on_huge_pages(at::empty({saved, s.G}, opts));
+  Tensor cells = on_huge_pages(at::empty({saved, s.H}, opts));
   Tensor bias = s.has_bias ? b_ih->to(acc) + b_hh->to(acc) : Tensor();
 
   if (persistent) {  // implies float32, no projection
@@ -473,12 +476,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   // Buffers, all allocated before the time loop.
   Tensor dhbuf = grad_h_n.to(acc, false, /*copy=*/true);
   Tensor dcbuf = grad_c_n.to(acc, false, /*copy=*/true);
-  Tensor dpre = at::empty({N, G}, opts);
+  // The [N, ...] buffers on huge pages where the OS offers them (huge_pages.h).
+  Tensor dpre = on_huge_pages(at::empty({N, G}, opts));
   Tensor dh_all = at::empty({P > 0 ? N : 0, P}, opts);  // dL/dh_t of every row (projection only)
   Tensor m_all = at::empty({P > 0 ? N : 0, H}, opts);   // m_t of every row (projection only)
   Tensor dm_acc = at::empty({P > 0 ? s.B : 0, H}, opts.dtype(acc));
-  Tensor hprev = at::empty({N, Hout}, opts);
-  Tensor dx = at::empty({N, I}, opts.dtype(acc));
+  Tensor hprev = on_huge_pages(at::empty({N, Hout}, opts));
+  Tensor dx = on_huge_pages(at::empty({N, I}, opts.dtype(acc)));
   Tensor dw_ih = at::empty({G, I}, opts.dtype(acc));
   Tensor dw_hh = at::empty({G, Hout}, opts.dtype(acc));
   Tensor dw_hr = at::empty({P, P > 0 ? H : 0}, opts.dtype(acc));
