@@ -520,10 +520,9 @@ inline void pack_w_hh_columns(const float* w_hh, int64_t H, int64_t block, float
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t blk = i / G, g = i % G;
       float* dst = packed + i * block;
-      for (int64_t l = 0; l < block; ++l) {
-        const int64_t k = blk * block + l;
-        dst[l] = k < H ? w_hh[g * H + k] : 0.f;
-      }
+      const int64_t k0 = blk * block, n = std::min(block, H - k0);  // the last block may be partial
+      std::memcpy(dst, w_hh + g * H + k0, sizeof(float) * n);
+      std::fill(dst + n, dst + block, 0.f);
     }
   });
 }
