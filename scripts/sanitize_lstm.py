@@ -4,6 +4,7 @@
     python scripts/sanitize_lstm.py --extra        # + CUDA-graph capture and a > 65535-step sequence
     python scripts/sanitize_lstm.py --backend persistent   # SEQKERNELS_LSTM_BACKEND for the run
     python scripts/sanitize_lstm.py --backend fused        # the fused-step loop (and its own shapes)
+    python scripts/sanitize_lstm.py --mode infer           # only the inference cases (or --mode train)
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
@@ -155,7 +156,8 @@ def rnn_tf32(allowed: bool):
         torch.backends.cudnn.allow_tf32 = saved
 
 
-def sweep(gen, backend: str) -> int:
+def sweep(gen, backend: str, modes=(True, False)) -> int:
+    """Every case of the backend's sweep whose training flag is in `modes` (True: train)."""
     persistent = backend == "persistent"
     failures = 0
     # Packed (decreasing batch sizes, sequences ending at different steps), odd sizes; H = 8
@@ -165,7 +167,7 @@ def sweep(gen, backend: str) -> int:
     # where it selects other kernels (FFMA instead of TF32 tensor cores).
     tf32_modes = [True, False] if persistent else [True]
     for dtype, proj, reverse, training in itertools.product(
-        [torch.float64, torch.float32, torch.bfloat16, torch.float16], [False, True], [False, True], [True, False]
+        [torch.float64, torch.float32, torch.bfloat16, torch.float16], [False, True], [False, True], modes
     ):
         for tf32 in tf32_modes if dtype == torch.float32 else [True]:
             for k, (batch_sizes, I, H) in enumerate(shapes):
@@ -174,7 +176,7 @@ def sweep(gen, backend: str) -> int:
                     ok, line = run_case(dtype, proj, reverse, training, has_bias, batch_sizes, I, H, gen)
                 failures += not ok
                 print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
-    if persistent:
+    if persistent and True in modes:
         # Several m16 batch tiles, 4 units per block, packed, both directions; then H = 1024
         # (8 units per block), whose float32 backward loads the X tile in column chunks.
         big = [([17, 17, 9, 3], 8, 64, dt, tf32) for dt, tf32 in
@@ -192,13 +194,13 @@ def sweep(gen, backend: str) -> int:
         # (csrc/cuda/lstm.cu; T = 36: two 16-step chunks and four eager steps); H = 8 vectorised,
         # H = 5 scalar; each case twice.
         for dtype, reverse, training, (B, H) in itertools.product(
-            [torch.float64, torch.float32, torch.bfloat16], [False, True], [True, False], [(3, 8), (2, 5)]
+            [torch.float64, torch.float32, torch.bfloat16], [False, True], modes, [(3, 8), (2, 5)]
         ):
             for _ in range(2):
                 ok, line = run_case(dtype, False, reverse, training, True, [B] * 36, 4, H, gen)
                 failures += not ok
                 print(line, flush=True)
-    if backend == "fused":
+    if backend == "fused" and True in modes:
         # 2 units per block (H = 64, 40: a K tail), 8 (H = 1024), several m16 tiles (B = 17, 33),
         # two batch blocks of 8 tiles (B = 140), packed and both directions; bf16 and TF32.
         big = [([17, 17, 9, 3], 8, 64), ([33, 20, 2], 8, 40), ([140, 100, 100], 4, 64), ([16, 16], 8, 1024)]
@@ -274,6 +276,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--backend", choices=["auto", "persistent", "fused", "cublas"], default=None,
                         help="set SEQKERNELS_LSTM_BACKEND for this run (default: leave the environment as it is)")
+    parser.add_argument("--mode", choices=["both", "infer", "train"], default="both",
+                        help="only the sweep's inference or training cases (e.g. to tell which results an "
+                             "initcheck report reads)")
     args = parser.parse_args()
     if args.backend is not None:
         os.environ["SEQKERNELS_LSTM_BACKEND"] = args.backend
@@ -285,7 +290,8 @@ def main() -> int:
     backend = os.environ.get("SEQKERNELS_LSTM_BACKEND", "auto")
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cudnn rnn fp32_precision: {rnn_precision}  SEQKERNELS_LSTM_BACKEND={backend}", flush=True)
-    failures = sweep(gen, backend)
+    modes = {"both": (True, False), "infer": (False,), "train": (True,)}[args.mode]
+    failures = sweep(gen, backend, modes)
     if args.extra:
         failures += extra(gen)
     print(f"sanitize_lstm: {failures} failure(s)", flush=True)
