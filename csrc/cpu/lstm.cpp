@@ -154,10 +154,11 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
 // The persistent loop covers float32 without projection; other cases always take the
 // BLAS ("gemm") loop, which handles everything. Under auto the persistent loop also needs
 // enough steps to pay for packing the weights, which it does on every call (a pass over W_hh,
-// and over W_ih where the projection runs in the loop; the backward packs W_hh again): at
-// T = 1 (an LSTMCell step) the BLAS loop was 10-40% faster. Measured on the 2-core AVX-512
-// EPYC (Zen 4), both loops interleaved in one process, H 256 / 512 / 1024: from B = 8 the
-// persistent loop won from T = 3-4 in both modes; below B = 8, where its products are
+// and over W_ih where the projection runs in the loop; the backward packs W_hh again).
+// Measured on the 2-core AVX-512 EPYC (Zen 4), both loops interleaved in one process,
+// H 256 / 512 / 1024, B 1 / 8 / 64: at T = 1 (an LSTMCell step) the BLAS loop was faster in
+// 14 of 15 cells, by 2-40% (the persistent loop by 2% at B = 64, H = 512 `infer`); from B = 8
+// the persistent loop won from T = 3-4 in both modes; below B = 8, where its products are
 // matrix-vector products, from T = 4-8 (B = 1, H = 512 `infer`: 0.77x the BLAS loop at T = 2,
 // 0.67x at T = 4, 1.21x at T = 8, 1.54x at T = 16).
 constexpr int64_t kPersistentMinSteps = 4;
