@@ -323,8 +323,7 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
 template <class scalar_t>
 Tensor input_projection(const LstmSizes& s, const Tensor& x, const Tensor& w_ih, const Tensor& bias) {
   using acc_t = at::opmath_type<scalar_t>;
-  Tensor pre = at::empty({s.N, s.G}, x.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
-  on_huge_pages(pre);
+  Tensor pre = on_huge_pages(at::empty({s.N, s.G}, x.options().dtype(c10::CppTypeToScalarType<acc_t>::value)));
   if (bias.defined()) pre.copy_(bias.expand({s.N, s.G}));
   gemm(Trans::No, Trans::Yes, s.N, s.G, s.I, x.const_data_ptr<scalar_t>(), s.I, w_ih.const_data_ptr<scalar_t>(), s.I,
        acc_t(bias.defined() ? 1 : 0), pre.data_ptr<acc_t>(), s.G);
