@@ -1035,6 +1035,22 @@ def test_short_path_taken_only_where_it_applies(device):
         assert module._forward_one_layer(inp, hx) is None
 
 
+def test_functional_call_weights_reach_the_short_path(device):
+    """torch.func.functional_call swaps the weights for one call: the one-layer call (the short
+    path) must compute with the swapped weights, as nn.LSTM does with them loaded."""
+    torch.manual_seed(16)
+    x = torch.randn(6, 3, 4, device=device, dtype=torch.float64)
+    ours = LSTM(4, 5, device=device, dtype=torch.float64)
+    swapped = {name: torch.randn_like(p) for name, p in ours.named_parameters()}
+    ref = nn.LSTM(4, 5, device=device, dtype=torch.float64)
+    ref.load_state_dict(swapped)
+    with torch.no_grad():
+        y, (h, c) = torch.func.functional_call(ours, swapped, (x,))
+        y_ref, (h_ref, c_ref) = ref(x)
+    for got, want in ((y, y_ref), (h, h_ref), (c, c_ref)):
+        assert_close(got, want, torch.float64, "functional_call")
+
+
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("model_kind", ["tagger", "one_layer"])
