@@ -178,11 +178,12 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
     if persistent and True in modes:
         # Several m16 batch tiles, 4 units per block, packed, both directions; then H = 1024
-        # (8 units per block), whose float32 backward loads the X tile in column chunks.
+        # (8 units per block), whose float32 backward loads the X tile in column chunks, and
+        # whose TF32 forward reads part of W_hh from shared memory (B = 16: all of it).
         big = [([17, 17, 9, 3], 8, 64, dt, tf32) for dt, tf32 in
                [(torch.bfloat16, True), (torch.float32, True), (torch.float32, False), (torch.float64, True)]]
         big += [([16, 16], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),
-                ([5, 5], 8, 1024, torch.bfloat16, True)]
+                ([5, 5], 8, 1024, torch.bfloat16, True), ([5, 5], 8, 1024, torch.float32, True)]
         for batch_sizes, I, H, dtype, tf32 in big:
             for reverse in (False, True):
                 with rnn_tf32(tf32):

@@ -359,14 +359,15 @@ def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
 
 @pytest.mark.parametrize("precision_name,B,H,direct", [
     ("bfloat16", 1, 1024, True), ("float16", 16, 256, True), ("bfloat16", 5, 40, True), ("tf32", 16, 512, True),
-    ("bfloat16", 17, 256, False), ("tf32", 4, 1024, False), ("float32", 4, 256, False), ("float64", 2, 16, False),
+    ("tf32", 4, 1024, True), ("tf32", 12, 1024, True), ("tf32", 1, 520, True),
+    ("bfloat16", 17, 256, False), ("tf32", 17, 1024, False), ("float32", 4, 256, False), ("float64", 2, 16, False),
 ])
 def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direct):
     """The persistent forward runs its direct kernel (A fragments straight from the exchange
-    buffer, one barrier per step) on tensor cores at B <= 16 with at most 8 k-steps per warp
-    (H <= 1024 for 16-bit types, 512 for TF32), the general kernel elsewhere; the diagnostic
-    SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the reference's values
-    (test_layer_matches_reference and the rest run whichever applies)."""
+    buffer, one barrier per step) on tensor cores at B <= 16 and H <= 1024 (TF32 beyond H = 512
+    with part or all of W_hh's fragments in shared memory), the general kernel elsewhere; the
+    diagnostic SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the
+    reference's values (test_layer_matches_reference and the rest run whichever applies)."""
     dtype = DTYPE[precision_name]
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
@@ -377,15 +378,20 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
         assert _persistent_variants(run, "forward", "direct") == {"general"}
 
 
-@pytest.mark.parametrize("precision_name", ["bfloat16", "tf32"])
-def test_direct_and_general_forward_match_reference(monkeypatch, precision_name):
+@pytest.mark.parametrize("precision_name,batch_sizes,H", [
+    ("bfloat16", [9, 9, 7, 4, 4, 1], 48), ("tf32", [9, 9, 7, 4, 4, 1], 48),
+    # TF32 with 16 k-steps per warp (H > 512): at B <= 8 half of the W_hh fragments in shared
+    # memory, one row group; at B > 8 all of them, two row groups; 604 units: a padded last block.
+    ("tf32", [7, 7, 5, 2, 2, 1], 604), ("tf32", [12, 12, 9, 4, 1], 604),
+])
+def test_direct_and_general_forward_match_reference(monkeypatch, precision_name, batch_sizes, H):
     """Both persistent forward kernels on one packed, reversed input (rows that start late take
-    h0/c0, 48 units: a padded last block), each against the float64 reference."""
+    h0/c0, a padded last block), each against the float64 reference."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
         for direct in ("1", "0"):
             monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT", direct)
-            compare_layer([9, 9, 7, 4, 4, 1], 5, 48, reverse=True, bias=True, precision=precision_name, seed=11,
+            compare_layer(batch_sizes, 5, H, reverse=True, bias=True, precision=precision_name, seed=11,
                           what=f"SEQKERNELS_LSTM_PERSISTENT_DIRECT={direct}")
 
 

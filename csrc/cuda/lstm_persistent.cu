@@ -828,9 +828,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 //             4t+3 for k = 2t+8, 2t+9; so b0 = W[4t, 4t+1][col], b1 = W[4t+2, 4t+3][col];
 //   m16n8k8 (TF32): word 2t = element 2t for k = t, word 2t+1 = element 2t+1 for k = t+4;
 //             so b0 = W[2t][col], b1 = W[2t+1][col].
-// Limits (else the general kernel): bf16/fp16 or TF32, B <= 16, K per warp <= 8 k-steps
-// (Hp <= 1024 for 16-bit types, 512 for TF32).
-constexpr int kDirectKS = 8;  // resident k-steps per warp
+// Limits (else the general kernel): bf16/fp16 or TF32, B <= 16, K per warp <= 8 k-steps for
+// 16-bit types (Hp <= 1024) and <= 16 for TF32 (Hp <= 1024).
+//
+// TF32 beyond Hp = 512 (16 k-steps per warp): the fragments of all of K would take 128
+// registers beside as many A registers, so only the first KREG k-steps keep theirs in registers
+// and the rest are read from shared memory every step, laid out [warp][k-step][n-tile][lane]
+// (a lane's 8 bytes, one conflict-free 256-byte row per warp and tile). At B <= 8 (ROWS = 1: the
+// tile's rows g + 8 are empty, no A registers for them) half stay in registers; at B <= 16 none
+// (the A fragments of two rows take 128 registers).
+constexpr int kDirectKS = 8;       // k-steps per warp with all fragments in registers
+constexpr int kDirectKSWide = 16;  // TF32: k-steps per warp, part of them from shared memory
 // Partial sums: row stride 40 floats (4U <= 32 columns; 40 keeps the gate threads' reads of
 // four rows x eight units on distinct banks) and compile-time strides, so that the 32 loads of
 // a gate item are one base register plus immediates (code size: see the top of the file).
@@ -866,12 +874,12 @@ __device__ __noinline__ uint2 h0_pair(const scalar_t* h0_row, int H, int word) {
 // Rows [nll, bt) of the A fragments from h0 (step 0, and rows that start late in reverse):
 // the payloads of this lane's pairs, as the LL buffer would hold them. Cold path (its loads
 // are out of line in h0_pair; the arrays stay in registers, hence inline here).
-template <class scalar_t, int KPC>
+template <class scalar_t, int KPC, int ROWS>
 __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_words, int word0, int nll, int bt,
-                                          u64 (&lo)[2][KPC], u64 (&hi)[2][KPC]) {
+                                          u64 (&lo)[ROWS][KPC], u64 (&hi)[ROWS][KPC]) {
   const int gq = (threadIdx.x & 31) >> 2;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < ROWS; ++r) {
     const int row = gq + 8 * r;
     if (row < nll || row >= bt) continue;
 #pragma unroll
@@ -887,8 +895,10 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 }
 
 // KPC: k-steps per warp (compile time, so that the hot loop carries no per-k-step predicate);
-// lanes whose k-steps pass the end of the row (row_words) load fewer.
-template <class scalar_t, Path P, bool kTraining, int KPC>
+// lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
+// them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 only,
+// see above). ROWS: row groups of the m16 tile that hold batch rows (1: B <= 8, 2: B <= 16).
+template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int ROWS>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -912,8 +922,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   copy_step_table(a.seg, seg);
 
   // Resident B fragments, columns c = gate * U + u (row gate * H + j0 + u of W_hh), in the
-  // permuted k order above. Warp w covers k-steps [w * KPC, (w + 1) * KPC).
-  uint32_t bfr[kNT][KPC][2];
+  // permuted k order above. Warp w covers k-steps [w * KPC, (w + 1) * KPC): k-steps f < KREG in
+  // registers, the others in shared memory at wsm[((f - KREG) * kNT + nt) * 32] (this lane's).
+  static_assert(KREG <= KPC && ROWS >= 1 && ROWS <= 2, "direct kernel instance");
+  uint32_t bfr[kNT][KREG > 0 ? KREG : 1][2];
+  uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w) + warp * (KPC - KREG) * kNT * 32 + lane;
   {
     const scalar_t* __restrict__ w_hh = a.w_hh;
     auto wf = [&](int k, int c) -> scalar_t {
@@ -937,8 +950,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             b1 = pack2(wf(k0 + 4 * tq + 2, col), wf(k0 + 4 * tq + 3, col));
           }
         }
-        bfr[nt][f][0] = b0;
-        bfr[nt][f][1] = b1;
+        if (f < KREG) {
+          bfr[nt][f < KREG ? f : 0][0] = b0;
+          bfr[nt][f < KREG ? f : 0][1] = b1;
+        } else {
+          wsm[((f - KREG) * kNT + nt) * 32] = make_uint2(b0, b1);  // read back by this lane only
+        }
       }
     }
   }
@@ -987,19 +1004,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 1. A fragments of this warp's K slice, rows gq and gq + 8 (16-byte LL loads).
     const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + word0;
     const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
-    const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
-    u64 lo[2][KPC], hi[2][KPC];
+    const bool ll0 = gq < nll, ll1 = ROWS == 2 && gq + 8 < nll;
+    u64 lo[ROWS][KPC], hi[ROWS][KPC];
     unsigned pending = 0;
 #pragma unroll
     for (int f = 0; f < KPC; ++f) {
-      lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) lo[r][f] = hi[r][f] = 0;
       if (f < nf) {
         if (ll0) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
-        if (ll1) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
+        if constexpr (ROWS == 2) {
+          if (ll1) ll_load(src1 + f * 8, lo[ROWS - 1][f], hi[ROWS - 1][f]);
+        }
         pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
       }
     }
-    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC>(a.h0, H, g.row_words, word0, nll, bt, lo, hi);
+    if (__builtin_expect(nll < bt, 0)) {
+      h0_fragments<scalar_t, KPC, ROWS>(a.h0, H, g.row_words, word0, nll, bt, lo, hi);
+    }
     if (s + 1 < T) {
       nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
       prefetch(nxt, pv_next);
@@ -1008,7 +1030,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (true) {
       int first = -1;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
           const unsigned bit = 1u << (r * KPC + f);
@@ -1032,7 +1054,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
         if (pending & (1u << f)) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
-        if (pending & (1u << (KPC + f))) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
+        if constexpr (ROWS == 2) {
+          if (pending & (1u << (KPC + f))) ll_load(src1 + f * 8, lo[ROWS - 1][f], hi[ROWS - 1][f]);
+        }
       }
     }
     trace.mark(0);
@@ -1045,16 +1069,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int f = 0; f < KPC; ++f) {
       uint32_t af[4];
       af[0] = static_cast<uint32_t>(lo[0][f]);
-      af[1] = static_cast<uint32_t>(lo[1][f]);
+      af[1] = ROWS == 2 ? static_cast<uint32_t>(lo[ROWS - 1][f]) : 0u;
       af[2] = static_cast<uint32_t>(hi[0][f]);
-      af[3] = static_cast<uint32_t>(hi[1][f]);
+      af[3] = ROWS == 2 ? static_cast<uint32_t>(hi[ROWS - 1][f]) : 0u;
       if constexpr (P == Path::kTf32) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) af[e] = to_tf32(__uint_as_float(af[e]));
       }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        if (nt < g.nt) MmaInst<scalar_t>::run(acc[nt], af, bfr[nt][f][0], bfr[nt][f][1]);
+        if (nt < g.nt) {
+          if (f < KREG) {
+            MmaInst<scalar_t>::run(acc[nt], af, bfr[nt][f < KREG ? f : 0][0], bfr[nt][f < KREG ? f : 0][1]);
+          } else {
+            const uint2 w = wsm[((f - KREG) * kNT + nt) * 32];
+            MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+          }
+        }
       }
     }
     float* rw = red + ((s & 1) * kWarps + warp) * kDirectWarp;
@@ -1727,20 +1758,25 @@ bool split_is_faster(const LstmSizes& s, bool half) {
 int split_ntw(int nt) { return nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16; }
 
 // The compiled k-steps-per-warp instance of the direct kernel that covers kpc k-steps.
-int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
+int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : kpc <= 8 ? 8 : kDirectKSWide; }
 
-// Geometry of the direct forward kernel for U units per block; false beyond its limits (B > 16,
-// more than kDirectKS k-steps per warp).
-template <class scalar_t>
-bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
+// Geometry of the direct forward kernel instance <KPC, KREG> for U units per block; false where
+// the call needs another instance or is beyond the kernel's limits (B > 16, more k-steps per warp
+// than the dtype allows: kDirectKS, TF32 kDirectKSWide).
+template <class scalar_t, Path P>
+bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, Geometry& g) {
   if (s.B > 16) return false;
   base_geometry(s, U, sizeof(scalar_t), /*backward=*/false, g);
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
-  if (g.kpc > kDirectKS) return false;
+  if (g.kpc > (P == Path::kTf32 ? kDirectKSWide : kDirectKS)) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
+  if (g.kpc != KPC) return false;
   g.nch = 1;
   g.nt = 4 * U / 8;  // n8 tiles of the 4U gate columns
-  g.off_seg = static_cast<int>(align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float)));
+  size_t off = align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float));
+  g.off_w = static_cast<int>(off);  // fragments of k-steps [KREG, KPC), 8 bytes per lane
+  off += static_cast<size_t>(kWarps) * (KPC - KREG) * MmaCfg<P, false>::kNT * 32 * sizeof(uint2);
+  g.off_seg = static_cast<int>(align16(off));
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
 }
@@ -1817,17 +1853,25 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     if (direct_forward_enabled()) {
       // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
       // depends on U: try each instance with the U values that give its KPC.
-      auto try_direct = [&](auto kpc_c) {
-        constexpr int KPC = decltype(kpc_c)::value;
-        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC>;
-        auto make = [&](int U, Geometry& g) {
-          return make_direct_geometry<scalar_t>(s, prop, U, g) && g.kpc == KPC;
-        };
+      auto try_direct = [&](auto kpc_c, auto kreg_c, auto rows_c) {
+        constexpr int KPC = decltype(kpc_c)::value, KREG = decltype(kreg_c)::value;
+        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG,
+                                                             decltype(rows_c)::value>;
+        auto make = [&](int U, Geometry& g) { return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g); };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
-      if (try_direct(std::integral_constant<int, 2>{}) || try_direct(std::integral_constant<int, 4>{}) ||
-          try_direct(std::integral_constant<int, 8>{})) {
+      using I2 = std::integral_constant<int, 2>;
+      using I4 = std::integral_constant<int, 4>;
+      using I8 = std::integral_constant<int, 8>;
+      if (try_direct(I2{}, I2{}, I2{}) || try_direct(I4{}, I4{}, I2{}) || try_direct(I8{}, I8{}, I2{})) {
         return true;
+      }
+      if constexpr (P == Path::kTf32) {
+        using Wide = std::integral_constant<int, kDirectKSWide>;
+        if (s.B <= 8 ? try_direct(Wide{}, I8{}, std::integral_constant<int, 1>{})
+                     : try_direct(Wide{}, std::integral_constant<int, 0>{}, I2{})) {
+          return true;
+        }
       }
     }
   }
