@@ -179,7 +179,7 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
     if persistent and True in modes:
         # Several m16 batch tiles, 4 units per block, packed, both directions; then H = 1024
         # (8 units per block), whose float32 backward loads the X tile in column chunks, and
-        # whose TF32 forward reads part of W_hh from shared memory (B = 16: all of it).
+        # whose TF32 forward reads half of W_hh from shared memory.
         big = [([17, 17, 9, 3], 8, 64, dt, tf32) for dt, tf32 in
                [(torch.bfloat16, True), (torch.float32, True), (torch.float32, False), (torch.float64, True)]]
         big += [([16, 16], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),

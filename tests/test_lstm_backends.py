@@ -365,7 +365,7 @@ def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
 def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direct):
     """The persistent forward runs its direct kernel (A fragments straight from the exchange
     buffer, one barrier per step) on tensor cores at B <= 16 and H <= 1024 (TF32 beyond H = 512
-    with part or all of W_hh's fragments in shared memory), the general kernel elsewhere; the
+    with half of W_hh's fragments in shared memory), the general kernel elsewhere; the
     diagnostic SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the
     reference's values (test_layer_matches_reference and the rest run whichever applies)."""
     dtype = DTYPE[precision_name]
@@ -380,9 +380,11 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
 
 @pytest.mark.parametrize("precision_name,batch_sizes,H", [
     ("bfloat16", [9, 9, 7, 4, 4, 1], 48), ("tf32", [9, 9, 7, 4, 4, 1], 48),
-    # TF32 with 16 k-steps per warp (H > 512): at B <= 8 half of the W_hh fragments in shared
-    # memory, one row group; at B > 8 all of them, two row groups; 604 units: a padded last block.
-    ("tf32", [7, 7, 5, 2, 2, 1], 604), ("tf32", [12, 12, 9, 4, 1], 604),
+    # TF32 with h exchanged as TF32 pairs: beyond H = 512 (half of the W_hh fragments in shared
+    # memory; 604 units: a padded last block) at B <= 8 and B > 8, and at H = 300 with B <= 8;
+    # 4-byte payloads at H = 300 with B > 8.
+    ("tf32", [7, 7, 5, 2, 2, 1], 604), ("tf32", [12, 12, 9, 4, 1], 604), ("tf32", [7, 7, 5, 2, 2, 1], 300),
+    ("tf32", [12, 12, 9, 4, 1], 300),
 ])
 def test_direct_and_general_forward_match_reference(monkeypatch, precision_name, batch_sizes, H):
     """Both persistent forward kernels on one packed, reversed input (rows that start late take

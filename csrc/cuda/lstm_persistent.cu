@@ -220,30 +220,36 @@ __device__ __forceinline__ void ll_load(const u64* p, u64& lo, u64& hi) {
   asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
 }
 
-// One LL word: payload in the low half, flag in the high half, one atomic 64-bit store.
-__device__ __forceinline__ void ll_store(u64* p, uint32_t payload, uint32_t flag) {
-  const u64 v = (static_cast<u64>(flag) << 32) | payload;
+// One LL word, one atomic 64-bit store.
+__device__ __forceinline__ void ll_store_word(u64* p, u64 v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// One LL word: payload in the low half, flag in the high half.
+__device__ __forceinline__ void ll_store(u64* p, uint32_t payload, uint32_t flag) {
+  ll_store_word(p, (static_cast<u64>(flag) << 32) | payload);
 }
 
 // Spin-wait guard: a wait longer than this (in SM clock cycles, ~10 s) means a bug or a
 // broken co-residency assumption; trap so that the launch fails instead of hanging.
 constexpr long long kSpinTimeoutCycles = 20'000'000'000LL;
 
-__device__ __forceinline__ bool ll_valid(u64 lo, u64 hi, unsigned want) {
-  return static_cast<uint32_t>(lo >> 32) == want && static_cast<uint32_t>(hi >> 32) == want;
+// Both words carry flag `want` in their bits [flag_shift, 64) (32: ll_store's format; the
+// direct forward kernel's TF32 pairs keep their flag higher up).
+__device__ __forceinline__ bool ll_valid(u64 lo, u64 hi, unsigned want, int flag_shift = 32) {
+  return static_cast<uint32_t>(lo >> flag_shift) == want && static_cast<uint32_t>(hi >> flag_shift) == want;
 }
 
 __device__ __forceinline__ u64 ll_payload(u64 lo, u64 hi) { return (lo & 0xffffffffull) | (hi << 32); }
 
 // The slow path of a wait, out of line so that the hot loop stays small: re-reads the pair
 // at p (one load in flight) until both words carry `want`.
-__device__ __noinline__ ulonglong2 ll_wait(const u64* p, unsigned want) {
+__device__ __noinline__ ulonglong2 ll_wait(const u64* p, unsigned want, int flag_shift = 32) {
   const long long t0 = clock64();
   u64 lo, hi;
   while (true) {
     ll_load(p, lo, hi);
-    if (ll_valid(lo, hi, want)) return make_ulonglong2(lo, hi);
+    if (ll_valid(lo, hi, want, flag_shift)) return make_ulonglong2(lo, hi);
     if (clock64() - t0 > kSpinTimeoutCycles) {
       printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
              static_cast<int>(blockIdx.x), want);
@@ -808,7 +814,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward kernel, direct variant: tensor cores, B <= 16, W_hh fragments for all of K
+// Forward kernel, direct variant: tensor cores, B <= 16, Hp <= 1024
 // ---------------------------------------------------------------------------------------
 // Why. The general forward kernel above stages h_{t-1} in shared memory (gather, barrier),
 // forms the product (barrier), applies the gates and stages h_t for publication (barrier):
@@ -816,77 +822,99 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Here, with all batch rows in one m16 tile, each warp loads the A fragments of its own K
 // slice straight from the LL buffer into registers: a warp starts its MMAs as soon as its own
 // words of h_{t-1} carry the step's flag, without waiting for the rest of the block. The gate
-// threads publish h_t themselves (16-bit types: the two units of an LL word sit on adjacent
-// lanes, joined with one shuffle). One barrier per step is left, between the partial sums and
+// threads publish h_t themselves (the two units of an LL word sit on adjacent lanes, joined
+// with one shuffle). One barrier per step is left, between the partial sums and
 // the gate math, and the partial sums alternate between two buffers so that a warp may start
 // the next step's product while slower threads still read this step's sums.
+//
+// TF32 pairs. The MMA reads only the TF32 bits of h (cvt.rna, as before any TF32 product), so
+// float32 h may travel as two 19-bit TF32 values per LL word (bits 0-18 and 19-37; the flag in
+// bits 38-63), as many words as the 16-bit types' pairs: half the bytes every block reads per step
+// that 4-byte payloads take. The flag is 1 + step mod (2^26 - 1): never 0 (the memset's value),
+// and a stale word (two steps old, or zeroed) never matches. Results are bitwise those of h
+// exchanged whole (the same rounding); y, h_n and c are the owner's full-precision values.
+// Where it is used (tf32_pairs_faster, host side): they were faster at Hp > 512 and at B <= 8
+// with Hp > 256, 4-byte payloads elsewhere (A/B on an H200, docs/kernels.md).
 //
 // Fragment order. K is permuted consistently in A and B (a sum over k does not care): within
 // a k-step of 8 LL words, lane t (= lane % 4) takes words 2t and 2t+1 of its row, one 16-byte
 // load, as its a0 and a2 (row g) or a1 and a3 (row g + 8):
 //   m16n8k16: word 2t = elements 4t, 4t+1 stand for k = 2t, 2t+1; word 2t+1 = elements 4t+2,
 //             4t+3 for k = 2t+8, 2t+9; so b0 = W[4t, 4t+1][col], b1 = W[4t+2, 4t+3][col];
-//   m16n8k8 (TF32): word 2t = element 2t for k = t, word 2t+1 = element 2t+1 for k = t+4;
-//             so b0 = W[2t][col], b1 = W[2t+1][col].
-// Limits (else the general kernel): bf16/fp16 or TF32, B <= 16, K per warp <= 8 k-steps for
-// 16-bit types (Hp <= 1024) and <= 16 for TF32 (Hp <= 1024).
+//   m16n8k8, TF32 pairs, two MMAs per k-step: word 2t = elements 4t, 4t+1 stand for k = t,
+//             t+4 of the first, word 2t+1 = elements 4t+2, 4t+3 for k = t, t+4 of the second;
+//             so b0 = W[4t][col], b1 = W[4t+1][col], then W[4t+2][col], W[4t+3][col];
+//   m16n8k8, 4-byte payloads: word 2t = element 2t for k = t, word 2t+1 = element 2t+1 for
+//             k = t+4; so b0 = W[2t][col], b1 = W[2t+1][col].
+// Limits (else the general kernel): bf16/fp16 or TF32, B <= 16, at most 8 k-steps per warp
+// (Hp <= 1024).
 //
-// TF32 beyond Hp = 512 (16 k-steps per warp): the fragments of all of K would take 128
-// registers beside as many A registers, so only the first KREG k-steps keep theirs in registers
-// and the rest are read from shared memory every step, laid out [warp][k-step][n-tile][lane]
-// (a lane's 8 bytes, one conflict-free 256-byte row per warp and tile). At B <= 8 (ROWS = 1: the
-// tile's rows g + 8 are empty, no A registers for them) half stay in registers; at B <= 16 none
-// (the A fragments of two rows take 128 registers).
-constexpr int kDirectKS = 8;       // k-steps per warp with all fragments in registers
-constexpr int kDirectKSWide = 16;  // TF32: k-steps per warp, part of them from shared memory
+// Resident weights. TF32 pairs' fragments take twice the registers of 16-bit ones: at 8 k-steps
+// per warp (Hp > 512) all of them (128 registers) would not fit beside the A fragments, so the first
+// KREG k-steps keep theirs in registers and the rest are read from shared memory every step,
+// laid out [warp][k-step][mma][n-tile][lane] (a lane's 8 bytes: one conflict-free 256-byte row
+// per warp and tile). Measured on an H200 (fp32 B = 1 / 16, H = 1024, an earlier version with
+// 4-byte payloads): half or all of W_hh read from shared memory every step took the same time.
+constexpr int kDirectKS = 8;  // k-steps of 8 LL words per warp
+constexpr int kTf32PairFlagShift = 38;
+constexpr unsigned kTf32PairFlagPeriod = (1u << 26) - 1;
+__device__ __forceinline__ unsigned tf32_pair_flag(int step) {
+  return 1u + static_cast<unsigned>(step) % kTf32PairFlagPeriod;
+}
+// A TF32 pair word's first (bits 0-18) and second (19-37) value, as TF32 bits for the MMA.
+__device__ __forceinline__ uint32_t tf32_pair_first(u64 w) { return static_cast<uint32_t>(w << 13) & 0xffffe000u; }
+__device__ __forceinline__ uint32_t tf32_pair_second(u64 w) { return static_cast<uint32_t>(w >> 6) & 0xffffe000u; }
 // Partial sums: row stride 40 floats (4U <= 32 columns; 40 keeps the gate threads' reads of
 // four rows x eight units on distinct banks) and compile-time strides, so that the 32 loads of
 // a gate item are one base register plus immediates (code size: see the top of the file).
 constexpr int kDirectRow = 40;
 constexpr int kDirectWarp = 16 * kDirectRow;
 
-// The payload of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
-// start late in the reverse direction. Cold path, out of line.
-template <class scalar_t>
-__device__ __noinline__ uint2 h0_pair(const scalar_t* h0_row, int H, int word) {
-  constexpr int per_word = 4 / static_cast<int>(sizeof(scalar_t));
-  uint32_t p[2];
+// The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
+// start late in the reverse direction. Two elements per word (16-bit values, TF32 pairs) or one
+// (float). Cold path, out of line.
+template <class scalar_t, bool kTf32Pairs>
+__device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word) {
+  constexpr int per_word = sizeof(scalar_t) == 2 || kTf32Pairs ? 2 : 1;
+  u64 p[2];
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
-    uint32_t bits = 0;
+    u64 bits = 0;
 #pragma unroll
     for (int e = 0; e < per_word; ++e) {
       const int k = (word + w) * per_word + e;
       if (k < H) {
         const scalar_t v = h0_row[k];
-        if constexpr (sizeof(scalar_t) == 4) {
+        if constexpr (kTf32Pairs) {
+          bits |= static_cast<u64>(to_tf32(static_cast<float>(v)) >> 13) << (19 * e);
+        } else if constexpr (sizeof(scalar_t) == 4) {
           bits = __float_as_uint(static_cast<float>(v));
         } else {
-          bits |= static_cast<uint32_t>(v.x) << (16 * e);
+          bits |= static_cast<u64>(v.x) << (16 * e);
         }
       }
     }
     p[w] = bits;
   }
-  return make_uint2(p[0], p[1]);
+  return make_ulonglong2(p[0], p[1]);
 }
 
 // Rows [nll, bt) of the A fragments from h0 (step 0, and rows that start late in reverse):
 // the payloads of this lane's pairs, as the LL buffer would hold them. Cold path (its loads
 // are out of line in h0_pair; the arrays stay in registers, hence inline here).
-template <class scalar_t, int KPC, int ROWS>
+template <class scalar_t, int KPC, bool kTf32Pairs>
 __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_words, int word0, int nll, int bt,
-                                          u64 (&lo)[ROWS][KPC], u64 (&hi)[ROWS][KPC]) {
+                                          u64 (&lo)[2][KPC], u64 (&hi)[2][KPC]) {
   const int gq = (threadIdx.x & 31) >> 2;
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
+  for (int r = 0; r < 2; ++r) {
     const int row = gq + 8 * r;
     if (row < nll || row >= bt) continue;
 #pragma unroll
     for (int f = 0; f < KPC; ++f) {
       const int word = word0 + f * 8;
       if (word < row_words) {
-        const uint2 v = h0_pair(h0 + static_cast<int64_t>(row) * H, H, word);
+        const ulonglong2 v = h0_pair<scalar_t, kTf32Pairs>(h0 + static_cast<int64_t>(row) * H, H, word);
         lo[r][f] = v.x;
         hi[r][f] = v.y;
       }
@@ -896,16 +924,21 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 
 // KPC: k-steps per warp (compile time, so that the hot loop carries no per-k-step predicate);
 // lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
-// them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 only,
-// see above). ROWS: row groups of the m16 tile that hold batch rows (1: B <= 8, 2: B <= 16).
-template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int ROWS>
+// them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 pairs
+// at Hp > 512, see above). kTf32Pairs: h exchanged as TF32 pairs (TF32 only).
+template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, bool kTf32Pairs>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = CudaMath;
-  using Cfg = MmaCfg<P, false>;  // kStep: k per mma (8 LL words either way); kNT: 4U <= 32 columns
+  using Cfg = MmaCfg<P, false>;  // kNT: 4U <= 32 columns
   constexpr int kNT = Cfg::kNT;
-  constexpr bool kPairs = sizeof(scalar_t) == 2;  // two units per LL word
+  constexpr bool kTf32 = P == Path::kTf32;
+  static_assert(kTf32 || (sizeof(scalar_t) == 2 && !kTf32Pairs), "direct kernel: 16-bit types or TF32");
+  constexpr bool kPairs = !kTf32 || kTf32Pairs;  // two units per LL word
+  constexpr int kMma = kTf32Pairs ? 2 : 1;       // MMAs per k-step of 8 LL words
+  constexpr int kStepElems = kPairs ? 16 : 8;    // elements of h per k-step
+  constexpr int kFlagShift = kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
   // that polling does not flood L2.
@@ -923,10 +956,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Resident B fragments, columns c = gate * U + u (row gate * H + j0 + u of W_hh), in the
   // permuted k order above. Warp w covers k-steps [w * KPC, (w + 1) * KPC): k-steps f < KREG in
-  // registers, the others in shared memory at wsm[((f - KREG) * kNT + nt) * 32] (this lane's).
-  static_assert(KREG <= KPC && ROWS >= 1 && ROWS <= 2, "direct kernel instance");
-  uint32_t bfr[kNT][KREG > 0 ? KREG : 1][2];
-  uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w) + warp * (KPC - KREG) * kNT * 32 + lane;
+  // registers, the others in shared memory at wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32]
+  // (this lane's 8 bytes).
+  static_assert(KREG >= 1 && KREG <= KPC, "direct kernel instance");
+  uint32_t bfr[kNT][KREG][kMma][2];
+  uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w) + warp * (KPC - KREG) * kMma * kNT * 32 + lane;
   {
     const scalar_t* __restrict__ w_hh = a.w_hh;
     auto wf = [&](int k, int c) -> scalar_t {
@@ -938,23 +972,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
-        uint32_t b0 = 0, b1 = 0;
-        if (nt < g.nt) {
-          const int k0 = (warp * KPC + f) * Cfg::kStep;
-          const int col = nt * 8 + gq;
-          if constexpr (P == Path::kTf32) {
-            b0 = to_tf32(static_cast<float>(wf(k0 + 2 * tq, col)));
-            b1 = to_tf32(static_cast<float>(wf(k0 + 2 * tq + 1, col)));
-          } else {
-            b0 = pack2(wf(k0 + 4 * tq, col), wf(k0 + 4 * tq + 1, col));
-            b1 = pack2(wf(k0 + 4 * tq + 2, col), wf(k0 + 4 * tq + 3, col));
+#pragma unroll
+        for (int m = 0; m < kMma; ++m) {
+          uint32_t b0 = 0, b1 = 0;
+          if (nt < g.nt) {
+            const int k0 = (warp * KPC + f) * kStepElems + (kPairs ? 4 : 2) * tq;  // this lane's elements
+            const int col = nt * 8 + gq;
+            if constexpr (kTf32) {
+              b0 = to_tf32(static_cast<float>(wf(k0 + 2 * m, col)));
+              b1 = to_tf32(static_cast<float>(wf(k0 + 2 * m + 1, col)));
+            } else {
+              b0 = pack2(wf(k0, col), wf(k0 + 1, col));
+              b1 = pack2(wf(k0 + 2, col), wf(k0 + 3, col));
+            }
           }
-        }
-        if (f < KREG) {
-          bfr[nt][f < KREG ? f : 0][0] = b0;
-          bfr[nt][f < KREG ? f : 0][1] = b1;
-        } else {
-          wsm[((f - KREG) * kNT + nt) * 32] = make_uint2(b0, b1);  // read back by this lane only
+          if (f < KREG) {
+            bfr[nt][f < KREG ? f : 0][m][0] = b0;
+            bfr[nt][f < KREG ? f : 0][m][1] = b1;
+          } else {
+            wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32] = make_uint2(b0, b1);  // read back by this lane only
+          }
         }
       }
     }
@@ -999,29 +1036,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int bt = cur.bt;
     const int64_t off = cur.off;
     const int nll = s > 0 ? min(bt, bt_prev) : 0;  // rows of h_{t-1} in the LL buffer; [nll, bt) from h0
-    const unsigned want = static_cast<unsigned>(s);
+    // The flag of step s - 1's words (none are read at s = 0).
+    const unsigned want = s == 0 ? 0u : kTf32Pairs ? tf32_pair_flag(s - 1) : static_cast<unsigned>(s);
 
     // 1. A fragments of this warp's K slice, rows gq and gq + 8 (16-byte LL loads).
     const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + word0;
     const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
-    const bool ll0 = gq < nll, ll1 = ROWS == 2 && gq + 8 < nll;
-    u64 lo[ROWS][KPC], hi[ROWS][KPC];
+    const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
+    u64 lo[2][KPC], hi[2][KPC];
     unsigned pending = 0;
 #pragma unroll
     for (int f = 0; f < KPC; ++f) {
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) lo[r][f] = hi[r][f] = 0;
+      lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
       if (f < nf) {
         if (ll0) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
-        if constexpr (ROWS == 2) {
-          if (ll1) ll_load(src1 + f * 8, lo[ROWS - 1][f], hi[ROWS - 1][f]);
-        }
+        if (ll1) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
         pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
       }
     }
-    if (__builtin_expect(nll < bt, 0)) {
-      h0_fragments<scalar_t, KPC, ROWS>(a.h0, H, g.row_words, word0, nll, bt, lo, hi);
-    }
+    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC, kTf32Pairs>(a.h0, H, g.row_words, word0, nll, bt, lo, hi);
     if (s + 1 < T) {
       nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
       prefetch(nxt, pv_next);
@@ -1030,12 +1063,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (true) {
       int first = -1;
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
+      for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
           const unsigned bit = 1u << (r * KPC + f);
           if (pending & bit) {
-            if (ll_valid(lo[r][f], hi[r][f], want)) {
+            if (ll_valid(lo[r][f], hi[r][f], want, kFlagShift)) {
               pending &= ~bit;
             } else if (first < 0) {
               first = r * KPC + f;
@@ -1045,7 +1078,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (pending == 0) break;
       if (__popc(pending) > kPollAll) {
-        (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * 8, want);
+        (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * 8, want, kFlagShift);
       } else if (clock64() - t_wait > kSpinTimeoutCycles) {
         printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
                static_cast<int>(blockIdx.x), want);
@@ -1054,9 +1087,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
         if (pending & (1u << f)) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
-        if constexpr (ROWS == 2) {
-          if (pending & (1u << (KPC + f))) ll_load(src1 + f * 8, lo[ROWS - 1][f], hi[ROWS - 1][f]);
-        }
+        if (pending & (1u << (KPC + f))) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
       }
     }
     trace.mark(0);
@@ -1067,23 +1098,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
     for (int f = 0; f < KPC; ++f) {
-      uint32_t af[4];
-      af[0] = static_cast<uint32_t>(lo[0][f]);
-      af[1] = ROWS == 2 ? static_cast<uint32_t>(lo[ROWS - 1][f]) : 0u;
-      af[2] = static_cast<uint32_t>(hi[0][f]);
-      af[3] = ROWS == 2 ? static_cast<uint32_t>(hi[ROWS - 1][f]) : 0u;
-      if constexpr (P == Path::kTf32) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) af[e] = to_tf32(__uint_as_float(af[e]));
-      }
+      for (int m = 0; m < kMma; ++m) {
+        uint32_t af[4];
+        if constexpr (kTf32Pairs) {
+          const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
+          af[0] = tf32_pair_first(w0);
+          af[1] = tf32_pair_first(w1);
+          af[2] = tf32_pair_second(w0);
+          af[3] = tf32_pair_second(w1);
+        } else {
+          af[0] = static_cast<uint32_t>(lo[0][f]);
+          af[1] = static_cast<uint32_t>(lo[1][f]);
+          af[2] = static_cast<uint32_t>(hi[0][f]);
+          af[3] = static_cast<uint32_t>(hi[1][f]);
+          if constexpr (kTf32) {
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        if (nt < g.nt) {
-          if (f < KREG) {
-            MmaInst<scalar_t>::run(acc[nt], af, bfr[nt][f < KREG ? f : 0][0], bfr[nt][f < KREG ? f : 0][1]);
-          } else {
-            const uint2 w = wsm[((f - KREG) * kNT + nt) * 32];
-            MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+            for (int e = 0; e < 4; ++e) af[e] = to_tf32(__uint_as_float(af[e]));
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (nt < g.nt) {
+            if (f < KREG) {
+              const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
+              MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
+            } else {
+              const uint2 w = wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32];
+              MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+            }
           }
         }
       }
@@ -1126,12 +1169,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     trace.mark(2);
     // Padding units publish zeros.
     u64* const pub = pub0 + ((s & 1) ? buf_words : 0);
-    if constexpr (kPairs) {
+    if constexpr (kTf32Pairs) {
+      const uint32_t bits = to_tf32(static_cast<float>(h)) >> 13;
+      const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
+      if (s + 1 < T && active && (it.u & 1) == 0) {
+        ll_store_word(pub, bits | (static_cast<u64>(hi_bits) << 19) |
+                               (static_cast<u64>(tf32_pair_flag(s)) << kTf32PairFlagShift));
+      }
+    } else if constexpr (kTf32) {
+      if (s + 1 < T && active) ll_store(pub, __float_as_uint(static_cast<float>(h)), static_cast<uint32_t>(s + 1));
+    } else {
       const uint32_t bits = static_cast<uint32_t>(h.x);
       const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
       if (s + 1 < T && active && (it.u & 1) == 0) ll_store(pub, bits | (hi_bits << 16), static_cast<uint32_t>(s + 1));
-    } else {
-      if (s + 1 < T && active) ll_store(pub, __float_as_uint(static_cast<float>(h)), static_cast<uint32_t>(s + 1));
     }
     if (active && it.valid) {
       const int64_t row = off + it.n;
@@ -1758,24 +1808,37 @@ bool split_is_faster(const LstmSizes& s, bool half) {
 int split_ntw(int nt) { return nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16; }
 
 // The compiled k-steps-per-warp instance of the direct kernel that covers kpc k-steps.
-int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : kpc <= 8 ? 8 : kDirectKSWide; }
+int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
 
-// Geometry of the direct forward kernel instance <KPC, KREG> for U units per block; false where
-// the call needs another instance or is beyond the kernel's limits (B > 16, more k-steps per warp
-// than the dtype allows: kDirectKS, TF32 kDirectKSWide).
+// Where the direct forward kernel exchanges float32 h as TF32 pairs rather than 4-byte payloads
+// (both forced on an H200, fp32 T = 256, graph ms, docs/kernels.md): pairs at Hp > 512 (H = 1024:
+// B = 1 / 8 / 16 0.805 / 0.974 / 1.227 against 0.886 / 1.037 / 1.477) and at B <= 8 with
+// Hp > 256 (H = 512, B = 1: 0.588 against 0.683); 4-byte payloads at H = 256 (B = 1 / 16: 0.459 /
+// 0.641 against 0.500 / 0.772) and at H = 512, B = 16 (0.983 against 1.110).
+bool tf32_pairs_faster(const LstmSizes& s, const Geometry& g) {
+  return g.Hp > 512 || (g.Hp > 256 && s.B <= 8);
+}
+
+// Geometry of the direct forward kernel instance <KPC, KREG, pairs> for U units per block; false
+// where the call needs another instance or is beyond the kernel's limits (B > 16, more than
+// kDirectKS k-steps per warp).
 template <class scalar_t, Path P>
-bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, Geometry& g) {
+bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, bool tf32_pairs,
+                          Geometry& g) {
   if (s.B > 16) return false;
-  base_geometry(s, U, sizeof(scalar_t), /*backward=*/false, g);
+  // Two elements per LL word (16-bit values, TF32 pairs: as if 2 bytes each), or one float.
+  base_geometry(s, U, P == Path::kTf32 && !tf32_pairs ? 4 : 2, /*backward=*/false, g);
+  if (P == Path::kTf32 && tf32_pairs != tf32_pairs_faster(s, g)) return false;
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
-  if (g.kpc > (P == Path::kTf32 ? kDirectKSWide : kDirectKS)) return false;
+  if (g.kpc > kDirectKS) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
   if (g.kpc != KPC) return false;
   g.nch = 1;
   g.nt = 4 * U / 8;  // n8 tiles of the 4U gate columns
   size_t off = align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float));
-  g.off_w = static_cast<int>(off);  // fragments of k-steps [KREG, KPC), 8 bytes per lane
-  off += static_cast<size_t>(kWarps) * (KPC - KREG) * MmaCfg<P, false>::kNT * 32 * sizeof(uint2);
+  g.off_w = static_cast<int>(off);  // fragments of k-steps [KREG, KPC), 8 bytes per lane and MMA
+  const int mmas = tf32_pairs ? 2 : 1;
+  off += static_cast<size_t>(kWarps) * (KPC - KREG) * mmas * MmaCfg<P, false>::kNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
@@ -1853,23 +1916,25 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     if (direct_forward_enabled()) {
       // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
       // depends on U: try each instance with the U values that give its KPC.
-      auto try_direct = [&](auto kpc_c, auto kreg_c, auto rows_c) {
-        constexpr int KPC = decltype(kpc_c)::value, KREG = decltype(kreg_c)::value;
-        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG,
-                                                             decltype(rows_c)::value>;
-        auto make = [&](int U, Geometry& g) { return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g); };
+      // TF32 pairs at 8 k-steps per warp keep half of them in registers (the kernel's comment).
+      auto try_direct = [&](auto kpc_c, auto pairs_c) {
+        constexpr int KPC = decltype(kpc_c)::value;
+        constexpr bool kTf32Pairs = decltype(pairs_c)::value;
+        constexpr int KREG = kTf32Pairs && KPC == 8 ? 4 : KPC;
+        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, kTf32Pairs>;
+        auto make = [&](int U, Geometry& g) {
+          return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, kTf32Pairs, g);
+        };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
-      using I2 = std::integral_constant<int, 2>;
-      using I4 = std::integral_constant<int, 4>;
-      using I8 = std::integral_constant<int, 8>;
-      if (try_direct(I2{}, I2{}, I2{}) || try_direct(I4{}, I4{}, I2{}) || try_direct(I8{}, I8{}, I2{})) {
+      using Whole = std::false_type;
+      if (try_direct(std::integral_constant<int, 2>{}, Whole{}) || try_direct(std::integral_constant<int, 4>{}, Whole{}) ||
+          try_direct(std::integral_constant<int, 8>{}, Whole{})) {
         return true;
       }
-      if constexpr (P == Path::kTf32) {
-        using Wide = std::integral_constant<int, kDirectKSWide>;
-        if (s.B <= 8 ? try_direct(Wide{}, I8{}, std::integral_constant<int, 1>{})
-                     : try_direct(Wide{}, std::integral_constant<int, 0>{}, I2{})) {
+      if constexpr (P == Path::kTf32) {  // pairs only where Hp > 256: at least 4 k-steps per warp
+        using Pairs = std::true_type;
+        if (try_direct(std::integral_constant<int, 4>{}, Pairs{}) || try_direct(std::integral_constant<int, 8>{}, Pairs{})) {
           return true;
         }
       }
