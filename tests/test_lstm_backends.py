@@ -380,9 +380,9 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
 
 @pytest.mark.parametrize("precision_name,batch_sizes,H", [
     ("bfloat16", [9, 9, 7, 4, 4, 1], 48), ("tf32", [9, 9, 7, 4, 4, 1], 48),
-    # TF32 with h exchanged as TF32 pairs: beyond H = 512 (half of the W_hh fragments in shared
-    # memory; 604 units: a padded last block) at B <= 8 and B > 8, and at H = 300 with B <= 8;
-    # 4-byte payloads at H = 300 with B > 8.
+    # TF32 (h exchanged as pairs of TF32 values) beyond H = 512 (half of the W_hh fragments in
+    # shared memory, 8 units per block; 604 units: a padded last block) and at H = 300 (4 units
+    # per block, each block's slice padded to an L2 sector), B <= 8 and B > 8.
     ("tf32", [7, 7, 5, 2, 2, 1], 604), ("tf32", [12, 12, 9, 4, 1], 604), ("tf32", [7, 7, 5, 2, 2, 1], 300),
     ("tf32", [12, 12, 9, 4, 1], 300),
 ])

@@ -162,6 +162,8 @@ struct Geometry {
   int row_words;   // LL words per exchanged row = Kx * sizeof(scalar_t) / 4
   int wpb;         // LL words of one block's U-element slice = U * sizeof(scalar_t) / 4 (a power of 2)
   int lg_wpb;      // log2(wpb)
+  int pad_shift;   // direct forward: 1 where each block's 16-byte slice sits in a 32-byte L2 sector of
+                   // its own (row_words then counts the padding: twice the words of the row's data)
   int off_red, off_stage, off_w, off_seg;  // shared-memory layout (bytes); the X tile is at 0
   int smem;        // dynamic shared memory bytes
 };
@@ -827,30 +829,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 // the gate math, and the partial sums alternate between two buffers so that a warp may start
 // the next step's product while slower threads still read this step's sums.
 //
-// TF32 pairs. The MMA reads only the TF32 bits of h (cvt.rna, as before any TF32 product), so
-// float32 h may travel as two 19-bit TF32 values per LL word (bits 0-18 and 19-37; the flag in
-// bits 38-63), as many words as the 16-bit types' pairs: half the bytes every block reads per step
+// Two units per LL word. The MMA reads only the TF32 bits of h (cvt.rna, as before any TF32
+// product), so float32 h travels as two 19-bit TF32 values per LL word (bits 0-18 and 19-37; the
+// flag in bits 38-63), like the 16-bit types' pairs: half the bytes every block reads per step
 // that 4-byte payloads take. The flag is 1 + step mod (2^26 - 1): never 0 (the memset's value),
 // and a stale word (two steps old, or zeroed) never matches. Results are bitwise those of h
 // exchanged whole (the same rounding); y, h_n and c are the owner's full-precision values.
-// Where it is used (tf32_pairs_faster, host side): they were faster at Hp > 512 and at B <= 8
-// with Hp > 256, 4-byte payloads elsewhere (A/B on an H200, docs/kernels.md).
+//
+// One L2 sector per block slice. With 4 units per block a block's slice of a row is two words,
+// 16 bytes; two blocks writing halves of one 32-byte sector while every block polls it cost up
+// to a quarter of the step time (H200: bf16 B = 8, H = 512 0.525 against 0.696 ms per call), so
+// there each slice is padded to a sector of its own (Geometry::pad_shift).
 //
 // Fragment order. K is permuted consistently in A and B (a sum over k does not care): within
 // a k-step of 8 LL words, lane t (= lane % 4) takes words 2t and 2t+1 of its row, one 16-byte
 // load, as its a0 and a2 (row g) or a1 and a3 (row g + 8):
 //   m16n8k16: word 2t = elements 4t, 4t+1 stand for k = 2t, 2t+1; word 2t+1 = elements 4t+2,
 //             4t+3 for k = 2t+8, 2t+9; so b0 = W[4t, 4t+1][col], b1 = W[4t+2, 4t+3][col];
-//   m16n8k8, TF32 pairs, two MMAs per k-step: word 2t = elements 4t, 4t+1 stand for k = t,
-//             t+4 of the first, word 2t+1 = elements 4t+2, 4t+3 for k = t, t+4 of the second;
-//             so b0 = W[4t][col], b1 = W[4t+1][col], then W[4t+2][col], W[4t+3][col];
-//   m16n8k8, 4-byte payloads: word 2t = element 2t for k = t, word 2t+1 = element 2t+1 for
-//             k = t+4; so b0 = W[2t][col], b1 = W[2t+1][col].
+//   m16n8k8 (TF32), two MMAs per k-step: word 2t = elements 4t, 4t+1 stand for k = t, t+4 of
+//             the first, word 2t+1 = elements 4t+2, 4t+3 for k = t, t+4 of the second;
+//             so b0 = W[4t][col], b1 = W[4t+1][col], then W[4t+2][col], W[4t+3][col].
 // Limits (else the general kernel): bf16/fp16 or TF32, B <= 16, at most 8 k-steps per warp
 // (Hp <= 1024).
 //
-// Resident weights. TF32 pairs' fragments take twice the registers of 16-bit ones: at 8 k-steps
-// per warp (Hp > 512) all of them (128 registers) would not fit beside the A fragments, so the first
+// Resident weights. TF32 fragments take twice the registers of 16-bit ones: at 8 k-steps per
+// warp (Hp > 512) all of them (128 registers) would not fit beside the A fragments, so the first
 // KREG k-steps keep theirs in registers and the rest are read from shared memory every step,
 // laid out [warp][k-step][mma][n-tile][lane] (a lane's 8 bytes: one conflict-free 256-byte row
 // per warp and tile). Measured on an H200 (fp32 B = 1 / 16, H = 1024, an earlier version with
@@ -871,24 +874,21 @@ constexpr int kDirectRow = 40;
 constexpr int kDirectWarp = 16 * kDirectRow;
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
-// start late in the reverse direction. Two elements per word (16-bit values, TF32 pairs) or one
+// start late in the reverse direction. Two elements per word: 16-bit values or TF32 pairs
 // (float). Cold path, out of line.
-template <class scalar_t, bool kTf32Pairs>
+template <class scalar_t>
 __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word) {
-  constexpr int per_word = sizeof(scalar_t) == 2 || kTf32Pairs ? 2 : 1;
   u64 p[2];
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
     u64 bits = 0;
 #pragma unroll
-    for (int e = 0; e < per_word; ++e) {
-      const int k = (word + w) * per_word + e;
+    for (int e = 0; e < 2; ++e) {
+      const int k = (word + w) * 2 + e;
       if (k < H) {
         const scalar_t v = h0_row[k];
-        if constexpr (kTf32Pairs) {
+        if constexpr (sizeof(scalar_t) == 4) {
           bits |= static_cast<u64>(to_tf32(static_cast<float>(v)) >> 13) << (19 * e);
-        } else if constexpr (sizeof(scalar_t) == 4) {
-          bits = __float_as_uint(static_cast<float>(v));
         } else {
           bits |= static_cast<u64>(v.x) << (16 * e);
         }
@@ -902,7 +902,7 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
 // Rows [nll, bt) of the A fragments from h0 (step 0, and rows that start late in reverse):
 // the payloads of this lane's pairs, as the LL buffer would hold them. Cold path (its loads
 // are out of line in h0_pair; the arrays stay in registers, hence inline here).
-template <class scalar_t, int KPC, bool kTf32Pairs>
+template <class scalar_t, int KPC>
 __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_words, int word0, int nll, int bt,
                                           u64 (&lo)[2][KPC], u64 (&hi)[2][KPC]) {
   const int gq = (threadIdx.x & 31) >> 2;
@@ -914,7 +914,7 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
     for (int f = 0; f < KPC; ++f) {
       const int word = word0 + f * 8;
       if (word < row_words) {
-        const ulonglong2 v = h0_pair<scalar_t, kTf32Pairs>(h0 + static_cast<int64_t>(row) * H, H, word);
+        const ulonglong2 v = h0_pair(h0 + static_cast<int64_t>(row) * H, H, word);
         lo[r][f] = v.x;
         hi[r][f] = v.y;
       }
@@ -924,20 +924,18 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 
 // KPC: k-steps per warp (compile time, so that the hot loop carries no per-k-step predicate);
 // lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
-// them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 pairs
-// at Hp > 512, see above). kTf32Pairs: h exchanged as TF32 pairs (TF32 only).
-template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, bool kTf32Pairs>
+// them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 at
+// Hp > 512, see above).
+template <class scalar_t, Path P, bool kTraining, int KPC, int KREG>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = CudaMath;
   using Cfg = MmaCfg<P, false>;  // kNT: 4U <= 32 columns
   constexpr int kNT = Cfg::kNT;
-  constexpr bool kTf32 = P == Path::kTf32;
-  static_assert(kTf32 || (sizeof(scalar_t) == 2 && !kTf32Pairs), "direct kernel: 16-bit types or TF32");
-  constexpr bool kPairs = !kTf32 || kTf32Pairs;  // two units per LL word
-  constexpr int kMma = kTf32Pairs ? 2 : 1;       // MMAs per k-step of 8 LL words
-  constexpr int kStepElems = kPairs ? 16 : 8;    // elements of h per k-step
+  constexpr bool kTf32Pairs = P == Path::kTf32;  // h as TF32 pairs, two MMAs per k-step
+  static_assert(kTf32Pairs || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or TF32");
+  constexpr int kMma = kTf32Pairs ? 2 : 1;  // MMAs per k-step of 8 LL words (16 elements)
   constexpr int kFlagShift = kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
@@ -976,9 +974,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int m = 0; m < kMma; ++m) {
           uint32_t b0 = 0, b1 = 0;
           if (nt < g.nt) {
-            const int k0 = (warp * KPC + f) * kStepElems + (kPairs ? 4 : 2) * tq;  // this lane's elements
+            const int k0 = (warp * KPC + f) * 16 + 4 * tq;  // this lane's elements of the k-step
             const int col = nt * 8 + gq;
-            if constexpr (kTf32) {
+            if constexpr (kTf32Pairs) {
               b0 = to_tf32(static_cast<float>(wf(k0 + 2 * m, col)));
               b1 = to_tf32(static_cast<float>(wf(k0 + 2 * m + 1, col)));
             } else {
@@ -1023,12 +1021,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   prefetch(cur, pv);
 
   const int word0 = warp * KPC * 8 + 2 * tq;                          // this lane's first LL word of a row
-  const int nf = min(KPC, max(0, (g.row_words - word0 + 7) >> 3));  // its k-steps inside the row
+  const int data_words = g.row_words >> g.pad_shift;                  // a row's words without padding
+  const int nf = min(KPC, max(0, (data_words - word0 + 7) >> 3));  // its k-steps inside the row
+  const int kstride = 8 << g.pad_shift;                              // LL words between k-steps
   // This thread's LL word of h_t in buffer 0 (its unit pair's for 16-bit types); buffer 1 is
   // buf_words further. Computed once: the publication is on the critical path.
   const int64_t buf_words = static_cast<int64_t>(B) * g.row_words;
-  u64* const pub0 = a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words + blockIdx.x * g.wpb +
-                    (kPairs ? (it.u >> 1) : it.u);
+  u64* const pub0 = a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words +
+                    (blockIdx.x * g.wpb << g.pad_shift) + (it.u >> 1);
   PhaseTrace trace;
   trace.start(a.trace);
   int bt_prev = 0;
@@ -1040,7 +1040,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned want = s == 0 ? 0u : kTf32Pairs ? tf32_pair_flag(s - 1) : static_cast<unsigned>(s);
 
     // 1. A fragments of this warp's K slice, rows gq and gq + 8 (16-byte LL loads).
-    const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + word0;
+    const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + (word0 << g.pad_shift);
     const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
     const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
     u64 lo[2][KPC], hi[2][KPC];
@@ -1049,12 +1049,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int f = 0; f < KPC; ++f) {
       lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
       if (f < nf) {
-        if (ll0) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
-        if (ll1) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
+        if (ll0) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+        if (ll1) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
         pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
       }
     }
-    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC, kTf32Pairs>(a.h0, H, g.row_words, word0, nll, bt, lo, hi);
+    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC>(a.h0, H, data_words, word0, nll, bt, lo, hi);
     if (s + 1 < T) {
       nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
       prefetch(nxt, pv_next);
@@ -1078,7 +1078,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (pending == 0) break;
       if (__popc(pending) > kPollAll) {
-        (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * 8, want, kFlagShift);
+        (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * kstride, want, kFlagShift);
       } else if (clock64() - t_wait > kSpinTimeoutCycles) {
         printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
                static_cast<int>(blockIdx.x), want);
@@ -1086,8 +1086,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
-        if (pending & (1u << f)) ll_load(src0 + f * 8, lo[0][f], hi[0][f]);
-        if (pending & (1u << (KPC + f))) ll_load(src1 + f * 8, lo[1][f], hi[1][f]);
+        if (pending & (1u << f)) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+        if (pending & (1u << (KPC + f))) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
       }
     }
     trace.mark(0);
@@ -1112,10 +1112,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           af[1] = static_cast<uint32_t>(lo[1][f]);
           af[2] = static_cast<uint32_t>(hi[0][f]);
           af[3] = static_cast<uint32_t>(hi[1][f]);
-          if constexpr (kTf32) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) af[e] = to_tf32(__uint_as_float(af[e]));
-          }
         }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
@@ -1176,8 +1172,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         ll_store_word(pub, bits | (static_cast<u64>(hi_bits) << 19) |
                                (static_cast<u64>(tf32_pair_flag(s)) << kTf32PairFlagShift));
       }
-    } else if constexpr (kTf32) {
-      if (s + 1 < T && active) ll_store(pub, __float_as_uint(static_cast<float>(h)), static_cast<uint32_t>(s + 1));
     } else {
       const uint32_t bits = static_cast<uint32_t>(h.x);
       const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
@@ -1810,34 +1804,27 @@ int split_ntw(int nt) { return nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16; }
 // The compiled k-steps-per-warp instance of the direct kernel that covers kpc k-steps.
 int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
 
-// Where the direct forward kernel exchanges float32 h as TF32 pairs rather than 4-byte payloads
-// (both forced on an H200, fp32 T = 256, graph ms, docs/kernels.md): pairs at Hp > 512 (H = 1024:
-// B = 1 / 8 / 16 0.805 / 0.974 / 1.227 against 0.886 / 1.037 / 1.477) and at B <= 8 with
-// Hp > 256 (H = 512, B = 1: 0.588 against 0.683); 4-byte payloads at H = 256 (B = 1 / 16: 0.459 /
-// 0.641 against 0.500 / 0.772) and at H = 512, B = 16 (0.983 against 1.110).
-bool tf32_pairs_faster(const LstmSizes& s, const Geometry& g) {
-  return g.Hp > 512 || (g.Hp > 256 && s.B <= 8);
-}
-
-// Geometry of the direct forward kernel instance <KPC, KREG, pairs> for U units per block; false
-// where the call needs another instance or is beyond the kernel's limits (B > 16, more than
-// kDirectKS k-steps per warp).
+// Geometry of the direct forward kernel instance <KPC, KREG> for U units per block; false where
+// the call needs another instance or is beyond the kernel's limits (B > 16, more than kDirectKS
+// k-steps per warp).
 template <class scalar_t, Path P>
-bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, bool tf32_pairs,
-                          Geometry& g) {
+bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, Geometry& g) {
   if (s.B > 16) return false;
-  // Two elements per LL word (16-bit values, TF32 pairs: as if 2 bytes each), or one float.
-  base_geometry(s, U, P == Path::kTf32 && !tf32_pairs ? 4 : 2, /*backward=*/false, g);
-  if (P == Path::kTf32 && tf32_pairs != tf32_pairs_faster(s, g)) return false;
+  // Two elements per LL word: 16-bit values, or TF32 pairs (float), as if 2 bytes each.
+  base_geometry(s, U, 2, /*backward=*/false, g);
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
   if (g.kpc > kDirectKS) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
   if (g.kpc != KPC) return false;
+  if (g.wpb == 2) {  // U = 4: one 32-byte L2 sector per block's 16-byte slice (the kernel's comment)
+    g.pad_shift = 1;
+    g.row_words <<= 1;
+  }
   g.nch = 1;
   g.nt = 4 * U / 8;  // n8 tiles of the 4U gate columns
   size_t off = align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float));
   g.off_w = static_cast<int>(off);  // fragments of k-steps [KREG, KPC), 8 bytes per lane and MMA
-  const int mmas = tf32_pairs ? 2 : 1;
+  const int mmas = P == Path::kTf32 ? 2 : 1;
   off += static_cast<size_t>(kWarps) * (KPC - KREG) * mmas * MmaCfg<P, false>::kNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
@@ -1916,27 +1903,17 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     if (direct_forward_enabled()) {
       // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
       // depends on U: try each instance with the U values that give its KPC.
-      // TF32 pairs at 8 k-steps per warp keep half of them in registers (the kernel's comment).
-      auto try_direct = [&](auto kpc_c, auto pairs_c) {
+      // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
+      auto try_direct = [&](auto kpc_c) {
         constexpr int KPC = decltype(kpc_c)::value;
-        constexpr bool kTf32Pairs = decltype(pairs_c)::value;
-        constexpr int KREG = kTf32Pairs && KPC == 8 ? 4 : KPC;
-        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, kTf32Pairs>;
-        auto make = [&](int U, Geometry& g) {
-          return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, kTf32Pairs, g);
-        };
+        constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
+        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG>;
+        auto make = [&](int U, Geometry& g) { return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g); };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
-      using Whole = std::false_type;
-      if (try_direct(std::integral_constant<int, 2>{}, Whole{}) || try_direct(std::integral_constant<int, 4>{}, Whole{}) ||
-          try_direct(std::integral_constant<int, 8>{}, Whole{})) {
+      if (try_direct(std::integral_constant<int, 2>{}) || try_direct(std::integral_constant<int, 4>{}) ||
+          try_direct(std::integral_constant<int, 8>{})) {
         return true;
-      }
-      if constexpr (P == Path::kTf32) {  // pairs only where Hp > 256: at least 4 k-steps per warp
-        using Pairs = std::true_type;
-        if (try_direct(std::integral_constant<int, 4>{}, Pairs{}) || try_direct(std::integral_constant<int, 8>{}, Pairs{})) {
-          return true;
-        }
       }
     }
   }
