@@ -925,8 +925,9 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 // KPC: k-steps per warp (compile time, so that the hot loop carries no per-k-step predicate);
 // lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
 // them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 at
-// Hp > 512, see above).
-template <class scalar_t, Path P, bool kTraining, int KPC, int KREG>
+// Hp > 512, see above). PAD: Geometry::pad_shift (compile time: the k-steps' loads keep
+// immediate offsets).
+template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int PAD>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -1021,14 +1022,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   prefetch(cur, pv);
 
   const int word0 = warp * KPC * 8 + 2 * tq;                          // this lane's first LL word of a row
-  const int data_words = g.row_words >> g.pad_shift;                  // a row's words without padding
+  const int data_words = g.row_words >> PAD;                          // a row's words without padding
   const int nf = min(KPC, max(0, (data_words - word0 + 7) >> 3));  // its k-steps inside the row
-  const int kstride = 8 << g.pad_shift;                              // LL words between k-steps
+  constexpr int kstride = 8 << PAD;                                  // LL words between k-steps
   // This thread's LL word of h_t in buffer 0 (its unit pair's for 16-bit types); buffer 1 is
   // buf_words further. Computed once: the publication is on the critical path.
   const int64_t buf_words = static_cast<int64_t>(B) * g.row_words;
   u64* const pub0 = a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words +
-                    (blockIdx.x * g.wpb << g.pad_shift) + (it.u >> 1);
+                    (blockIdx.x * g.wpb << PAD) + (it.u >> 1);
   PhaseTrace trace;
   trace.start(a.trace);
   int bt_prev = 0;
@@ -1040,7 +1041,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned want = s == 0 ? 0u : kTf32Pairs ? tf32_pair_flag(s - 1) : static_cast<unsigned>(s);
 
     // 1. A fragments of this warp's K slice, rows gq and gq + 8 (16-byte LL loads).
-    const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + (word0 << g.pad_shift);
+    const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + (word0 << PAD);
     const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
     const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
     u64 lo[2][KPC], hi[2][KPC];
@@ -1904,15 +1905,22 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
       // depends on U: try each instance with the U values that give its KPC.
       // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
-      auto try_direct = [&](auto kpc_c) {
-        constexpr int KPC = decltype(kpc_c)::value;
+      auto try_direct = [&](auto kpc_c, auto pad_c) {
+        constexpr int KPC = decltype(kpc_c)::value, PAD = decltype(pad_c)::value;
         constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
-        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG>;
-        auto make = [&](int U, Geometry& g) { return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g); };
+        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD>;
+        auto make = [&](int U, Geometry& g) {
+          return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g) && g.pad_shift == PAD;
+        };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
-      if (try_direct(std::integral_constant<int, 2>{}) || try_direct(std::integral_constant<int, 4>{}) ||
-          try_direct(std::integral_constant<int, 8>{})) {
+      using K2 = std::integral_constant<int, 2>;
+      using K4 = std::integral_constant<int, 4>;
+      using K8 = std::integral_constant<int, 8>;
+      using Pad = std::integral_constant<int, 1>;
+      using NoPad = std::integral_constant<int, 0>;
+      if (try_direct(K2{}, Pad{}) || try_direct(K4{}, Pad{}) || try_direct(K8{}, Pad{}) || try_direct(K2{}, NoPad{}) ||
+          try_direct(K4{}, NoPad{}) || try_direct(K8{}, NoPad{})) {
         return true;
       }
     }
