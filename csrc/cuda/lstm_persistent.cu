@@ -838,8 +838,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 //
 // One L2 sector per block slice. With 4 units per block a block's slice of a row is two words,
 // 16 bytes; two blocks writing halves of one 32-byte sector while every block polls it cost up
-// to a quarter of the step time (H200: bf16 B = 8, H = 512 0.525 against 0.696 ms per call), so
-// there each slice is padded to a sector of its own (Geometry::pad_shift).
+// to a quarter of the step time (H200: bf16 B = 8, H = 512 0.525 against 0.696 ms per graph
+// replay of a 256-step call), so there each slice is padded to a sector of its own
+// (Geometry::pad_shift).
 //
 // Fragment order. K is permuted consistently in A and B (a sum over k does not care): within
 // a k-step of 8 LL words, lane t (= lane % 4) takes words 2t and 2t+1 of its row, one 16-byte
@@ -1025,7 +1026,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int data_words = g.row_words >> PAD;                          // a row's words without padding
   const int nf = min(KPC, max(0, (data_words - word0 + 7) >> 3));  // its k-steps inside the row
   constexpr int kstride = 8 << PAD;                                  // LL words between k-steps
-  // This thread's LL word of h_t in buffer 0 (its unit pair's for 16-bit types); buffer 1 is
+  // This thread's unit pair's LL word of h_t in buffer 0 (even units publish it); buffer 1 is
   // buf_words further. Computed once: the publication is on the critical path.
   const int64_t buf_words = static_cast<int64_t>(B) * g.row_words;
   u64* const pub0 = a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words +
