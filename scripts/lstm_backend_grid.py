@@ -37,10 +37,15 @@ PEER = "cuDNN"
 
 # Extra candidates (--variants): the general persistent forward kernel where the direct one
 # would run (SEQKERNELS_LSTM_PERSISTENT_DIRECT=0), the general persistent backward kernel where
-# the split one would run (SEQKERNELS_LSTM_PERSISTENT_SPLIT=0): diagnostic switches of
-# lstm_persistent.cu.
+# the split one would run (SEQKERNELS_LSTM_PERSISTENT_SPLIT=0), the split one wherever it can
+# run (=1), with clusters (the default where they fit) or without them
+# (SEQKERNELS_LSTM_PERSISTENT_CLUSTER=0): diagnostic switches of lstm_persistent.cu.
 VARIANTS = {"persistent-general": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_DIRECT": "0"},
-            "persistent-nosplit": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_SPLIT": "0"}}
+            "persistent-nosplit": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_SPLIT": "0"},
+            "persistent-split": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_SPLIT": "1"},
+            "persistent-split-nocluster": {"SEQKERNELS_LSTM_BACKEND": "persistent",
+                                           "SEQKERNELS_LSTM_PERSISTENT_SPLIT": "1",
+                                           "SEQKERNELS_LSTM_PERSISTENT_CLUSTER": "0"}}
 
 
 def forced(loop: str, fn):
@@ -115,7 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--with-auto", action="store_true", help="also time the default choice (auto)")
     p.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS),
                    help="extra candidates: persistent-general = the general persistent forward kernel, "
-                        "persistent-nosplit = the general persistent backward kernel")
+                        "persistent-nosplit = the general persistent backward kernel, persistent-split = "
+                        "the split one wherever it can run, persistent-split-nocluster = that without "
+                        "thread-block clusters")
     p.add_argument("--graphs", action="store_true", help="infer: also time each candidate captured in a CUDA graph")
     p.add_argument("--json", default=None, help="write the records here")
     args = p.parse_args(argv)

@@ -184,6 +184,9 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                [(torch.bfloat16, True), (torch.float32, True), (torch.float32, False), (torch.float64, True)]]
         big += [([16, 16], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),
                 ([5, 5], 8, 1024, torch.bfloat16, True), ([5, 5], 8, 1024, torch.float32, True)]
+        # The split backward kernel in thread-block clusters (B >= 4 on sm_90: 72 blocks, 9
+        # clusters of 8; distributed shared memory and cluster barriers).
+        big += [([9, 9, 7, 4], 8, 286, torch.bfloat16, True), ([9, 9, 7, 4], 8, 286, torch.float32, True)]
         for batch_sizes, I, H, dtype, tf32 in big:
             for reverse in (False, True):
                 with rnn_tf32(tf32):

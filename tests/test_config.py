@@ -62,7 +62,11 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     # tensor-core dtypes (csrc/cuda/lstm_loop.cuh)
     (1, 1024, torch.bfloat16, True, "persistent", "persistent"),  # 2 KiB state
     (16, 256, torch.float16, True, "persistent", "persistent"),  # 8 KiB: the limit
-    (8, 1024, torch.bfloat16, True, "persistent", "fused"),  # 16 KiB: forward B <= 16, H <= 1024
+    (8, 1024, torch.bfloat16, True, "persistent", "fused"),  # 16 KiB: forward B <= 16, H <= 1024; backward H > 768
+    (16, 512, torch.bfloat16, True, "persistent", "persistent"),  # backward: B <= 16, B*H <= 8192, H <= 768
+    (8, 768, torch.float16, True, "persistent", "persistent"),  # the same rule
+    (16, 768, torch.bfloat16, True, "persistent", "fused"),  # backward: B*H = 12288 > 8192
+    (32, 256, torch.bfloat16, True, "fused", "fused"),  # backward: B > 16
     (16, 1024, torch.float16, True, "persistent", "fused"),  # 32 KiB: the forward's limit
     (17, 512, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, 17 KiB
     (8, 2048, torch.bfloat16, True, "fused", "fused"),  # forward H > 1024
@@ -71,13 +75,13 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)
     (256, 256, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
-    (16, 1024, torch.float32, True, "persistent", "persistent"),  # TF32: B <= 16, 64 KiB; backward B <= 16, H > 768
+    (16, 1024, torch.float32, True, "persistent", "persistent"),  # TF32: B <= 16, 64 KiB; backward B <= 16, H <= 1024
     (8, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: split kernel
-    (4, 768, torch.float32, True, "persistent", "persistent"),  # TF32 backward: B <= 4, H <= 1024
-    (8, 768, torch.float32, True, "persistent", "fused"),  # TF32 backward: B*H <= 8192 and H <= 768
-    (8, 512, torch.float32, True, "persistent", "fused"),  # the same rule
+    (4, 768, torch.float32, True, "persistent", "persistent"),  # the same rule
+    (8, 768, torch.float32, True, "persistent", "persistent"),  # the same rule (in clusters)
+    (16, 256, torch.float32, True, "persistent", "persistent"),  # the same rule, 16 KiB
     (8, 2048, torch.float32, True, "persistent", "cublas"),  # TF32: 64 KiB; backward H > 1024 (beyond the split kernel)
-    (16, 256, torch.float32, True, "persistent", "fused"),  # backward: 16 KiB > 8 KiB, B*H <= 8192
+    (32, 256, torch.float32, True, "fused", "fused"),  # forward B > 16; backward B > 16, B*H <= 8192
     (64, 256, torch.float32, True, "fused", "cublas"),  # forward B*H <= 32768; backward B*H = 16384 > 8192
     (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768; backward B*H > 8192
     (32, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768

@@ -351,10 +351,29 @@ def test_persistent_falls_back_cleanly(monkeypatch):
 
 def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
     """Which persistent kernels of a direction ("forward", "backward") ran during fn():
-    `variant` (the "direct" forward or the "split" backward kernel) and/or "general"."""
+    `variant` (the "direct" forward or the "split" backward kernel, clustered or not) and/or
+    "general"."""
     names = kernel_names(fn)
-    return ({variant} if any(f"lstm_persistent_{direction}_{variant}_kernel" in n for n in names) else set()) | (
+    return ({variant} if any(f"lstm_persistent_{direction}_{variant}_" in n for n in names) else set()) | (
         {"general"} if any(f"lstm_persistent_{direction}_kernel" in n for n in names) else set())
+
+
+def _split_cluster_sizes(fn) -> set[int]:
+    """The cluster sizes of the split backward kernels that ran during fn(): CL, the last template
+    argument of lstm_persistent_backward_split_cluster_kernel, or 1 for the kernel without
+    clusters."""
+    import re
+
+    sizes = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_backward_split_cluster_kernel" in n:
+            # <scalar_t, (...::Path)P, NTW, CL>
+            m = re.search(r"split_cluster_kernel<.*?, (\d+), (\d+)>", n)
+            assert m, n
+            sizes.add(int(m.group(2)))
+        elif "lstm_persistent_backward_split_kernel" in n:
+            sizes.add(1)
+    return sizes
 
 
 @pytest.mark.parametrize("precision_name,B,H,direct", [
@@ -397,17 +416,27 @@ def test_direct_and_general_forward_match_reference(monkeypatch, precision_name,
                           what=f"SEQKERNELS_LSTM_PERSISTENT_DIRECT={direct}")
 
 
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
 @pytest.mark.parametrize("precision_name,B,H,split", [
-    ("bfloat16", 1, 1024, True), ("float16", 2, 512, True), ("bfloat16", 5, 36, True), ("bfloat16", 4, 512, False),
-    ("tf32", 1, 256, True), ("tf32", 16, 1024, True), ("tf32", 8, 512, True), ("tf32", 8, 256, False),
+    ("bfloat16", 1, 1024, True), ("float16", 2, 512, True), ("bfloat16", 5, 36, True), ("bfloat16", 2, 768, False),
+    ("tf32", 1, 256, True), ("tf32", 16, 1024, True), ("tf32", 8, 512, True), ("tf32", 2, 256, False),
+    ("bfloat16", 4, 512, True), ("tf32", 8, 256, True), ("bfloat16", 16, 768, True),
     ("bfloat16", 17, 64, False), ("float32", 4, 256, False), ("float64", 2, 16, False),
 ])
 def test_split_backward_kernel_is_taken(monkeypatch, precision_name, B, H, split):
     """The persistent backward runs its split kernel (each block's partial dh over its own gate
-    rows exchanged, not dG) on tensor cores where it was measured faster (16-bit: B·H <= 1024;
-    TF32: B = 1 or H >= 512; B <= 16, H <= 1024), the general kernel elsewhere;
-    SEQKERNELS_LSTM_PERSISTENT_SPLIT=0 keeps the general one, =1 takes the split one wherever it
-    can run."""
+    rows exchanged, not dG) on tensor cores where it was measured faster: in thread-block
+    clusters wherever they fit from B = 4 (sm_90; H > 128 and a block count that clusters of 8 or
+    4 divide and the GPU can hold: on an H200 up to H = 768, not the 128 blocks of H = 1024),
+    else without clusters at 16-bit B·H <= 1024 and TF32 B = 1 or H >= 512 (B <= 16,
+    H <= 1024); the general kernel elsewhere. SEQKERNELS_LSTM_PERSISTENT_SPLIT=0 keeps the
+    general one, =1 takes the split one wherever it can run."""
+    without_clusters = B * H <= 1024 if precision_name in ("bfloat16", "float16") else (B == 1 or H >= 512)
+    if split and not without_clusters and not _sm90():
+        pytest.skip("the split kernel is taken here for its clusters (sm_90)")
     dtype = DTYPE[precision_name]
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.delenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", raising=False)
@@ -436,6 +465,40 @@ def test_split_and_general_backward_match_reference(monkeypatch, precision_name,
             monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", split)
             compare_layer([9, 9, 7, 4, 4, 1], 5, H, reverse=True, bias=True, precision=precision_name, seed=13,
                           what=f"SEQKERNELS_LSTM_PERSISTENT_SPLIT={split}")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,batch_sizes,H", [
+    # H = 286: 72 blocks of 4 units (9 clusters of 8, 18 of 4), a padded last block; H = 768: 96
+    # blocks of 8 units (3 rounds of a consumer's loads at clusters of 4), 16 rows; H = 1024: 128
+    # blocks, whose clusters may not fit.
+    ("bfloat16", [9, 9, 7, 4, 4, 1], 286), ("tf32", [9, 9, 7, 4, 4, 1], 286),
+    ("tf32", [16, 16, 12, 5, 1], 768), ("float16", [16, 16, 12, 5, 1], 768), ("tf32", [16, 16, 12, 5, 1], 1024),
+])
+def test_clustered_split_backward_matches_reference(monkeypatch, precision_name, batch_sizes, H):
+    """The split backward kernel in clusters of 8 and of 4 blocks (partials added in distributed
+    shared memory, one sum per cluster exchanged) and without clusters, on one packed, reversed
+    input, each against the float64 reference; and which cluster size ran
+    (SEQKERNELS_LSTM_PERSISTENT_CLUSTER: 8 or 4 that size only, 0 none). At H = 1024 clusters of
+    8 or 4 need 16 or 32 of them resident at once, which depends on the GPU's GPCs (an H200:
+    neither fits): there the kernel without clusters is the allowed fall-back."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", "1")
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, batch_sizes[0], H, T=3)
+        run()
+        for cluster in ("8", "4", "0"):
+            monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER", cluster)
+            ran = _split_cluster_sizes(run)
+            if cluster == "0":
+                assert ran == {1}
+            elif H == 1024 and cluster in ("8", "4"):
+                assert ran in ({int(cluster)}, {1}), ran
+            else:
+                assert ran == {int(cluster)}, ran
+            compare_layer(batch_sizes, 5, H, reverse=True, bias=True, precision=precision_name, seed=17,
+                          what=f"SEQKERNELS_LSTM_PERSISTENT_CLUSTER={cluster}")
 
 
 def test_backend_variable_is_validated(monkeypatch):

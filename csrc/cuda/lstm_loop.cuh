@@ -26,11 +26,16 @@ constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor core
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
 // Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= kSplitBackwardMaxHidden):
-// persistent at B <= 4, and at B <= 16 above the fused loop's H limit; fused while B·H <= 8192
-// and H <= 768.
-constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
+// persistent at B <= 16 (since its clustered instances, 2026-11-26; before, only at B <= 4 and
+// above the fused loop's H limit); fused while B·H <= 8192 and H <= 768.
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
+// Backward, 16-bit, beyond the 8 KiB state: persistent (the split backward kernel in clusters)
+// while B <= 16, B·H <= 8192 and H <= 768 (at H = 1024 its 128 blocks do not fit in clusters on
+// an H200, and B = 16, H = 768 was faster on the fused loop).
+constexpr int64_t kPersistentMaxBackwardBatchHalf = 16;
+constexpr int64_t kPersistentMaxBackwardBHHalf = 8 * 1024;
+constexpr int64_t kPersistentMaxBackwardHiddenHalf = 768;
 // Fused loop limits. Since the cuBLAS loop replays its steps from kept CUDA graphs (lstm.cu),
 // its step costs device time only, and it overtook the fused loop at B·H = 65536 (the forward:
 // B = 64, H = 1024 TF32 3.14 against 4.89 ms, bf16 2.51 against 2.81; B = 256, H = 256 TF32
@@ -57,14 +62,16 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    flat at its GEMM's device time (replayed from a kept CUDA graph), and it wins for large
 //    B·H. Persistent while the state is <= 8 KiB, and in
 //    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
-//    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the TF32 backward also
-//    (H <= 1024, the split backward kernel) at B <= 4 and at B <= 16 with H > 768; else fused
-//    while B·H <= 32768 (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768
-//    (backward, 16-bit; TF32: B·H <= 8192 with H <= 768: its dG rows are 4H fp32 values and its
-//    W slice 128 KiB at H = 1024, where it takes 14–17 ms); else cuBLAS. The TF32 backward rule is from the backward
-//    op timed alone under each loop (scripts/lstm_backward_choice.py, H200, 2026-11-24,
-//    docs/kernels.md): e.g. B = 16, H = 1024: persistent 4.70 ms, cuBLAS 5.76; H = 768: fused
-//    3.34, persistent 4.24, cuBLAS 5.38.
+//    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the backward also
+//    (the split backward kernel, in thread-block clusters where they fit) at B <= 16 with
+//    H <= 1024 (TF32) or with B·H <= 8192 and H <= 768 (16-bit); else fused while B·H <= 32768
+//    (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768 (backward, 16-bit;
+//    TF32: B·H <= 8192 with H <= 768: its dG rows are 4H fp32 values and its W slice 128 KiB at
+//    H = 1024, where it takes 14–17 ms); else cuBLAS. The backward rules beyond the 8 KiB state
+//    are from training calls under each loop and persistent kernel (scripts/lstm_backend_grid.py
+//    --mode train, H200, 2026-11-26, docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent
+//    (clustered split) 3.93 ms, fused backward 4.90; bf16 B = 16, H = 512: 2.52 against 2.63,
+//    but H = 768: 3.33 against 2.70.
 //  - float32 with TF32 off, float64 (no fused loop): persistent while the state is <= 64 KiB
 //    (forward) / 32 KiB (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward) {
@@ -87,9 +94,9 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   bool persistent;
   if (backward) {
     persistent = state <= kPersistentMaxStateMma ||
-                 (!half && s.H <= kSplitBackwardMaxHidden &&
-                  (s.B <= kPersistentBackwardSmallBatchTf32 ||
-                   (s.B <= kPersistentMaxBackwardBatchTf32 && s.H > kFusedMaxBackwardHiddenTf32)));
+                 (half ? s.B <= kPersistentMaxBackwardBatchHalf && bh <= kPersistentMaxBackwardBHHalf &&
+                             s.H <= kPersistentMaxBackwardHiddenHalf
+                       : s.H <= kSplitBackwardMaxHidden && s.B <= kPersistentMaxBackwardBatchTf32);
   } else if (half) {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
                  state <= kPersistentMaxStateMma;

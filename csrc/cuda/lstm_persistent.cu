@@ -166,6 +166,10 @@ struct Geometry {
                    // its own (row_words then counts the padding: twice the words of the row's data)
   int off_red, off_stage, off_w, off_seg;  // shared-memory layout (bytes); the X tile is at 0
   int smem;        // dynamic shared memory bytes
+  int cl;          // split backward: blocks per thread-block cluster (1: no cluster)
+  int nprod;       // split backward: producers of the exchanged partials (nblocks / cl)
+  int ldp;         // split backward, clustered: row stride (floats) of the partials in shared memory
+  int off_part;    // split backward, clustered: the partials [2][16][ldp] (bytes)
 };
 
 template <class scalar_t>
@@ -1441,7 +1445,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 // result is published at once. A fragments: m16n8k16 a0 = A[g][2t, 2t+1], a1 = A[g+8][...],
 // a2/a3 at k + 8; m16n8k8 a0 = A[g][t], a1 = A[g+8][t], a2/a3 at k + 4 (lstm_device.cuh).
 // Limits (else the kernel above): bf16/fp16 or TF32, B <= 16, H <= 8 warps x 16 tiles x 8 = 1024.
+//
+// Clustered instances (sm_90, lstm_persistent_backward_split_cluster_kernel). At B >= 8 the
+// exchange above moves bt·Hp partials per block and step through L2 (fp32 B = 16, H = 512, 128
+// blocks: 8 MB written and read per step), and consumers wait on every producer. In clusters of
+// CL = 8 or 4 consecutive blocks, each block keeps its partials in shared memory
+// ([2][16][ldp] fp32, alternating like the LL buffers), one cluster barrier (arrive.release /
+// wait.acquire) makes them visible, and block r of the cluster adds columns
+// [r, r + 1) · Hp / CL of its CL blocks' partials through distributed shared memory (rank order:
+// deterministic) and publishes them as producer clusterid: CL times fewer words written and read
+// through L2 and CL times fewer producers to wait on. The consumer's warp w takes rows w and
+// w + 8 from all nprod = nblocks / CL producers at once, so a row's sum stays in one warp.
+// Reuse of a partials buffer two steps later is safe: a block passes step s + 1's cluster barrier
+// only after every block of its cluster arrived there, i.e. finished reading step s's partials;
+// a last cluster barrier keeps every block's shared memory alive until the others are done. The
+// launch needs the clusters co-resident as well: cudaOccupancyMaxActiveClusters · CL >= blocks
+// (plan), or no clusters (on an H200 128 blocks fit in neither size: H = 1024 runs without).
 constexpr int kSplitRows = 4;  // rows whose loads a lane has in flight at once
+constexpr int kSplitClusterMinBatch = 4;  // clusters from B = 4 (at B = 1 they were up to 10% slower)
 constexpr int64_t kSplitMaxBHHalf = 1024;  // bf16 / fp16: faster than the general kernel while B·H <= 1024
 constexpr int kSplitMinHiddenTf32 = 512;  // TF32: faster at B = 1 and from H = 512
 
@@ -1456,9 +1477,71 @@ __device__ __forceinline__ void ll_store2_if(bool pred, u64* p, uint32_t payload
       : "memory");
 }
 
-template <class scalar_t, Path P, int NTW>
-__global__ void __launch_bounds__(kThreads, 1)
-    lstm_persistent_backward_split_kernel(const __grid_constant__ BwdArgs<scalar_t> a) {
+// Thread-block clusters (sm_90): the split kernel's clustered instances add the partials of a
+// cluster's blocks through distributed shared memory before they go out (the kernel's comment).
+// Compiled for an older architecture these trap; the host takes the clustered instance only
+// where the kernel's PTX is for sm_90 or later (cluster_ready).
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ unsigned cluster_index() {
+  unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+#endif
+  return r;
+}
+
+// Every thread of every block of the cluster: shared-memory writes before it are visible to
+// the cluster's reads after it.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+// The shared::cluster address of `smem_addr` (a shared::cta address) in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, unsigned rank) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr), "r"(rank));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ float4 ld_cluster4(uint32_t addr) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+#endif
+  return v;
+}
+
+// Two floats to shared memory if `pred`, predicated inside the instruction (no branch).
+__device__ __forceinline__ void st_shared2_if(bool pred, uint32_t addr, float v0, float v1) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p st.shared.v2.f32 [%0], {%1, %2};\n}" ::"r"(addr),
+               "f"(v0), "f"(v1), "r"(static_cast<int>(pred))
+               : "memory");
+}
+
+// Clustered instances: a consumer lane has the loads of up to kClusterRounds producers per row
+// in flight (producers c = bl + lpb * i; one pass while nprod <= kClusterRounds * 32 / (U / 2)).
+constexpr int kClusterRounds = 4;
+// Clustered instances: float4 sums a thread adds and publishes per pass (bt * Hp / cl / 4 in all).
+constexpr int kClusterSums = 4;
+
+// CL: blocks per cluster (1: the partials of every block go out to L2 as they are).
+template <class scalar_t, Path P, int NTW, int CL>
+__device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
   using acc_t = at::opmath_type<scalar_t>;  // float on this path
   using Math = CudaMath;
   constexpr int kStep = P == Path::kTf32 ? 8 : 16;
@@ -1466,7 +1549,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* atile = reinterpret_cast<scalar_t*>(smem);       // [16][ldx] own slice of dG_t, column gate * U + u
-  float* red = reinterpret_cast<float*>(smem + g.off_red);  // [kWarps][16][U] the warps' sums
+  float* red = reinterpret_cast<float*>(smem + g.off_red);  // [kWarps][16][U] the warps' sums ([16][U] if CL > 1)
   SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
 
   const int H = g.H, U = g.U, B = g.B, T = g.T, Hp = g.Hp;
@@ -1475,6 +1558,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t G4 = 4 * static_cast<int64_t>(H);
   const int64_t pstride = static_cast<int64_t>(B) * Hp;  // words per producer and buffer
   init_shared(smem, g, a.seg, seg, g.off_seg);           // zeroes the A tile and red
+
+  // Clustered: this block's partials [2][16][ldp] in shared memory (shared::cta address), and
+  // where each block of the cluster keeps them (shared::cluster addresses).
+  uint32_t part = 0, remote[CL];
+  if constexpr (CL > 1) {
+    part = static_cast<uint32_t>(__cvta_generic_to_shared(smem + g.off_part));
+#pragma unroll
+    for (int q = 0; q < CL; ++q) remote[q] = cluster_map(part, q);
+  }
 
   // Resident B fragments: column col = (warp * NTW + nt) * 8 + g of dh, k = gate * U + u.
   uint32_t wb[NTW][kKS][2];
@@ -1546,8 +1638,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     trace.mark(2);
 
-    // 2. Partial dh_{t-1} of the warp's columns over the own 4U gate rows, published per n-tile
-    //    (rows < bt, columns < Hp; columns >= H are zeros), flag s + 1.
+    // 2. Partial dh_{t-1} of the warp's columns over the own 4U gate rows (rows < bt, columns
+    //    < Hp; columns >= H are zeros): published per n-tile with flag s + 1, or (CL > 1) kept
+    //    in shared memory for the cluster's sum (2b).
     const unsigned flag = static_cast<unsigned>(s + 1);
     u64* pbuf = a.dbuf + static_cast<int64_t>(s & 1) * B * g.row_words;
     {
@@ -1578,6 +1671,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool row0 = gq < bt, row1 = gq + 8 < bt;
       u64* p0 = pbuf + blockIdx.x * pstride + gq * Hp;
       u64* p1 = p0 + 8 * Hp;
+      const uint32_t s0 = part + static_cast<uint32_t>(((s & 1) * 16 + gq) * g.ldp) * 4u;
+      const uint32_t s1 = s0 + static_cast<uint32_t>(8 * g.ldp) * 4u;
       constexpr int kGroup = NTW < 8 ? NTW : 8;
 #pragma unroll
       for (int t0 = 0; t0 < NTW; t0 += kGroup) {
@@ -1592,12 +1687,57 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < kGroup; ++i) {
           const int col = (warp * NTW + t0 + i) * 8 + 2 * tq;
           const bool in = col < Hp;  // Hp is even: the pair is whole
-          ll_store2_if(row0 && in, p0 + col, __float_as_uint(acc[i][0]), __float_as_uint(acc[i][1]), flag);
-          ll_store2_if(row1 && in, p1 + col, __float_as_uint(acc[i][2]), __float_as_uint(acc[i][3]), flag);
+          if constexpr (CL > 1) {
+            st_shared2_if(row0 && in, s0 + col * 4u, acc[i][0], acc[i][1]);
+            st_shared2_if(row1 && in, s1 + col * 4u, acc[i][2], acc[i][3]);
+          } else {
+            ll_store2_if(row0 && in, p0 + col, __float_as_uint(acc[i][0]), __float_as_uint(acc[i][1]), flag);
+            ll_store2_if(row1 && in, p1 + col, __float_as_uint(acc[i][2]), __float_as_uint(acc[i][3]), flag);
+          }
         }
       }
     }
     trace.mark(1);
+    if constexpr (CL > 1) {
+      // 2b. Block r of the cluster adds columns [r, r + 1) * Hp / CL of its CL blocks' partials
+      //     (in rank order: deterministic) and publishes them as producer clusterid.
+      cluster_sync();
+      trace.mark(0);
+      const int cw4 = Hp / CL / 4;  // float4 columns of the chunk
+      const int c0 = static_cast<int>(cluster_rank()) * cw4 * 4;
+      const int total = bt * cw4;
+      u64* pub = pbuf + static_cast<int64_t>(cluster_index()) * pstride;
+      const uint32_t base = static_cast<uint32_t>((s & 1) * 16 * g.ldp) * 4u;
+      for (int v0 = 0; v0 < total; v0 += kClusterSums * kThreads) {  // one pass at B <= 16, Hp / CL <= 256
+        float4 sum[kClusterSums];
+        int n_of[kClusterSums], c_of[kClusterSums];
+#pragma unroll
+        for (int v = 0; v < kClusterSums; ++v) {
+          const int idx = v0 + threadIdx.x + v * kThreads;
+          n_of[v] = idx / cw4;
+          c_of[v] = c0 + (idx - n_of[v] * cw4) * 4;
+          sum[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (idx < total) {
+            const uint32_t at = base + static_cast<uint32_t>(n_of[v] * g.ldp + c_of[v]) * 4u;
+#pragma unroll
+            for (int q = 0; q < CL; ++q) {
+              const float4 x = ld_cluster4(remote[q] + at);
+              sum[v].x += x.x;
+              sum[v].y += x.y;
+              sum[v].z += x.z;
+              sum[v].w += x.w;
+            }
+          }
+        }
+#pragma unroll
+        for (int v = 0; v < kClusterSums; ++v) {
+          const bool in = v0 + threadIdx.x + v * kThreads < total;
+          u64* w = pub + n_of[v] * Hp + c_of[v];
+          ll_store2_if(in, w, __float_as_uint(sum[v].x), __float_as_uint(sum[v].y), flag);
+          ll_store2_if(in, w + 2, __float_as_uint(sum[v].z), __float_as_uint(sum[v].w), flag);
+        }
+      }
+    }
     // dG rows and h_{t-1} for the whole-sequence GEMMs, off the critical path.
     if (active) {
       const int64_t row = off + it.n;
@@ -1608,41 +1748,85 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     trace.mark(3);
 
-    // 3. The warp's share of dh_{t-1}[n][j0 + 2kp, +1]: producers b = bl + lpb * (warp + 8 i),
-    //    rows n in batches of kSplitRows, every load of a batch in flight at once.
     const u64* src0 = pbuf + j0 + 2 * kp;
-    for (int n0 = 0; n0 < bt; n0 += kSplitRows) {
-      u64 lo[kSplitRows][2], hi[kSplitRows][2];
+    if constexpr (CL > 1) {
+      // 3. Rows n = warp and warp + 8 of dh_{t-1}[n][j0 + 2kp, +1], each from the nprod cluster
+      //    sums c = bl + lpb * i, the loads of kClusterRounds values of i for both rows in flight
+      //    at once (one pass up to 32 / 64 clusters at U = 8 / 4); a row's sum stays in its warp.
+      float s0[2] = {0.f, 0.f}, s1[2] = {0.f, 0.f};
+      for (int i0 = 0; lpb * i0 < g.nprod; i0 += kClusterRounds) {
+        u64 lo[2][kClusterRounds], hi[2][kClusterRounds];
 #pragma unroll
-      for (int r = 0; r < kSplitRows; ++r) {
+        for (int r = 0; r < 2; ++r) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int b = bl + lpb * (warp + kWarps * i);
-          lo[r][i] = hi[r][i] = static_cast<u64>(flag) << 32;  // no producer: payload 0
-          if (n0 + r < bt && b < g.nblocks) ll_load(src0 + b * pstride + (n0 + r) * Hp, lo[r][i], hi[r][i]);
+          for (int i = 0; i < kClusterRounds; ++i) {
+            const int n = warp + 8 * r, c = bl + lpb * (i0 + i);
+            lo[r][i] = hi[r][i] = static_cast<u64>(flag) << 32;  // no producer: payload 0
+            if (n < bt && c < g.nprod) ll_load(src0 + c * pstride + n * Hp, lo[r][i], hi[r][i]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int i = 0; i < kClusterRounds; ++i) {
+            if (!ll_valid(lo[r][i], hi[r][i], flag)) {
+              const ulonglong2 w = ll_wait(src0 + (bl + lpb * (i0 + i)) * pstride + (warp + 8 * r) * Hp, flag);
+              lo[r][i] = w.x;
+              hi[r][i] = w.y;
+            }
+            s0[r] += __uint_as_float(static_cast<uint32_t>(lo[r][i]));
+            s1[r] += __uint_as_float(static_cast<uint32_t>(hi[r][i]));
+          }
         }
       }
 #pragma unroll
-      for (int r = 0; r < kSplitRows; ++r) {
+      for (int r = 0; r < 2; ++r) {
+        const int n = warp + 8 * r;
+        for (int m = 16; m >= (U >> 1); m >>= 1) {  // the lanes of one column pair
+          s0[r] += __shfl_xor_sync(0xffffffffu, s0[r], m);
+          s1[r] += __shfl_xor_sync(0xffffffffu, s1[r], m);
+        }
+        if (bl == 0 && n < bt) {
+          red[n * U + 2 * kp] = s0[r];
+          red[n * U + 2 * kp + 1] = s1[r];
+        }
+      }
+    } else {
+      // 3. The warp's share of dh_{t-1}[n][j0 + 2kp, +1]: producers b = bl + lpb * (warp + 8 i),
+      //    rows n in batches of kSplitRows, every load of a batch in flight at once.
+      for (int n0 = 0; n0 < bt; n0 += kSplitRows) {
+        u64 lo[kSplitRows][2], hi[kSplitRows][2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          if (!ll_valid(lo[r][i], hi[r][i], flag)) {
+        for (int r = 0; r < kSplitRows; ++r) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
             const int b = bl + lpb * (warp + kWarps * i);
-            const ulonglong2 w = ll_wait(src0 + b * pstride + (n0 + r) * Hp, flag);
-            lo[r][i] = w.x;
-            hi[r][i] = w.y;
+            lo[r][i] = hi[r][i] = static_cast<u64>(flag) << 32;  // no producer: payload 0
+            if (n0 + r < bt && b < g.nprod) ll_load(src0 + b * pstride + (n0 + r) * Hp, lo[r][i], hi[r][i]);
           }
         }
-        float s0 = __uint_as_float(static_cast<uint32_t>(lo[r][0])) + __uint_as_float(static_cast<uint32_t>(lo[r][1]));
-        float s1 = __uint_as_float(static_cast<uint32_t>(hi[r][0])) + __uint_as_float(static_cast<uint32_t>(hi[r][1]));
-        for (int m = 16; m >= (U >> 1); m >>= 1) {  // the lanes of one column pair
-          s0 += __shfl_xor_sync(0xffffffffu, s0, m);
-          s1 += __shfl_xor_sync(0xffffffffu, s1, m);
-        }
-        if (bl == 0 && n0 + r < bt) {
-          float* rr = red + (warp * 16 + n0 + r) * U + 2 * kp;
-          rr[0] = s0;
-          rr[1] = s1;
+#pragma unroll
+        for (int r = 0; r < kSplitRows; ++r) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            if (!ll_valid(lo[r][i], hi[r][i], flag)) {
+              const int b = bl + lpb * (warp + kWarps * i);
+              const ulonglong2 w = ll_wait(src0 + b * pstride + (n0 + r) * Hp, flag);
+              lo[r][i] = w.x;
+              hi[r][i] = w.y;
+            }
+          }
+          float s0 = __uint_as_float(static_cast<uint32_t>(lo[r][0])) + __uint_as_float(static_cast<uint32_t>(lo[r][1]));
+          float s1 = __uint_as_float(static_cast<uint32_t>(hi[r][0])) + __uint_as_float(static_cast<uint32_t>(hi[r][1]));
+          for (int m = 16; m >= (U >> 1); m >>= 1) {  // the lanes of one column pair
+            s0 += __shfl_xor_sync(0xffffffffu, s0, m);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, m);
+          }
+          if (bl == 0 && n0 + r < bt) {
+            float* rr = red + (warp * 16 + n0 + r) * U + 2 * kp;
+            rr[0] = s0;
+            rr[1] = s1;
+          }
         }
       }
     }
@@ -1653,17 +1837,34 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (active) {
       const float* rr = red + it.n * U + it.u;
       float sum = rr[0];
+      if constexpr (CL == 1) {
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) sum += rr[w * 16 * U];
+        for (int w = 1; w < kWarps; ++w) sum += rr[w * 16 * U];
+      }
       dh_st = sum;
     }
   }
-  trace.report("backward (split)", g);
+  trace.report(CL > 1 ? "backward (split, clustered)" : "backward (split)", g);
+  // Clustered: no block leaves while another may still read its partials.
+  if constexpr (CL > 1) cluster_sync();
 
   if (it.valid) {
     a.grad_h0[it.n * H + it.j] = dh_st;
     a.grad_c0[it.n * H + it.j] = dc_st;
   }
+}
+
+template <class scalar_t, Path P, int NTW>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_backward_split_kernel(const __grid_constant__ BwdArgs<scalar_t> a) {
+  split_backward<scalar_t, P, NTW, 1>(a);
+}
+
+// Launched with clusters of CL blocks (consecutive blockIdx.x).
+template <class scalar_t, Path P, int NTW, int CL>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_backward_split_cluster_kernel(const __grid_constant__ BwdArgs<scalar_t> a) {
+  split_backward<scalar_t, P, NTW, CL>(a);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1770,19 +1971,32 @@ bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geomet
 // Geometry of the split backward kernel for U units per block; false beyond its limits
 // (B > 16, H > 1024). g.nt is the n8 tiles per warp that cover Hp; the kernel instance is
 // split_ntw(g.nt).
+// With cl > 1, the clustered instance's geometry: clusters of cl blocks, whose partials meet in
+// shared memory (false where cl does not divide the blocks).
 template <class scalar_t, Path P>
-bool make_split_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geometry& g) {
+bool make_split_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int cl, Geometry& g) {
   constexpr int sz = sizeof(scalar_t);
   if (s.B > 16 || s.H > kSplitBackwardMaxHidden) return false;
   base_geometry(s, U, sz, /*backward=*/true, g);
+  if (g.nblocks % cl != 0) return false;
+  g.cl = cl;
+  g.nprod = g.nblocks / cl;
   g.kpc = 4 * U / MmaCfg<P, true>::kStep;  // k-steps over the own 4U gate rows
   g.nt = ceil_div(g.Hp, kWarps * 8);       // n8 tiles per warp over the Hp columns
-  g.row_words = g.nblocks * g.Hp;          // LL words per row n: every producer's Hp partials
+  g.row_words = g.nprod * g.Hp;            // LL words per row n: every producer's Hp partials
   g.ldx = 4 * U + (sz == 2 ? 8 : 4);       // A tile row stride: conflict-free fragment loads
   size_t off = align16(static_cast<size_t>(16) * g.ldx * sz);
   g.off_red = static_cast<int>(off);
   off += static_cast<size_t>(kWarps) * 16 * U * sizeof(float);
   off = align16(off);
+  if (cl > 1) {
+    // Row stride = 8 mod 32 floats: a warp's 8-byte stores of rows gq = 0..3 (one half-warp)
+    // cover 32 distinct banks.
+    g.ldp = g.Hp + (8 - g.Hp % 32 + 32) % 32;
+    g.off_part = static_cast<int>(off);
+    off += 2 * 16 * static_cast<size_t>(g.ldp) * sizeof(float);
+    off = align16(off);
+  }
   g.off_seg = static_cast<int>(off);
   off += sizeof(SegTable);
   g.smem = static_cast<int>(off);
@@ -1835,6 +2049,9 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
 
 // Picks U (4, then 8 units per block) such that the geometry (make(U, g)) fits and all blocks
 // can be co-resident, and prepares the kernel for its dynamic shared memory.
+// A geometry with g.cl > 1 is launched in clusters of g.cl blocks: then the clusters that fit
+// at once (the occupancy API's answer for clusters, which keeps each cluster within one GPC)
+// must hold every block.
 template <class Kernel, class MakeGeometry>
 bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometry& g, MakeGeometry make) {
   for (int U : {4, 8}) {
@@ -1844,12 +2061,15 @@ bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometr
     const void* fn = reinterpret_cast<const void*>(kernel);
     ensure_dynamic_smem(fn, g.smem);
     const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
-    if (per_sm > 0 && per_sm * prop.multiProcessorCount >= g.nblocks) return true;
+    if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) continue;
+    if (g.cl > 1 && max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl < g.nblocks) continue;
+    return true;
   }
   return false;
 }
 
-// Cooperative launch (all blocks co-resident, or an error, never a partial grid).
+// Cooperative launch (all blocks co-resident, or an error, never a partial grid), in clusters
+// of g.cl blocks where g.cl > 1.
 template <class Kernel, class Args>
 bool launch_cooperative(Kernel kernel, const Args& args, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
@@ -1857,11 +2077,18 @@ bool launch_cooperative(Kernel kernel, const Args& args, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(args.g.smem);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (args.g.cl > 1) {
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = static_cast<unsigned>(args.g.cl);
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    cfg.numAttrs = 2;
+  }
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // not co-resident after all (e.g. an MPS SM limit): fall back
@@ -1941,21 +2168,51 @@ int split_backward_mode() {
   return std::string(env) == "0" ? 0 : 1;
 }
 
+// Whether the split backward kernel runs in clusters of cl blocks where they fit: on sm_90 and
+// later, cl = 8 or 4 (8 first), from B = kSplitClusterMinBatch. SEQKERNELS_LSTM_PERSISTENT_CLUSTER
+// (diagnostic, like the two above): 0, never; 4 or 8, that size only, at any B (tests reach
+// each instance with it).
+bool split_cluster_wanted(const LstmSizes& s, const cudaDeviceProp& prop, int cl) {
+  if (prop.major < 9) return false;
+  const char* env = std::getenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER");
+  if (env == nullptr || env[0] == '\0') return s.B >= kSplitClusterMinBatch;
+  return std::string(env) == std::to_string(cl);
+}
+
 template <class scalar_t, Path P>
 bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar_t>& args, const at::Tensor& like) {
   if constexpr (P != Path::kFma) {
-    const int mode = split_backward_mode();
-    if (mode == 1 || (mode == -1 && split_is_faster(s, P == Path::kMma16))) {
-      auto try_split = [&](auto ntw_c) {
-        constexpr int NTW = decltype(ntw_c)::value;
-        auto split = &lstm_persistent_backward_split_kernel<scalar_t, P, NTW>;
-        auto make = [&](int U, Geometry& g) {
-          return make_split_geometry<scalar_t, P>(s, prop, U, g) && split_ntw(g.nt) == NTW;
-        };
-        return plan(s, prop, split, args.g, make) && launch_with_exchange(split, args, args.dbuf, like);
+    auto try_split = [&](auto ntw_c, auto cl_c) {
+      constexpr int NTW = decltype(ntw_c)::value, CL = decltype(cl_c)::value;
+      auto split = [] {
+        if constexpr (CL > 1) return &lstm_persistent_backward_split_cluster_kernel<scalar_t, P, NTW, CL>;
+        else return &lstm_persistent_backward_split_kernel<scalar_t, P, NTW>;
+      }();
+      if (CL > 1 && !(split_cluster_wanted(s, prop, CL) && ptx_at_least(reinterpret_cast<const void*>(split), 90))) {
+        return false;
+      }
+      auto make = [&](int U, Geometry& g) {
+        return make_split_geometry<scalar_t, P>(s, prop, U, CL, g) && split_ntw(g.nt) == NTW;
       };
-      if (try_split(std::integral_constant<int, 2>{}) || try_split(std::integral_constant<int, 4>{}) ||
-          try_split(std::integral_constant<int, 8>{}) || try_split(std::integral_constant<int, 16>{})) {
+      return plan(s, prop, split, args.g, make) && launch_with_exchange(split, args, args.dbuf, like);
+    };
+    using N2 = std::integral_constant<int, 2>;
+    using N4 = std::integral_constant<int, 4>;
+    using N8 = std::integral_constant<int, 8>;
+    using N16 = std::integral_constant<int, 16>;
+    using C1 = std::integral_constant<int, 1>;
+    using C4 = std::integral_constant<int, 4>;
+    using C8 = std::integral_constant<int, 8>;
+    const int mode = split_backward_mode();
+    // In clusters of 8 blocks, else 4, where they fit (instances for 4-16 n8 tiles per warp:
+    // H > 128): faster than both kernels without clusters wherever they ran at B >= 4 (H200,
+    // docs/kernels.md); else without clusters where split_is_faster.
+    if (mode != 0 && (try_split(N4{}, C8{}) || try_split(N8{}, C8{}) || try_split(N16{}, C8{}) ||
+                      try_split(N4{}, C4{}) || try_split(N8{}, C4{}) || try_split(N16{}, C4{}))) {
+      return true;
+    }
+    if (mode == 1 || (mode == -1 && split_is_faster(s, P == Path::kMma16))) {
+      if (try_split(N2{}, C1{}) || try_split(N4{}, C1{}) || try_split(N8{}, C1{}) || try_split(N16{}, C1{})) {
         return true;
       }
     }
