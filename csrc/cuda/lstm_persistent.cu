@@ -1533,6 +1533,32 @@ __device__ __forceinline__ void st_shared2_if(bool pred, uint32_t addr, float v0
                : "memory");
 }
 
+// The split kernel without clusters exchanges its partials as pairs of 24-bit floats per LL word
+// (fp32 rounded at a 15-bit mantissa, half-way cases away from zero: relative error <= 2^-16,
+// 32 times below TF32's rounding of the product's inputs) and a 16-bit flag, 1 + step mod 65535
+// (never 0, the memset's value; a stale word, two steps old, never matches): half the words of
+// one fp32 value and a 32-bit flag each. Bits 0-23: the pair's first column, 24-47: the second,
+// 48-63: the flag. Packing is two byte permutes (it runs for every tile of every step).
+constexpr int kPairFlagShift = 48;
+__device__ __forceinline__ unsigned fp24_pair_flag(int step) { return 1u + static_cast<unsigned>(step) % 65535u; }
+__device__ __forceinline__ u64 fp24_pair(float first, float second, unsigned flag) {
+  const uint32_t a = __float_as_uint(first) + 0x80u, b = __float_as_uint(second) + 0x80u;
+  const uint32_t lo = __byte_perm(a, b, 0x5321);     // a bytes 1-3, b byte 1
+  const uint32_t hi = __byte_perm(b, flag, 0x5432);  // b bytes 2-3, flag bytes 0-1
+  return (static_cast<u64>(hi) << 32) | lo;
+}
+__device__ __forceinline__ float fp24_first(u64 w) { return __uint_as_float(static_cast<uint32_t>(w << 8)); }
+__device__ __forceinline__ float fp24_second(u64 w) {
+  return __uint_as_float(static_cast<uint32_t>(w >> 16) & 0xffffff00u);
+}
+
+// One LL word if `pred`, predicated inside the instruction (no branch).
+__device__ __forceinline__ void ll_store_word_if(bool pred, u64* p, u64 v) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.relaxed.gpu.global.u64 [%0], %1;\n}" ::"l"(p),
+               "l"(v), "r"(static_cast<int>(pred))
+               : "memory");
+}
+
 // Clustered instances: a consumer lane has the loads of up to kClusterRounds producers per row
 // in flight (producers c = bl + lpb * i; one pass while nprod <= kClusterRounds * 32 / (U / 2)).
 constexpr int kClusterRounds = 4;
@@ -1556,8 +1582,10 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int j0 = blockIdx.x * U;
   const int64_t G4 = 4 * static_cast<int64_t>(H);
-  const int64_t pstride = static_cast<int64_t>(B) * Hp;  // words per producer and buffer
-  init_shared(smem, g, a.seg, seg, g.off_seg);           // zeroes the A tile and red
+  // Words per producer and buffer: Hp per row (CL > 1: one fp32 value per word) or Hp / 2
+  // (without clusters: 24-bit pairs).
+  const int64_t row_pw = CL > 1 ? Hp : Hp / 2, pstride = static_cast<int64_t>(B) * row_pw;
+  init_shared(smem, g, a.seg, seg, g.off_seg);  // zeroes the A tile and red
 
   // Clustered: this block's partials [2][16][ldp] in shared memory (shared::cta address), and
   // where each block of the cluster keeps them (shared::cluster addresses).
@@ -1604,9 +1632,10 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
   StepInfo cur = step_at(seg, a.reverse ? 0 : T - 1, k_cur);
   load_backward_inputs(a, seg, it, cur, k_cur, nx);
 
-  // The consumer's lane roles (U / 2 column pairs x 32 / (U / 2) producers per warp and round).
-  const int lg_up = g.lg_u - 1;
-  const int kp = lane & ((U >> 1) - 1), bl = lane >> lg_up, lpb = 32 >> lg_up;
+  // The consumer's lane roles: columns per 16-byte load cpl = 2 (CL > 1) or 4 (24-bit pairs),
+  // U / cpl column groups x 32 / (U / cpl) producers per warp and round.
+  const int lg_up = g.lg_u - (CL > 1 ? 1 : 2);
+  const int kp = lane & ((1 << lg_up) - 1), bl = lane >> lg_up, lpb = 32 >> lg_up;
 
   PhaseTrace trace;
   trace.start(a.trace);
@@ -1641,7 +1670,7 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
     // 2. Partial dh_{t-1} of the warp's columns over the own 4U gate rows (rows < bt, columns
     //    < Hp; columns >= H are zeros): published per n-tile with flag s + 1, or (CL > 1) kept
     //    in shared memory for the cluster's sum (2b).
-    const unsigned flag = static_cast<unsigned>(s + 1);
+    const unsigned flag = CL > 1 ? static_cast<unsigned>(s + 1) : fp24_pair_flag(s);
     u64* pbuf = a.dbuf + static_cast<int64_t>(s & 1) * B * g.row_words;
     {
       // A fragments of the k-steps over 4U (zeros past 4U: the MMAs below run unconditionally,
@@ -1669,8 +1698,8 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
       // they overlap), then its stores, predicated without branches (a branch per tile kept
       // each tile's MMAs, their latency and its store in sequence: measured ~2x slower).
       const bool row0 = gq < bt, row1 = gq + 8 < bt;
-      u64* p0 = pbuf + blockIdx.x * pstride + gq * Hp;
-      u64* p1 = p0 + 8 * Hp;
+      u64* p0 = pbuf + blockIdx.x * pstride + gq * row_pw;
+      u64* p1 = p0 + 8 * row_pw;
       const uint32_t s0 = part + static_cast<uint32_t>(((s & 1) * 16 + gq) * g.ldp) * 4u;
       const uint32_t s1 = s0 + static_cast<uint32_t>(8 * g.ldp) * 4u;
       constexpr int kGroup = NTW < 8 ? NTW : 8;
@@ -1691,8 +1720,8 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
             st_shared2_if(row0 && in, s0 + col * 4u, acc[i][0], acc[i][1]);
             st_shared2_if(row1 && in, s1 + col * 4u, acc[i][2], acc[i][3]);
           } else {
-            ll_store2_if(row0 && in, p0 + col, __float_as_uint(acc[i][0]), __float_as_uint(acc[i][1]), flag);
-            ll_store2_if(row1 && in, p1 + col, __float_as_uint(acc[i][2]), __float_as_uint(acc[i][3]), flag);
+            ll_store_word_if(row0 && in, p0 + col / 2, fp24_pair(acc[i][0], acc[i][1], flag));
+            ll_store_word_if(row1 && in, p1 + col / 2, fp24_pair(acc[i][2], acc[i][3], flag));
           }
         }
       }
@@ -1748,8 +1777,8 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
     }
     trace.mark(3);
 
-    const u64* src0 = pbuf + j0 + 2 * kp;
     if constexpr (CL > 1) {
+      const u64* src0 = pbuf + j0 + 2 * kp;
       // 3. Rows n = warp and warp + 8 of dh_{t-1}[n][j0 + 2kp, +1], each from the nprod cluster
       //    sums c = bl + lpb * i, the loads of kClusterRounds values of i for both rows in flight
       //    at once (one pass up to 32 / 64 clusters at U = 8 / 4); a row's sum stays in its warp.
@@ -1792,8 +1821,9 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
         }
       }
     } else {
-      // 3. The warp's share of dh_{t-1}[n][j0 + 2kp, +1]: producers b = bl + lpb * (warp + 8 i),
+      // 3. The warp's share of dh_{t-1}[n][j0 + 4kp, +4): producers b = bl + lpb * (warp + 8 i),
       //    rows n in batches of kSplitRows, every load of a batch in flight at once.
+      const u64* src0 = pbuf + (j0 >> 1) + 2 * kp;
       for (int n0 = 0; n0 < bt; n0 += kSplitRows) {
         u64 lo[kSplitRows][2], hi[kSplitRows][2];
 #pragma unroll
@@ -1801,31 +1831,35 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int b = bl + lpb * (warp + kWarps * i);
-            lo[r][i] = hi[r][i] = static_cast<u64>(flag) << 32;  // no producer: payload 0
-            if (n0 + r < bt && b < g.nprod) ll_load(src0 + b * pstride + (n0 + r) * Hp, lo[r][i], hi[r][i]);
+            lo[r][i] = hi[r][i] = static_cast<u64>(flag) << kPairFlagShift;  // no producer: payload 0
+            if (n0 + r < bt && b < g.nprod) ll_load(src0 + b * pstride + (n0 + r) * row_pw, lo[r][i], hi[r][i]);
           }
         }
 #pragma unroll
         for (int r = 0; r < kSplitRows; ++r) {
+          float q[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            if (!ll_valid(lo[r][i], hi[r][i], flag)) {
+            if (!ll_valid(lo[r][i], hi[r][i], flag, kPairFlagShift)) {
               const int b = bl + lpb * (warp + kWarps * i);
-              const ulonglong2 w = ll_wait(src0 + b * pstride + (n0 + r) * Hp, flag);
+              const ulonglong2 w = ll_wait(src0 + b * pstride + (n0 + r) * row_pw, flag, kPairFlagShift);
               lo[r][i] = w.x;
               hi[r][i] = w.y;
             }
+            q[0] += fp24_first(lo[r][i]);
+            q[1] += fp24_second(lo[r][i]);
+            q[2] += fp24_first(hi[r][i]);
+            q[3] += fp24_second(hi[r][i]);
           }
-          float s0 = __uint_as_float(static_cast<uint32_t>(lo[r][0])) + __uint_as_float(static_cast<uint32_t>(lo[r][1]));
-          float s1 = __uint_as_float(static_cast<uint32_t>(hi[r][0])) + __uint_as_float(static_cast<uint32_t>(hi[r][1]));
-          for (int m = 16; m >= (U >> 1); m >>= 1) {  // the lanes of one column pair
-            s0 += __shfl_xor_sync(0xffffffffu, s0, m);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, m);
+          if (n0 + r >= bt) continue;  // uniform: no butterflies for rows past bt (B = 1: 3 of 4)
+          for (int m = 16; m >= (1 << lg_up); m >>= 1) {  // the lanes of one column group
+#pragma unroll
+            for (int c = 0; c < 4; ++c) q[c] += __shfl_xor_sync(0xffffffffu, q[c], m);
           }
-          if (bl == 0 && n0 + r < bt) {
-            float* rr = red + (warp * 16 + n0 + r) * U + 2 * kp;
-            rr[0] = s0;
-            rr[1] = s1;
+          if (bl == 0) {
+            float* rr = red + (warp * 16 + n0 + r) * U + 4 * kp;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) rr[c] = q[c];
           }
         }
       }
@@ -1983,7 +2017,8 @@ bool make_split_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, 
   g.nprod = g.nblocks / cl;
   g.kpc = 4 * U / MmaCfg<P, true>::kStep;  // k-steps over the own 4U gate rows
   g.nt = ceil_div(g.Hp, kWarps * 8);       // n8 tiles per warp over the Hp columns
-  g.row_words = g.nprod * g.Hp;            // LL words per row n: every producer's Hp partials
+  // LL words per row n: every producer's Hp partials, one per word (clusters) or two (without).
+  g.row_words = cl > 1 ? g.nprod * g.Hp : g.nprod * g.Hp / 2;
   g.ldx = 4 * U + (sz == 2 ? 8 : 4);       // A tile row stride: conflict-free fragment loads
   size_t off = align16(static_cast<size_t>(16) * g.ldx * sz);
   g.off_red = static_cast<int>(off);
