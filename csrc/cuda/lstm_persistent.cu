@@ -1424,20 +1424,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 // [bt, 4U] (its items' results, already in shared memory) by its own rows of W_hh [4U, H],
 // resident, which gives a partial dh_{t-1} [bt, H] over its 4U gate rows; dh_{t-1}[:, j] is
 // the sum of all blocks' partials at column j, which block j / U adds up. A block writes bt·Hp
-// partials and reads bt·U·nblocks = bt·Hp of them per step (fp32), instead of reading 4·bt·Hp
-// values of dG.
+// partials and reads bt·U·nblocks = bt·Hp of them per step, instead of reading 4·bt·Hp values
+// of dG; two partials per LL word (24-bit floats, fp24_pair above; 2026-11-26: fp32 B = 8 / 16,
+// H = 1024 training calls 9% shorter on an H200 than with one fp32 value per word).
 //
-// Exchange layout: pbuf[s & 1][b][n][k] for producing block b, row n and hidden column k, so
-// that a producer's C fragments go out as 16-byte stores of two adjacent columns, 64
-// contiguous bytes per four lanes (scattered 8-byte stores, one per column, were the slowest
-// part of a first version: ~5 cycles per word). A consumer reads its U columns of each
-// producer's row, U / 2 16-byte loads: lane l takes column pair l % (U / 2) of producer
-// l / (U / 2) (+ 32 / (U / 2) per warp, + 8x that per round, at most two rounds for H <= 1024),
-// adds its rounds in order, and a butterfly of shuffles over the lanes of one column pair adds
-// the warp's producers: a fixed order (deterministic results). The eight warps' sums meet in
-// shared memory and the item thread adds them in warp order. Two buffers alternate, as in the
-// kernels above: a block writes step s only after it has read every block's step s - 1, which
-// they wrote after reading step s - 2 from the buffer about to be overwritten.
+// Exchange layout: pbuf[s & 1][b][n][k / 2] for producing block b, row n and hidden column k,
+// so that a producer's C fragments go out as one 8-byte store per row and column pair, 32
+// contiguous bytes per four lanes (scattered stores, one per column, were the slowest part of
+// a first version: ~5 cycles per word). A consumer reads its U columns of each producer's row,
+// U / 4 16-byte loads of two words: lane l takes column quad l % (U / 4) of producer l / (U / 4)
+// (+ 32 / (U / 4) per warp, + 8x that per round, at most two rounds), adds its rounds in order,
+// and a butterfly of shuffles over the lanes of one column quad adds the warp's producers: a
+// fixed order (deterministic results). The eight warps' sums meet in shared memory and the item
+// thread adds them in warp order. Two buffers alternate, as in the kernels above: a block writes
+// step s only after it has read every block's step s - 1, which they wrote after reading step
+// s - 2 from the buffer about to be overwritten.
 //
 // Product. With A = dG_t's own slice (m16 rows, K = 4U = 16 or 32: one to four k-steps) and
 // B = W_hh[own rows][k] for k in the warp's columns (NTW n8 tiles per warp, resident
