@@ -501,6 +501,24 @@ def test_clustered_split_backward_matches_reference(monkeypatch, precision_name,
                           what=f"SEQKERNELS_LSTM_PERSISTENT_CLUSTER={cluster}")
 
 
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16"])
+def test_clustered_split_backward_in_cuda_graph(monkeypatch, precision_name):
+    """A training step whose backward runs the split kernel in clusters (B = 9, H = 286: 9
+    clusters of 8), captured in a CUDA graph: replays on fresh input data agree with eager calls
+    of an identical model."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision(precision_name):
+        dtype = DTYPE[precision_name]
+        run = _train_call(dtype, 9, 286, T=3)
+        run()
+        assert _split_cluster_sizes(run) == {8}
+        torch.manual_seed(7)
+        model = seqkernels.LSTM(286, 286).to(device="cuda", dtype=dtype)
+        static_x = torch.randn(5, 9, 286, device="cuda", dtype=dtype)
+        check_cuda_graph_replays(model, static_x)
+
+
 def test_backend_variable_is_validated(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fastest")
     x = torch.randn(3, 2, 4, device="cuda")

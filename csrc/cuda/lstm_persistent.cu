@@ -1463,7 +1463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // launch needs the clusters co-resident as well: cudaOccupancyMaxActiveClusters · CL >= blocks
 // (plan), or no clusters (on an H200 128 blocks fit in neither size: H = 1024 runs without).
 constexpr int kSplitRows = 4;  // rows whose loads a lane has in flight at once
-constexpr int kSplitClusterMinBatch = 4;  // clusters from B = 4 (at B = 1 they were up to 10% slower)
+constexpr int kSplitClusterMinBatch = 4;  // clusters from B = 4 (at B = 1, H = 768 they were 5-12% slower)
 constexpr int64_t kSplitMaxBHHalf = 1024;  // bf16 / fp16: faster than the general kernel while B·H <= 1024
 constexpr int kSplitMinHiddenTf32 = 512;  // TF32: faster at B = 1 and from H = 512
 
@@ -1481,7 +1481,7 @@ __device__ __forceinline__ void ll_store2_if(bool pred, u64* p, uint32_t payload
 // Thread-block clusters (sm_90): the split kernel's clustered instances add the partials of a
 // cluster's blocks through distributed shared memory before they go out (the kernel's comment).
 // Compiled for an older architecture these trap; the host takes the clustered instance only
-// where the kernel's PTX is for sm_90 or later (cluster_ready).
+// where the kernel's PTX is for sm_90 or later (ptx_at_least, kernel_attributes.cuh).
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1701,8 +1701,8 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
       const bool row0 = gq < bt, row1 = gq + 8 < bt;
       u64* p0 = pbuf + blockIdx.x * pstride + gq * row_pw;
       u64* p1 = p0 + 8 * row_pw;
-      const uint32_t s0 = part + static_cast<uint32_t>(((s & 1) * 16 + gq) * g.ldp) * 4u;
-      const uint32_t s1 = s0 + static_cast<uint32_t>(8 * g.ldp) * 4u;
+      const uint32_t q0 = part + static_cast<uint32_t>(((s & 1) * 16 + gq) * g.ldp) * 4u;  // CL > 1: rows gq
+      const uint32_t q1 = q0 + static_cast<uint32_t>(8 * g.ldp) * 4u;                     // and gq + 8
       constexpr int kGroup = NTW < 8 ? NTW : 8;
 #pragma unroll
       for (int t0 = 0; t0 < NTW; t0 += kGroup) {
@@ -1718,8 +1718,8 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
           const int col = (warp * NTW + t0 + i) * 8 + 2 * tq;
           const bool in = col < Hp;  // Hp is even: the pair is whole
           if constexpr (CL > 1) {
-            st_shared2_if(row0 && in, s0 + col * 4u, acc[i][0], acc[i][1]);
-            st_shared2_if(row1 && in, s1 + col * 4u, acc[i][2], acc[i][3]);
+            st_shared2_if(row0 && in, q0 + col * 4u, acc[i][0], acc[i][1]);
+            st_shared2_if(row1 && in, q1 + col * 4u, acc[i][2], acc[i][3]);
           } else {
             ll_store_word_if(row0 && in, p0 + col / 2, fp24_pair(acc[i][0], acc[i][1], flag));
             ll_store_word_if(row1 && in, p1 + col / 2, fp24_pair(acc[i][2], acc[i][3], flag));
