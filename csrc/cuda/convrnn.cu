@@ -62,6 +62,7 @@
 #include <optional>
 #include <tuple>
 
+#include "cluster.cuh"
 #include "seqkernels/convrnn_checks.h"
 #include "seqkernels/error_format.h"
 
@@ -868,16 +869,8 @@ constexpr int64_t kClusterMinUnits = 1024;
 constexpr int kClusterUnrolledK = 3;     // the instantiations with the taps unrolled: K = 3, C <= 8
 constexpr int kClusterUnrolledMaxC = 8;
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// The address of the same shared-memory location in block `rank` of the cluster.
-__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  return remote;
-}
+using cuda::cluster_address;  // cluster.cuh
+using cuda::shared_address;
 
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");

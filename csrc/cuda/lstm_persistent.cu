@@ -91,6 +91,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cluster.cuh"
 #include "kernel_attributes.cuh"
 #include "lstm_device.cuh"
 #include "seqkernels/lstm_cell.h"
@@ -1508,15 +1509,6 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
-// The shared::cluster address of `smem_addr` (a shared::cta address) in block `rank` of the cluster.
-__device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, unsigned rank) {
-  uint32_t r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr), "r"(rank));
-#endif
-  return r;
-}
-
 __device__ __forceinline__ float4 ld_cluster4(uint32_t addr) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1592,9 +1584,9 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
   // where each block of the cluster keeps them (shared::cluster addresses).
   uint32_t part = 0, remote[CL];
   if constexpr (CL > 1) {
-    part = static_cast<uint32_t>(__cvta_generic_to_shared(smem + g.off_part));
+    part = shared_address(smem + g.off_part);
 #pragma unroll
-    for (int q = 0; q < CL; ++q) remote[q] = cluster_map(part, q);
+    for (int q = 0; q < CL; ++q) remote[q] = cluster_address(part, q);
   }
 
   // Resident B fragments: column col = (warp * NTW + nt) * 8 + g of dh, k = gate * U + u.
