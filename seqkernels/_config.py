@@ -27,7 +27,9 @@ CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
+CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 = 16  # kPersistentMaxBackwardBatchTf32
+CUDA_CLUSTER_HIDDEN_MULTIPLE = 32  # kClusterHiddenMultiple
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF = 16  # kPersistentMaxBackwardBatchHalf
 CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF = 8 * 1024  # kPersistentMaxBackwardBHHalf
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF = 768  # kPersistentMaxBackwardHiddenHalf
@@ -172,14 +174,21 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
     elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
-          and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32):
+          and (batch <= CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32
+               or (batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32
+                   and (hidden > CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 or hidden % CUDA_CLUSTER_HIDDEN_MULTIPLE == 0)))):
         return "persistent", (f"auto: TF32 backward, H = {hidden} <= {CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} and "
-                              f"B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} (the split backward kernel)")
+                              f"B = {batch} <= {CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32}, or B <= "
+                              f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} with H > {CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32} "
+                              f"or H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 (the split backward kernel, in clusters "
+                              "where they fit)")
     elif (backward and half and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF
-          and bh <= CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF):
+          and bh <= CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF
+          and hidden % CUDA_CLUSTER_HIDDEN_MULTIPLE == 0):
         return "persistent", (f"auto: backward, B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF}, B*H = {bh} "
-                              f"<= {CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF} and H = {hidden} <= "
-                              f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF} (the split backward kernel in clusters)")
+                              f"<= {CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF}, H = {hidden} <= "
+                              f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF} and H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 "
+                              "(the split backward kernel in clusters)")
     if backward and half:
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
             return "fused", (f"auto: {kib} > {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB, B = {batch} <= "

@@ -67,6 +67,7 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (8, 768, torch.float16, True, "persistent", "persistent"),  # the same rule
     (16, 768, torch.bfloat16, True, "persistent", "fused"),  # backward: B*H = 12288 > 8192
     (32, 256, torch.bfloat16, True, "fused", "fused"),  # backward: B > 16
+    (16, 296, torch.bfloat16, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters)
     (16, 1024, torch.float16, True, "persistent", "fused"),  # 32 KiB: the forward's limit
     (17, 512, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, 17 KiB
     (8, 2048, torch.bfloat16, True, "fused", "fused"),  # forward H > 1024
@@ -80,6 +81,9 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (4, 768, torch.float32, True, "persistent", "persistent"),  # the same rule
     (8, 768, torch.float32, True, "persistent", "persistent"),  # the same rule (in clusters)
     (16, 256, torch.float32, True, "persistent", "persistent"),  # the same rule, 16 KiB
+    (8, 300, torch.float32, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters), B*H <= 8192
+    (4, 300, torch.float32, True, "persistent", "persistent"),  # backward: B <= 4
+    (16, 800, torch.float32, True, "persistent", "persistent"),  # backward: H > 768
     (8, 2048, torch.float32, True, "persistent", "cublas"),  # TF32: 64 KiB; backward H > 1024 (beyond the split kernel)
     (32, 256, torch.float32, True, "fused", "fused"),  # forward B > 16; backward B > 16, B*H <= 8192
     (64, 256, torch.float32, True, "fused", "cublas"),  # forward B*H <= 32768; backward B*H = 16384 > 8192

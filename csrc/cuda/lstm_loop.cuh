@@ -26,13 +26,17 @@ constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor core
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
 // Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= kSplitBackwardMaxHidden):
-// persistent at B <= 16 (since its clustered instances, 2026-11-26; before, only at B <= 4 and
-// above the fused loop's H limit); fused while B·H <= 8192 and H <= 768.
+// persistent at B <= 4, at B <= 16 above the fused loop's H limit, and (since its clustered
+// instances, 2026-11-26) at B <= 16 with H % 32 == 0; fused while B·H <= 8192 and H <= 768.
+// H % 32 == 0 makes the block count (H / 4 or H / 8) a multiple of 8 or 4, so that the split
+// kernel can run in clusters (lstm_persistent.cu); the rule was measured at H = 256, 512, 768.
+constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
+constexpr int64_t kClusterHiddenMultiple = 32;
 // Backward, 16-bit, beyond the 8 KiB state: persistent (the split backward kernel in clusters)
-// while B <= 16, B·H <= 8192 and H <= 768 (at H = 1024 its 128 blocks do not fit in clusters on
-// an H200, and B = 16, H = 768 was faster on the fused loop).
+// while B <= 16, B·H <= 8192, H <= 768 and H % 32 == 0 (at H = 1024 its 128 blocks do not fit in
+// clusters on an H200, and B = 16, H = 768 was faster on the fused loop).
 constexpr int64_t kPersistentMaxBackwardBatchHalf = 16;
 constexpr int64_t kPersistentMaxBackwardBHHalf = 8 * 1024;
 constexpr int64_t kPersistentMaxBackwardHiddenHalf = 768;
@@ -63,8 +67,9 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    B·H. Persistent while the state is <= 8 KiB, and in
 //    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
 //    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the backward also
-//    (the split backward kernel, in thread-block clusters where they fit) at B <= 16 with
-//    H <= 1024 (TF32) or with B·H <= 8192 and H <= 768 (16-bit); else fused while B·H <= 32768
+//    (the split backward kernel, in thread-block clusters where they fit) for TF32 at B <= 4 and
+//    at B <= 16 with H > 768 or H % 32 == 0 (H <= 1024), for 16-bit types at B <= 16 with
+//    B·H <= 8192, H <= 768 and H % 32 == 0; else fused while B·H <= 32768
 //    (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768 (backward, 16-bit;
 //    TF32: B·H <= 8192 with H <= 768: its dG rows are 4H fp32 values and its W slice 128 KiB at
 //    H = 1024, where it takes 14–17 ms); else cuBLAS. The backward rules beyond the 8 KiB state
@@ -93,10 +98,14 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   }
   bool persistent;
   if (backward) {
+    const bool clusters = s.H % kClusterHiddenMultiple == 0;
     persistent = state <= kPersistentMaxStateMma ||
-                 (half ? s.B <= kPersistentMaxBackwardBatchHalf && bh <= kPersistentMaxBackwardBHHalf &&
+                 (half ? clusters && s.B <= kPersistentMaxBackwardBatchHalf && bh <= kPersistentMaxBackwardBHHalf &&
                              s.H <= kPersistentMaxBackwardHiddenHalf
-                       : s.H <= kSplitBackwardMaxHidden && s.B <= kPersistentMaxBackwardBatchTf32);
+                       : s.H <= kSplitBackwardMaxHidden &&
+                             (s.B <= kPersistentBackwardSmallBatchTf32 ||
+                              (s.B <= kPersistentMaxBackwardBatchTf32 &&
+                               (s.H > kFusedMaxBackwardHiddenTf32 || clusters))));
   } else if (half) {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
                  state <= kPersistentMaxStateMma;
