@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 
 import pytest
 import torch
@@ -362,8 +363,6 @@ def _split_cluster_sizes(fn) -> set[int]:
     """The cluster sizes of the split backward kernels that ran during fn(): CL, the last template
     argument of lstm_persistent_backward_split_cluster_kernel, or 1 for the kernel without
     clusters."""
-    import re
-
     sizes = set()
     for n in kernel_names(fn):
         if "lstm_persistent_backward_split_cluster_kernel" in n:
