@@ -29,72 +29,73 @@ inline void ensure_dynamic_smem(const void* kernel, int smem) {
   }
 }
 
-// Resident blocks of `threads` threads and `smem` bytes per SM on the current device (the
-// occupancy API's answer; call ensure_dynamic_smem first).
-inline int max_blocks_per_sm(const void* kernel, int threads, int smem) {
+// compute()'s value for (current device, key...), computed once and kept. Each call site (its
+// own lambda type) has its own cache.
+template <class Compute, class... Key>
+auto cached_per_device(const Compute& compute, const Key&... key) {
+  using Value = decltype(compute());
   static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int, int>, int> cache;
+  static std::map<std::tuple<int, Key...>, Value> cache;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(device, kernel, threads, smem);
-  const auto it = cache.find(key);
+  const auto k = std::make_tuple(device, key...);
+  const auto it = cache.find(k);
   if (it != cache.end()) return it->second;
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  cache.emplace(key, per_sm);
-  return per_sm;
+  const Value value = compute();
+  cache.emplace(k, value);
+  return value;
+}
+
+// Resident blocks of `threads` threads and `smem` bytes per SM on the current device (the
+// occupancy API's answer; call ensure_dynamic_smem first).
+inline int max_blocks_per_sm(const void* kernel, int threads, int smem) {
+  return cached_per_device(
+      [&] {
+        int per_sm = 0;
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+        return per_sm;
+      },
+      kernel, threads, smem);
 }
 
 // Clusters of `cluster` blocks (of `threads` threads and `smem` bytes) that can be resident at
 // once on the current device (the occupancy API's answer for clusters; 0 where a cluster of
 // that size cannot run; call ensure_dynamic_smem first).
 inline int max_active_clusters(const void* kernel, int threads, int smem, int cluster) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int, int, int>, int> cache;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(device, kernel, threads, smem, cluster);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // e.g. clusters not supported here: none fit
-    clusters = 0;
-  }
-  cache.emplace(key, clusters);
-  return clusters;
+  return cached_per_device(
+      [&] {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+        cfg.blockDim = dim3(static_cast<unsigned>(threads));
+        cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+          (void)cudaGetLastError();  // e.g. clusters not supported here: none fit
+          clusters = 0;
+        }
+        return clusters;
+      },
+      kernel, threads, smem, cluster);
 }
 
 // Whether the kernel's code on the current device was compiled from PTX of at least `version`
 // (e.g. 90: sm_90 instructions such as thread-block clusters are there, not a fallback body).
 inline bool ptx_at_least(const void* kernel, int version) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*>, bool> cache;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(device, kernel);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  const bool ok = attr.ptxVersion >= version;
-  cache.emplace(key, ok);
-  return ok;
+  return cached_per_device(
+      [&] {
+        cudaFuncAttributes attr{};
+        C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+        return attr.ptxVersion >= version;
+      },
+      kernel, version);
 }
 
 }  // namespace cuda
