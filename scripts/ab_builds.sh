@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# A/B of seqkernels builds in one call (a device call, or here on the CPU): builds each tree in
+# place, in parallel, then times each with scripts/ab_time_lstm.py, the trees alternating in
+# every round, and prints a table (ms; for CUDA `infer` the CUDA-graph replay, then the eager
+# call). Each timing process imports only its own tree's build, which ab_time_lstm.py checks.
+#
+#   scripts/ab_tree.sh HEAD ab_old            # a tree of a commit (untracked, so it travels
+#   scripts/ab_builds.sh ab_old .             # with a device call); "." is the working tree
+#   AB_ROUNDS=3 AB_ARGS="--dtype float32 --hidden 1024" scripts/ab_builds.sh ab_old .
+#
+# Env: AB_ROUNDS (default 2), AB_ARGS (ab_time_lstm.py's cell arguments), AB_JOBS (compile jobs
+# per tree, default: the cores shared out), OUT (logs and ab.jsonl; default ./ab_out).
+# On the GPU machine: TORCH_CUDA_ARCH_LIST=9.0 is set here unless given, and missing Python
+# wheels (hypothesis is not needed) are not installed.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/ab_out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+ROUNDS="${AB_ROUNDS:-2}"
+[ "$#" -ge 1 ] || { echo "usage: scripts/ab_builds.sh TREE [TREE ...]" >&2; exit 2; }
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+
+TREES=()
+for t in "$@"; do
+  [ -f "$t/setup.py" ] || { echo "ab_builds: $t has no setup.py" >&2; exit 2; }
+  TREES+=("$(cd "$t" && pwd)")
+done
+JOBS="${AB_JOBS:-$(( ($(nproc) + ${#TREES[@]} - 1) / ${#TREES[@]} ))}"
+
+i=0
+for t in "${TREES[@]}"; do
+  (cd "$t" && MAX_JOBS="$JOBS" "$PY" setup.py build_ext --inplace >"$OUT/build_$i.log" 2>&1) &
+  i=$((i + 1))
+done
+wait
+i=0
+for t in "${TREES[@]}"; do
+  if ! ls "$t"/seqkernels/_C*.so >/dev/null 2>&1; then
+    echo "ab_builds: the build of $t failed (tail of $OUT/build_$i.log):" >&2
+    tail -20 "$OUT/build_$i.log" >&2
+    exit 1
+  fi
+  i=$((i + 1))
+done
+
+: >"$OUT/ab.jsonl"
+for r in $(seq 1 "$ROUNDS"); do
+  i=0
+  for t in "${TREES[@]}"; do
+    # shellcheck disable=SC2086
+    PYTHONPATH="$t${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$ROOT/scripts/ab_time_lstm.py" --tag "t$i.r$r" --expect "$t" \
+      ${AB_ARGS:-} >>"$OUT/ab.jsonl" || exit 1
+    i=$((i + 1))
+  done
+done
+
+"$PY" - "$OUT/ab.jsonl" "$ROUNDS" "${TREES[@]}" <<'PYEOF'
+import json, sys
+path, rounds, trees = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+runs = {}
+for line in open(path):
+    runs.update(json.loads(line))
+cells = list(runs["t0.r1"])
+cols = [f"t{i}.r{r}" for i in range(len(trees)) for r in range(1, rounds + 1)]
+for i, t in enumerate(trees):
+    print(f"t{i} = {t}")
+fmt = lambda v: "-" if v is None else f"{v:.3f}"
+print("| cell | " + " | ".join(f"{c} graph / eager" for c in cols) + " |")
+print("|---|" + "---|" * len(cols))
+for cell in cells:
+    print(f"| {cell} | " + " | ".join(f"{fmt(runs[c][cell][0])} / {fmt(runs[c][cell][1])}" for c in cols) + " |")
+PYEOF
