@@ -28,21 +28,23 @@ for t in "$@"; do
 done
 JOBS="${AB_JOBS:-$(( ($(nproc) + ${#TREES[@]} - 1) / ${#TREES[@]} ))}"
 
+PIDS=()
 i=0
 for t in "${TREES[@]}"; do
   (cd "$t" && MAX_JOBS="$JOBS" "$PY" setup.py build_ext --inplace >"$OUT/build_$i.log" 2>&1) &
+  PIDS+=("$!")
   i=$((i + 1))
 done
-wait
-i=0
-for t in "${TREES[@]}"; do
-  if ! ls "$t"/seqkernels/_C*.so >/dev/null 2>&1; then
-    echo "ab_builds: the build of $t failed (tail of $OUT/build_$i.log):" >&2
+# A failed build may leave an older _C behind: its exit status decides, not the file.
+failed=0
+for i in "${!TREES[@]}"; do
+  if ! wait "${PIDS[$i]}"; then
+    echo "ab_builds: the build of ${TREES[$i]} failed (tail of $OUT/build_$i.log):" >&2
     tail -20 "$OUT/build_$i.log" >&2
-    exit 1
+    failed=1
   fi
-  i=$((i + 1))
 done
+[ "$failed" -eq 0 ] || exit 1
 
 : >"$OUT/ab.jsonl"
 for r in $(seq 1 "$ROUNDS"); do
