@@ -39,6 +39,8 @@ def time_cell(B: int, H: int, dtype: torch.dtype, mode: str, device: str, iters:
 
     def call():
         if mode == "train":
+            for p in (x, *lstm.parameters()):  # no accumulation into old gradients
+                p.grad = None
             y, _ = lstm(x)
             y.sum().backward()
         else:
