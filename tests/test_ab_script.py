@@ -11,7 +11,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "ab_time_lstm.py"
-TINY = ["--device", "cpu", "--batch", "2", "--hidden", "8", "--dtype", "float32", "--iters", "2", "--seq-len", "4"]
+TINY = ["--device", "cpu", "--batch", "2", "--hidden", "8", "--dtype", "float32", "--iters", "20", "--seq-len", "4"]
 
 
 def run_script(expect: pathlib.Path, *extra: str) -> subprocess.CompletedProcess:
