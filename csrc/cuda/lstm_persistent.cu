@@ -938,8 +938,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = CudaMath;
-  using Cfg = MmaCfg<P, false>;  // kNT: 4U <= 32 columns
-  constexpr int kNT = Cfg::kNT;
+  // n8 tiles of the 4U gate columns, at compile time: U = 4 (the padded layout, PAD = 1) or 8.
+  // (A run-time tile count predicated every MMA: a WARPSYNC before each, and copies of the A
+  // fragments per predicate, ~45 % of the product's instructions.)
+  constexpr int kNT = PAD ? 2 : 4;
   constexpr bool kTf32Pairs = P == Path::kTf32;  // h as TF32 pairs, two MMAs per k-step
   static_assert(kTf32Pairs || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or TF32");
   constexpr int kMma = kTf32Pairs ? 2 : 1;  // MMAs per k-step of 8 LL words (16 elements)
@@ -980,7 +982,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int m = 0; m < kMma; ++m) {
           uint32_t b0 = 0, b1 = 0;
-          if (nt < g.nt) {
+          {
             const int k0 = (warp * KPC + f) * 16 + 4 * tq;  // this lane's elements of the k-step
             const int col = nt * 8 + gq;
             if constexpr (kTf32Pairs) {
@@ -1122,14 +1124,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          if (nt < g.nt) {
-            if (f < KREG) {
-              const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
-              MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
-            } else {
-              const uint2 w = wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32];
-              MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
-            }
+          if (f < KREG) {
+            const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
+            MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
+          } else {
+            const uint2 w = wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32];
+            MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
           }
         }
       }
@@ -1137,11 +1137,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* rw = red + ((s & 1) * kWarps + warp) * kDirectWarp;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      if (nt < g.nt) {
-        float* r0 = rw + gq * kDirectRow + nt * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
-        *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
-      }
+      float* r0 = rw + gq * kDirectRow + nt * 8 + 2 * tq;
+      *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
+      *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
     }
     __syncthreads();
     trace.mark(1);
@@ -2166,7 +2164,9 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
         constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
         auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD>;
         auto make = [&](int U, Geometry& g) {
-          return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g) && g.pad_shift == PAD;
+          // PAD = 1 exactly at U = 4 (2 n8 tiles), PAD = 0 at U = 8 (4): the kernel's kNT.
+          return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g) && g.pad_shift == PAD &&
+                 g.nt == (PAD ? 2 : 4);
         };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
