@@ -227,6 +227,15 @@ __device__ __forceinline__ void ll_load(const u64* p, u64& lo, u64& hi) {
   asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
 }
 
+// The same pair if `pred` is nonzero, predicated inside the instruction (no branch); lo and hi
+// keep their values otherwise.
+__device__ __forceinline__ void ll_load_if(unsigned pred, const u64* p, u64& lo, u64& hi) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n}"
+               : "+l"(lo), "+l"(hi)
+               : "l"(p), "r"(pred)
+               : "memory");
+}
+
 // One LL word, one atomic 64-bit store.
 __device__ __forceinline__ void ll_store_word(u64* p, u64 v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -240,6 +249,14 @@ __device__ __forceinline__ void ll_store(u64* p, uint32_t payload, uint32_t flag
 // Spin-wait guard: a wait longer than this (in SM clock cycles, ~10 s) means a bug or a
 // broken co-residency assumption; trap so that the launch fails instead of hanging.
 constexpr long long kSpinTimeoutCycles = 20'000'000'000LL;
+
+__device__ __forceinline__ void check_spin_timeout(long long t0, unsigned want) {
+  if (clock64() - t0 > kSpinTimeoutCycles) {
+    printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
+           static_cast<int>(blockIdx.x), want);
+    __trap();
+  }
+}
 
 // Both words carry flag `want` in their bits [flag_shift, 64) (32: ll_store's format; the
 // direct forward kernel's TF32 pairs keep their flag higher up).
@@ -257,11 +274,7 @@ __device__ __noinline__ ulonglong2 ll_wait(const u64* p, unsigned want, int flag
   while (true) {
     ll_load(p, lo, hi);
     if (ll_valid(lo, hi, want, flag_shift)) return make_ulonglong2(lo, hi);
-    if (clock64() - t0 > kSpinTimeoutCycles) {
-      printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
-             static_cast<int>(blockIdx.x), want);
-      __trap();
-    }
+    check_spin_timeout(t0, want);
   }
 }
 
@@ -878,6 +891,10 @@ __device__ __forceinline__ uint32_t tf32_pair_second(u64 w) { return static_cast
 // a gate item are one base register plus immediates (code size: see the top of the file).
 constexpr int kDirectRow = 40;
 constexpr int kDirectWarp = 16 * kDirectRow;
+// Batch sizes up to which the direct forward kernel's kFewRows instance runs (A/B on an H200,
+// 2026-11-26: its branch-free polling gave 10-20 % faster calls at B = 1 and 2, slower ones from
+// B = 4; docs/kernels.md).
+constexpr int kDirectFewRowsMaxBatch = 2;
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
 // start late in the reverse direction. Two elements per word: 16-bit values or TF32 pairs
@@ -932,8 +949,9 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 // lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
 // them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 at
 // Hp > 512, see above). PAD: Geometry::pad_shift (compile time: the k-steps' loads keep
-// immediate offsets).
-template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int PAD>
+// immediate offsets). kFewRows: B <= kDirectFewRowsMaxBatch, where h_{t-1} is polled branch-free
+// (step 1 below).
+template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int PAD, bool kFewRows>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -950,6 +968,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
   // that polling does not flood L2.
   constexpr int kPollAll = KPC;
+  static_assert(kDirectFewRowsMaxBatch <= 8, "kFewRows: row gq only, no row gq + 8");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem);  // [2][kWarps][16][kDirectRow] partial sums, by step parity
@@ -1054,13 +1073,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
     u64 lo[2][KPC], hi[2][KPC];
     unsigned pending = 0;
+    if constexpr (kFewRows) {
+      // Row gq only (gq + 8 >= B), polled branch-free: the loads are predicated on the pending
+      // bits and the flags are checked into a bit mask. (Measured: 10-20 % faster calls at
+      // B <= 2 than the branches below, 10-20 % slower at B >= 4; docs/kernels.md.)
+      pending = ll0 ? (1u << nf) - 1u : 0u;
 #pragma unroll
-    for (int f = 0; f < KPC; ++f) {
-      lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
-      if (f < nf) {
-        if (ll0) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
-        if (ll1) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
-        pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
+      for (int f = 0; f < KPC; ++f) {
+        lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+        ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
+      }
+    } else {
+#pragma unroll
+      for (int f = 0; f < KPC; ++f) {
+        lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+        if (f < nf) {
+          if (ll0) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+          if (ll1) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
+          pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
+        }
       }
     }
     if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC>(a.h0, H, data_words, word0, nll, bt, lo, hi);
@@ -1069,34 +1100,45 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch(nxt, pv_next);
     }
     const long long t_wait = clock64();
-    while (true) {
-      int first = -1;
+    if constexpr (kFewRows) {
+      while (true) {
+        unsigned arrived = 0;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+        for (int f = 0; f < KPC; ++f) arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
+        pending &= ~arrived;
+        if (pending == 0) break;
+        check_spin_timeout(t_wait, want);
 #pragma unroll
-        for (int f = 0; f < KPC; ++f) {
-          const unsigned bit = 1u << (r * KPC + f);
-          if (pending & bit) {
-            if (ll_valid(lo[r][f], hi[r][f], want, kFlagShift)) {
-              pending &= ~bit;
-            } else if (first < 0) {
-              first = r * KPC + f;
+        for (int f = 0; f < KPC; ++f) ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
+      }
+    } else {
+      while (true) {
+        int first = -1;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int f = 0; f < KPC; ++f) {
+            const unsigned bit = 1u << (r * KPC + f);
+            if (pending & bit) {
+              if (ll_valid(lo[r][f], hi[r][f], want, kFlagShift)) {
+                pending &= ~bit;
+              } else if (first < 0) {
+                first = r * KPC + f;
+              }
             }
           }
         }
-      }
-      if (pending == 0) break;
-      if (__popc(pending) > kPollAll) {
-        (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * kstride, want, kFlagShift);
-      } else if (clock64() - t_wait > kSpinTimeoutCycles) {
-        printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
-               static_cast<int>(blockIdx.x), want);
-        __trap();
-      }
+        if (pending == 0) break;
+        if (__popc(pending) > kPollAll) {
+          (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * kstride, want, kFlagShift);
+        } else {
+          check_spin_timeout(t_wait, want);
+        }
 #pragma unroll
-      for (int f = 0; f < KPC; ++f) {
-        if (pending & (1u << f)) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
-        if (pending & (1u << (KPC + f))) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
+        for (int f = 0; f < KPC; ++f) {
+          if (pending & (1u << f)) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+          if (pending & (1u << (KPC + f))) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
+        }
       }
     }
     trace.mark(0);
@@ -2159,10 +2201,11 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
       // depends on U: try each instance with the U values that give its KPC.
       // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
-      auto try_direct = [&](auto kpc_c, auto pad_c) {
+      auto try_direct = [&](auto kpc_c, auto pad_c, auto few_rows_c) {
         constexpr int KPC = decltype(kpc_c)::value, PAD = decltype(pad_c)::value;
         constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
-        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD>;
+        auto direct =
+            &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD, decltype(few_rows_c)::value>;
         auto make = [&](int U, Geometry& g) {
           // PAD = 1 exactly at U = 4 (2 n8 tiles), PAD = 0 at U = 8 (4): the kernel's kNT.
           return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g) && g.pad_shift == PAD &&
@@ -2175,10 +2218,12 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       using K8 = std::integral_constant<int, 8>;
       using Pad = std::integral_constant<int, 1>;
       using NoPad = std::integral_constant<int, 0>;
-      if (try_direct(K2{}, Pad{}) || try_direct(K4{}, Pad{}) || try_direct(K8{}, Pad{}) || try_direct(K2{}, NoPad{}) ||
-          try_direct(K4{}, NoPad{}) || try_direct(K8{}, NoPad{})) {
-        return true;
-      }
+      auto try_each = [&](auto few_rows_c) {
+        return try_direct(K2{}, Pad{}, few_rows_c) || try_direct(K4{}, Pad{}, few_rows_c) ||
+               try_direct(K8{}, Pad{}, few_rows_c) || try_direct(K2{}, NoPad{}, few_rows_c) ||
+               try_direct(K4{}, NoPad{}, few_rows_c) || try_direct(K8{}, NoPad{}, few_rows_c);
+      };
+      if (s.B <= kDirectFewRowsMaxBatch ? try_each(std::true_type{}) : try_each(std::false_type{})) return true;
     }
   }
   auto kernel = &lstm_persistent_forward_kernel<scalar_t, P, kTraining>;
