@@ -1522,22 +1522,9 @@ __device__ __forceinline__ void ll_store2_if(bool pred, u64* p, uint32_t payload
 // Thread-block clusters (sm_90): the split kernel's clustered instances add the partials of a
 // cluster's blocks through distributed shared memory before they go out (the kernel's comment).
 // Compiled for an older architecture these trap; the host takes the clustered instance only
-// where the kernel's PTX is for sm_90 or later (ptx_at_least, kernel_attributes.cuh).
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-  return r;
-}
-
-__device__ __forceinline__ unsigned cluster_index() {
-  unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
-#endif
-  return r;
-}
+// where the kernel's PTX is for sm_90 or later (ptx_at_least, kernel_attributes.cuh). Clusters
+// of CL blocks tile the 1-D grid in order: a block's rank in its cluster is blockIdx.x % CL and
+// its cluster's index blockIdx.x / CL.
 
 // Every thread of every block of the cluster: shared-memory writes before it are visible to
 // the cluster's reads after it.
@@ -1766,9 +1753,9 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
       cluster_sync();
       trace.mark(0);
       const int cw4 = Hp / CL / 4;  // float4 columns of the chunk
-      const int c0 = static_cast<int>(cluster_rank()) * cw4 * 4;
+      const int c0 = static_cast<int>(blockIdx.x % CL) * cw4 * 4;  // cluster rank
       const int total = bt * cw4;
-      u64* pub = pbuf + static_cast<int64_t>(cluster_index()) * pstride;
+      u64* pub = pbuf + static_cast<int64_t>(blockIdx.x / CL) * pstride;  // the cluster's index
       const uint32_t base = static_cast<uint32_t>((s & 1) * 16 * g.ldp) * 4u;
       for (int v0 = 0; v0 < total; v0 += kClusterSums * kThreads) {  // one pass at B <= 16, Hp / CL <= 256
         float4 sum[kClusterSums];
