@@ -891,9 +891,10 @@ __device__ __forceinline__ uint32_t tf32_pair_second(u64 w) { return static_cast
 // a gate item are one base register plus immediates (code size: see the top of the file).
 constexpr int kDirectRow = 40;
 constexpr int kDirectWarp = 16 * kDirectRow;
-// Batch sizes up to which the direct forward kernel's kFewRows instance runs (A/B on an H200,
-// 2026-11-26: its branch-free polling gave 10-20 % faster calls at B = 1 and 2, slower ones from
-// B = 4; docs/kernels.md).
+// Batch sizes up to which the direct forward kernel's kFewRows instance runs. A/B on an H200
+// (2026-11-26, T = 256 infer, CUDA graph): its branch-free polling took 20-31 % off a call at
+// B = 1 and 2; at B = 4 it was 5-13 % slower (1-5 % faster with a 300-cycle backoff between
+// polling rounds), at B = 8 and 16 slower with or without one; docs/kernels.md.
 constexpr int kDirectFewRowsMaxBatch = 2;
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
@@ -1075,8 +1076,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned pending = 0;
     if constexpr (kFewRows) {
       // Row gq only (gq + 8 >= B), polled branch-free: the loads are predicated on the pending
-      // bits and the flags are checked into a bit mask. (Measured: 10-20 % faster calls at
-      // B <= 2 than the branches below, 10-20 % slower at B >= 4; docs/kernels.md.)
+      // bits and the flags are checked into a bit mask. (Measured against the branches below:
+      // faster at B <= 2, slower from B = 4; kDirectFewRowsMaxBatch, docs/kernels.md.)
       pending = ll0 ? (1u << nf) - 1u : 0u;
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
