@@ -44,7 +44,9 @@ int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<
 //   pre:   [bt, G]  pre-activations of the step (acc_t), row stride ldp
 //   cbuf:  [B, H]   c_{t-1} in, c_t out (acc_t)
 //   m_out: [bt, H]  o ⊙ tanh(c_t): y rows without projection, W_hr's input with it
-//   gates: [bt, G]  activated gates, cells: [bt, H] c_t (saved only when training)
+//   gates: [bt, G]  activated gates, cells: [bt, H] c_t (saved only when training); may be pre
+//                   itself (ldp = G, same type): a unit's four pre values are read before any
+//                   of its gates is written (so neither pointer is __restrict__)
 //   h_copy: [bt, H] a second copy of m_out (the persistent loop's next h_{t-1}), or null
 template <class scalar_t, bool kTraining>
 void forward_gate_rows(int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t H, const at::opmath_type<scalar_t>* pre,
@@ -54,10 +56,10 @@ void forward_gate_rows(int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t H
   using Math = typename CpuMath<acc_t>::type;
   const int64_t G = 4 * H;
   for (int64_t b = b0; b < b1; ++b) {
-    const acc_t* __restrict__ p = pre + b * ldp;
+    const acc_t* p = pre + b * ldp;
     acc_t* __restrict__ c = cbuf + b * H;
     scalar_t* __restrict__ m = m_out + b * H;
-    scalar_t* __restrict__ gs = kTraining ? gates + b * G : nullptr;
+    scalar_t* gs = kTraining ? gates + b * G : nullptr;
     scalar_t* __restrict__ cs = kTraining ? cells + b * H : nullptr;
     for (int64_t j = j0; j < j1; ++j) {
       const LstmGates<acc_t> pre_j{p[j], p[H + j], p[2 * H + j], p[3 * H + j]};
@@ -346,7 +348,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   Tensor y = on_huge_pages(at::empty({s.N, s.Hout}, opts));
   Tensor hbuf = h0.clone();
   Tensor cbuf = c0.to(acc, /*non_blocking=*/false, /*copy=*/true);
-  Tensor gates = on_huge_pages(at::empty({saved, s.G}, opts));
   Tensor cells = on_huge_pages(at::empty({saved, s.H}, opts));
   Tensor bias = s.has_bias ? b_ih->to(acc) + b_hh->to(acc) : Tensor();
 
@@ -354,7 +355,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     const CpuKernels kernels = cpu_kernels();
     const int64_t tile = unit_tile(kernels);
     const bool fused_projection = fuse_projection(s, persistent_parts(s.H, tile, s.B));
-    Tensor pre;
+    Tensor pre, gates;
     Tensor w_ih_packed;
     LoopProjection proj{};
     if (fused_projection) {
@@ -363,8 +364,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
       pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I, tile, w_ih_packed.data_ptr<float>());
       proj = {x.const_data_ptr<float>(), w_ih_packed.const_data_ptr<float>(),
               s.has_bias ? bias.const_data_ptr<float>() : nullptr, s.I};
+      gates = on_huge_pages(at::empty({saved, s.G}, opts));
     } else {
       pre = input_projection<float>(s, x, w_ih, bias);
+      // The saved gates take pre's place: a step's gate pass reads its pre rows and writes
+      // the activations over them, all four gates of a unit before any store (gate_rows).
+      // Saves an [N, G] buffer's memory and first-touch page faults per training call.
+      gates = training ? pre : at::empty({0, s.G}, opts);
     }
     Tensor w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.H, tile)}, opts);
     pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, w_hh_packed.data_ptr<float>());
@@ -379,6 +385,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     return {y, hbuf, cbuf.to(x.scalar_type()), gates, cells};
   }
 
+  Tensor gates = on_huge_pages(at::empty({saved, s.G}, opts));
   Tensor mbuf = at::empty({s.P > 0 ? s.B : 0, s.H}, opts);
   Tensor proj_acc = at::empty({s.B, s.P}, opts.dtype(acc));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "seqkernels_lstm_forward_cpu", [&] {
@@ -414,6 +421,33 @@ void gather_prev_hidden(const LstmSizes& s, bool reverse, const scalar_t* y, con
       }
     }
   });
+}
+
+// dW_hh [G, Hout] = Σ_rows dpre_rowᵀ · h_{t-1, row}. Where every step has all B rows, h_{t-1} of
+// steps 1..T-1 (forward; 0..T-2 reverse) is y shifted by one step, read in place, and the
+// first step's is h0: two GEMMs. Otherwise h_{t-1} is gathered into an [N, Hout] buffer first.
+template <class scalar_t>
+void weight_grad_hh(const LstmSizes& s, bool reverse, const scalar_t* dpre, const scalar_t* y, const scalar_t* h0,
+                    at::opmath_type<scalar_t>* dw_hh) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t G = s.G, Hout = s.Hout, N = s.N, B = s.B;
+  bool full_steps = true;
+  for (int64_t t = 0; t < s.T; ++t) full_steps = full_steps && s.batch_sizes[t] == B;
+  if (full_steps) {
+    const int64_t shifted = N - B;  // rows whose h_{t-1} is a y row
+    const scalar_t* dpre_from_y = dpre + (reverse ? 0 : B) * G;
+    const scalar_t* dpre_from_h0 = dpre + (reverse ? shifted : 0) * G;
+    if (shifted > 0) {
+      gemm(Trans::Yes, Trans::No, G, Hout, shifted, dpre_from_y, G, y + (reverse ? B : 0) * Hout, Hout, acc_t(0),
+           dw_hh, Hout);
+    }
+    gemm(Trans::Yes, Trans::No, G, Hout, B, dpre_from_h0, G, h0, Hout, acc_t(shifted > 0 ? 1 : 0), dw_hh, Hout);
+    return;
+  }
+  Tensor hprev = on_huge_pages(at::empty({N, Hout}, at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value)));
+  scalar_t* hprev_p = hprev.data_ptr<scalar_t>();
+  gather_prev_hidden<scalar_t>(s, reverse, y, h0, hprev_p);
+  gemm(Trans::Yes, Trans::No, G, Hout, N, dpre, G, hprev_p, Hout, acc_t(0), dw_hh, Hout);
 }
 
 // Backward time loop of the BLAS path, in reverse processing order.
@@ -481,7 +515,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   Tensor dh_all = at::empty({P > 0 ? N : 0, P}, opts);  // dL/dh_t of every row (projection only)
   Tensor m_all = at::empty({P > 0 ? N : 0, H}, opts);   // m_t of every row (projection only)
   Tensor dm_acc = at::empty({P > 0 ? s.B : 0, H}, opts.dtype(acc));
-  Tensor hprev = on_huge_pages(at::empty({N, Hout}, opts));
   Tensor dx = on_huge_pages(at::empty({N, I}, opts.dtype(acc)));
   Tensor dw_ih = at::empty({G, I}, opts.dtype(acc));
   Tensor dw_hh = at::empty({G, Hout}, opts.dtype(acc));
@@ -510,9 +543,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
          dx.data_ptr<acc_t>(), I);
     gemm(Trans::Yes, Trans::No, G, I, N, dpre_p, G, x.const_data_ptr<scalar_t>(), I, acc_t(0),
          dw_ih.data_ptr<acc_t>(), I);
-    scalar_t* hprev_p = hprev.data_ptr<scalar_t>();
-    gather_prev_hidden<scalar_t>(s, reverse, y.const_data_ptr<scalar_t>(), h0.const_data_ptr<scalar_t>(), hprev_p);
-    gemm(Trans::Yes, Trans::No, G, Hout, N, dpre_p, G, hprev_p, Hout, acc_t(0), dw_hh.data_ptr<acc_t>(), Hout);
+    weight_grad_hh<scalar_t>(s, reverse, dpre_p, y.const_data_ptr<scalar_t>(), h0.const_data_ptr<scalar_t>(),
+                             dw_hh.data_ptr<acc_t>());
     if (P > 0) {
       gemm(Trans::Yes, Trans::No, P, H, N, dh_all_p, P, m_all_p, H, acc_t(0), dw_hr.data_ptr<acc_t>(), H);
     }

@@ -441,6 +441,7 @@ inline __m256i lanes8(int64_t n) {
 // forward_gate_rows (lstm.cpp) on 8 units at a time, for float32: batch rows [0, bt), hidden
 // units [j0, j1). Same layouts: pre [bt, G] row stride ldp; cbuf [B, H]; m_out [bt, H];
 // gates [bt, G] / cells [bt, H] when training; h_copy [bt, H] (row stride H) gets m_out again.
+// gates may be pre itself (forward_gate_rows): a unit's loads come before its stores.
 template <bool kTraining>
 __attribute__((flatten)) inline void gate_rows_avx2(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* pre,
                                                     int64_t ldp, float* cbuf, float* m_out, float* gates,
@@ -774,6 +775,7 @@ struct Avx512Math {
 // forward_gate_rows (lstm.cpp) on 16 units at a time, for float32: batch rows [0, bt),
 // hidden units [j0, j1). Same layouts: pre [bt, G] row stride ldp; cbuf [B, H]; m_out [bt, H];
 // gates [bt, G] / cells [bt, H] when training; h_copy [bt, H] (row stride H) gets m_out again.
+// gates may be pre itself (forward_gate_rows): a unit's loads come before its stores.
 template <bool kTraining>
 SEQKERNELS_AVX512 __attribute__((flatten)) inline void gate_rows(int64_t bt, int64_t j0, int64_t j1, int64_t H, const float* pre, int64_t ldp,
                                         float* cbuf, float* m_out, float* gates, float* cells, float* h_copy) {
