@@ -359,16 +359,19 @@ def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
         {"general"} if any(f"lstm_persistent_{direction}_kernel" in n for n in names) else set())
 
 
-@pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 1, 1024), ("tf32", 2, 512), ("tf32", 3, 512),
-                                                 ("bfloat16", 16, 256)])
+DIRECT_FEW_ROWS_MAX_BATCH = 4  # kDirectFewRowsMaxBatch, csrc/cuda/lstm_persistent.cu
+
+
+@pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 1, 1024), ("tf32", 2, 512), ("tf32", 4, 512),
+                                                 ("bfloat16", 5, 1024), ("bfloat16", 16, 256)])
 def test_direct_forward_few_rows_instance_follows_batch(monkeypatch, precision_name, B, H):
     """The direct forward kernel's kFewRows instance (its last template argument) runs exactly at
-    B <= 2 (kDirectFewRowsMaxBatch in lstm_persistent.cu, chosen by an A/B on an H200)."""
+    B <= kDirectFewRowsMaxBatch (chosen by an A/B on an H200)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
         names = kernel_names(_train_call(DTYPE[precision_name], B, H, T=3))
     few_rows = {m.group(1) for n in names if (m := re.search(r"forward_direct_kernel<.*, (true|false)>", n))}
-    assert few_rows == {"true" if B <= 2 else "false"}, names
+    assert few_rows == {"true" if B <= DIRECT_FEW_ROWS_MAX_BATCH else "false"}, names
 
 
 def _split_cluster_sizes(fn) -> set[int]:
@@ -415,8 +418,9 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     # per block, each block's slice padded to an L2 sector), B <= 8 and B > 8.
     ("tf32", [7, 7, 5, 2, 2, 1], 604), ("tf32", [12, 12, 9, 4, 1], 604), ("tf32", [7, 7, 5, 2, 2, 1], 300),
     ("tf32", [12, 12, 9, 4, 1], 300),
-    # B <= 2: the direct kernel's few-rows instance (branch-free polling of row gq only).
-    ("bfloat16", [2, 2, 1, 1], 48), ("tf32", [2, 1, 1], 604), ("float16", [1, 1, 1], 1024),
+    # B <= 4: the direct kernel's few-rows instance (branch-free polling of row gq only).
+    ("bfloat16", [2, 2, 1, 1], 48), ("tf32", [4, 3, 1], 604), ("float16", [1, 1, 1], 1024),
+    ("bfloat16", [4, 4, 2], 1024),
 ])
 def test_direct_and_general_forward_match_reference(monkeypatch, precision_name, batch_sizes, H):
     """Both persistent forward kernels on one packed, reversed input (rows that start late take

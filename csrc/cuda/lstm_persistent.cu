@@ -892,10 +892,10 @@ __device__ __forceinline__ uint32_t tf32_pair_second(u64 w) { return static_cast
 constexpr int kDirectRow = 40;
 constexpr int kDirectWarp = 16 * kDirectRow;
 // Batch sizes up to which the direct forward kernel's kFewRows instance runs. A/B on an H200
-// (2026-11-26, T = 256 infer, CUDA graph): its branch-free polling took 20-31 % off a call at
-// B = 1 and 2; at B = 4 it was 5-13 % slower (1-5 % faster with a 300-cycle backoff between
-// polling rounds), at B = 8 and 16 slower with or without one; docs/kernels.md.
-constexpr int kDirectFewRowsMaxBatch = 2;
+// (2026-11-26, T = 256 infer, CUDA graph, against the per-word loop): 20-31 % off a call at
+// B = 1 and 2, 5-22 % at B = 3 and 4; at B = 8 slower (Nsight Compute: 56 % more L2 read
+// sectors from the faster polling; docs/kernels.md).
+constexpr int kDirectFewRowsMaxBatch = 4;
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
 // start late in the reverse direction. Two elements per word: 16-bit values or TF32 pairs
@@ -1077,7 +1077,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kFewRows) {
       // Row gq only (gq + 8 >= B), polled branch-free: the loads are predicated on the pending
       // bits and the flags are checked into a bit mask. (Measured against the branches below:
-      // faster at B <= 2, slower from B = 4; kDirectFewRowsMaxBatch, docs/kernels.md.)
+      // faster at B <= 4, slower at B = 8; kDirectFewRowsMaxBatch, docs/kernels.md.)
       pending = ll0 ? (1u << nf) - 1u : 0u;
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
