@@ -2175,6 +2175,11 @@ bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Ten
   return launch_cooperative(kernel, args, stream);
 }
 
+// A compile-time int as a value: the host picks a kernel instance by trying its template
+// arguments in turn (run_forward, run_backward).
+template <int V>
+using IntConst = std::integral_constant<int, V>;
+
 // SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps B <= 16 on the general forward kernel: a diagnostic
 // switch, so that one device run can time both forward kernels side by side.
 bool direct_forward_enabled() {
@@ -2201,15 +2206,13 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
         };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
-      using K2 = std::integral_constant<int, 2>;
-      using K4 = std::integral_constant<int, 4>;
-      using K8 = std::integral_constant<int, 8>;
-      using Pad = std::integral_constant<int, 1>;
-      using NoPad = std::integral_constant<int, 0>;
-      auto try_each = [&](auto few_rows_c) {
-        return try_direct(K2{}, Pad{}, few_rows_c) || try_direct(K4{}, Pad{}, few_rows_c) ||
-               try_direct(K8{}, Pad{}, few_rows_c) || try_direct(K2{}, NoPad{}, few_rows_c) ||
-               try_direct(K4{}, NoPad{}, few_rows_c) || try_direct(K8{}, NoPad{}, few_rows_c);
+      auto try_each = [&](auto few_rows_c) {  // (KPC, PAD) pairs, padded layout first
+        return try_direct(IntConst<2>{}, IntConst<1>{}, few_rows_c) ||
+               try_direct(IntConst<4>{}, IntConst<1>{}, few_rows_c) ||
+               try_direct(IntConst<8>{}, IntConst<1>{}, few_rows_c) ||
+               try_direct(IntConst<2>{}, IntConst<0>{}, few_rows_c) ||
+               try_direct(IntConst<4>{}, IntConst<0>{}, few_rows_c) ||
+               try_direct(IntConst<8>{}, IntConst<0>{}, few_rows_c);
       };
       if (s.B <= kDirectFewRowsMaxBatch ? try_each(std::true_type{}) : try_each(std::false_type{})) return true;
     }
@@ -2257,23 +2260,19 @@ bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar
       };
       return plan(s, prop, split, args.g, make) && launch_with_exchange(split, args, args.dbuf, like);
     };
-    using N2 = std::integral_constant<int, 2>;
-    using N4 = std::integral_constant<int, 4>;
-    using N8 = std::integral_constant<int, 8>;
-    using N16 = std::integral_constant<int, 16>;
-    using C1 = std::integral_constant<int, 1>;
-    using C4 = std::integral_constant<int, 4>;
-    using C8 = std::integral_constant<int, 8>;
+    // The instances for 4, 8 and 16 n8 tiles per warp in clusters of cl_c blocks (1: none).
+    auto try_ntw_4_to_16 = [&](auto cl_c) {
+      return try_split(IntConst<4>{}, cl_c) || try_split(IntConst<8>{}, cl_c) || try_split(IntConst<16>{}, cl_c);
+    };
     const int mode = split_backward_mode();
     // In clusters of 8 blocks, else 4, where they fit (instances for 4-16 n8 tiles per warp:
     // H > 128): faster than both kernels without clusters wherever they ran at B >= 4 (H200,
     // docs/kernels.md); else without clusters where split_is_faster.
-    if (mode != 0 && (try_split(N4{}, C8{}) || try_split(N8{}, C8{}) || try_split(N16{}, C8{}) ||
-                      try_split(N4{}, C4{}) || try_split(N8{}, C4{}) || try_split(N16{}, C4{}))) {
+    if (mode != 0 && (try_ntw_4_to_16(IntConst<8>{}) || try_ntw_4_to_16(IntConst<4>{}))) {
       return true;
     }
     if (mode == 1 || (mode == -1 && split_is_faster(s, P == Path::kMma16))) {
-      if (try_split(N2{}, C1{}) || try_split(N4{}, C1{}) || try_split(N8{}, C1{}) || try_split(N16{}, C1{})) {
+      if (try_split(IntConst<2>{}, IntConst<1>{}) || try_ntw_4_to_16(IntConst<1>{})) {
         return true;
       }
     }
