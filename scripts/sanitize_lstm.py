@@ -182,8 +182,11 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         # whose TF32 forward reads half of W_hh from shared memory.
         big = [([17, 17, 9, 3], 8, 64, dt, tf32) for dt, tf32 in
                [(torch.bfloat16, True), (torch.float32, True), (torch.float32, False), (torch.float64, True)]]
+        # The direct forward kernel's polling instances: rows gq and gq + 8 branch-free (TF32, B = 16),
+        # row gq (B = 5), the per-word loop (bf16 B = 12 at H = 1024).
         big += [([16, 16], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),
-                ([5, 5], 8, 1024, torch.bfloat16, True), ([5, 5], 8, 1024, torch.float32, True)]
+                ([5, 5], 8, 1024, torch.bfloat16, True), ([5, 5], 8, 1024, torch.float32, True),
+                ([12, 12, 9], 8, 1024, torch.bfloat16, True)]
         # The split backward kernel in thread-block clusters (B >= 4 on sm_90: 72 blocks, 9
         # clusters of 8; distributed shared memory and cluster barriers).
         big += [([9, 9, 7, 4], 8, 286, torch.bfloat16, True), ([9, 9, 7, 4], 8, 286, torch.float32, True)]

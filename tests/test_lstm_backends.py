@@ -359,19 +359,29 @@ def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
         {"general"} if any(f"lstm_persistent_{direction}_kernel" in n for n in names) else set())
 
 
-DIRECT_FEW_ROWS_MAX_BATCH = 4  # kDirectFewRowsMaxBatch, csrc/cuda/lstm_persistent.cu
+def _direct_branch_free_rows(fn) -> set[int]:
+    """The kBranchFreeRows template argument (the last) of the direct forward kernels that ran in fn()."""
+    rows = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_forward_direct_kernel" in n:
+            m = re.search(r"(\d+)>\(", n) or re.search(r"(\d+)>$", n)
+            assert m, n
+            rows.add(int(m.group(1)))
+    return rows
 
 
-@pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 1, 1024), ("tf32", 2, 512), ("tf32", 4, 512),
-                                                 ("bfloat16", 5, 1024), ("bfloat16", 16, 256)])
-def test_direct_forward_few_rows_instance_follows_batch(monkeypatch, precision_name, B, H):
-    """The direct forward kernel's kFewRows instance (its last template argument) runs exactly at
-    B <= kDirectFewRowsMaxBatch (chosen by an A/B on an H200)."""
+@pytest.mark.parametrize("precision_name,B,H,rows", [
+    ("bfloat16", 1, 1024, 1), ("tf32", 2, 512, 1), ("tf32", 4, 512, 1), ("bfloat16", 5, 1024, 1),
+    ("bfloat16", 8, 512, 1), ("tf32", 8, 1024, 1), ("bfloat16", 9, 512, 2), ("bfloat16", 16, 256, 2),
+    ("tf32", 16, 1024, 2), ("bfloat16", 6, 1024, 0), ("float16", 12, 1024, 0),
+])
+def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_name, B, H, rows):
+    """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
+    on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
+    except 16-bit types at Hp > 512 (8 k-steps per warp) from B = 6: the per-word loop (0)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
-        names = kernel_names(_train_call(DTYPE[precision_name], B, H, T=3))
-    few_rows = {m.group(1) for n in names if (m := re.search(r"forward_direct_kernel<.*, (true|false)>", n))}
-    assert few_rows == {"true" if B <= DIRECT_FEW_ROWS_MAX_BATCH else "false"}, names
+        assert _direct_branch_free_rows(_train_call(DTYPE[precision_name], B, H, T=3)) == {rows}
 
 
 def _split_cluster_sizes(fn) -> set[int]:
@@ -418,9 +428,11 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     # per block, each block's slice padded to an L2 sector), B <= 8 and B > 8.
     ("tf32", [7, 7, 5, 2, 2, 1], 604), ("tf32", [12, 12, 9, 4, 1], 604), ("tf32", [7, 7, 5, 2, 2, 1], 300),
     ("tf32", [12, 12, 9, 4, 1], 300),
-    # B <= 4: the direct kernel's few-rows instance (branch-free polling of row gq only).
+    # Polling instances: row gq branch-free (B <= 8), rows gq and gq + 8 branch-free (B > 8: the
+    # shapes above), the per-word loop (16-bit, Hp > 512, B >= 6; 600 units: 75 blocks of 8).
     ("bfloat16", [2, 2, 1, 1], 48), ("tf32", [4, 3, 1], 604), ("float16", [1, 1, 1], 1024),
-    ("bfloat16", [4, 4, 2], 1024),
+    ("bfloat16", [4, 4, 2], 1024), ("bfloat16", [8, 8, 6, 3, 1], 300), ("tf32", [8, 7, 5, 2], 1024),
+    ("bfloat16", [12, 12, 9, 4, 1], 1024), ("float16", [7, 7, 5, 2, 2, 1], 600),
 ])
 def test_direct_and_general_forward_match_reference(monkeypatch, precision_name, batch_sizes, H):
     """Both persistent forward kernels on one packed, reversed input (rows that start late take

@@ -891,11 +891,18 @@ __device__ __forceinline__ uint32_t tf32_pair_second(u64 w) { return static_cast
 // a gate item are one base register plus immediates (code size: see the top of the file).
 constexpr int kDirectRow = 40;
 constexpr int kDirectWarp = 16 * kDirectRow;
-// Batch sizes up to which the direct forward kernel's kFewRows instance runs. A/B on an H200
-// (2026-11-26, T = 256 infer, CUDA graph, against the per-word loop): 20-31 % off a call at
-// B = 1 and 2, 5-22 % at B = 3 and 4; at B = 8 slower (Nsight Compute: 56 % more L2 read
-// sectors from the faster polling; docs/kernels.md).
-constexpr int kDirectFewRowsMaxBatch = 4;
+// How the direct forward kernel polls h_{t-1} (its last template argument, kBranchFreeRows):
+//   1: row gq only (B <= 8), branch-free: loads predicated on the pending bits, flags checked
+//      into a bit mask (~5 instructions per word instead of a branch and ~13);
+//   2: rows gq and gq + 8 (8 < B <= 16), branch-free;
+//   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit types at 8 k-steps per
+//      warp (Hp > 512) from B = 6, where the branch-free polling's L2 traffic costs more than it
+//      saves (bf16 B = 8, H = 1024: 8 % slower; Nsight Compute: 56 % more L2 read sectors).
+// A/Bs on an H200 (2026-11-26, T = 256 infer, CUDA-graph replays; docs/kernels.md): branch-free
+// 11-32 % faster at H <= 512 for B = 5-16, and 0-9 % for TF32 at H = 1024.
+constexpr int direct_branch_free_rows(Path P, int kpc, int B) {
+  return P != Path::kTf32 && kpc == 8 && B > 5 ? 0 : B <= 8 ? 1 : 2;
+}
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
 // start late in the reverse direction. Two elements per word: 16-bit values or TF32 pairs
@@ -950,9 +957,8 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 // lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
 // them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 at
 // Hp > 512, see above). PAD: Geometry::pad_shift (compile time: the k-steps' loads keep
-// immediate offsets). kFewRows: B <= kDirectFewRowsMaxBatch, where h_{t-1} is polled branch-free
-// (step 1 below).
-template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int PAD, bool kFewRows>
+// immediate offsets). kBranchFreeRows: how h_{t-1} is polled (above; step 1 below).
+template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int PAD, int kBranchFreeRows>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -969,7 +975,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
   // that polling does not flood L2.
   constexpr int kPollAll = KPC;
-  static_assert(kDirectFewRowsMaxBatch <= 8, "kFewRows: row gq only, no row gq + 8");
+  static_assert(kBranchFreeRows >= 0 && kBranchFreeRows <= 2, "direct kernel instance");
+  static_assert(kBranchFreeRows == 0 || 2 * KPC <= 32, "the pending bits of both rows fit one word");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem);  // [2][kWarps][16][kDirectRow] partial sums, by step parity
@@ -1074,15 +1081,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
     u64 lo[2][KPC], hi[2][KPC];
     unsigned pending = 0;
-    if constexpr (kFewRows) {
-      // Row gq only (gq + 8 >= B), polled branch-free: the loads are predicated on the pending
-      // bits and the flags are checked into a bit mask. (Measured against the branches below:
-      // faster at B <= 4, slower at B = 8; kDirectFewRowsMaxBatch, docs/kernels.md.)
-      pending = ll0 ? (1u << nf) - 1u : 0u;
+    if constexpr (kBranchFreeRows > 0) {
+      // Rows gq (and gq + 8), polled branch-free: the loads are predicated on the pending bits and
+      // the flags are checked into a bit mask (measured against the branches below:
+      // direct_branch_free_rows, docs/kernels.md).
+      const unsigned row_bits = (1u << nf) - 1u;
+      pending = (ll0 ? row_bits : 0u) | (kBranchFreeRows == 2 && ll1 ? row_bits << KPC : 0u);
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
         lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
         ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
+        if constexpr (kBranchFreeRows == 2) ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
       }
     } else {
 #pragma unroll
@@ -1101,16 +1110,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch(nxt, pv_next);
     }
     const long long t_wait = clock64();
-    if constexpr (kFewRows) {
+    if constexpr (kBranchFreeRows > 0) {
       while (true) {
         unsigned arrived = 0;
 #pragma unroll
-        for (int f = 0; f < KPC; ++f) arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
+        for (int f = 0; f < KPC; ++f) {
+          arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
+          if constexpr (kBranchFreeRows == 2) arrived |= ll_valid(lo[1][f], hi[1][f], want, kFlagShift) ? 1u << (KPC + f) : 0u;
+        }
         pending &= ~arrived;
         if (pending == 0) break;
         check_spin_timeout(t_wait, want);
 #pragma unroll
-        for (int f = 0; f < KPC; ++f) ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
+        for (int f = 0; f < KPC; ++f) {
+          ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
+          if constexpr (kBranchFreeRows == 2) ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
+        }
       }
     } else {
       while (true) {
@@ -2194,11 +2209,11 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
       // depends on U: try each instance with the U values that give its KPC.
       // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
-      auto try_direct = [&](auto kpc_c, auto pad_c, auto few_rows_c) {
-        constexpr int KPC = decltype(kpc_c)::value, PAD = decltype(pad_c)::value;
+      auto try_direct = [&](auto kpc_c, auto pad_c, auto rows_c) {
+        constexpr int KPC = decltype(kpc_c)::value, PAD = decltype(pad_c)::value, ROWS = decltype(rows_c)::value;
         constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
-        auto direct =
-            &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD, decltype(few_rows_c)::value>;
+        if (ROWS != direct_branch_free_rows(P, KPC, static_cast<int>(s.B))) return false;
+        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD, ROWS>;
         auto make = [&](int U, Geometry& g) {
           // PAD = 1 exactly at U = 4 (2 n8 tiles), PAD = 0 at U = 8 (4): the kernel's kNT.
           return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g) && g.pad_shift == PAD &&
@@ -2206,15 +2221,12 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
         };
         return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
       };
-      auto try_each = [&](auto few_rows_c) {  // (KPC, PAD) pairs, padded layout first
-        return try_direct(IntConst<2>{}, IntConst<1>{}, few_rows_c) ||
-               try_direct(IntConst<4>{}, IntConst<1>{}, few_rows_c) ||
-               try_direct(IntConst<8>{}, IntConst<1>{}, few_rows_c) ||
-               try_direct(IntConst<2>{}, IntConst<0>{}, few_rows_c) ||
-               try_direct(IntConst<4>{}, IntConst<0>{}, few_rows_c) ||
-               try_direct(IntConst<8>{}, IntConst<0>{}, few_rows_c);
+      auto try_each = [&](auto rows_c) {  // (KPC, PAD) pairs, padded layout first
+        return try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
+               try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
+               try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
       };
-      if (s.B <= kDirectFewRowsMaxBatch ? try_each(std::true_type{}) : try_each(std::false_type{})) return true;
+      if (try_each(IntConst<1>{}) || try_each(IntConst<2>{}) || try_each(IntConst<0>{})) return true;
     }
   }
   auto kernel = &lstm_persistent_forward_kernel<scalar_t, P, kTraining>;
