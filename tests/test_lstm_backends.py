@@ -373,12 +373,13 @@ def _direct_branch_free_rows(fn) -> set[int]:
 @pytest.mark.parametrize("precision_name,B,H,rows", [
     ("bfloat16", 1, 1024, 1), ("tf32", 2, 512, 1), ("tf32", 4, 512, 1), ("bfloat16", 5, 1024, 1),
     ("bfloat16", 8, 512, 1), ("tf32", 8, 1024, 1), ("bfloat16", 9, 512, 2), ("bfloat16", 16, 256, 2),
-    ("tf32", 16, 1024, 2), ("bfloat16", 6, 1024, 0), ("float16", 12, 1024, 0),
+    ("tf32", 16, 1024, 2), ("bfloat16", 8, 768, 1), ("float16", 16, 640, 2), ("bfloat16", 6, 1024, 0),
+    ("float16", 12, 1024, 0), ("bfloat16", 8, 900, 0),
 ])
 def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_name, B, H, rows):
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
-    except 16-bit types at Hp > 512 (8 k-steps per warp) from B = 6: the per-word loop (0)."""
+    except 16-bit types at H > 768 from B = 6: the per-word loop (0)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
         assert _direct_branch_free_rows(_train_call(DTYPE[precision_name], B, H, T=3)) == {rows}
@@ -429,10 +430,11 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     ("tf32", [7, 7, 5, 2, 2, 1], 604), ("tf32", [12, 12, 9, 4, 1], 604), ("tf32", [7, 7, 5, 2, 2, 1], 300),
     ("tf32", [12, 12, 9, 4, 1], 300),
     # Polling instances: row gq branch-free (B <= 8), rows gq and gq + 8 branch-free (B > 8: the
-    # shapes above), the per-word loop (16-bit, Hp > 512, B >= 6; 600 units: 75 blocks of 8).
+    # shapes above), the per-word loop (16-bit, H > 768, B >= 6; 900 units: 113 blocks of 8, the
+    # last one padded).
     ("bfloat16", [2, 2, 1, 1], 48), ("tf32", [4, 3, 1], 604), ("float16", [1, 1, 1], 1024),
     ("bfloat16", [4, 4, 2], 1024), ("bfloat16", [8, 8, 6, 3, 1], 300), ("tf32", [8, 7, 5, 2], 1024),
-    ("bfloat16", [12, 12, 9, 4, 1], 1024), ("float16", [7, 7, 5, 2, 2, 1], 600),
+    ("float16", [12, 12, 9, 4, 1], 640), ("bfloat16", [12, 12, 9, 4, 1], 1024), ("float16", [7, 7, 5, 2, 2, 1], 900),
 ])
 def test_direct_and_general_forward_match_reference(monkeypatch, precision_name, batch_sizes, H):
     """Both persistent forward kernels on one packed, reversed input (rows that start late take

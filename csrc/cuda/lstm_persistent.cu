@@ -895,13 +895,15 @@ constexpr int kDirectWarp = 16 * kDirectRow;
 //   1: row gq only (B <= 8), branch-free: loads predicated on the pending bits, flags checked
 //      into a bit mask (~5 instructions per word instead of a branch and ~13);
 //   2: rows gq and gq + 8 (8 < B <= 16), branch-free;
-//   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit types at 8 k-steps per
-//      warp (Hp > 512) from B = 6, where the branch-free polling's L2 traffic costs more than it
-//      saves (bf16 B = 8, H = 1024: 8 % slower; Nsight Compute: 56 % more L2 read sectors).
+//   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit types at H > 768 from
+//      B = 6, where the branch-free polling's L2 traffic (112 or 128 blocks polling every
+//      word) costs more than it saves (bf16 B = 8, H = 1024: 7-8 % slower; Nsight Compute: 56 %
+//      more L2 read sectors).
 // A/Bs on an H200 (2026-11-26, T = 256 infer, CUDA-graph replays; docs/kernels.md): branch-free
-// 11-32 % faster at H <= 512 for B = 5-16, and 0-9 % for TF32 at H = 1024.
-constexpr int direct_branch_free_rows(Path P, int kpc, int B) {
-  return P != Path::kTf32 && kpc == 8 && B > 5 ? 0 : B <= 8 ? 1 : 2;
+// 11-32 % faster at H <= 512 for B = 5-16, 3-20 % for 16-bit at H = 640 and 768, 0-9 % for TF32
+// at H = 1024.
+constexpr int direct_branch_free_rows(Path P, int64_t H, int64_t B) {
+  return P != Path::kTf32 && H > 768 && B > 5 ? 0 : B <= 8 ? 1 : 2;
 }
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
@@ -2212,7 +2214,7 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       auto try_direct = [&](auto kpc_c, auto pad_c, auto rows_c) {
         constexpr int KPC = decltype(kpc_c)::value, PAD = decltype(pad_c)::value, ROWS = decltype(rows_c)::value;
         constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
-        if (ROWS != direct_branch_free_rows(P, KPC, static_cast<int>(s.B))) return false;
+        if (ROWS != direct_branch_free_rows(P, s.H, s.B)) return false;
         auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD, ROWS>;
         auto make = [&](int U, Geometry& g) {
           // PAD = 1 exactly at U = 4 (2 n8 tiles), PAD = 0 at U = 8 (4): the kernel's kNT.
