@@ -716,7 +716,12 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   if (!replay_applies(s)) return false;
   const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
   // pre, y, gates and cells come from the caching allocator; the state buffers are kept ones.
-  const bool vec4 = H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
+  // One unit per thread (V = 1) for 16-bit types: 4x the threads of V = 4, and at B <= 64 that
+  // parallelism, not the access width, bounds the step (H200, forced cuBLAS loop, 2026-11-26,
+  // docs/benchmarks.md: bf16 eager calls 6-17 % shorter at B <= 64). float32 keeps V = 4 here:
+  // its eager calls were not shorter with V = 1 (-0 to +5 %, as much as this unchanged path
+  // varied between two builds).
+  const bool vec4 = sizeof(scalar_t) >= 4 && H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
   ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4));
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
@@ -775,10 +780,10 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
   const scalar_t* h0_p = h0.data_ptr<scalar_t>();
   const scalar_t* c0_p = c0.data_ptr<scalar_t>();
-  // dG and hprev come from the caching allocator; the state buffers are kept ones.
-  const bool vec4 = H % 4 == 0 && aligned_for<4>(gates) && aligned_for<4>(cells) && aligned_for<4>(y) &&
-                    aligned_for<4>(grad_y) && aligned_for<4>(h0_p) && aligned_for<4>(c0_p);
-  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), vec4));
+  // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
+  // thread (V = 1): 4x the threads of V = 4, and with them training calls 0-10 % shorter (forced
+  // cuBLAS loop, B <= 256, H200, 2026-11-26, docs/benchmarks.md).
+  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), /*vec4=*/false));
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
@@ -792,13 +797,8 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
 
   auto step = [&](int k, cudaStream_t stream) {
-    if (vec4) {
-      lstm_backward_replay_step_kernel<scalar_t, acc_t, 4>
-          <<<blocks_for(B * H / 4), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
-    } else {
-      lstm_backward_replay_step_kernel<scalar_t, acc_t, 1>
-          <<<blocks_for(B * H), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
-    }
+    lstm_backward_replay_step_kernel<scalar_t, acc_t, 1>
+        <<<blocks_for(B * H), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   auto prologue = [&](cudaStream_t stream) {
@@ -894,31 +894,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, Hout, Hout, Hout, G);
   cuda::StepGemm<scalar_t, scalar_t, sc_t> projection_gemm(blas, Trans::N, Trans::T, P, H, H, H, P);
 
-  // 16-byte accesses when every base pointer allows them (row offsets are multiples of H).
-  const bool vec4 = H % 4 == 0 && aligned_for<4>(pre_p) && aligned_for<4>(b_ih_p) && aligned_for<4>(b_hh_p) &&
-                    aligned_for<4>(cbuf_p) &&
-                    aligned_for<4>(gates_p) && aligned_for<4>(cells_p) && aligned_for<4>(y_p) &&
-                    aligned_for<4>(mbuf_p) && aligned_for<4>(hbuf_p);
+  // One unit per thread (V = 1): 4x the threads of 16-byte accesses (V = 4), which the step
+  // needs more at these sizes (H200, the plain loop inside a caller's CUDA graph, B <= 256,
+  // 2026-11-26, docs/benchmarks.md: calls 1-15 % shorter in every cell measured).
   auto launch_step = [&](const acc_t* pre_t, scalar_t* gates_t, scalar_t* cells_t, scalar_t* m_t, scalar_t* h_t,
                          int64_t bt) {
-    const int V = vec4 ? 4 : 1;
-    const dim3 grid(blocks_for(bt * H / V));
-    if (vec4) {
-      if (training) {
-        lstm_forward_step_kernel<scalar_t, acc_t, 4, true>
-            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
-      } else {
-        lstm_forward_step_kernel<scalar_t, acc_t, 4, false>
-            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
-      }
+    const dim3 grid(blocks_for(bt * H));
+    if (training) {
+      lstm_forward_step_kernel<scalar_t, acc_t, 1, true>
+          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
     } else {
-      if (training) {
-        lstm_forward_step_kernel<scalar_t, acc_t, 1, true>
-            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
-      } else {
-        lstm_forward_step_kernel<scalar_t, acc_t, 1, false>
-            <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
-      }
+      lstm_forward_step_kernel<scalar_t, acc_t, 1, false>
+          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
