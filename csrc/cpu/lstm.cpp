@@ -431,9 +431,7 @@ void weight_grad_hh(const LstmSizes& s, bool reverse, const scalar_t* dpre, cons
                     at::opmath_type<scalar_t>* dw_hh) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t G = s.G, Hout = s.Hout, N = s.N, B = s.B;
-  bool full_steps = true;
-  for (int64_t t = 0; t < s.T; ++t) full_steps = full_steps && s.batch_sizes[t] == B;
-  if (full_steps) {
+  if (all_steps_full(s)) {
     const int64_t shifted = N - B;  // rows whose h_{t-1} is a y row
     const scalar_t* dpre_from_y = dpre + (reverse ? 0 : B) * G;
     const scalar_t* dpre_from_h0 = dpre + (reverse ? shifted : 0) * G;

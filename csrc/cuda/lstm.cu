@@ -215,13 +215,14 @@ __device__ __forceinline__ void forward_step_rows(
   }
 }
 
-// The cuBLAS loop's forward step: forward_step_rows on the step's rows.
-template <class scalar_t, class acc_t, int V, bool kTraining>
+// The cuBLAS loop's forward step: forward_step_rows on the step's rows, one unit per thread
+// (lstm_forward_impl says why).
+template <class scalar_t, class acc_t, bool kTraining>
 __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
     const acc_t* __restrict__ pre, const scalar_t* __restrict__ b_ih, const scalar_t* __restrict__ b_hh,
     acc_t* __restrict__ cbuf, scalar_t* __restrict__ gates, scalar_t* __restrict__ cells,
     scalar_t* __restrict__ m_out, scalar_t* __restrict__ hbuf, int64_t bt, int64_t H) {
-  forward_step_rows<scalar_t, acc_t, V, kTraining, false>(pre, nullptr, b_ih, b_hh, cbuf, gates, cells, m_out, hbuf,
+  forward_step_rows<scalar_t, acc_t, 1, kTraining, false>(pre, nullptr, b_ih, b_hh, cbuf, gates, cells, m_out, hbuf,
                                                           bt, H);
 }
 
@@ -392,9 +393,9 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
                                                          B, H);
 }
 
-// Step k of a backward chunk: backward_step_rows on the B rows of time t; dG also to dG_step,
-// the fixed operand of the step's dh GEMM.
-template <class scalar_t, class acc_t, int V>
+// Step k of a backward chunk: backward_step_rows on the B rows of time t, one unit per thread
+// (lstm_backward_replayed says why); dG also to dG_step, the fixed operand of the step's dh GEMM.
+template <class scalar_t, class acc_t>
 __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
     const BackwardReplayArgs<scalar_t>* __restrict__ args, int k,
     const acc_t* __restrict__ dhbuf,  // [B, H] dL/dh_t from the later step (or grad_h_n)
@@ -408,7 +409,7 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
   const bool has_prev = a.reverse ? t + 1 < a.T : t > 0;
   const int64_t prev_off = (a.reverse ? t + 1 : t - 1) * B;
   const int64_t off = t * B, G = 4 * H;
-  backward_step_rows<scalar_t, acc_t, V, false, true>(
+  backward_step_rows<scalar_t, acc_t, 1, false, true>(
       a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
       has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dcbuf,
       a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H);
@@ -468,7 +469,7 @@ using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, flo
 constexpr int kReplaySteps = 16;
 
 bool replay_applies(const LstmSizes& s) {
-  return s.P == 0 && s.B > 0 && s.H > 0 && s.T >= kReplaySteps && s.batch_sizes[s.T - 1] == s.B &&
+  return s.P == 0 && s.B > 0 && s.H > 0 && s.T >= kReplaySteps && all_steps_full(s) &&
          c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
 }
 
@@ -797,7 +798,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
 
   auto step = [&](int k, cudaStream_t stream) {
-    lstm_backward_replay_step_kernel<scalar_t, acc_t, 1>
+    lstm_backward_replay_step_kernel<scalar_t, acc_t>
         <<<blocks_for(B * H), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -901,10 +902,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
                          int64_t bt) {
     const dim3 grid(blocks_for(bt * H));
     if (training) {
-      lstm_forward_step_kernel<scalar_t, acc_t, 1, true>
+      lstm_forward_step_kernel<scalar_t, acc_t, true>
           <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
     } else {
-      lstm_forward_step_kernel<scalar_t, acc_t, 1, false>
+      lstm_forward_step_kernel<scalar_t, acc_t, false>
           <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();

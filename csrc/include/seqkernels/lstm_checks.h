@@ -34,6 +34,10 @@ struct StepLink {
   int64_t off = 0;
 };
 
+// Whether every step has all B rows (no sequence ends early). Batch sizes never grow with t, so
+// the last step decides.
+inline bool all_steps_full(const LstmSizes& s) { return s.batch_sizes[s.T - 1] == s.B; }
+
 // The step whose state step t starts from (its other rows start from h0 / c0).
 inline StepLink previous_step(const LstmSizes& s, int64_t t, bool reverse) {
   if (!reverse && t > 0) return {s.batch_sizes[t], s.offsets[t - 1]};
