@@ -179,11 +179,19 @@ __device__ __forceinline__ void wait_copies() {
 }
 
 // 16 bytes of an A row at column k (k % E == 0), through L2; zeros past the row or for a
-// missing row. float32 values are rounded to TF32.
+// missing row.
 template <class scalar_t>
 __device__ __forceinline__ uint4 load_a(const scalar_t* row, int k, int K) {
   if (row == nullptr || k >= K) return make_uint4(0u, 0u, 0u, 0u);
-  uint4 v = __ldcg(reinterpret_cast<const uint4*>(row + k));
+  return __ldcg(reinterpret_cast<const uint4*>(row + k));
+}
+
+// A loaded A vector as MMA operands: float32 values rounded to TF32, 16-bit ones as they are.
+// Applied where the MMA consumes the vector, not at the load, so that a group's loads do not
+// wait for one another's conversions: a kernel version that converted at the load had ptxas
+// issue them two at a time instead of four (the replayed step kernel, 2026-11-26).
+template <class scalar_t>
+__device__ __forceinline__ uint4 mma_operand(uint4 v) {
   if constexpr (std::is_same_v<scalar_t, float>) {
     v.x = to_tf32(__uint_as_float(v.x));
     v.y = to_tf32(__uint_as_float(v.y));
@@ -232,8 +240,9 @@ __device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const 
 #pragma unroll
       for (int e = 0; e < kGroup; ++e) {
         if (c0 + e < c_end) {
-          const uint32_t a1[4] = {lo[e].x, hi[e].x, lo[e].y, hi[e].y};
-          const uint32_t a2[4] = {lo[e].z, hi[e].z, lo[e].w, hi[e].w};
+          const uint4 l = mma_operand<scalar_t>(lo[e]), h = mma_operand<scalar_t>(hi[e]);
+          const uint32_t a1[4] = {l.x, h.x, l.y, h.y};
+          const uint32_t a2[4] = {l.z, h.z, l.w, h.w};
           const uint4* wc = ws + (c0 + e) * g.NT * 32 + lane;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
