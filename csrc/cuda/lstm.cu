@@ -37,7 +37,7 @@
 //   grad_w_hr = dHtotᵀ·M, grad_h0 = dhbuf, grad_c0 = dcbuf     (all GEMMs: deterministic)
 //
 // The cuBLAS loop replays its steps from kept CUDA graphs where that applies (equal batch
-// sizes, no projection, T >= 16, the caller not capturing; ReplayedSteps below): the same
+// sizes, no projection, T >= 16, the caller not capturing; replayed_steps.cuh): the same
 // math with the recurrent GEMM into a kept buffer, 16 steps per graph launch.
 //
 // Every buffer is allocated before the time loop (caching allocator); inside it there are only
@@ -77,6 +77,7 @@
 #include "lstm_fused_step.cuh"
 #include "lstm_loop.cuh"
 #include "lstm_persistent.cuh"
+#include "replayed_steps.cuh"
 #include "seqkernels/lstm_cell.h"
 #include "seqkernels/lstm_checks.h"
 
@@ -340,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
 }
 
 // ---------------------------------------------------------------------------------------
-// Kernels of the replayed cuBLAS loop (ReplayedSteps below)
+// Kernels of the replayed cuBLAS loop (replayed_steps.cuh, lstm_forward_replayed below)
 // ---------------------------------------------------------------------------------------
 
 // What a replayed step reads of its call. One captured graph serves every call of its key, so
@@ -415,9 +416,6 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
       a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H);
 }
 
-// A chunk's last node: the next chunk starts `steps` later.
-__global__ void replay_advance_kernel(int64_t* step, int64_t steps) { *step += steps; }
-
 // A replayed call's first launch: its arguments into the kept entry, and the two recurrent
 // states (forward: h0 and c0; backward: grad_h_n and grad_c_n) into the kept state buffers.
 template <class Args, class scalar_t, class h_t, class c_t>
@@ -446,197 +444,20 @@ template <class scalar_t>
 using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
 // ---------------------------------------------------------------------------------------
-// The cuBLAS loop replayed from CUDA graphs
+// The cuBLAS loop replayed from CUDA graphs (replayed_steps.cuh)
 // ---------------------------------------------------------------------------------------
 //
 // Eager, the cuBLAS loop is host-bound at small batches: a cuBLASLt call and a kernel launch
 // cost 9-19 µs of host time per step on an H100 host, against 5-12 µs of device time per step
-// (the same loop inside a CUDA graph) and cuDNN's ~10 µs (docs/benchmarks.md). So where it
-// applies, a call captures kReplaySteps steps (per step the recurrent GEMM and the gate
-// kernel) into one CUDA graph once, keeps it for later calls of the same key, and launches it
-// T / kReplaySteps times; the remaining T % kReplaySteps steps run eagerly with the same kernels.
-// A captured graph fixes its pointers, so:
-//  - the step GEMMs read and write kept buffers (forward: h_{t-1} -> rec = h_{t-1}·W_hhᵀ, the
-//    gate kernel adding rec to pre[rows]; backward: dG_step -> dh), and W_hh's address is part
-//    of the key (its values are read at replay, so updated weights are seen);
-//  - the step kernels read the call's pointers (pre, y, gates, ...) and the step counter from
-//    kept device memory that the call's first launch writes (ForwardReplayArgs), and each
-//    chunk ends with a one-thread kernel that advances the counter.
-// It applies without projection, with equal batch sizes (no ragged PackedSequence), T >=
-// kReplaySteps, and when the caller is not capturing a CUDA graph itself (its graph holds the
-// plain loop then). Nothing is allocated inside a capture, so it also runs with the caching
-// allocator off (compute-sanitizer).
-constexpr int kReplaySteps = 16;
-
-bool replay_applies(const LstmSizes& s) {
-  return s.P == 0 && s.B > 0 && s.H > 0 && s.T >= kReplaySteps && all_steps_full(s) &&
-         c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
-}
-
-// One key's captured chunk and the buffers it reads and writes.
-struct ReplayEntry {
-  std::vector<Tensor> buffers;            // made at the key's first call, in the order the loop asks
-  cudaStream_t buffers_stream = nullptr;  // the stream they were allocated on
-  cudaGraphExec_t chunk = nullptr;        // kReplaySteps steps and the counter's advance
-  bool capture_failed = false;            // then the plain loop runs, for every call of the key
-  uint64_t last_use = 0;
-
-  void release() {
-    // An in-flight launch completes first: cudaGraphExecDestroy frees it asynchronously.
-    if (chunk != nullptr) (void)cudaGraphExecDestroy(chunk);
-    chunk = nullptr;
-    buffers.clear();
-  }
-};
-
-// The replayed loops of one thread on one device. `done`, recorded on the stream of the last
-// call, orders a call on another stream after it (the kept buffers are reused). One per thread and device
-// (kept_pools.cuh's thread_pool), never freed: see release_lstm_step_graphs().
-struct ReplayPool {
-  static constexpr size_t kKept = 16;  // entries, the least recently used dropped
-  c10::DeviceIndex device;
-  c10::cuda::CUDAStream capture_stream;
-  std::mutex mutex;  // held by a call using the pool, and by release_lstm_step_graphs()
-  cudaEvent_t done = nullptr;
-  cudaStream_t done_stream = nullptr;  // nullptr until a call has recorded `done`
-  std::unordered_map<std::string, ReplayEntry> entries;
-  uint64_t uses = 0;
-
-  ReplayEntry& entry(const std::string& key) {
-    return cuda::keep_recent(entries, key, uses, kKept, [](ReplayEntry& oldest) { oldest.release(); });
-  }
-
-  void release_all() {
-    for (auto& kv : entries) kv.second.release();
-    entries.clear();
-  }
-};
-
-ReplayPool& replay_pool(c10::DeviceIndex device) {
-  return cuda::thread_pool<ReplayPool>(device, [](c10::DeviceIndex dev) {
-    // A stream of its own: a pool stream may carry another thread's work, which a capture
-    // on it would take in.
-    cudaStream_t capture_stream = nullptr;
-    {
-      const c10::cuda::CUDAGuard on_device(dev);
-      C10_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
-    }
-    auto* pool = new ReplayPool{dev, c10::cuda::getStreamFromExternal(capture_stream, dev)};
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&pool->done, cudaEventDisableTiming));
-    return pool;
-  });
-}
-
-// The kept entry a replayed call uses, for the call's duration (the pool locked).
-class ReplayedSteps {
- public:
-  explicit ReplayedSteps(const std::string& key)
-      : device_(c10::cuda::current_device()),
-        pool_(&replay_pool(device_)),
-        lock_(pool_->mutex),
-        stream_(c10::cuda::getCurrentCUDAStream(device_)),
-        entry_(&pool_->entry(key)) {
-    if (pool_->done_stream != nullptr && pool_->done_stream != stream_.stream()) {
-      C10_CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), pool_->done, 0));
-    }
-  }
-  ReplayedSteps(const ReplayedSteps&) = delete;
-  ReplayedSteps& operator=(const ReplayedSteps&) = delete;
-  ~ReplayedSteps() {
-    C10_CUDA_CHECK_WARN(cudaEventRecord(pool_->done, stream_.stream()));
-    pool_->done_stream = stream_.stream();
-  }
-
-  bool capture_failed() const { return entry_->capture_failed; }
-  bool captured() const { return entry_->chunk != nullptr; }
-  cudaStream_t stream() const { return stream_.stream(); }
-  const c10::cuda::CUDAStream& capture_stream() const { return pool_->capture_stream; }
-
-  // The entry's index-th buffer (the same sizes for every call of a key).
-  Tensor buffer(size_t index, at::IntArrayRef sizes, const at::TensorOptions& options) {
-    if (index == entry_->buffers.size()) {
-      // On the call's stream (what buffers_stream says), whichever stream is current.
-      const c10::cuda::CUDAStreamGuard on_call_stream(stream_);
-      if (index == 0) entry_->buffers_stream = stream_.stream();
-      entry_->buffers.push_back(at::empty(sizes, options));
-    }
-    TORCH_INTERNAL_ASSERT(index < entry_->buffers.size() && entry_->buffers[index].sizes() == sizes,
-                          "seqkernels.lstm: a replayed loop's buffers are asked for out of order");
-    const Tensor& b = entry_->buffers[index];
-    // Used on another stream than its own: the caching allocator must not hand the block to its
-    // own stream's next allocation before this stream's work on it is done.
-    if (stream_.stream() != entry_->buffers_stream) {
-      c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream_);
-    }
-    return b;
-  }
-
-  // The captured GEMM's workspace, what its plan needs, as the entry's last buffer; false (and
-  // the plain loop for the key) without a cuBLASLt algorithm.
-  template <class Gemm, class A, class B, class C>
-  bool give_workspace(Gemm& gemm, int64_t M, const A* a, const B* b, const C* c) {
-    const size_t index = entry_->buffers.size();  // after the loop's own buffers
-    const int64_t bytes = gemm.plan_workspace(M, a, b, c);
-    if (bytes < 0) {
-      fail("no cuBLASLt algorithm for the step GEMM");
-      return false;
-    }
-    Tensor workspace = buffer(index, {bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
-    gemm.set_workspace(bytes > 0 ? workspace.data_ptr() : nullptr, static_cast<size_t>(bytes));
-    return true;
-  }
-
-  // Captures one chunk: `record` issues it on the current stream, which must be
-  // capture_stream(). False, with a warning and the plain loop for the key from then on, if
-  // the capture fails.
-  template <class F>
-  bool capture(F&& record) {
-    const cudaStream_t cs = pool_->capture_stream.stream();
-    TORCH_INTERNAL_ASSERT(c10::cuda::getCurrentCUDAStream(device_).stream() == cs);
-    // Thread-local: other threads' CUDA calls do not invalidate this capture.
-    C10_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t graph = nullptr;
-    try {
-      record();
-    } catch (const std::exception& e) {  // leave the stream as it was
-      (void)cudaStreamEndCapture(cs, &graph);
-      if (graph != nullptr) (void)cudaGraphDestroy(graph);
-      (void)cudaGetLastError();
-      fail(e.what());
-      return false;
-    }
-    C10_CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-    (void)cudaGraphDestroy(graph);
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      fail(cudaGetErrorString(status));
-      return false;
-    }
-    entry_->chunk = exec;
-    return true;
-  }
-
-  // No cuBLASLt algorithm for a step GEMM, or a failed capture: the plain loop for this key.
-  void fail(const char* why) {
-    entry_->release();
-    entry_->capture_failed = true;
-    TORCH_WARN_ONCE("seqkernels.lstm: replaying the cuBLAS loop's steps from a CUDA graph failed (", why,
-                    "); those calls run the steps directly");
-  }
-
-  void launch_chunks(int64_t chunks) {
-    for (int64_t i = 0; i < chunks; ++i) C10_CUDA_CHECK(cudaGraphLaunch(entry_->chunk, stream_.stream()));
-  }
-
- private:
-  c10::DeviceIndex device_;
-  ReplayPool* pool_;
-  std::unique_lock<std::mutex> lock_;
-  c10::cuda::CUDAStream stream_;
-  ReplayEntry* entry_;
-};
+// (the same loop inside a CUDA graph) and cuDNN's ~10 µs (docs/benchmarks.md). A replayed step
+// is the recurrent GEMM and the gate kernel; the step GEMMs read and write kept buffers
+// (forward: h_{t-1} -> rec = h_{t-1}·W_hhᵀ, the gate kernel adding rec to pre[rows]; backward:
+// dG_step -> dh), and W_hh's address is part of the key (its values are read at replay, so
+// updated weights are seen). The step kernels read the call's pointers from ForwardReplayArgs /
+// BackwardReplayArgs, which replay_prologue_kernel writes together with the initial states.
+using cuda::kReplaySteps;
+using cuda::ReplayedSteps;
+using cuda::replay_applies;
 
 // What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
 // sizes, mode, TF32, vector width, and W_hh's address.
@@ -682,16 +503,14 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
   };
   if (!replay.captured()) {
     const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
-    const cudaStream_t cs = replay.capture_stream().stream();
     Gemm gemm(blas, Trans::N, g.tb, g.N, g.K, lda, ldb, ldc, cuda::CallerWorkspace{});
     gemm.allow_split_k();  // no host time per kernel inside a graph
     if (!replay.give_workspace(gemm, g.M, g.A, g.B, g.C)) return false;
-    const bool captured = replay.capture([&] {
-      for (int k = 0; k < kReplaySteps; ++k) one_step(gemm, k, cs);
-      replay_advance_kernel<<<1, 1, 0, cs>>>(counter, kReplaySteps);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-    if (!captured) return false;
+    if (!replay.capture_chunk(counter, [&](cudaStream_t cs) {
+          for (int k = 0; k < kReplaySteps; ++k) one_step(gemm, k, cs);
+        })) {
+      return false;
+    }
   }
   const cudaStream_t stream = replay.stream();
   prologue(stream);
@@ -723,7 +542,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   // its eager calls were not shorter with V = 1 (-0 to +5 %, as much as this unchanged path
   // varied between two builds).
   const bool vec4 = sizeof(scalar_t) >= 4 && H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
-  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4));
+  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4), "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
@@ -784,7 +603,8 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
   // thread (V = 1): 4x the threads of V = 4, and with them training calls 0-10 % shorter (forced
   // cuBLAS loop, B <= 256, H200, 2026-11-26, docs/benchmarks.md).
-  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), /*vec4=*/false));
+  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), /*vec4=*/false),
+                       "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
