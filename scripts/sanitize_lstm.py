@@ -216,6 +216,17 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 ok, line = run_case(dtype, False, reverse, True, True, batch_sizes, I, H, gen)
                 failures += not ok
                 print(line, flush=True)
+    if backend == "fused":
+        # Equal batch sizes and T >= 16: the fused loop replays its steps from kept CUDA graphs
+        # (csrc/cuda/replayed_steps.cuh; T = 36: two 16-step chunks and four eager steps); one
+        # m16 tile (B = 3) and several (B = 17, H = 40: a K tail); each case twice.
+        for dtype, reverse, training, (B, H) in itertools.product(
+            [torch.float32, torch.bfloat16], [False, True], modes, [(3, 64), (17, 40)]
+        ):
+            for _ in range(2):
+                ok, line = run_case(dtype, False, reverse, training, True, [B] * 36, 4, H, gen)
+                failures += not ok
+                print(line, flush=True)
     return failures
 
 

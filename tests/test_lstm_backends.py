@@ -269,7 +269,7 @@ def loop_kernels(fn) -> set[str]:
     """Which native loop kernels ran during fn(): "persistent forward", "fused backward", ..."""
     names = kernel_names(fn)
     found = set()
-    for loop, pattern in (("persistent", "lstm_persistent_{}_"), ("fused", "lstm_fused_{}_step_kernel")):
+    for loop, pattern in (("persistent", "lstm_persistent_{}_"), ("fused", "lstm_fused_{}_")):
         for kind in ("forward", "backward"):
             if any(pattern.format(kind) in n for n in names):
                 found.add(f"{loop} {kind}")
@@ -606,11 +606,12 @@ def test_backends_agree_on_the_env_default(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------
-# The cuBLAS loop replayed from CUDA graphs (csrc/cuda/lstm.cu, ReplayedSteps)
+# The cuBLAS and fused loops replayed from CUDA graphs (csrc/cuda/replayed_steps.cuh)
 # --------------------------------------------------------------------------------------
-# With equal batch sizes, no projection and T >= 16, the cuBLAS loop captures 16 steps into a
-# CUDA graph, keeps it for later calls of the same sizes and W_hh, and runs the T % 16 steps
-# left over eagerly. T = 37: two replayed chunks and five eager steps.
+# With equal batch sizes, no projection and T >= 16, the cuBLAS loop and the fused-step loop
+# capture 16 steps into a CUDA graph, keep it for later calls of the same sizes (the cuBLAS
+# loop: and W_hh), and run the T % 16 steps left over eagerly. T = 37: two replayed chunks and
+# five eager steps.
 REPLAY_T = 37
 
 
@@ -623,6 +624,21 @@ def test_replayed_cublas_loop_matches_reference(monkeypatch, precision, B, H, bi
     for call in range(2):
         compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=bias, precision=precision,
                       seed=B * 100 + H + call, what=f"replayed cuBLAS loop, call {call}")
+
+
+# The fused loop's shapes: 2 units per block and one m16 tile (B = 1, H = 64), several tiles
+# (B = 17), two batch blocks of 8 tiles (B = 200), 8 units per block (H = 1024 on 132 SMs).
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("B,H,bias", [(1, 64, True), (17, 256, False), (200, 64, True), (3, 1024, True)])
+@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float16"])
+def test_replayed_fused_loop_matches_reference(monkeypatch, precision_name, B, H, bias, reverse):
+    """Two calls of each case (the first captures the chunks, the second replays the kept
+    ones), outputs and every gradient against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+    with _Precision(precision_name):
+        for call in range(2):
+            compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=bias, precision=precision_name,
+                          seed=B * 100 + H + call, what=f"replayed fused loop, call {call}")
 
 
 def _replay_names(fn) -> set[str]:
@@ -646,57 +662,87 @@ def test_replayed_cublas_loop_is_taken(monkeypatch):
         assert not _replay_names(lambda: model(packed))
 
 
-def test_replayed_cublas_loop_across_calls_and_streams(monkeypatch):
+def test_replayed_fused_loop_is_taken(monkeypatch):
+    """Equal batch sizes and T >= 16 replay the fused loop's steps; a ragged PackedSequence and
+    T < 16 run its plain loop (the same loop, launched step by step)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+    plain = ("lstm_fused_forward_step_kernel", "lstm_fused_backward_step_kernel")
+    replayed = ("lstm_fused_forward_replay_step_kernel", "lstm_fused_backward_replay_step_kernel")
+
+    def ran(names, kernels):
+        return [k for k in kernels if any(k in n for n in names)]
+
+    with _Precision("bfloat16"):
+        names = kernel_names(_train_call(torch.bfloat16, 4, 32, T=20))
+        assert ran(names, replayed) == list(replayed) and not ran(names, plain), names
+        names = kernel_names(_train_call(torch.bfloat16, 4, 32, T=15))
+        assert ran(names, plain) == list(plain) and not ran(names, replayed), names
+        torch.manual_seed(0)
+        model = seqkernels.LSTM(8, 16).to(device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(20, 3, 8, device="cuda", dtype=torch.bfloat16)
+        packed = pack_padded_sequence(x, torch.tensor([20, 20, 19]), enforce_sorted=True)
+        with torch.no_grad():
+            names = kernel_names(lambda: model(packed))
+        assert ran(names, plain) == [plain[0]] and not ran(names, replayed), names
+
+
+@pytest.mark.parametrize("loop,precision_name", [("cublas", "float64"), ("fused", "tf32")])
+def test_replayed_loop_across_calls_and_streams(monkeypatch, loop, precision_name):
     """Kept chunks must see each call's own input, state and weights: weights changed in place
-    (load_state_dict: the same addresses, so the same kept graph reads the new values), other
-    models of the same sizes (other W_hh addresses: other keys), a side stream, more keys than
-    are kept (16 per thread: the least recently used dropped and captured again), and
-    seqkernels.release_step_graphs(). Every call trains (forward + backward) against nn.LSTM on
-    the CPU in float64 with the same weights."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    (load_state_dict: the same addresses; the cuBLAS loop's kept graph reads the new values, the
+    fused loop packs them into its kept buffer at every call), other models of the same sizes
+    (cuBLAS: other W_hh addresses, other keys; fused: the same key), a side stream, more keys
+    than are kept (16 per thread: the least recently used dropped and captured again; other
+    batch sizes are other keys for both loops), and seqkernels.release_step_graphs(). Every call
+    trains (forward + backward) against nn.LSTM on the CPU in float64 with the same weights."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    dtype, tol = DTYPE[precision_name], TOL[precision_name]
     side = torch.cuda.Stream()
-    T, B, I, H = 21, 3, 6, 32
+    T, I, H = 21, 6, 32
     models = {}
 
     def call(key, seed, stream=None, new_values=False):
+        B = 3 if key < 2 else key  # keys >= 2: a batch size of their own
         torch.manual_seed(seed)
         if key not in models or new_values:
             values = nn.LSTM(I, H).double().state_dict()
-            models.setdefault(key, seqkernels.LSTM(I, H).double().cuda()).load_state_dict(values)
+            models.setdefault(key, seqkernels.LSTM(I, H).to(device="cuda", dtype=dtype)).load_state_dict(values)
         model = models[key]
         ref = nn.LSTM(I, H).double()
-        ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+        ref.load_state_dict({k: v.cpu().double() for k, v in model.state_dict().items()})
         inputs = [torch.randn(T, B, I, dtype=torch.float64), torch.randn(1, B, H, dtype=torch.float64),
                   torch.randn(1, B, H, dtype=torch.float64)]
         upstream = [torch.randn(T, B, H, dtype=torch.float64), torch.randn(1, B, H, dtype=torch.float64),
                     torch.randn(1, B, H, dtype=torch.float64)]
 
-        def run(m, device):
-            x, h0, c0 = (t.to(device).requires_grad_(True) for t in inputs)
+        def run(m, device, dt):
+            x, h0, c0 = (t.to(device, dt).requires_grad_(True) for t in inputs)
             y, (h, c) = m(x, (h0, c0))
-            loss = sum((o * u.to(device)).sum() for o, u in zip((y, h, c), upstream))
+            loss = sum((o * u.to(device, dt)).sum() for o, u in zip((y, h, c), upstream))
             grads = torch.autograd.grad(loss, [x, h0, c0] + list(m.parameters()))
-            return [o.detach().cpu() for o in (y, h, c)] + [g.cpu() for g in grads]
+            return [o.detach().cpu().double() for o in (y, h, c)] + [g.cpu().double() for g in grads]
 
-        expected = run(ref, "cpu")
+        expected = run(ref, "cpu", torch.float64)
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            got = run(model, "cuda")
+            got = run(model, "cuda", dtype)
         torch.cuda.synchronize()
         for i, (g, e) in enumerate(zip(got, expected)):
             err = max_abs(g - e)
-            assert err <= 1e-10 * max(1.0, max_abs(e)), f"call {seed} (model {key}) result {i}: error {err:.3g}"
+            assert err <= tol * max(1.0, max_abs(e)), f"call {seed} (model {key}) result {i}: error {err:.3g}"
 
-    call(0, 1)
-    call(0, 2)
-    call(0, 3, new_values=True)
-    call(0, 4, stream=side)
-    call(1, 5)
-    for k in range(2, 20):  # past the 16 kept keys
-        call(k, 10 + k)
-    call(0, 40)
-    seqkernels.release_step_graphs()
-    call(0, 41)
-    call(1, 42, stream=side)
+    with _Precision(precision_name):
+        call(0, 1)
+        call(0, 2)
+        call(0, 3, new_values=True)
+        call(0, 4, stream=side)
+        call(1, 5)
+        call(0, 6)
+        for k in range(2, 20):  # past the 16 kept keys
+            call(k, 10 + k)
+        call(0, 40)
+        seqkernels.release_step_graphs()
+        call(0, 41)
+        call(1, 42, stream=side)
 
 
 def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch):
@@ -714,11 +760,26 @@ def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch):
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 
 
+def test_release_step_graphs_frees_the_replayed_fused_loops_buffers(monkeypatch):
+    """The replayed fused loop keeps W_hh packed for its forward and its backward (each at least
+    G·H values): seqkernels.release_step_graphs() gives both back."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+    seqkernels.release_step_graphs()
+    B, H = 8, 128
+    run = _train_call(torch.bfloat16, B, H, T=32)
+    for _ in range(2):
+        run()
+    freed = bytes_freed_by_release()
+    kept = 2 * 4 * H * H * 2
+    assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
+
+
+@pytest.mark.parametrize("loop", ["cublas", "fused"])
 @pytest.mark.parametrize("precision_name", ["tf32", "bfloat16"])
-def test_replayed_cublas_loop_inside_a_users_cuda_graph(monkeypatch, precision_name):
+def test_replayed_loop_inside_a_users_cuda_graph(monkeypatch, loop, precision_name):
     """A caller's own CUDA graph holds the plain loop (the replayed one is skipped while the
     stream captures); its replays agree with eager calls, which replay kept chunks."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]
         torch.manual_seed(13)
@@ -726,9 +787,10 @@ def test_replayed_cublas_loop_inside_a_users_cuda_graph(monkeypatch, precision_n
         check_cuda_graph_replays(model, torch.randn(REPLAY_T, 4, 48, device="cuda", dtype=dtype))
 
 
-@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float64"])
-def test_replayed_cublas_loop_bitwise_deterministic(monkeypatch, precision_name):
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+@pytest.mark.parametrize("loop,precision_name", [("cublas", "tf32"), ("cublas", "bfloat16"), ("cublas", "float64"),
+                                                ("fused", "tf32"), ("fused", "bfloat16")])
+def test_replayed_loop_bitwise_deterministic(monkeypatch, loop, precision_name):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]
         torch.manual_seed(17)

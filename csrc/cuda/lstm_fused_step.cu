@@ -53,6 +53,14 @@
 // kernels run in plain stream order. CUDA graphs capture the launches with their
 // programmatic edges.
 //
+// Replayed steps. Eager, the host launches every step (cudaLaunchKernelEx, ~4-6 µs of host
+// time a step on these hosts). Where replayed_steps.cuh applies (equal batch sizes, no
+// projection, T >= 16, the caller not capturing) a call launches a kept CUDA graph of 16 steps
+// instead, with the PDL edges captured: the replay kernels take what every step shares
+// (geometry, tiles, the packed W_hh, which is then a kept buffer that every call fills) as
+// parameters, and derive the step's pointers from the call's arguments in kept device memory
+// (ReplayedCall) and the step counter.
+//
 // When it runs: lstm_loop.cuh (SEQKERNELS_LSTM_BACKEND=fused forces it; auto chooses it for
 // mid-sized B·H). Limits (else the cuBLAS loop): no projection; bf16, fp16, or float32 with
 // TF32 allowed (float32 without TF32 and float64 have no tensor-core path here); H % E == 0
@@ -63,6 +71,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -71,11 +80,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "blas.cuh"
 #include "kernel_attributes.cuh"
 #include "lstm_device.cuh"
+#include "replayed_steps.cuh"
 #include "seqkernels/lstm_cell.h"
 
 namespace seqkernels {
@@ -371,20 +383,21 @@ __device__ __forceinline__ void store_gates(scalar_t* row, int64_t H, const Lstm
   row[3 * H] = static_cast<scalar_t>(v.o);
 }
 
-// One forward time step (see the top of the file).
+// One forward time step (see the top of the file): the geometry, the packed W and the tiles
+// from `launch` (kernel parameters), the rest from `a`.
 template <class scalar_t, bool kTraining>
-__global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(const __grid_constant__ FwdStepArgs<scalar_t> a) {
+__device__ __forceinline__ void forward_step(const FwdStepArgs<scalar_t>& launch, const FwdStepArgs<scalar_t>& a) {
   using acc_t = at::opmath_type<scalar_t>;
-  const StepGeometry& g = a.g;
+  const StepGeometry& g = launch.g;
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ws = reinterpret_cast<uint4*>(smem);                                  // [wvec] packed W slice
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(g.wvec) * 16);  // [KG][16·mt][red_ld]
   const int64_t H = g.H, G = 4 * H;
-  const int row0 = blockIdx.y * 16 * a.mt;
-  const int rows = min(16 * a.mt, a.bt - row0);
+  const int row0 = blockIdx.y * 16 * launch.mt;
+  const int rows = min(16 * launch.mt, launch.bt - row0);
 
   // 1. What does not depend on the previous step: the W slice, pre and the bias.
-  copy_async(ws, a.w + static_cast<int64_t>(blockIdx.x) * g.wvec, g.wvec);
+  copy_async(ws, launch.w + static_cast<int64_t>(blockIdx.x) * g.wvec, g.wvec);
   Item items[kMaxItems];
   acc_t pre_r[kMaxItems][4];
 #pragma unroll
@@ -406,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
 
   // 3. Gate pre-activations of the block's rows and units.
   wait_copies();
-  block_gemm<scalar_t, kMaxNT>(g, a.mt, ws, [&](int r) -> const scalar_t* {
+  block_gemm<scalar_t, kMaxNT>(g, launch.mt, ws, [&](int r) -> const scalar_t* {
     const int b = row0 + r;
     if (r >= rows) return nullptr;
     return b < a.n_prev ? a.h_prev + b * H : a.h0 + b * H;
@@ -420,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
     if (!it.valid) continue;
     acc_t pq[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) pq[q] = pre_r[p][q] + sum_partials(red, g, a.mt, it.r, q * g.U + it.u);
+    for (int q = 0; q < 4; ++q) pq[q] = pre_r[p][q] + sum_partials(red, g, launch.mt, it.r, q * g.U + it.u);
     LstmGates<acc_t> act;
     acc_t c, m;
     lstm_cell_forward<CudaMath>(LstmGates<acc_t>{pq[0], pq[1], pq[2], pq[3]}, c_prev[p], act, c, m);
@@ -436,20 +449,20 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
   }
 }
 
-// One backward time step (see the top of the file).
+// One backward time step (see the top of the file), its arguments split as forward_step's.
 template <class scalar_t>
-__global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(const __grid_constant__ BwdStepArgs<scalar_t> a) {
+__device__ __forceinline__ void backward_step(const BwdStepArgs<scalar_t>& launch, const BwdStepArgs<scalar_t>& a) {
   using acc_t = at::opmath_type<scalar_t>;
-  const StepGeometry& g = a.g;
+  const StepGeometry& g = launch.g;
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ws = reinterpret_cast<uint4*>(smem);
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(g.wvec) * 16);
   const int64_t H = g.H, G = 4 * H;
-  const int row0 = blockIdx.y * 16 * a.mt;
-  const int rows = min(16 * a.mt, a.bt - row0);
+  const int row0 = blockIdx.y * 16 * launch.mt;
+  const int rows = min(16 * launch.mt, launch.bt - row0);
 
   // 1. What does not depend on the previous (backward) step.
-  copy_async(ws, a.w + static_cast<int64_t>(blockIdx.x) * g.wvec, g.wvec);
+  copy_async(ws, launch.w + static_cast<int64_t>(blockIdx.x) * g.wvec, g.wvec);
   Item items[kMaxItems];
   acc_t act_r[kMaxItems][4], c_r[kMaxItems], cp_r[kMaxItems], dh_r[kMaxItems];
   scalar_t hp_r[kMaxItems];
@@ -481,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(c
   const bool gemm = row0 < a.n_succ;
   wait_copies();
   if (gemm) {
-    block_gemm<scalar_t, 1>(g, a.mt, ws, [&](int r) -> const scalar_t* {
+    block_gemm<scalar_t, 1>(g, launch.mt, ws, [&](int r) -> const scalar_t* {
       const int b = row0 + r;
       return b < a.n_succ ? a.dG_succ + b * G : nullptr;
     }, red);
@@ -494,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(c
     const Item& it = items[p];
     if (!it.valid) continue;
     const int64_t b = row0 + it.r;
-    const acc_t dh = dh_r[p] + (b < a.n_succ ? sum_partials(red, g, a.mt, it.r, it.u) : acc_t(0));
+    const acc_t dh = dh_r[p] + (b < a.n_succ ? sum_partials(red, g, launch.mt, it.r, it.u) : acc_t(0));
     LstmGates<acc_t> d;
     acc_t dc_prev, m;
     lstm_cell_backward<CudaMath>(LstmGates<acc_t>{act_r[p][0], act_r[p][1], act_r[p][2], act_r[p][3]}, c_r[p],
@@ -503,6 +516,107 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(c
     store_gates(a.dG + b * G + it.j, H, d);
     a.hprev[b * H + it.j] = hp_r[p];
   }
+}
+
+template <class scalar_t, bool kTraining>
+__global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(const __grid_constant__ FwdStepArgs<scalar_t> a) {
+  forward_step<scalar_t, kTraining>(a, a);
+}
+
+template <class scalar_t>
+__global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(const __grid_constant__ BwdStepArgs<scalar_t> a) {
+  backward_step<scalar_t>(a, a);
+}
+
+// The steps replayed from kept CUDA graphs (replayed_steps.cuh): a captured launch's arguments
+// are fixed, so the call's pointers come from kept device memory. `base` holds them as a step's
+// arguments for time 0 (pre, y, gates, cells, dG, ... at row 0; the state and initial-state
+// pointers as they are); the fixed launch arguments (geometry, packed W, bt = B, mt) are the
+// kernel's; the forward's h_prev comes from y, the backward's prev_cells / prev_y hold cells / y.
+// The call has equal batch sizes, so time t's rows start at t·B.
+template <class Args>
+struct ReplayedCall {
+  Args base;
+  int64_t T;
+  int64_t step;  // the processing step the next chunk starts at
+  bool reverse;  // the layer's direction
+};
+
+// Processing step `step` of a replayed forward: time t = step (T - 1 - step when reverse); it
+// continues from the step before in processing order and hands on to the one after.
+template <class scalar_t>
+__device__ __forceinline__ FwdStepArgs<scalar_t> replayed_forward_args(const FwdStepArgs<scalar_t>& fixed,
+                                                                       const ReplayedCall<FwdStepArgs<scalar_t>>& c,
+                                                                       int64_t step) {
+  const int64_t B = fixed.bt, H = fixed.g.H, G = 4 * H;
+  const int64_t t = c.reverse ? c.T - 1 - step : step;
+  const int64_t prev_t = c.reverse ? t + 1 : t - 1;
+  FwdStepArgs<scalar_t> a = fixed;
+  a.n_prev = step > 0 ? fixed.bt : 0;
+  a.n_next = step + 1 < c.T ? fixed.bt : 0;
+  a.pre = c.base.pre + t * B * G;
+  a.b_ih = c.base.b_ih;
+  a.b_hh = c.base.b_hh;
+  a.h_prev = step > 0 ? c.base.y + prev_t * B * H : nullptr;
+  a.h0 = c.base.h0;
+  a.c0 = c.base.c0;
+  a.cbuf = c.base.cbuf;
+  a.y = c.base.y + t * B * H;
+  a.gates = c.base.gates != nullptr ? c.base.gates + t * B * G : nullptr;
+  a.cells = c.base.cells != nullptr ? c.base.cells + t * B * H : nullptr;
+  a.h_n = c.base.h_n;
+  return a;
+}
+
+// Processing step `step` of a replayed backward (the forward's order reversed): time t = T - 1 -
+// step (step when reverse); its successor is the backward step before it, its predecessor the
+// forward step before it.
+template <class scalar_t>
+__device__ __forceinline__ BwdStepArgs<scalar_t> replayed_backward_args(const BwdStepArgs<scalar_t>& fixed,
+                                                                        const ReplayedCall<BwdStepArgs<scalar_t>>& c,
+                                                                        int64_t step) {
+  const int64_t B = fixed.bt, H = fixed.g.H, G = 4 * H;
+  const int64_t t = c.reverse ? step : c.T - 1 - step;
+  const bool has_prev = c.reverse ? t + 1 < c.T : t > 0;
+  const int64_t succ_t = c.reverse ? t - 1 : t + 1, prev_t = c.reverse ? t + 1 : t - 1;
+  BwdStepArgs<scalar_t> a = fixed;
+  a.n_succ = step > 0 ? fixed.bt : 0;
+  a.n_prev = has_prev ? fixed.bt : 0;
+  a.dG_succ = step > 0 ? c.base.dG + succ_t * B * G : nullptr;
+  a.grad_y = c.base.grad_y + t * B * H;
+  a.grad_h_n = c.base.grad_h_n;
+  a.grad_c_n = c.base.grad_c_n;
+  a.gates = c.base.gates + t * B * G;
+  a.cells = c.base.cells + t * B * H;
+  a.prev_cells = has_prev ? c.base.prev_cells + prev_t * B * H : nullptr;
+  a.prev_y = has_prev ? c.base.prev_y + prev_t * B * H : nullptr;
+  a.h0 = c.base.h0;
+  a.c0 = c.base.c0;
+  a.dcbuf = c.base.dcbuf;
+  a.dG = c.base.dG + t * B * G;
+  a.hprev = c.base.hprev + t * B * H;
+  return a;
+}
+
+// Step k of a replayed chunk. The call is read before griddepcontrol.wait: the prologue wrote
+// it, and the counter moved, before the chunk's first step started (which launches without
+// PDL), and every later step of the chunk starts after that one. Each thread derives the step's
+// pointers itself (registers); the geometry, packed W and tiles stay kernel parameters, as in
+// the plain kernel. Nsight Compute, H200, T = 32, kernels serialised: a replayed step takes
+// 1-7 % longer than a plain one (float32 B = 64, H = 512: 14.4 against 13.8 µs); one thread
+// staging the pointers in shared memory behind a block barrier was no faster (14.5 µs).
+template <class scalar_t, bool kTraining>
+__global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_replay_step_kernel(
+    const __grid_constant__ FwdStepArgs<scalar_t> fixed, const ReplayedCall<FwdStepArgs<scalar_t>>* __restrict__ call,
+    int k) {
+  forward_step<scalar_t, kTraining>(fixed, replayed_forward_args(fixed, *call, call->step + k));
+}
+
+template <class scalar_t>
+__global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_replay_step_kernel(
+    const __grid_constant__ BwdStepArgs<scalar_t> fixed, const ReplayedCall<BwdStepArgs<scalar_t>>* __restrict__ call,
+    int k) {
+  backward_step<scalar_t>(fixed, replayed_backward_args(fixed, *call, call->step + k));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -570,38 +684,44 @@ int tiles_per_block(int bt) {
 struct StepLoop {
   StepGeometry g;
   at::Tensor packed;  // W_hh in pack_weights_kernel's layout, alive for the whole loop
-  cudaStream_t stream = nullptr;
   bool pdl = false;   // overlap the steps (sm_90+)
 
-  // The geometry, W_hh packed for it and the kernel's shared-memory limit; false when the call
-  // does not fit (nothing launched).
-  template <class scalar_t, bool kBackward, class Kernel>
-  bool prepare(const LstmSizes& s, const scalar_t* w_hh, const at::Tensor& like, Kernel kernel) {
+  // The geometry; false when the call does not fit (nothing launched).
+  template <class scalar_t, bool kBackward>
+  bool plan(const LstmSizes& s) {
     const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
     if (!plan_geometry<scalar_t>(s, kBackward, prop, g)) return false;
-    stream = at::cuda::getCurrentCUDAStream();
-    const int64_t total = (g.H + g.U - 1) / g.U * static_cast<int64_t>(g.wvec);
-    packed = at::empty({total * 16}, like.options().dtype(at::kByte));
-    const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 16);
-    pack_weights_kernel<scalar_t, kBackward><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0,
-                                               stream>>>(w_hh, reinterpret_cast<uint4*>(packed.data_ptr()), g, total);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), g.smem);
     pdl = prop.major >= 9;
     return true;
   }
 
+  int64_t packed_vectors() const { return (g.H + g.U - 1) / g.U * static_cast<int64_t>(g.wvec); }
+
+  // W_hh packed for the geometry into `dest` (packed_vectors() 16-byte vectors), on `stream`.
+  template <class scalar_t, bool kBackward>
+  void pack(const scalar_t* w_hh, at::Tensor dest, cudaStream_t stream) {
+    packed = std::move(dest);
+    const int64_t total = packed_vectors();
+    const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 16);
+    pack_weights_kernel<scalar_t, kBackward><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0,
+                                               stream>>>(w_hh, reinterpret_cast<uint4*>(packed.data_ptr()), g, total);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
   const uint4* weights() const { return reinterpret_cast<const uint4*>(packed.data_ptr()); }
 
-  // Step number `step` (processing order) over bt rows; sets args.bt and args.mt. Every step
-  // after the first carries the PDL attribute, so that it overlaps the step before it.
-  template <class Kernel, class Args>
-  void launch(Kernel kernel, Args& args, int64_t step, int64_t bt) const {
-    args.bt = static_cast<int>(bt);
-    args.mt = tiles_per_block(args.bt);
+  // The kernel's shared-memory limit for the geometry; once per loop, before its launches.
+  template <class... Params>
+  void allow_smem(void (*kernel)(Params...)) const {
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), g.smem);
+  }
+
+  // One step's kernel over bt rows (mt m16 tiles per block) on `stream`; with `overlap` (sm_90+)
+  // it carries the PDL attribute, so that it overlaps the step launched before it.
+  template <class... Params, class... Args>
+  void launch(void (*kernel)(Params...), cudaStream_t stream, int bt, int mt, bool overlap, Args&&... args) const {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>((g.H + g.U - 1) / g.U),
-                       static_cast<unsigned>((args.bt + 16 * args.mt - 1) / (16 * args.mt)));
+    cfg.gridDim = dim3(static_cast<unsigned>((g.H + g.U - 1) / g.U), static_cast<unsigned>((bt + 16 * mt - 1) / (16 * mt)));
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = static_cast<size_t>(g.smem);
     cfg.stream = stream;
@@ -609,25 +729,94 @@ struct StepLoop {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl && step > 0 ? 1 : 0;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+    cfg.numAttrs = pdl && overlap ? 1 : 0;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
   }
 };
+
+// What fixes a replayed fused loop's captured chunk besides the device and thread: the pass,
+// dtype, B, H and mode. The packed W_hh is a kept buffer that every call fills, so W_hh's
+// address and values are not part of it.
+template <class scalar_t>
+std::string fused_replay_key(const char* pass, const LstmSizes& s, bool training) {
+  std::string key = pass;
+  key += ' ';
+  key += c10::toString(c10::CppTypeToScalarType<scalar_t>::value);
+  for (const int64_t v : {s.B, s.H, int64_t(training)}) {
+    key += ' ';
+    key += std::to_string(v);
+  }
+  return key;
+}
+
+// A fused loop's steps replayed from kept CUDA graphs (replayed_steps.cuh); false, having
+// launched nothing, where the capture fails (the plain fused loop runs then). `base` holds the
+// call's pointers (ReplayedCall), `fixed` the launch arguments every step shares; kernel(fixed,
+// call, k) runs step k of a chunk.
+template <class scalar_t, bool kBackward, class Args, class Kernel>
+bool run_replayed(StepLoop& loop, const LstmSizes& s, bool reverse, bool training, const char* pass,
+                  const scalar_t* w_hh, const Args& base, Args fixed, Kernel kernel, const at::Tensor& like) {
+  using Call = ReplayedCall<Args>;
+  ReplayedSteps replay(fused_replay_key<scalar_t>(pass, s, training), "the fused loop's");
+  if (replay.capture_failed()) return false;
+  const auto bytes = like.options().dtype(at::kByte);
+  at::Tensor packed = replay.buffer(0, {loop.packed_vectors() * 16}, bytes);
+  at::Tensor call = replay.buffer(1, {static_cast<int64_t>(sizeof(Call))}, bytes);
+  auto* call_p = reinterpret_cast<Call*>(call.data_ptr());
+  const cudaStream_t stream = replay.stream();
+  const int B = static_cast<int>(s.B), mt = tiles_per_block(B);
+  fixed.g = loop.g;
+  fixed.bt = B;
+  fixed.mt = mt;
+  fixed.w = reinterpret_cast<const uint4*>(packed.data_ptr());
+  loop.allow_smem(kernel);
+  auto step = [&](int k, cudaStream_t on) { loop.launch(kernel, on, B, mt, /*overlap=*/k > 0, fixed, call_p, k); };
+  if (!replay.captured()) {
+    const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
+    if (!replay.capture_chunk(&call_p->step, [&](cudaStream_t cs) {
+          for (int k = 0; k < kReplaySteps; ++k) step(k, cs);
+        })) {
+      return false;
+    }
+  }
+  loop.pack<scalar_t, kBackward>(w_hh, packed, stream);
+  replay_store_args_kernel<<<1, 1, 0, stream>>>(call_p, Call{base, s.T, 0, reverse});
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  replay.launch_chunks(s.T / kReplaySteps);
+  for (int k = 0; k < s.T % kReplaySteps; ++k) step(k, stream);
+  return true;
+}
 
 template <class scalar_t, bool kTraining>
 bool run_forward(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, const scalar_t* w_hh,
                  const at::opmath_type<scalar_t>* pre, scalar_t* y, scalar_t* gates, scalar_t* cells,
                  const at::Tensor& like) {
-  auto kernel = &lstm_fused_forward_step_kernel<scalar_t, kTraining>;
   StepLoop loop;
-  if (!loop.prepare<scalar_t, false>(s, w_hh, like, kernel)) return false;
+  if (!loop.plan<scalar_t, false>(s)) return false;
+  if (replay_applies(s)) {
+    FwdStepArgs<scalar_t> base = args;
+    base.pre = pre;
+    base.y = y;
+    base.gates = gates;
+    base.cells = cells;
+    if (run_replayed<scalar_t, false>(loop, s, reverse, kTraining, "fused forward", w_hh, base, args,
+                                      &lstm_fused_forward_replay_step_kernel<scalar_t, kTraining>, like)) {
+      return true;
+    }
+  }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  loop.pack<scalar_t, false>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)), stream);
   args.g = loop.g;
   args.w = loop.weights();
+  auto kernel = &lstm_fused_forward_step_kernel<scalar_t, kTraining>;
+  loop.allow_smem(kernel);
   const int64_t T = s.T, H = s.H, G = s.G;
   for (int64_t step = 0; step < T; ++step) {
     const int64_t t = reverse ? T - 1 - step : step;
     const int64_t off = s.offsets[t];
     const StepLink prev = previous_step(s, t, reverse);
+    args.bt = static_cast<int>(s.batch_sizes[t]);
+    args.mt = tiles_per_block(args.bt);
     args.n_prev = static_cast<int>(prev.rows);
     args.n_next = static_cast<int>(next_step(s, t, reverse).rows);
     args.pre = pre + off * G;
@@ -635,7 +824,8 @@ bool run_forward(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, c
     args.y = y + off * H;
     args.gates = kTraining ? gates + off * G : nullptr;
     args.cells = kTraining ? cells + off * H : nullptr;
-    loop.launch(kernel, args, step, s.batch_sizes[t]);
+    // Every step after the first overlaps the one before (PDL).
+    loop.launch(kernel, stream, args.bt, args.mt, step > 0, args);
   }
   return true;
 }
@@ -674,39 +864,59 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
-    auto kernel = &lstm_fused_backward_step_kernel<scalar_t>;
     StepLoop loop;
-    if (!loop.prepare<scalar_t, true>(s, w_hh, like, kernel)) return false;
+    if (!loop.plan<scalar_t, true>(s)) return false;
     BwdStepArgs<scalar_t> args{};
-    args.g = loop.g;
-    args.w = loop.weights();
     args.grad_h_n = grad_h_n;
     args.grad_c_n = grad_c_n;
     args.h0 = h0;
     args.c0 = c0;
     args.dcbuf = grad_c0;
-    const int64_t T = s.T, H = s.H, G = s.G;
-    for (int64_t step = 0; step < T; ++step) {
-      // Reverse of the forward's processing order.
-      const int64_t t = reverse ? step : T - 1 - step;
-      const int64_t off = s.offsets[t];
-      // The step processed just before continued this step's state (its dG gives dh); the
-      // forward step this one continued gives c_{t-1} and h_{t-1}.
-      const StepLink succ = next_step(s, t, reverse), prev = previous_step(s, t, reverse);
-      args.n_succ = static_cast<int>(succ.rows);
-      args.n_prev = static_cast<int>(prev.rows);
-      args.dG_succ = succ.rows > 0 ? dG + succ.off * G : nullptr;
-      args.grad_y = grad_y + off * H;
-      args.gates = gates + off * G;
-      args.cells = cells + off * H;
-      args.prev_cells = prev.rows > 0 ? cells + prev.off * H : nullptr;
-      args.prev_y = prev.rows > 0 ? y + prev.off * H : nullptr;
-      args.dG = dG + off * G;
-      args.hprev = hprev + off * H;
-      loop.launch(kernel, args, step, s.batch_sizes[t]);
+    BwdStepArgs<scalar_t> base = args;
+    base.grad_y = grad_y;
+    base.gates = gates;
+    base.cells = cells;
+    base.prev_cells = cells;
+    base.prev_y = y;
+    base.dG = dG;
+    base.hprev = hprev;
+    const bool replayed =
+        replay_applies(s) && run_replayed<scalar_t, true>(loop, s, reverse, /*training=*/true, "fused backward", w_hh,
+                                                          base, args, &lstm_fused_backward_replay_step_kernel<scalar_t>,
+                                                          like);
+    if (!replayed) {
+      const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+      loop.pack<scalar_t, true>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)), stream);
+      args.g = loop.g;
+      args.w = loop.weights();
+      auto kernel = &lstm_fused_backward_step_kernel<scalar_t>;
+      loop.allow_smem(kernel);
+      const int64_t T = s.T, H = s.H, G = s.G;
+      for (int64_t step = 0; step < T; ++step) {
+        // Reverse of the forward's processing order.
+        const int64_t t = reverse ? step : T - 1 - step;
+        const int64_t off = s.offsets[t];
+        // The step processed just before continued this step's state (its dG gives dh); the
+        // forward step this one continued gives c_{t-1} and h_{t-1}.
+        const StepLink succ = next_step(s, t, reverse), prev = previous_step(s, t, reverse);
+        args.bt = static_cast<int>(s.batch_sizes[t]);
+        args.mt = tiles_per_block(args.bt);
+        args.n_succ = static_cast<int>(succ.rows);
+        args.n_prev = static_cast<int>(prev.rows);
+        args.dG_succ = succ.rows > 0 ? dG + succ.off * G : nullptr;
+        args.grad_y = grad_y + off * H;
+        args.gates = gates + off * G;
+        args.cells = cells + off * H;
+        args.prev_cells = prev.rows > 0 ? cells + prev.off * H : nullptr;
+        args.prev_y = prev.rows > 0 ? y + prev.off * H : nullptr;
+        args.dG = dG + off * G;
+        args.hprev = hprev + off * H;
+        loop.launch(kernel, stream, args.bt, args.mt, step > 0, args);
+      }
     }
     // grad_h0: no step consumes dL/dh_{-1}, so dG of every sequence's first step times W_hh
     // here: rows [first, bt) of step t start there (the others continue an earlier step).
+    const int64_t T = s.T, H = s.H, G = s.G;
     BlasContext blas(std::is_same_v<scalar_t, float> && tf32);
     using sc_t = float;
     for (int64_t t = 0; t < T; ++t) {

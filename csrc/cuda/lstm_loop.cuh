@@ -123,8 +123,9 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   return fused ? Loop::kFused : Loop::kCublas;
 }
 
-// Drops every thread's kept chunk graphs of the replayed cuBLAS loop, with their buffers, on
-// every device (lstm.cu); seqkernels.release_step_graphs() calls it.
+// Drops every thread's kept chunk graphs of the replayed loops (the cuBLAS and fused loops,
+// replayed_steps.cuh), with their buffers, on every device (lstm.cu); seqkernels.release_step_graphs()
+// calls it.
 void release_lstm_step_graphs();
 
 }  // namespace cuda

@@ -28,8 +28,9 @@ def release_step_graphs() -> None:
     states and gradients) and its results, for the next call of the same sizes (at most four
     forward and four backward sizes per thread and device, the least recently used dropped; a
     CUDA backward runs on autograd's device thread and keeps its graphs there). The LSTM's
-    cuBLAS loop replays its steps 16 at a time from a CUDA graph and keeps it, with one step's
-    state buffers, per layer, direction and size (at most 16 per thread and device). This drops
+    cuBLAS and fused-step loops replay their steps 16 at a time from a CUDA graph and keep it,
+    with one step's state buffers (the cuBLAS loop) or the packed W_hh (the fused loop), per
+    size (the cuBLAS loop: per layer and direction; at most 16 per thread and device). This drops
     them all, those of threads that have ended too, waiting for a call that is using them to
     end. A later call captures again. Nothing to do on the CPU, or in a build without CUDA."""
     release = getattr(torch.ops.seqkernels, "release_step_graphs", None)
