@@ -46,6 +46,8 @@ def cases(device):
     for dtype, B, H, mode in (
         (torch.bfloat16, 1, 256, "infer"),
         (torch.bfloat16, 16, 512, "infer"),
+        (torch.bfloat16, 16, 1024, "infer"),
+        (torch.float32, 16, 1024, "infer"),
         (torch.float32, 1, 512, "infer"),
         (torch.float32, 1, 512, "train"),
         (torch.float32, 8, 512, "train"),
