@@ -199,9 +199,9 @@ __device__ __forceinline__ uint4 load_a(const scalar_t* row, int k, int K) {
 }
 
 // A loaded A vector as MMA operands: float32 values rounded to TF32, 16-bit ones as they are.
-// Applied where the MMA consumes the vector, not at the load, so that a group's loads do not
-// wait for one another's conversions: a kernel version that converted at the load had ptxas
-// issue them two at a time instead of four (the replayed step kernel, 2026-11-26).
+// Applied where the MMA consumes the vector, not at the load, so that a group's eight loads do
+// not wait for one another's conversions: a kernel version that converted at the load had
+// ptxas issue them one chunk's pair at a time (the replayed step kernel, 2026-11-26).
 template <class scalar_t>
 __device__ __forceinline__ uint4 mma_operand(uint4 v) {
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -751,11 +751,12 @@ std::string fused_replay_key(const char* pass, const LstmSizes& s, bool training
 
 // A fused loop's steps replayed from kept CUDA graphs (replayed_steps.cuh); false, having
 // launched nothing, where the capture fails (the plain fused loop runs then). `base` holds the
-// call's pointers (ReplayedCall), `fixed` the launch arguments every step shares; kernel(fixed,
-// call, k) runs step k of a chunk.
+// call's pointers (ReplayedCall); kernel(fixed, call, k) runs step k of a chunk, `fixed` being
+// the launch arguments every step shares (the captured kernels keep it: it holds no pointer of
+// the call that captured them).
 template <class scalar_t, bool kBackward, class Args, class Kernel>
 bool run_replayed(StepLoop& loop, const LstmSizes& s, bool reverse, bool training, const char* pass,
-                  const scalar_t* w_hh, const Args& base, Args fixed, Kernel kernel, const at::Tensor& like) {
+                  const scalar_t* w_hh, const Args& base, Kernel kernel, const at::Tensor& like) {
   using Call = ReplayedCall<Args>;
   ReplayedSteps replay(fused_replay_key<scalar_t>(pass, s, training), "the fused loop's");
   if (replay.capture_failed()) return false;
@@ -765,6 +766,7 @@ bool run_replayed(StepLoop& loop, const LstmSizes& s, bool reverse, bool trainin
   auto* call_p = reinterpret_cast<Call*>(call.data_ptr());
   const cudaStream_t stream = replay.stream();
   const int B = static_cast<int>(s.B), mt = tiles_per_block(B);
+  Args fixed{};
   fixed.g = loop.g;
   fixed.bt = B;
   fixed.mt = mt;
@@ -799,7 +801,7 @@ bool run_forward(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, c
     base.y = y;
     base.gates = gates;
     base.cells = cells;
-    if (run_replayed<scalar_t, false>(loop, s, reverse, kTraining, "fused forward", w_hh, base, args,
+    if (run_replayed<scalar_t, false>(loop, s, reverse, kTraining, "fused forward", w_hh, base,
                                       &lstm_fused_forward_replay_step_kernel<scalar_t, kTraining>, like)) {
       return true;
     }
@@ -882,8 +884,7 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
     base.hprev = hprev;
     const bool replayed =
         replay_applies(s) && run_replayed<scalar_t, true>(loop, s, reverse, /*training=*/true, "fused backward", w_hh,
-                                                          base, args, &lstm_fused_backward_replay_step_kernel<scalar_t>,
-                                                          like);
+                                                          base, &lstm_fused_backward_replay_step_kernel<scalar_t>, like);
     if (!replayed) {
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
       loop.pack<scalar_t, true>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)), stream);
