@@ -641,6 +641,36 @@ def test_replayed_fused_loop_matches_reference(monkeypatch, precision_name, B, H
                           seed=B * 100 + H + call, what=f"replayed fused loop, call {call}")
 
 
+@pytest.mark.parametrize("loop,precision_name", [("cublas", "float64"), ("cublas", "bfloat16"), ("fused", "tf32"),
+                                                ("fused", "bfloat16")])
+def test_replayed_loops_in_a_stacked_bidirectional_module(monkeypatch, loop, precision_name):
+    """Two layers, both directions, T = 37, with initial states: every layer and direction
+    replays its steps (the fused loop's four share one key, its packed W_hh refilled by each in
+    turn). Two calls (capture, then the kept chunks): outputs, h_n, c_n and all gradients
+    against nn.LSTM in float64."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    dtype = DTYPE[precision_name]
+    B, I, H = 5, 7, 64
+    torch.manual_seed(50)
+    ref = nn.LSTM(I, H, num_layers=2, bidirectional=True).double()
+    ours = seqkernels.LSTM(I, H, num_layers=2, bidirectional=True).to(device="cuda", dtype=dtype)
+    ours.load_state_dict(ref.state_dict())
+    with _Precision(precision_name):
+        for call in range(2):
+            x = torch.randn(REPLAY_T, B, I, dtype=torch.float64)
+            hx = (torch.randn(4, B, H, dtype=torch.float64), torch.randn(4, B, H, dtype=torch.float64))
+            upstream = {"output": torch.randn(REPLAY_T, B, 2 * H, dtype=torch.float64),
+                        "h_n": torch.randn(4, B, H, dtype=torch.float64),
+                        "c_n": torch.randn(4, B, H, dtype=torch.float64)}
+            got = module_results(ours, x, hx, upstream, "cuda", dtype)
+            ref64 = module_results(ref, x, hx, upstream, "cpu", torch.float64)
+            baselines = None
+            if precision_name in LOW:
+                peer = copy.deepcopy(ref).to(device="cuda", dtype=dtype)  # cuDNN in the same dtype
+                baselines = [module_results(peer, x, hx, upstream, "cuda", dtype)]
+            check(got, ref64, precision_name, f"replayed {loop} loop, stacked bidirectional, call {call}", baselines)
+
+
 def _replay_names(fn) -> set[str]:
     return {n for n in kernel_names(fn) if "replay" in n}
 
