@@ -775,32 +775,22 @@ def test_replayed_loop_across_calls_and_streams(monkeypatch, loop, precision_nam
         call(1, 42, stream=side)
 
 
-def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch):
-    """The kept state buffers of a replayed forward and backward (autograd's device thread)
-    go back to PyTorch's allocator: freed bytes >= forward (h, c, rec) + backward (dh, dc, dG)."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+@pytest.mark.parametrize("loop", ["cublas", "fused"])
+def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch, loop):
+    """What a replayed forward and backward keep (the backward on autograd's device thread) goes
+    back to PyTorch's allocator: the cuBLAS loop's state buffers (float32 here: forward h, c,
+    rec; backward dh, dc, dG), the fused loop's W_hh packed for each pass (bf16 here: at least
+    G·H values each)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
     seqkernels.release_step_graphs()
     B, H = 8, 128
-    run = _train_call(torch.float32, B, H, T=32)
+    dtype = torch.float32 if loop == "cublas" else torch.bfloat16
+    run = _train_call(dtype, B, H, T=32)
     for _ in range(2):
         run()
     freed = bytes_freed_by_release()
-    f32 = 4
-    kept = (B * H * 2 + B * 4 * H) * f32 * 2
-    assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
-
-
-def test_release_step_graphs_frees_the_replayed_fused_loops_buffers(monkeypatch):
-    """The replayed fused loop keeps W_hh packed for its forward and its backward (each at least
-    G·H values): seqkernels.release_step_graphs() gives both back."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
-    seqkernels.release_step_graphs()
-    B, H = 8, 128
-    run = _train_call(torch.bfloat16, B, H, T=32)
-    for _ in range(2):
-        run()
-    freed = bytes_freed_by_release()
-    kept = 2 * 4 * H * H * 2
+    size = torch.empty((), dtype=dtype).element_size()
+    kept = (B * H * 2 + B * 4 * H) * size * 2 if loop == "cublas" else 2 * 4 * H * H * size
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 
 
