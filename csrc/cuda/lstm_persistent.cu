@@ -2214,7 +2214,6 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       auto try_direct = [&](auto kpc_c, auto pad_c, auto rows_c) {
         constexpr int KPC = decltype(kpc_c)::value, PAD = decltype(pad_c)::value, ROWS = decltype(rows_c)::value;
         constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
-        if (ROWS != direct_branch_free_rows(P, s.H, s.B)) return false;
         auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD, ROWS>;
         auto make = [&](int U, Geometry& g) {
           // PAD = 1 exactly at U = 4 (2 n8 tiles), PAD = 0 at U = 8 (4): the kernel's kNT.
@@ -2228,7 +2227,10 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
                try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
                try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
       };
-      if (try_each(IntConst<1>{}) || try_each(IntConst<2>{}) || try_each(IntConst<0>{})) return true;
+      const int rows = direct_branch_free_rows(P, s.H, s.B);
+      if (rows == 1 ? try_each(IntConst<1>{}) : rows == 2 ? try_each(IntConst<2>{}) : try_each(IntConst<0>{})) {
+        return true;
+      }
     }
   }
   auto kernel = &lstm_persistent_forward_kernel<scalar_t, P, kTraining>;
