@@ -385,9 +385,7 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
     scalar_t* __restrict__ hbuf,    // [B, H] out: h_t (the next step's GEMM operand)
     int64_t B, int64_t H) {
   const ForwardReplayArgs<scalar_t, acc_t> a = *args;
-  const int64_t step = a.step + k;
-  const int64_t t = a.reverse ? a.T - 1 - step : step;
-  const int64_t off = t * B, G = 4 * H;
+  const int64_t off = cuda::replayed_forward_times(a.step + k, a.T, a.reverse).t * B, G = 4 * H;
   forward_step_rows<scalar_t, acc_t, V, kTraining, true>(a.pre + off * G, rec, a.b_ih, a.b_hh, cbuf,
                                                          kTraining ? a.gates + off * G : nullptr,
                                                          kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf,
@@ -404,12 +402,11 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
     scalar_t* __restrict__ dG_step,   // [B, G] out: this step's dG
     int64_t B, int64_t H) {
   const BackwardReplayArgs<scalar_t> a = *args;
-  const int64_t step = a.step + k;
-  const int64_t t = a.reverse ? step : a.T - 1 - step;
-  // The step whose state time t started from (previous_step() for equal batch sizes).
-  const bool has_prev = a.reverse ? t + 1 < a.T : t > 0;
-  const int64_t prev_off = (a.reverse ? t + 1 : t - 1) * B;
-  const int64_t off = t * B, G = 4 * H;
+  // prev: the step whose state time t started from (previous_step() for equal batch sizes).
+  const cuda::ReplayedTimes times = cuda::replayed_backward_times(a.step + k, a.T, a.reverse);
+  const bool has_prev = times.has_prev;
+  const int64_t prev_off = times.prev_t * B;
+  const int64_t off = times.t * B, G = 4 * H;
   backward_step_rows<scalar_t, acc_t, 1, false, true>(
       a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
       has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dcbuf,

@@ -549,15 +549,15 @@ __device__ __forceinline__ FwdStepArgs<scalar_t> replayed_forward_args(const Fwd
                                                                        const ReplayedCall<FwdStepArgs<scalar_t>>& c,
                                                                        int64_t step) {
   const int64_t B = fixed.bt, H = fixed.g.H, G = 4 * H;
-  const int64_t t = c.reverse ? c.T - 1 - step : step;
-  const int64_t prev_t = c.reverse ? t + 1 : t - 1;
+  const ReplayedTimes times = replayed_forward_times(step, c.T, c.reverse);
+  const int64_t t = times.t, prev_t = times.prev_t;
   FwdStepArgs<scalar_t> a = fixed;
-  a.n_prev = step > 0 ? fixed.bt : 0;
+  a.n_prev = times.has_prev ? fixed.bt : 0;
   a.n_next = step + 1 < c.T ? fixed.bt : 0;
   a.pre = c.base.pre + t * B * G;
   a.b_ih = c.base.b_ih;
   a.b_hh = c.base.b_hh;
-  a.h_prev = step > 0 ? c.base.y + prev_t * B * H : nullptr;
+  a.h_prev = times.has_prev ? c.base.y + prev_t * B * H : nullptr;
   a.h0 = c.base.h0;
   a.c0 = c.base.c0;
   a.cbuf = c.base.cbuf;

@@ -56,6 +56,27 @@ __global__ void replay_advance_kernel(Int* step, Int steps) {
   *step += steps;
 }
 
+// The times a replayed step works on, for a call with equal batch sizes: t, the step's own, and
+// prev_t, the forward step's whose state it continues (t - 1; t + 1 in the reverse direction),
+// which exists unless t is the sequence's first step.
+struct ReplayedTimes {
+  int64_t t;
+  int64_t prev_t;
+  bool has_prev;
+};
+
+// Processing step `step` of a forward: time step, or T - 1 - step in the reverse direction.
+__device__ __forceinline__ ReplayedTimes replayed_forward_times(int64_t step, int64_t T, bool reverse) {
+  const int64_t t = reverse ? T - 1 - step : step;
+  return {t, reverse ? t + 1 : t - 1, step > 0};
+}
+
+// Processing step `step` of a backward, which walks the forward's order in reverse.
+__device__ __forceinline__ ReplayedTimes replayed_backward_times(int64_t step, int64_t T, bool reverse) {
+  const int64_t t = reverse ? step : T - 1 - step;
+  return {t, reverse ? t + 1 : t - 1, reverse ? t + 1 < T : t > 0};
+}
+
 // A replayed call's first launch where it has no other: the call's arguments into kept memory.
 template <class Args>
 __global__ void replay_store_args_kernel(Args* out, Args args) {
