@@ -641,8 +641,11 @@ bool applies(const LstmSizes& s, bool tf32, const void* a_base) {
 }
 
 // Units per block: the fewest of 2, 4, 8 that keep the unit blocks within one per SM (so that
-// the next step's blocks fit beside them), fewer where the W slice would not let two blocks
-// share an SM; false when even U = 2 does not fit shared memory.
+// the next step's blocks fit beside them), fewer where the forward's W slice (4U rows) would not
+// let two blocks share an SM; false when even U = 2 does not fit shared memory. The backward's
+// slice is 8 columns whatever U (NT = 1), so there a smaller U would only multiply the blocks,
+// each copying the whole slice and re-reading all of dG_succ: TF32 at H = 1024 (a 128 KiB slice)
+// ran 512 blocks of U = 2 in four waves, 14-17 ms a training call at B <= 16 (docs/kernels.md).
 template <class scalar_t>
 bool plan_geometry(const LstmSizes& s, bool backward, const cudaDeviceProp& prop, StepGeometry& g) {
   const int sz = static_cast<int>(sizeof(scalar_t));
@@ -666,7 +669,7 @@ bool plan_geometry(const LstmSizes& s, bool backward, const cudaDeviceProp& prop
     }
   }
   fill(U);
-  while (g.smem > kTwoPerSmBytes && U > 2) {
+  while (!backward && g.smem > kTwoPerSmBytes && U > 2) {
     U /= 2;
     fill(U);
   }
