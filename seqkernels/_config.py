@@ -34,6 +34,8 @@ CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF = 16  # kPersistentMaxBackwardBatchHalf
 CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF = 8 * 1024  # kPersistentMaxBackwardBHHalf
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF = 768  # kPersistentMaxBackwardHiddenHalf
 CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 = 768  # kFusedMaxBackwardHiddenTf32
+CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 = 896  # kFusedBackwardWideHiddenTf32
+CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE = 8  # kPersistentMaxBackwardBatchTf32Wide
 CUDA_FUSED_MAX_FORWARD_BH = 32 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
 CUDA_FUSED_MAX_BACKWARD_BH = 32 * 1024  # kFusedMaxBackwardBH
@@ -175,13 +177,15 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
     elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
           and (batch <= CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32
-               or (batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32
+               or (batch <= (CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE if hidden > CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32
+                             else CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32)
                    and (hidden > CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 or hidden % CUDA_CLUSTER_HIDDEN_MULTIPLE == 0)))):
         return "persistent", (f"auto: TF32 backward, H = {hidden} <= {CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} and "
                               f"B = {batch} <= {CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32}, or B <= "
-                              f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} with H > {CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32} "
-                              f"or H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 (the split backward kernel, in clusters "
-                              "where they fit)")
+                              f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} ({CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE} "
+                              f"at H > {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32}) with H > "
+                              f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32} or H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 (the split "
+                              "backward kernel, in clusters where they fit)")
     elif (backward and half and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF
           and bh <= CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF
           and hidden % CUDA_CLUSTER_HIDDEN_MULTIPLE == 0):
@@ -199,8 +203,15 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32:
             return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= "
                              f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
+        if (CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 < hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
+                and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32):
+            return "fused", (f"auto: TF32, {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H = {hidden} <= "
+                             f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} and "
+                             f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE} < B = {batch} <= "
+                             f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}")
         return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > "
-                          f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
+                          f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}, and not {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H <= "
+                          f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} with B <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}")
     if bh <= CUDA_FUSED_MAX_FORWARD_BH:
         return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}"
     return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH}"

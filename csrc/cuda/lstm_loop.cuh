@@ -26,13 +26,20 @@ constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor core
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
 // Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= kSplitBackwardMaxHidden):
-// persistent at B <= 4, at B <= 16 above the fused loop's H limit, and (since its clustered
-// instances, 2026-11-26) at B <= 16 with H % 32 == 0; fused while B·H <= 8192 and H <= 768.
-// H % 32 == 0 makes the block count (H / 4 or H / 8) a multiple of 8 or 4, so that the split
-// kernel can run in clusters (lstm_persistent.cu); the rule was measured at H = 256, 512, 768.
+// persistent at B <= 4, at B <= 16 above the fused loop's H limit (B <= 8 above
+// kFusedBackwardWideHiddenTf32), and (since its clustered instances, 2026-11-26) at B <= 16 with
+// H % 32 == 0; fused while B·H <= 8192 and H <= 768, and at 8 < B <= 16 above
+// kFusedBackwardWideHiddenTf32 (H <= 1024). H % 32 == 0 makes the block count (H / 4 or H / 8) a
+// multiple of 8 or 4, so that the split kernel can run in clusters (lstm_persistent.cu); the rule
+// was measured at H = 256, 512, 768. At H = 1024 the split kernel's 128 blocks fit no cluster, and
+// since the fused backward keeps 8 units per block there (lstm_fused_step.cu, plan_geometry) it is
+// the faster loop from B = 10 (backward op, H200, 2026-11-26: B = 12 / 16 3.44 / 3.62 ms against
+// 3.68 / 4.28; B = 8 3.19 against 2.95; at H = 896 the split kernel won at every B <= 16).
 constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
+constexpr int64_t kFusedBackwardWideHiddenTf32 = 896;
+constexpr int64_t kPersistentMaxBackwardBatchTf32Wide = 8;
 constexpr int64_t kClusterHiddenMultiple = 32;
 // Backward, 16-bit, beyond the 8 KiB state: persistent (the split backward kernel in clusters)
 // while B <= 16, B·H <= 8192, H <= 768 and H % 32 == 0 (at H = 1024 its 128 blocks do not fit in
@@ -71,12 +78,12 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    at B <= 16 with H > 768 or H % 32 == 0 (H <= 1024), for 16-bit types at B <= 16 with
 //    B·H <= 8192, H <= 768 and H % 32 == 0; else fused while B·H <= 32768
 //    (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768 (backward, 16-bit;
-//    TF32: B·H <= 8192 with H <= 768: its dG rows are 4H fp32 values and its W slice 128 KiB at
-//    H = 1024, where it takes 14–17 ms); else cuBLAS. The backward rules beyond the 8 KiB state
-//    are from training calls under each loop and persistent kernel (scripts/lstm_backend_grid.py
-//    --mode train, H200, 2026-11-26, docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent
-//    (clustered split) 3.93 ms, fused backward 4.90; bf16 B = 16, H = 512: 2.52 against 2.63,
-//    but H = 768: 3.33 against 2.70.
+//    TF32: B·H <= 8192 with H <= 768, and 8 < B <= 16 at 896 < H <= 1024, above); else cuBLAS.
+//    The backward rules beyond the 8 KiB state are from training calls under each loop and
+//    persistent kernel (scripts/lstm_backend_grid.py --mode train, H200, 2026-11-26,
+//    docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent (clustered split) 3.93 ms, fused
+//    backward 4.90; bf16 B = 16, H = 512: 2.52 against 2.63, but H = 768: 3.33 against 2.70; the
+//    TF32 rule at H > 896 from the backward op alone (scripts/lstm_backward_choice.py).
 //  - float32 with TF32 off, float64 (no fused loop): persistent while the state is <= 64 KiB
 //    (forward) / 32 KiB (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward) {
@@ -104,7 +111,8 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
                              s.H <= kPersistentMaxBackwardHiddenHalf
                        : s.H <= kSplitBackwardMaxHidden &&
                              (s.B <= kPersistentBackwardSmallBatchTf32 ||
-                              (s.B <= kPersistentMaxBackwardBatchTf32 &&
+                              (s.B <= (s.H > kFusedBackwardWideHiddenTf32 ? kPersistentMaxBackwardBatchTf32Wide
+                                                                          : kPersistentMaxBackwardBatchTf32) &&
                                (s.H > kFusedMaxBackwardHiddenTf32 || clusters))));
   } else if (half) {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
@@ -116,7 +124,9 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   bool fused;
   if (backward) {
     fused = half ? s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH
-                 : bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32;
+                 : (bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32) ||
+                       (s.H > kFusedBackwardWideHiddenTf32 && s.H <= kSplitBackwardMaxHidden &&
+                        s.B <= kPersistentMaxBackwardBatchTf32);
   } else {
     fused = bh <= kFusedMaxForwardBH;
   }
