@@ -27,6 +27,7 @@ CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
+CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 = 16  # kPersistentMaxBackwardBatchTf32
 CUDA_CLUSTER_HIDDEN_MULTIPLE = 32  # kClusterHiddenMultiple
@@ -37,6 +38,8 @@ CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 = 768  # kFusedMaxBackwardHiddenTf32
 CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 = 896  # kFusedBackwardWideHiddenTf32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE = 8  # kPersistentMaxBackwardBatchTf32Wide
 CUDA_FUSED_MAX_FORWARD_BH = 32 * 1024  # kFusedMaxForwardBH
+CUDA_FUSED_MAX_HIDDEN_HALF = 1280  # kFusedMaxHiddenHalf
+CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32 = 1024  # kFusedMaxForwardHiddenTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
 CUDA_FUSED_MAX_BACKWARD_BH = 32 * 1024  # kFusedMaxBackwardBH
 CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 8 * 1024  # kFusedMaxBackwardBHTf32
@@ -165,7 +168,9 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if state <= limit:
             return "persistent", f"auto, no tensor cores for this dtype/precision: {kib} <= {limit // 1024} KiB"
         return "cublas", f"auto, no tensor cores for this dtype/precision: {kib} > {limit // 1024} KiB"
-    if not half and not backward:
+    if hidden > CUDA_PERSISTENT_MAX_HIDDEN_MMA:
+        pass  # beyond the tensor-core persistent kernels' limit (they would leave it to cuBLAS)
+    elif not half and not backward:
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
             return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and {kib} "
                                   f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB")
@@ -194,11 +199,12 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF} and H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 "
                               "(the split backward kernel in clusters)")
     if backward and half:
-        if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
-            return "fused", (f"auto: {kib} > {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB, B = {batch} <= "
-                             f"{CUDA_FUSED_MAX_BACKWARD_BATCH} and B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH}")
-        return "cublas", (f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH} or B*H = {bh} > "
-                          f"{CUDA_FUSED_MAX_BACKWARD_BH}")
+        if (batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH
+                and hidden <= CUDA_FUSED_MAX_HIDDEN_HALF):
+            return "fused", (f"auto: not the persistent loop, B = {batch} <= {CUDA_FUSED_MAX_BACKWARD_BATCH}, B*H = "
+                             f"{bh} <= {CUDA_FUSED_MAX_BACKWARD_BH} and H = {hidden} <= {CUDA_FUSED_MAX_HIDDEN_HALF}")
+        return "cublas", (f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH}, B*H = {bh} > "
+                          f"{CUDA_FUSED_MAX_BACKWARD_BH} or H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_HALF}")
     if backward:
         if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32:
             return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= "
@@ -212,9 +218,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > "
                           f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}, and not {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H <= "
                           f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} with B <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}")
-    if bh <= CUDA_FUSED_MAX_FORWARD_BH:
-        return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}"
-    return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH}"
+    max_hidden = CUDA_FUSED_MAX_HIDDEN_HALF if half else CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32
+    if bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= max_hidden:
+        return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH} and H = {hidden} <= {max_hidden}"
+    return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH} or H = {hidden} > {max_hidden}"
 
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,

@@ -70,7 +70,10 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (16, 296, torch.bfloat16, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters)
     (16, 1024, torch.float16, True, "persistent", "fused"),  # 32 KiB: the forward's limit
     (17, 512, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, 17 KiB
-    (8, 2048, torch.bfloat16, True, "fused", "fused"),  # forward H > 1024
+    (8, 2048, torch.bfloat16, True, "cublas", "cublas"),  # H > 1280: neither persistent nor fused
+    (1, 1280, torch.bfloat16, True, "fused", "fused"),  # 2.5 KiB state, but H > 1024: not persistent
+    (16, 1280, torch.bfloat16, True, "fused", "fused"),  # H <= 1280, B*H <= 32768
+    (1, 1281, torch.float16, True, "cublas", "cublas"),  # H > 1280
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
     (64, 512, torch.bfloat16, True, "fused", "fused"),  # B*H = 32768: the fused limits
     (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)
@@ -87,7 +90,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (8, 300, torch.float32, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters), B*H <= 8192
     (4, 300, torch.float32, True, "persistent", "persistent"),  # backward: B <= 4
     (16, 800, torch.float32, True, "persistent", "persistent"),  # backward: H > 768
-    (8, 2048, torch.float32, True, "persistent", "cublas"),  # TF32: 64 KiB; backward H > 1024 (beyond the split kernel)
+    (8, 2048, torch.float32, True, "cublas", "cublas"),  # TF32 H > 1024: neither persistent nor fused
+    (16, 1280, torch.float32, True, "cublas", "cublas"),  # the same (B*H <= 32768)
     (32, 256, torch.float32, True, "fused", "fused"),  # forward B > 16; backward B > 16, B*H <= 8192
     (64, 256, torch.float32, True, "fused", "cublas"),  # forward B*H <= 32768; backward B*H = 16384 > 8192
     (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768; backward B*H > 8192

@@ -297,11 +297,12 @@ def _train_call(dtype, B, H, T=4, proj_size=0):
     "precision_name,B,H",
     [("bfloat16", 1, 1024), ("bfloat16", 16, 1024), ("bfloat16", 32, 1024), ("bfloat16", 64, 256),
      ("float16", 17, 256), ("tf32", 16, 1024), ("tf32", 32, 1024), ("float32", 16, 1024), ("float32", 1, 256),
-     ("float64", 3, 7), ("float64", 16, 256), ("bfloat16", 16, 256), ("tf32", 64, 256), ("bfloat16", 256, 256)],
+     ("float64", 3, 7), ("float64", 16, 256), ("bfloat16", 16, 256), ("tf32", 64, 256), ("bfloat16", 256, 256),
+     ("bfloat16", 1, 1280), ("tf32", 16, 1280)],
 )
 def test_loop_choice_is_taken(monkeypatch, precision_name, B, H):
-    """Forced, the persistent kernels run; auto runs, for the forward and the backward op
-    separately, what seqkernels._config.lstm_loop_choice (the Python mirror of
+    """Forced, the persistent kernels run (within their limits); auto runs, for the forward and
+    the backward op separately, what seqkernels._config.lstm_loop_choice (the Python mirror of
     csrc/cuda/lstm_loop.cuh) says; cublas / gemm run neither native loop."""
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
@@ -310,7 +311,8 @@ def test_loop_choice_is_taken(monkeypatch, precision_name, B, H):
         monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
         choice = lstm_loop_choice(B, H, dtype, 0, "cuda")
         auto = {f"{loop} {op}" for op, (loop, _) in choice.items() if loop != "cublas"}
-        persistent = {"persistent forward", "persistent backward"} if B <= 64 else set()
+        # The persistent kernels' limits: B <= 64; H <= 1024 on tensor cores.
+        persistent = {"persistent forward", "persistent backward"} if B <= 64 and H <= 1024 else set()
         for value, expected in (("persistent", persistent), ("auto", auto), ("cublas", set()), ("gemm", set())):
             monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", value)
             assert loop_kernels(run) == expected, f"SEQKERNELS_LSTM_BACKEND={value}: {choice}"

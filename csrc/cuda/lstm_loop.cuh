@@ -54,7 +54,16 @@ constexpr int64_t kPersistentMaxBackwardHiddenHalf = 768;
 // H200 grid, 2026-11-25, docs/kernels.md. Before, the host-bound cuBLAS loop had lost those.
 // Where the steps are not replayed (a ragged PackedSequence, T < 16) the cuBLAS loop is
 // host-bound again and the fused loop would still win these shapes; the rule does not look at that.
-constexpr int64_t kFusedMaxForwardBH = 32 * 1024;  // fused forward: B·H <= 32768
+constexpr int64_t kFusedMaxForwardBH = 32 * 1024;  // fused forward: B·H <= 32768 and ...
+// ... H <= 1280 (16-bit) or 1024 (TF32), and the 16-bit fused backward H <= 1280 (backward op
+// and forward calls under each loop, H200, 2026-11-26, docs/kernels.md: bf16 B = 8 / 16,
+// H = 1280 `infer` 1.67 / 1.88 ms fused against 1.95 / 2.03 on cuBLAS, but H = 2048 3.73 / 4.10
+// against 2.62 / 2.83; TF32 B = 16, H = 1280 4.31 against 3.40; bf16 backward B = 16 fused
+// 2.99 against 3.18 at H = 1280, 3.67 against 3.30 at H = 1536, 5.46 against 3.72 at H = 1792).
+// More unit blocks than SMs, or a W slice that leaves one block per SM, cost more there than
+// the cuBLAS loop's GEMM.
+constexpr int64_t kFusedMaxHiddenHalf = 1280;
+constexpr int64_t kFusedMaxForwardHiddenTf32 = 1024;
 constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64 and ...
 constexpr int64_t kFusedMaxBackwardBH = 32 * 1024;  // ... B·H <= 32768
 constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: B·H <= 8192 and H <= 768
@@ -71,14 +80,15 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    between all blocks every step; the fused loop's is ~4 µs and nearly flat until the A
 //    operand every block re-reads (B·H, or B·4H in the backward) grows; the cuBLAS loop's is
 //    flat at its GEMM's device time (replayed from a kept CUDA graph), and it wins for large
-//    B·H. Persistent while the state is <= 8 KiB, and in
+//    B·H. Persistent (only at H <= 1024, kPersistentMaxHiddenMma) while the state is <= 8 KiB, and in
 //    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
 //    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the backward also
 //    (the split backward kernel, in thread-block clusters where they fit) for TF32 at B <= 4 and
 //    at B <= 16 with H > 768 or H % 32 == 0 (H <= 1024), for 16-bit types at B <= 16 with
-//    B·H <= 8192, H <= 768 and H % 32 == 0; else fused while B·H <= 32768
-//    (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768 (backward, 16-bit;
-//    TF32: B·H <= 8192 with H <= 768, and 8 < B <= 16 at 896 < H <= 1024, above); else cuBLAS.
+//    B·H <= 8192, H <= 768 and H % 32 == 0; else fused while B·H <= 32768 with H <= 1280
+//    (16-bit) or 1024 (TF32) (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768
+//    and H <= 1280 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768, and 8 < B <= 16 at
+//    896 < H <= 1024, above); else cuBLAS.
 //    The backward rules beyond the 8 KiB state are from training calls under each loop and
 //    persistent kernel (scripts/lstm_backend_grid.py --mode train, H200, 2026-11-26,
 //    docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent (clustered split) 3.93 ms, fused
@@ -103,8 +113,10 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
     return state <= (backward ? kPersistentMaxBackwardState : kPersistentMaxForwardState) ? Loop::kPersistent
                                                                                             : Loop::kCublas;
   }
-  bool persistent;
-  if (backward) {
+  bool persistent = false;
+  if (s.H > kPersistentMaxHiddenMma) {
+    // Beyond the tensor-core kernels' limit: not the persistent loop (it would fall back).
+  } else if (backward) {
     const bool clusters = s.H % kClusterHiddenMultiple == 0;
     persistent = state <= kPersistentMaxStateMma ||
                  (half ? clusters && s.B <= kPersistentMaxBackwardBatchHalf && bh <= kPersistentMaxBackwardBHHalf &&
@@ -123,12 +135,12 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   if (persistent) return Loop::kPersistent;
   bool fused;
   if (backward) {
-    fused = half ? s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH
+    fused = half ? s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH && s.H <= kFusedMaxHiddenHalf
                  : (bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32) ||
                        (s.H > kFusedBackwardWideHiddenTf32 && s.H <= kSplitBackwardMaxHidden &&
                         s.B <= kPersistentMaxBackwardBatchTf32);
   } else {
-    fused = bh <= kFusedMaxForwardBH;
+    fused = bh <= kFusedMaxForwardBH && s.H <= (half ? kFusedMaxHiddenHalf : kFusedMaxForwardHiddenTf32);
   }
   return fused ? Loop::kFused : Loop::kCublas;
 }

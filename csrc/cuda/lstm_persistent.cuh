@@ -21,6 +21,9 @@ namespace cuda {
 // The split backward kernel's hidden-size limit (8 warps x 16 n8 tiles of resident fragments);
 // lstm_loop.cuh's TF32 backward rule relies on it.
 constexpr int64_t kSplitBackwardMaxHidden = 1024;
+// The tensor-core kernels' hidden-size limit (their resident MMA fragments cover H <= 1024);
+// beyond it they leave the call to the cuBLAS loop, so lstm_loop.cuh does not choose them there.
+constexpr int64_t kPersistentMaxHiddenMma = 1024;
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved
 // gates/cells (training), h_n and c_n exactly as the cuBLAS loop of lstm.cu does.
