@@ -1,6 +1,6 @@
 """The host's share of an eager seqkernels.LSTM call on the GPU: a timeline of one call.
 
-    python scripts/lstm_host_timeline.py [--iters 10] [--out DIR] [--cpu-ops] [--host-only]
+    python scripts/lstm_host_timeline.py [--iters 10] [--out DIR] [--cpu-ops] [--host-only] [--case TEXT]
 
 An eager call's CUDA-event time is the GPU's time plus whatever the GPU waits for the host:
 before the time loop's kernel is launched the GPU is mostly idle, so the host work in front
@@ -18,7 +18,8 @@ registered torch.library formula. Last, the host time (no profiler) of an `infer
 the module call, the functional lstm_layer, the op below autograd, a default zero state, and
 for scale one allocation and one small kernel. With --cpu-ops, each `infer` case also lists
 the operators the call ran on the host (the profiler's cpu_op events: the module's, the op's
-own span and the allocations and copies inside it).
+own span and the allocations and copies inside it). --case traces only the cases whose name
+contains the text (e.g. "B=16 H=1024"); the host-time table always covers its four shapes.
 Diagnostic only: the benchmark is what the tables come from.
 """
 from __future__ import annotations
@@ -145,7 +146,8 @@ def host_breakdown(device):
 
     op = torch.ops.seqkernels.lstm_forward.default
     print("\n== host time of an infer call's layers (us, median of 60, no profiler)")
-    for dtype, B, H in ((torch.bfloat16, 1, 256), (torch.float32, 16, 512)):
+    for dtype, B, H in ((torch.bfloat16, 1, 256), (torch.float32, 16, 512), (torch.bfloat16, 16, 1024),
+                        (torch.float32, 16, 1024)):
         m = seqkernels.LSTM(H, H, device=device, dtype=dtype)
         x = torch.randn(256, B, H, device=device, dtype=dtype)
         x2 = x.reshape(256 * B, H)
@@ -179,6 +181,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None, help="keep the Chrome traces here")
     ap.add_argument("--host-only", action="store_true", help="only the host-time breakdown (no profiler)")
+    ap.add_argument("--case", default=None, help="only the traced cases whose name contains this, e.g. 'B=16 H=1024'")
     ap.add_argument("--cpu-ops", action="store_true",
                     help="also list each infer call's operators on the host (allocations, copies, the op itself)")
     args = ap.parse_args()
@@ -189,6 +192,8 @@ def main():
     out_dir = args.out or tempfile.mkdtemp()
     os.makedirs(out_dir, exist_ok=True)
     for name, call in cases(device):
+        if args.case and args.case not in name:
+            continue
         for _ in range(5):
             call()
         torch.cuda.synchronize()
