@@ -32,6 +32,10 @@
 // one's state); rows whose sequence ends here take grad_h_n instead. The epilogue adds grad_y,
 // applies lstm_cell_backward and writes dG, dc (dcbuf, in place) and hprev. grad_h0 = the dG of
 // each sequence's first step times W_hh is left to cuBLAS after the loop (no step consumes it).
+// Where the backward's W slice (32·H·sizeof(scalar_t) bytes) would leave one block per SM
+// (TF32 above H ≈ 850, 16-bit above H ≈ 1700) it is not copied to shared memory: each chunk's B
+// fragment is read from L2 with its A vectors (StepGeometry::w_global), so that the next step's
+// blocks fit beside this step's.
 //
 // The k-permutation trick. mma sums over k, so any permutation of k applied to A and B alike
 // leaves D unchanged. Within a chunk, lane (g, t) loads E consecutive values of an A row with
@@ -64,9 +68,9 @@
 // When it runs: lstm_loop.cuh (SEQKERNELS_LSTM_BACKEND=fused forces it; auto chooses it for
 // mid-sized B·H). Limits (else the cuBLAS loop): no projection; bf16, fp16, or float32 with
 // TF32 allowed (float32 without TF32 and float64 have no tensor-core path here); H % E == 0
-// (bf16/fp16: H % 8, TF32: H % 4) and h0 16-byte aligned (16-byte A loads); the block's W slice
-// (4U·H·sizeof(scalar_t) bytes forward with U >= 2, 32·H·sizeof(scalar_t) backward) and partial
-// sums must fit shared memory (bf16: H up to ~14000 forward, ~3500 backward).
+// (bf16/fp16: H % 8, TF32: H % 4) and h0 16-byte aligned (16-byte A loads); the forward's W
+// slice (4U·H·sizeof(scalar_t) bytes with U >= 2) and the partial sums must fit shared memory
+// (bf16: H up to ~14000).
 #include "lstm_fused_step.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -112,7 +116,8 @@ struct StepGeometry {
   int nchunks;  // ceil(K / KC)
   int wvec;     // 16-byte vectors of one block's packed W slice = nchunks · NT · 32
   int red_ld;   // row stride (floats) of the partial sums: NT·8 rounded up to 8 mod 32 (conflict-free)
-  int smem;     // dynamic shared memory bytes: W slice + partial sums
+  int smem;     // dynamic shared memory bytes: W slice (unless w_global) + partial sums
+  bool w_global;  // backward: B fragments read from the packed W in global memory (L2), not copied to shared memory
 };
 
 template <class scalar_t>
@@ -217,7 +222,9 @@ __device__ __forceinline__ uint4 mma_operand(uint4 v) {
 // contiguous run of chunks), and writes its partial sums to red[(kgroup·16·mt + row) · red_ld
 // + column]. a_row(r) gives block row r's A row (nullptr: a zero row; the rows that exist are a
 // prefix of the block's rows). kNT is the largest tile count of the kernel; g.NT the actual one.
-template <class scalar_t, int kNT, class RowFn>
+// kWGlobal (one tile only): ws is the block's packed W slice in global memory, and each chunk's
+// B fragment is loaded with its A vectors (same round trip) instead of from shared memory.
+template <class scalar_t, int kNT, bool kWGlobal, class RowFn>
 __device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const uint4* ws, const RowFn& a_row,
                                            float* red) {
   constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
@@ -238,16 +245,18 @@ __device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const 
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) acc[q][nt][0] = acc[q][nt][1] = acc[q][nt][2] = acc[q][nt][3] = 0.f;
   if (tile_has_rows) {
+    static_assert(!kWGlobal || kNT == 1, "W from global memory: one n8 tile");
     constexpr int kGroup = 4;  // chunks whose A loads are in flight together (8: register spills)
 #pragma unroll 1
     for (int c0 = c_begin; c0 < c_end; c0 += kGroup) {
-      uint4 lo[kGroup], hi[kGroup];
+      uint4 lo[kGroup], hi[kGroup], wg[kWGlobal ? kGroup : 1];
 #pragma unroll
       for (int e = 0; e < kGroup; ++e) {
         const int k = (c0 + e) * KC + tq * E;
         const bool in = c0 + e < c_end;
         lo[e] = load_a(in ? r0 : nullptr, k, g.K);
         hi[e] = load_a(in ? r1 : nullptr, k, g.K);
+        if constexpr (kWGlobal) wg[e] = in ? __ldg(ws + (c0 + e) * 32 + lane) : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int e = 0; e < kGroup; ++e) {
@@ -259,7 +268,7 @@ __device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const 
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
             if (nt < g.NT) {
-              const uint4 b = wc[nt * 32];
+              const uint4 b = kWGlobal ? wg[kWGlobal ? e : 0] : wc[nt * 32];
               MmaInst<scalar_t>::run(acc[0][nt], a1, b.x, b.y);
               MmaInst<scalar_t>::run(acc[1][nt], a2, b.z, b.w);
             }
@@ -419,7 +428,7 @@ __device__ __forceinline__ void forward_step(const FwdStepArgs<scalar_t>& launch
 
   // 3. Gate pre-activations of the block's rows and units.
   wait_copies();
-  block_gemm<scalar_t, kMaxNT>(g, launch.mt, ws, [&](int r) -> const scalar_t* {
+  block_gemm<scalar_t, kMaxNT, false>(g, launch.mt, ws, [&](int r) -> const scalar_t* {
     const int b = row0 + r;
     if (r >= rows) return nullptr;
     return b < a.n_prev ? a.h_prev + b * H : a.h0 + b * H;
@@ -450,19 +459,21 @@ __device__ __forceinline__ void forward_step(const FwdStepArgs<scalar_t>& launch
 }
 
 // One backward time step (see the top of the file), its arguments split as forward_step's.
-template <class scalar_t>
+// kWGlobal: the W slice stays in global memory (StepGeometry::w_global).
+template <class scalar_t, bool kWGlobal>
 __device__ __forceinline__ void backward_step(const BwdStepArgs<scalar_t>& launch, const BwdStepArgs<scalar_t>& a) {
   using acc_t = at::opmath_type<scalar_t>;
   const StepGeometry& g = launch.g;
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ws = reinterpret_cast<uint4*>(smem);
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(g.wvec) * 16);
+  float* red = reinterpret_cast<float*>(smem + (kWGlobal ? 0 : static_cast<size_t>(g.wvec) * 16));
+  const uint4* w_slice = launch.w + static_cast<int64_t>(blockIdx.x) * g.wvec;
   const int64_t H = g.H, G = 4 * H;
   const int row0 = blockIdx.y * 16 * launch.mt;
   const int rows = min(16 * launch.mt, launch.bt - row0);
 
   // 1. What does not depend on the previous (backward) step.
-  copy_async(ws, launch.w + static_cast<int64_t>(blockIdx.x) * g.wvec, g.wvec);
+  if constexpr (!kWGlobal) copy_async(ws, w_slice, g.wvec);
   Item items[kMaxItems];
   acc_t act_r[kMaxItems][4], c_r[kMaxItems], cp_r[kMaxItems], dh_r[kMaxItems];
   scalar_t hp_r[kMaxItems];
@@ -492,9 +503,9 @@ __device__ __forceinline__ void backward_step(const BwdStepArgs<scalar_t>& launc
 
   // 3. dh of the rows that continue into the successor step: dG_succ · W_hh[:, own units].
   const bool gemm = row0 < a.n_succ;
-  wait_copies();
+  if constexpr (!kWGlobal) wait_copies();
   if (gemm) {
-    block_gemm<scalar_t, 1>(g, launch.mt, ws, [&](int r) -> const scalar_t* {
+    block_gemm<scalar_t, 1, kWGlobal>(g, launch.mt, kWGlobal ? w_slice : ws, [&](int r) -> const scalar_t* {
       const int b = row0 + r;
       return b < a.n_succ ? a.dG_succ + b * G : nullptr;
     }, red);
@@ -523,9 +534,9 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(co
   forward_step<scalar_t, kTraining>(a, a);
 }
 
-template <class scalar_t>
+template <class scalar_t, bool kWGlobal>
 __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(const __grid_constant__ BwdStepArgs<scalar_t> a) {
-  backward_step<scalar_t>(a, a);
+  backward_step<scalar_t, kWGlobal>(a, a);
 }
 
 // The steps replayed from kept CUDA graphs (replayed_steps.cuh): a captured launch's arguments
@@ -612,11 +623,11 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_replay_step_ke
   forward_step<scalar_t, kTraining>(fixed, replayed_forward_args(fixed, *call, call->step + k));
 }
 
-template <class scalar_t>
+template <class scalar_t, bool kWGlobal>
 __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_replay_step_kernel(
     const __grid_constant__ BwdStepArgs<scalar_t> fixed, const ReplayedCall<BwdStepArgs<scalar_t>>* __restrict__ call,
     int k) {
-  backward_step<scalar_t>(fixed, replayed_backward_args(fixed, *call, call->step + k));
+  backward_step<scalar_t, kWGlobal>(fixed, replayed_backward_args(fixed, *call, call->step + k));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -673,6 +684,11 @@ bool plan_geometry(const LstmSizes& s, bool backward, const cudaDeviceProp& prop
     U /= 2;
     fill(U);
   }
+  // A backward slice that leaves one block per SM stays in global memory: then the next step's
+  // blocks fit beside this step's and start under PDL (TF32 B = 16, H = 1024: the backward op
+  // 3.56 -> 3.25 ms, the training call 7 % shorter; H200, docs/benchmarks.md).
+  g.w_global = backward && g.smem > kTwoPerSmBytes;
+  if (g.w_global) g.smem -= g.wvec * 16;
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
 }
 
@@ -885,15 +901,20 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
     base.prev_y = y;
     base.dG = dG;
     base.hprev = hprev;
+    const bool w_global = loop.g.w_global;
     const bool replayed =
-        replay_applies(s) && run_replayed<scalar_t, true>(loop, s, reverse, /*training=*/true, "fused backward", w_hh,
-                                                          base, &lstm_fused_backward_replay_step_kernel<scalar_t>, like);
+        replay_applies(s) &&
+        run_replayed<scalar_t, true>(loop, s, reverse, /*training=*/true, "fused backward", w_hh, base,
+                                     w_global ? &lstm_fused_backward_replay_step_kernel<scalar_t, true>
+                                              : &lstm_fused_backward_replay_step_kernel<scalar_t, false>,
+                                     like);
     if (!replayed) {
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
       loop.pack<scalar_t, true>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)), stream);
       args.g = loop.g;
       args.w = loop.weights();
-      auto kernel = &lstm_fused_backward_step_kernel<scalar_t>;
+      auto kernel = w_global ? &lstm_fused_backward_step_kernel<scalar_t, true>
+                             : &lstm_fused_backward_step_kernel<scalar_t, false>;
       loop.allow_smem(kernel);
       const int64_t T = s.T, H = s.H, G = s.G;
       for (int64_t step = 0; step < T; ++step) {
