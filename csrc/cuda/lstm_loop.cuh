@@ -26,20 +26,22 @@ constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor core
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
 // Backward, TF32, beyond the 8 KiB state (the split backward kernel, H <= kSplitBackwardMaxHidden):
-// persistent at B <= 4, at B <= 16 above the fused loop's H limit (B <= 8 above
+// persistent at B <= 4, at B <= 16 above the fused loop's H limit (B <= 5 above
 // kFusedBackwardWideHiddenTf32), and (since its clustered instances, 2026-11-26) at B <= 16 with
-// H % 32 == 0; fused while B·H <= 8192 and H <= 768, and at 8 < B <= 16 above
+// H % 32 == 0; fused while B·H <= 8192 and H <= 768, and at 5 < B <= 16 above
 // kFusedBackwardWideHiddenTf32 (H <= 1024). H % 32 == 0 makes the block count (H / 4 or H / 8) a
 // multiple of 8 or 4, so that the split kernel can run in clusters (lstm_persistent.cu); the rule
 // was measured at H = 256, 512, 768. At H = 1024 the split kernel's 128 blocks fit no cluster, and
-// since the fused backward keeps 8 units per block there (lstm_fused_step.cu, plan_geometry) it is
-// the faster loop from B = 10 (backward op, H200, 2026-11-26: B = 12 / 16 3.44 / 3.62 ms against
-// 3.68 / 4.28; B = 8 3.19 against 2.95; at H = 896 the split kernel won at every B <= 16).
+// the fused backward, with 8 units per block and its W slice read from L2 there
+// (lstm_fused_step.cu, plan_geometry), is the faster loop from B = 6 (backward op, H200,
+// 2026-11-26: B = 6 / 8 / 16 2.85 / 2.87 / 3.25 ms against 2.90 / 3.07 / 4.25; B = 5 2.73 against
+// 2.73; B = 4 2.76 against 2.46). At H = 896 the split kernel wins to B = 8 (2.38 against 2.71);
+// the fused loop was 3-4 % faster at B = 12 / 16, which the rule leaves to the split kernel.
 constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
 constexpr int64_t kFusedBackwardWideHiddenTf32 = 896;
-constexpr int64_t kPersistentMaxBackwardBatchTf32Wide = 8;
+constexpr int64_t kPersistentMaxBackwardBatchTf32Wide = 5;
 constexpr int64_t kClusterHiddenMultiple = 32;
 // Backward, 16-bit, beyond the 8 KiB state: persistent (the split backward kernel in clusters)
 // while B <= 16, B·H <= 8192, H <= 768 and H % 32 == 0 (at H = 1024 its 128 blocks do not fit in
@@ -87,7 +89,7 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    at B <= 16 with H > 768 or H % 32 == 0 (H <= 1024), for 16-bit types at B <= 16 with
 //    B·H <= 8192, H <= 768 and H % 32 == 0; else fused while B·H <= 32768 with H <= 1280
 //    (16-bit) or 1024 (TF32) (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768
-//    and H <= 1280 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768, and 8 < B <= 16 at
+//    and H <= 1280 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768, and 5 < B <= 16 at
 //    896 < H <= 1024, above); else cuBLAS.
 //    The backward rules beyond the 8 KiB state are from training calls under each loop and
 //    persistent kernel (scripts/lstm_backend_grid.py --mode train, H200, 2026-11-26,
