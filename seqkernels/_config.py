@@ -182,7 +182,8 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
     elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
           and (batch <= CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32
-               or (batch <= (CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE if hidden > CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32
+               or (batch <= (CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE
+                             if hidden > CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32
                              else CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32)
                    and (hidden > CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 or hidden % CUDA_CLUSTER_HIDDEN_MULTIPLE == 0)))):
         return "persistent", (f"auto: TF32 backward, H = {hidden} <= {CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} and "

@@ -79,7 +79,7 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)
     (256, 256, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
-    (16, 1024, torch.float32, True, "persistent", "fused"),  # TF32: B <= 16, 64 KiB; backward 8 < B <= 16, H > 896
+    (16, 1024, torch.float32, True, "persistent", "fused"),  # TF32: B <= 16, 64 KiB; backward 5 < B <= 16, H > 896
     (6, 960, torch.float32, True, "persistent", "fused"),  # the same backward rule, at its lower bounds
     (5, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: split kernel (B <= 5 at H > 896)
     (6, 1024, torch.float32, True, "persistent", "fused"),  # the fused backward from B = 6 at H > 896

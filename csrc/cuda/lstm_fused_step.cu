@@ -117,7 +117,7 @@ struct StepGeometry {
   int wvec;     // 16-byte vectors of one block's packed W slice = nchunks · NT · 32
   int red_ld;   // row stride (floats) of the partial sums: NT·8 rounded up to 8 mod 32 (conflict-free)
   int smem;     // dynamic shared memory bytes: W slice (unless w_global) + partial sums
-  bool w_global;  // backward: B fragments read from the packed W in global memory (L2), not copied to shared memory
+  bool w_global;  // backward: B fragments read from the packed W in global memory (L2), not shared memory
 };
 
 template <class scalar_t>

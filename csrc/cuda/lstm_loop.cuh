@@ -61,7 +61,8 @@ constexpr int64_t kFusedMaxForwardBH = 32 * 1024;  // fused forward: B·H <= 327
 // and forward calls under each loop, H200, 2026-11-26, docs/kernels.md: bf16 B = 8 / 16,
 // H = 1280 `infer` 1.67 / 1.88 ms fused against 1.95 / 2.03 on cuBLAS, but H = 2048 3.73 / 4.10
 // against 2.62 / 2.83; TF32 B = 16, H = 1280 4.31 against 3.40; bf16 backward B = 16 fused
-// 2.99 against 3.18 at H = 1280, 3.67 against 3.30 at H = 1536, 5.46 against 3.72 at H = 1792).
+// 2.99 against 3.18 at H = 1280, 3.67 against 3.30 at H = 1536, 5.46 against 3.72 at H = 1792,
+// 4.57 against 3.76 once the slice stayed in L2 there).
 // More unit blocks than SMs, or a W slice that leaves one block per SM, cost more there than
 // the cuBLAS loop's GEMM.
 constexpr int64_t kFusedMaxHiddenHalf = 1280;
@@ -82,13 +83,14 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    between all blocks every step; the fused loop's is ~4 µs and nearly flat until the A
 //    operand every block re-reads (B·H, or B·4H in the backward) grows; the cuBLAS loop's is
 //    flat at its GEMM's device time (replayed from a kept CUDA graph), and it wins for large
-//    B·H. Persistent (only at H <= 1024, kPersistentMaxHiddenMma) while the state is <= 8 KiB, and in
-//    the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel, re-measured
-//    2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the backward also
-//    (the split backward kernel, in thread-block clusters where they fit) for TF32 at B <= 4 and
-//    at B <= 16 with H > 768 or H % 32 == 0 (H <= 1024), for 16-bit types at B <= 16 with
-//    B·H <= 8192, H <= 768 and H % 32 == 0; else fused while B·H <= 32768 with H <= 1280
-//    (16-bit) or 1024 (TF32) (forward; the H200 grid of 2026-11-25) or B <= 64 with B·H <= 32768
+//    B·H. Persistent (only at H <= 1024, kPersistentMaxHiddenMma) while the state is <= 8 KiB,
+//    and in the forward also while B <= 16 with H <= 1024 (16-bit; the direct forward kernel,
+//    re-measured 2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the
+//    backward also (the split backward kernel, in thread-block clusters where they fit) for TF32
+//    at B <= 4 and at B <= 16 (B <= 5 at H > 896) with H > 768 or H % 32 == 0 (H <= 1024), for
+//    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0; else fused while
+//    B·H <= 32768 with H <= 1280 (16-bit) or 1024 (TF32) (forward; the H200 grid of
+//    2026-11-25) or B <= 64 with B·H <= 32768
 //    and H <= 1280 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768, and 5 < B <= 16 at
 //    896 < H <= 1024, above); else cuBLAS.
 //    The backward rules beyond the 8 KiB state are from training calls under each loop and
