@@ -643,6 +643,19 @@ def test_replayed_fused_loop_matches_reference(monkeypatch, precision_name, B, H
                           seed=B * 100 + H + call, what=f"replayed fused loop, call {call}")
 
 
+# The fused backward with its W slice read from L2, where the slice would leave one block per SM
+# (StepGeometry::w_global: 16-bit above H ~ 1700, TF32 above ~ 850): replayed (equal batch
+# sizes, T = 37) and plain (a packed, ragged sequence), in both directions.
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("batch_sizes", [[2] * REPLAY_T, [3, 3, 2, 1]])
+@pytest.mark.parametrize("precision_name", ["bfloat16", "tf32"])
+def test_fused_backward_with_its_slice_in_l2_matches_reference(monkeypatch, precision_name, batch_sizes, reverse):
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+    with _Precision(precision_name):
+        compare_layer(batch_sizes, 5, 1792, reverse=reverse, bias=True, precision=precision_name,
+                      seed=len(batch_sizes), what="fused backward, W slice in L2")
+
+
 @pytest.mark.parametrize("loop,precision_name", [("cublas", "float64"), ("cublas", "bfloat16"), ("fused", "tf32"),
                                                 ("fused", "bfloat16")])
 def test_replayed_loops_in_a_stacked_bidirectional_module(monkeypatch, loop, precision_name):
