@@ -1,13 +1,17 @@
 // Device helpers shared by the CUDA LSTM kernels (lstm.cu, lstm_persistent.cu,
-// lstm_fused_step.cu): the cell nonlinearities, the bias sum and the tensor-core MMA instructions.
+// lstm_fused_step.cu): the cell nonlinearities, the bias sum, the tensor-core MMA instructions and
+// programmatic dependent launch.
 #pragma once
 
 #include <ATen/OpMathType.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "seqkernels/lstm_cell.h"
 
@@ -102,6 +106,41 @@ struct MmaInst<float> {  // TF32 operands
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
+
+// Programmatic dependent launch (sm_90+; no-ops below, and in a kernel launched without the
+// attribute). A kernel launched with it (launch_kernel's `overlap`) may start before the
+// kernel launched before it on the stream has finished, and must call pdl_wait() before it
+// reads anything that kernel writes, or writes anything that kernel reads.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the kernel launched after this one (with the attribute) start now.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where `overlap`
+// (the caller checks the device is sm_90+). Checked.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap,
+                   Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = overlap ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 #endif  // __CUDACC__
 

@@ -169,18 +169,6 @@ struct BwdStepArgs {
 // Device helpers
 // ---------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // This block's packed W slice into shared memory, asynchronously (waited for by wait_copies).
 __device__ __forceinline__ void copy_async(uint4* dst, const uint4* src, int nvec) {
   for (int i = threadIdx.x; i < nvec; i += kThreads) {
@@ -587,9 +575,10 @@ __device__ __forceinline__ BwdStepArgs<scalar_t> replayed_backward_args(const Bw
                                                                         const ReplayedCall<BwdStepArgs<scalar_t>>& c,
                                                                         int64_t step) {
   const int64_t B = fixed.bt, H = fixed.g.H, G = 4 * H;
-  const int64_t t = c.reverse ? step : c.T - 1 - step;
-  const bool has_prev = c.reverse ? t + 1 < c.T : t > 0;
-  const int64_t succ_t = c.reverse ? t - 1 : t + 1, prev_t = c.reverse ? t + 1 : t - 1;
+  const ReplayedTimes times = replayed_backward_times(step, c.T, c.reverse);
+  const int64_t t = times.t, prev_t = times.prev_t;
+  const bool has_prev = times.has_prev;
+  const int64_t succ_t = c.reverse ? t - 1 : t + 1;
   BwdStepArgs<scalar_t> a = fixed;
   a.n_succ = step > 0 ? fixed.bt : 0;
   a.n_prev = has_prev ? fixed.bt : 0;
@@ -739,17 +728,9 @@ struct StepLoop {
   // it carries the PDL attribute, so that it overlaps the step launched before it.
   template <class... Params, class... Args>
   void launch(void (*kernel)(Params...), cudaStream_t stream, int bt, int mt, bool overlap, Args&&... args) const {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>((g.H + g.U - 1) / g.U), static_cast<unsigned>((bt + 16 * mt - 1) / (16 * mt)));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(g.smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl && overlap ? 1 : 0;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+    launch_kernel(kernel,
+                  dim3(static_cast<unsigned>((g.H + g.U - 1) / g.U), static_cast<unsigned>((bt + 16 * mt - 1) / (16 * mt))),
+                  dim3(kThreads), static_cast<size_t>(g.smem), stream, pdl && overlap, std::forward<Args>(args)...);
   }
 };
 
