@@ -103,6 +103,30 @@ __device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, V>*>(p);
 }
 
+// load_vec from L2 (ld.global.cg), for what a kernel reads after pdl_wait(). With normal loads
+// there, the replayed backward got wrong dG on an H200 (float64 and float32 without TF32,
+// B = 16, H = 256); from L2 it passed. The likely cause, not isolated: a kernel that started
+// beside the one before it (PDL) can hit lines that kernel's blocks left in this SM's L1 (a
+// serial split-K GEMM reads the C it accumulates). The fused loop reads its carried state the
+// same way.
+template <int V, class T>
+__device__ __forceinline__ Vec<T, V> load_vec_cg(const T* p) {
+  Vec<T, V> r;
+  constexpr int kBytes = static_cast<int>(sizeof(Vec<T, V>));
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      reinterpret_cast<uint4*>(&r)[i] = __ldcg(reinterpret_cast<const uint4*>(p) + i);
+    }
+  } else if constexpr (kBytes == 8) {
+    *reinterpret_cast<uint2*>(&r) = __ldcg(reinterpret_cast<const uint2*>(p));
+  } else {
+    static_assert(kBytes == 4, "load_vec_cg: 4, 8 or a multiple of 16 bytes");
+    *reinterpret_cast<unsigned int*>(&r) = __ldcg(reinterpret_cast<const unsigned int*>(p));
+  }
+  return r;
+}
+
 template <int V, class T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
   *reinterpret_cast<Vec<T, V>*>(p) = v;
@@ -145,7 +169,11 @@ __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const sc
 // One forward time step, fused: bias, gate nonlinearities, cell update, output. A thread owns
 // V consecutive hidden units j of one batch row b (V = 4: 16-byte loads of the fp32 data).
 // kRec: the recurrent product is in `rec` ([bt, G], the replayed loop's fixed GEMM output)
-// rather than already added into `pre`.
+// rather than already added into `pre`. The step's GEMM is then the kernel launched just before
+// this one, possibly with the PDL attribute: `pre` and the biases, written before the loop
+// started, are loaded before pdl_wait(); rec and cbuf after it, from L2 (load_vec_cg), and every
+// store follows it (the GEMM reads hbuf). cbuf too: the previous step's kernel wrote it, and
+// that it finished before this one started holds only if cuBLAS launched the GEMM without PDL.
 template <class scalar_t, class acc_t, int V, bool kTraining, bool kRec>
 __device__ __forceinline__ void forward_step_rows(
     const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ (+ h_{t-1}·W_hhᵀ unless kRec), no bias; gates i, f, g, o
@@ -170,10 +198,15 @@ __device__ __forceinline__ void forward_step_rows(
     Vec<acc_t, V> pf = load_vec<V>(p + H);
     Vec<acc_t, V> pg = load_vec<V>(p + 2 * H);
     Vec<acc_t, V> po = load_vec<V>(p + 3 * H);
+    const Vec<acc_t, V> bi = bias_vec<V>(b_ih, b_hh, j), bf = bias_vec<V>(b_ih, b_hh, H + j),
+                        bg = bias_vec<V>(b_ih, b_hh, 2 * H + j), bo = bias_vec<V>(b_ih, b_hh, 3 * H + j);
+    Vec<acc_t, V> c;
     if constexpr (kRec) {
+      cuda::pdl_wait();
+      c = load_vec_cg<V>(cbuf + b * H + j);
       const acc_t* r = rec + b * G + j;
-      const Vec<acc_t, V> ri = load_vec<V>(r), rf = load_vec<V>(r + H), rg = load_vec<V>(r + 2 * H),
-                          ro = load_vec<V>(r + 3 * H);
+      const Vec<acc_t, V> ri = load_vec_cg<V>(r), rf = load_vec_cg<V>(r + H), rg = load_vec_cg<V>(r + 2 * H),
+                          ro = load_vec_cg<V>(r + 3 * H);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         pi.v[k] += ri.v[k];
@@ -181,10 +214,9 @@ __device__ __forceinline__ void forward_step_rows(
         pg.v[k] += rg.v[k];
         po.v[k] += ro.v[k];
       }
+    } else {
+      c = load_vec<V>(cbuf + b * H + j);
     }
-    Vec<acc_t, V> c = load_vec<V>(cbuf + b * H + j);
-    const Vec<acc_t, V> bi = bias_vec<V>(b_ih, b_hh, j), bf = bias_vec<V>(b_ih, b_hh, H + j),
-                        bg = bias_vec<V>(b_ih, b_hh, 2 * H + j), bo = bias_vec<V>(b_ih, b_hh, 3 * H + j);
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -243,7 +275,11 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
 // One backward time step, fused: gradients of the pre-activations, of c_{t-1}, the
 // recomputed m_t (projection), and the gathered h_{t-1} rows (for grad_w_hh). A thread owns V
 // consecutive hidden units of one batch row; with projection V = 1. kCopy: dG is also written
-// to dG_copy ([bt, G], the replayed loop's fixed operand of the step's dh GEMM).
+// to dG_copy ([bt, G], the replayed loop's fixed operand of the step's dh GEMM), and the kernel
+// launched just before this one (the previous step's dh GEMM, which wrote dh_in and read
+// dG_copy) may still run (PDL): what the forward wrote is loaded before pdl_wait(), dh_in and
+// dcbuf after it from L2 (load_vec_cg; the previous step's kernel wrote dcbuf, and cuBLAS may
+// launch that GEMM with PDL too: forward_step_rows), and every store follows it.
 template <class scalar_t, class acc_t, int V, bool kProj, bool kCopy>
 __device__ __forceinline__ void backward_step_rows(
     const scalar_t* __restrict__ gates,       // [bt, G] activated gates i, f, g, o of step t
@@ -277,13 +313,19 @@ __device__ __forceinline__ void backward_step_rows(
     const Vec<scalar_t, V> ao = load_vec<V>(g + 3 * H);
     const Vec<scalar_t, V> c = load_vec<V>(cells + b * H + j);
     const Vec<scalar_t, V> cp = load_vec<V>(cont ? prev_cells + b * H + j : c0 + b * H + j);
-    Vec<acc_t, V> dc = load_vec<V>(dcbuf + b * H + j);
+    const scalar_t* hsrc = cont ? prev_y + b * Hout : h0 + b * Hout;
+    Vec<scalar_t, V> hp{}, gy{};
+    if constexpr (!kProj) {
+      hp = load_vec<V>(hsrc + j);  // copied to hprev below
+      gy = load_vec<V>(grad_y + b * Hout + j);
+    }
+    if constexpr (kCopy) cuda::pdl_wait();
+    Vec<acc_t, V> dc = kCopy ? load_vec_cg<V>(dcbuf + b * H + j) : load_vec<V>(dcbuf + b * H + j);
     Vec<acc_t, V> dm;
     if constexpr (kProj) {
       dm = load_vec<V>(dh_in + b * H + j);
     } else {
-      const Vec<acc_t, V> dh = load_vec<V>(dh_in + b * Hout + j);
-      const Vec<scalar_t, V> gy = load_vec<V>(grad_y + b * Hout + j);
+      const Vec<acc_t, V> dh = kCopy ? load_vec_cg<V>(dh_in + b * Hout + j) : load_vec<V>(dh_in + b * Hout + j);
 #pragma unroll
       for (int k = 0; k < V; ++k) dm.v[k] = dh.v[k] + static_cast<acc_t>(gy.v[k]);
     }
@@ -316,14 +358,13 @@ __device__ __forceinline__ void backward_step_rows(
       store_vec<V>(d2 + 2 * H, dg);
       store_vec<V>(d2 + 3 * H, dout);
     }
-    const scalar_t* hsrc = cont ? prev_y + b * Hout : h0 + b * Hout;
     if constexpr (kProj) {
       static_assert(V == 1, "the projection path moves single elements");
       m_out[b * H + j] = m.v[0];
       // Hout = P columns of h_{t-1}, spread over the H threads of the row.
       for (int64_t col = j; col < Hout; col += H) hprev[b * Hout + col] = hsrc[col];
     } else {
-      store_vec<V>(hprev + b * Hout + j, load_vec<V>(hsrc + j));
+      store_vec<V>(hprev + b * Hout + j, hp);
     }
   }
 }
@@ -456,6 +497,12 @@ using cuda::kReplaySteps;
 using cuda::ReplayedSteps;
 using cuda::replay_applies;
 
+// Whether a replayed step's gate kernel starts while the GEMM before it runs (programmatic
+// dependent launch, sm_90+).
+bool replay_overlaps_steps() {
+  return at::cuda::getCurrentDeviceProperties()->major >= 9;
+}
+
 // What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
 // sizes, mode, TF32, vector width, and W_hh's address.
 std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s, bool training, bool tf32,
@@ -552,22 +599,23 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   acc_t* rec_p = rec.data_ptr<acc_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
 
+  // The gate kernel always follows its step's GEMM: with PDL it loads all but rec while the
+  // GEMM runs (forward_step_rows).
+  const bool pdl = replay_overlaps_steps();
   auto step = [&](int k, cudaStream_t stream) {
     const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
+    auto launch = [&](auto kernel) {
+      cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+    };
     if (vec4 && training) {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true>
-          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true>);
     } else if (vec4) {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, false>
-          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, false>);
     } else if (training) {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, true>
-          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, true>);
     } else {
-      lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, false>
-          <<<grid, kThreads, 0, stream>>>(args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, false>);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   auto prologue = [&](cudaStream_t stream) {
     const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse};
@@ -614,10 +662,12 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   scalar_t* dG_step_p = dG_step.data_ptr<scalar_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
 
+  // Step k > 0 follows the previous step's dh GEMM: with PDL it loads all but dhbuf while that
+  // GEMM runs (backward_step_rows). Step 0 follows the prologue or a chunk's graph: no PDL.
+  const bool pdl = replay_overlaps_steps();
   auto step = [&](int k, cudaStream_t stream) {
-    lstm_backward_replay_step_kernel<scalar_t, acc_t>
-        <<<blocks_for(B * H), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t>, dim3(blocks_for(B * H)), dim3(kThreads), 0,
+                        stream, pdl && k > 0, args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
   };
   auto prologue = [&](cudaStream_t stream) {
     const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
