@@ -39,6 +39,8 @@ CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 = 896  # kFusedBackwardWideHiddenTf32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE = 5  # kPersistentMaxBackwardBatchTf32Wide
 CUDA_FUSED_MAX_FORWARD_BH = 32 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_HIDDEN_HALF = 1280  # kFusedMaxHiddenHalf
+CUDA_FUSED_BACKWARD_SMALL_BATCH_HALF = 4  # kFusedBackwardSmallBatchHalf
+CUDA_FUSED_MAX_BACKWARD_HIDDEN_SMALL_BATCH_HALF = 1792  # kFusedMaxBackwardHiddenSmallBatchHalf
 CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32 = 1024  # kFusedMaxForwardHiddenTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 64  # kFusedMaxBackwardBatch
 CUDA_FUSED_MAX_BACKWARD_BH = 32 * 1024  # kFusedMaxBackwardBH
@@ -200,12 +202,20 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF} and H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 "
                               "(the split backward kernel in clusters)")
     if backward and half:
-        if (batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH
-                and hidden <= CUDA_FUSED_MAX_HIDDEN_HALF):
-            return "fused", (f"auto: not the persistent loop, B = {batch} <= {CUDA_FUSED_MAX_BACKWARD_BATCH}, B*H = "
-                             f"{bh} <= {CUDA_FUSED_MAX_BACKWARD_BH} and H = {hidden} <= {CUDA_FUSED_MAX_HIDDEN_HALF}")
+        if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
+            if hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:
+                return "fused", (f"auto: not the persistent loop, B = {batch} <= {CUDA_FUSED_MAX_BACKWARD_BATCH}, "
+                                 f"B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH} and H = {hidden} <= "
+                                 f"{CUDA_FUSED_MAX_HIDDEN_HALF}")
+            if (batch <= CUDA_FUSED_BACKWARD_SMALL_BATCH_HALF
+                    and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_SMALL_BATCH_HALF):
+                return "fused", (f"auto: not the persistent loop, B = {batch} <= "
+                                 f"{CUDA_FUSED_BACKWARD_SMALL_BATCH_HALF} and H = {hidden} <= "
+                                 f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_SMALL_BATCH_HALF}")
         return "cublas", (f"auto: B = {batch} > {CUDA_FUSED_MAX_BACKWARD_BATCH}, B*H = {bh} > "
-                          f"{CUDA_FUSED_MAX_BACKWARD_BH} or H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_HALF}")
+                          f"{CUDA_FUSED_MAX_BACKWARD_BH} or H = {hidden} > {CUDA_FUSED_MAX_HIDDEN_HALF} (and not B <= "
+                          f"{CUDA_FUSED_BACKWARD_SMALL_BATCH_HALF} with H <= "
+                          f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_SMALL_BATCH_HALF})")
     if backward:
         if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32:
             return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= "

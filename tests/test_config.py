@@ -73,7 +73,11 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (8, 2048, torch.bfloat16, True, "cublas", "cublas"),  # H > 1280: neither persistent nor fused
     (1, 1280, torch.bfloat16, True, "fused", "fused"),  # 2.5 KiB state, but H > 1024: not persistent
     (16, 1280, torch.bfloat16, True, "fused", "fused"),  # H <= 1280, B*H <= 32768
-    (1, 1281, torch.float16, True, "cublas", "cublas"),  # H > 1280
+    (1, 1281, torch.float16, True, "cublas", "cublas"),  # forward H > 1280; backward: H % 8 != 0
+    (1, 1288, torch.float16, True, "cublas", "fused"),  # forward H > 1280; backward B <= 4, H <= 1792
+    (4, 1792, torch.bfloat16, True, "cublas", "fused"),  # the same backward rule, at its bounds
+    (5, 1536, torch.bfloat16, True, "cublas", "cublas"),  # backward B > 4 beyond H = 1280
+    (1, 1800, torch.float16, True, "cublas", "cublas"),  # backward H > 1792
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
     (64, 512, torch.bfloat16, True, "fused", "fused"),  # B*H = 32768: the fused limits
     (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)

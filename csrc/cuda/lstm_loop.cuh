@@ -66,6 +66,12 @@ constexpr int64_t kFusedMaxForwardBH = 32 * 1024;  // fused forward: B·H <= 327
 // More unit blocks than SMs, or a W slice that leaves one block per SM, cost more there than
 // the cuBLAS loop's GEMM.
 constexpr int64_t kFusedMaxHiddenHalf = 1280;
+// The 16-bit fused backward also at B <= 4 up to H = 1792: with the W slice in L2 beyond
+// H ~ 1700 it wins there (backward op, H200, 2026-11-26, docs/benchmarks.md: bf16 B = 1,
+// H = 1792 2.34 ms against 2.95 on cuBLAS, B = 4 2.80 against 3.03, B = 4, H = 1536 2.72
+// against 2.80), not from B = 8 (H = 1536 2.85 against 2.71, H = 1792 3.35 against 2.97).
+constexpr int64_t kFusedBackwardSmallBatchHalf = 4;
+constexpr int64_t kFusedMaxBackwardHiddenSmallBatchHalf = 1792;
 constexpr int64_t kFusedMaxForwardHiddenTf32 = 1024;
 constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64 and ...
 constexpr int64_t kFusedMaxBackwardBH = 32 * 1024;  // ... B·H <= 32768
@@ -91,8 +97,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0; else fused while
 //    B·H <= 32768 with H <= 1280 (16-bit) or 1024 (TF32) (forward; the H200 grid of
 //    2026-11-25) or B <= 64 with B·H <= 32768
-//    and H <= 1280 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768, and 5 < B <= 16 at
-//    896 < H <= 1024, above); else cuBLAS.
+//    and H <= 1280, or B <= 4 with H <= 1792 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768,
+//    and 5 < B <= 16 at 896 < H <= 1024, above); else cuBLAS.
 //    The backward rules beyond the 8 KiB state are from training calls under each loop and
 //    persistent kernel (scripts/lstm_backend_grid.py --mode train, H200, 2026-11-26,
 //    docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent (clustered split) 3.93 ms, fused
@@ -139,7 +145,9 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   if (persistent) return Loop::kPersistent;
   bool fused;
   if (backward) {
-    fused = half ? s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH && s.H <= kFusedMaxHiddenHalf
+    fused = half ? s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH &&
+                       (s.H <= kFusedMaxHiddenHalf ||
+                        (s.B <= kFusedBackwardSmallBatchHalf && s.H <= kFusedMaxBackwardHiddenSmallBatchHalf))
                  : (bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32) ||
                        (s.H > kFusedBackwardWideHiddenTf32 && s.H <= kSplitBackwardMaxHidden &&
                         s.B <= kPersistentMaxBackwardBatchTf32);
