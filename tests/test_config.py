@@ -79,7 +79,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (5, 1536, torch.bfloat16, True, "cublas", "cublas"),  # backward B > 4 beyond H = 1280
     (1, 1800, torch.float16, True, "cublas", "cublas"),  # backward H > 1792
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
-    (64, 512, torch.bfloat16, True, "fused", "fused"),  # B*H = 32768: the fused limits
+    (64, 512, torch.bfloat16, True, "fused", "cublas"),  # B*H = 32768: the fused forward's limit; backward B > 32
+    (32, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 32768: both fused limits
     (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)
     (256, 256, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),

@@ -73,7 +73,11 @@ constexpr int64_t kFusedMaxHiddenHalf = 1280;
 constexpr int64_t kFusedBackwardSmallBatchHalf = 4;
 constexpr int64_t kFusedMaxBackwardHiddenSmallBatchHalf = 1792;
 constexpr int64_t kFusedMaxForwardHiddenTf32 = 1024;
-constexpr int64_t kFusedMaxBackwardBatch = 64;  // fused backward, 16-bit: B <= 64 and ...
+// The 16-bit fused backward stops at B = 32 since the cuBLAS loop's replayed gate kernels
+// overlap its GEMMs (PDL): backward op, bf16 (H200, 2026-11-26, docs/benchmarks.md): B = 64,
+// H = 256 2.23 ms fused against 2.03 on cuBLAS, H = 512 2.94 against 2.55; B = 32 still fused,
+// H = 256 1.65 against 1.95, H = 512 2.05 against 2.40 (B = 64 had been fused up to B·H = 32768).
+constexpr int64_t kFusedMaxBackwardBatch = 32;  // fused backward, 16-bit: B <= 32 and ...
 constexpr int64_t kFusedMaxBackwardBH = 32 * 1024;  // ... B·H <= 32768
 constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: B·H <= 8192 and H <= 768
 
@@ -96,7 +100,7 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    at B <= 4 and at B <= 16 (B <= 5 at H > 896) with H > 768 or H % 32 == 0 (H <= 1024), for
 //    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0; else fused while
 //    B·H <= 32768 with H <= 1280 (16-bit) or 1024 (TF32) (forward; the H200 grid of
-//    2026-11-25) or B <= 64 with B·H <= 32768
+//    2026-11-25) or B <= 32 with B·H <= 32768
 //    and H <= 1280, or B <= 4 with H <= 1792 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768,
 //    and 5 < B <= 16 at 896 < H <= 1024, above); else cuBLAS.
 //    The backward rules beyond the 8 KiB state are from training calls under each loop and
