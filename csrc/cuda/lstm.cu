@@ -127,6 +127,16 @@ __device__ __forceinline__ Vec<T, V> load_vec_cg(const T* p) {
   return r;
 }
 
+// load_vec_cg where kL2 (a read after pdl_wait()), else load_vec.
+template <bool kL2, int V, class T>
+__device__ __forceinline__ Vec<T, V> load_vec_from(const T* p) {
+  if constexpr (kL2) {
+    return load_vec_cg<V>(p);
+  } else {
+    return load_vec<V>(p);
+  }
+}
+
 template <int V, class T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
   *reinterpret_cast<Vec<T, V>*>(p) = v;
@@ -200,10 +210,9 @@ __device__ __forceinline__ void forward_step_rows(
     Vec<acc_t, V> po = load_vec<V>(p + 3 * H);
     const Vec<acc_t, V> bi = bias_vec<V>(b_ih, b_hh, j), bf = bias_vec<V>(b_ih, b_hh, H + j),
                         bg = bias_vec<V>(b_ih, b_hh, 2 * H + j), bo = bias_vec<V>(b_ih, b_hh, 3 * H + j);
-    Vec<acc_t, V> c;
+    if constexpr (kRec) cuda::pdl_wait();
+    Vec<acc_t, V> c = load_vec_from<kRec, V>(cbuf + b * H + j);
     if constexpr (kRec) {
-      cuda::pdl_wait();
-      c = load_vec_cg<V>(cbuf + b * H + j);
       const acc_t* r = rec + b * G + j;
       const Vec<acc_t, V> ri = load_vec_cg<V>(r), rf = load_vec_cg<V>(r + H), rg = load_vec_cg<V>(r + 2 * H),
                           ro = load_vec_cg<V>(r + 3 * H);
@@ -214,8 +223,6 @@ __device__ __forceinline__ void forward_step_rows(
         pg.v[k] += rg.v[k];
         po.v[k] += ro.v[k];
       }
-    } else {
-      c = load_vec<V>(cbuf + b * H + j);
     }
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
@@ -320,12 +327,12 @@ __device__ __forceinline__ void backward_step_rows(
       gy = load_vec<V>(grad_y + b * Hout + j);
     }
     if constexpr (kCopy) cuda::pdl_wait();
-    Vec<acc_t, V> dc = kCopy ? load_vec_cg<V>(dcbuf + b * H + j) : load_vec<V>(dcbuf + b * H + j);
+    Vec<acc_t, V> dc = load_vec_from<kCopy, V>(dcbuf + b * H + j);
     Vec<acc_t, V> dm;
     if constexpr (kProj) {
       dm = load_vec<V>(dh_in + b * H + j);
     } else {
-      const Vec<acc_t, V> dh = kCopy ? load_vec_cg<V>(dh_in + b * Hout + j) : load_vec<V>(dh_in + b * Hout + j);
+      const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + b * Hout + j);
 #pragma unroll
       for (int k = 0; k < V; ++k) dm.v[k] = dh.v[k] + static_cast<acc_t>(gy.v[k]);
     }
@@ -497,12 +504,6 @@ using cuda::kReplaySteps;
 using cuda::ReplayedSteps;
 using cuda::replay_applies;
 
-// Whether a replayed step's gate kernel starts while the GEMM before it runs (programmatic
-// dependent launch, sm_90+).
-bool replay_overlaps_steps() {
-  return at::cuda::getCurrentDeviceProperties()->major >= 9;
-}
-
 // What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
 // sizes, mode, TF32, vector width, and W_hh's address.
 std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s, bool training, bool tf32,
@@ -601,7 +602,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
 
   // The gate kernel always follows its step's GEMM: with PDL it loads all but rec while the
   // GEMM runs (forward_step_rows).
-  const bool pdl = replay_overlaps_steps();
+  const bool pdl = cuda::pdl_supported(*at::cuda::getCurrentDeviceProperties());
   auto step = [&](int k, cudaStream_t stream) {
     const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
     auto launch = [&](auto kernel) {
@@ -664,7 +665,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
 
   // Step k > 0 follows the previous step's dh GEMM: with PDL it loads all but dhbuf while that
   // GEMM runs (backward_step_rows). Step 0 follows the prologue or a chunk's graph: no PDL.
-  const bool pdl = replay_overlaps_steps();
+  const bool pdl = cuda::pdl_supported(*at::cuda::getCurrentDeviceProperties());
   auto step = [&](int k, cudaStream_t stream) {
     cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t>, dim3(blocks_for(B * H)), dim3(kThreads), 0,
                         stream, pdl && k > 0, args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);

@@ -124,8 +124,11 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Whether the device has programmatic dependent launch (the attribute and the instructions).
+inline bool pdl_supported(const cudaDeviceProp& prop) { return prop.major >= 9; }
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where `overlap`
-// (the caller checks the device is sm_90+). Checked.
+// (only where pdl_supported). Checked.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap,
                    Args&&... args) {

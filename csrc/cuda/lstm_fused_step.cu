@@ -699,7 +699,7 @@ struct StepLoop {
   bool plan(const LstmSizes& s) {
     const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
     if (!plan_geometry<scalar_t>(s, kBackward, prop, g)) return false;
-    pdl = prop.major >= 9;
+    pdl = pdl_supported(prop);
     return true;
   }
 
