@@ -167,9 +167,11 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
     if not mma:
         limit = CUDA_PERSISTENT_MAX_BACKWARD_STATE if backward else CUDA_PERSISTENT_MAX_FORWARD_STATE
+        # (float32's persistent forward at B <= 16, H <= 512 multiplies on tensor cores all the same,
+        # three TF32 MMAs per product; the rule is the FMA kernels'.)
         if state <= limit:
-            return "persistent", f"auto, no tensor cores for this dtype/precision: {kib} <= {limit // 1024} KiB"
-        return "cublas", f"auto, no tensor cores for this dtype/precision: {kib} > {limit // 1024} KiB"
+            return "persistent", f"auto, float32 without TF32 or float64: {kib} <= {limit // 1024} KiB"
+        return "cublas", f"auto, float32 without TF32 or float64: {kib} > {limit // 1024} KiB"
     if hidden > CUDA_PERSISTENT_MAX_HIDDEN_MMA:
         pass  # beyond the tensor-core persistent kernels' limit (they would leave it to cuBLAS)
     elif not half and not backward:

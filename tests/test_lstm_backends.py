@@ -376,7 +376,7 @@ def _direct_branch_free_rows(fn) -> set[int]:
     ("bfloat16", 1, 1024, 1), ("tf32", 2, 512, 1), ("tf32", 4, 512, 1), ("bfloat16", 5, 1024, 1),
     ("bfloat16", 8, 512, 1), ("tf32", 8, 1024, 1), ("bfloat16", 9, 512, 2), ("bfloat16", 16, 256, 2),
     ("tf32", 16, 1024, 2), ("bfloat16", 8, 768, 1), ("float16", 16, 640, 2), ("bfloat16", 6, 1024, 0),
-    ("float16", 12, 1024, 0), ("bfloat16", 8, 900, 0),
+    ("float16", 12, 1024, 0), ("bfloat16", 8, 900, 0), ("float32", 8, 512, 1), ("float32", 16, 256, 2),
 ])
 def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_name, B, H, rows):
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
@@ -406,12 +406,15 @@ def _split_cluster_sizes(fn) -> set[int]:
 @pytest.mark.parametrize("precision_name,B,H,direct", [
     ("bfloat16", 1, 1024, True), ("float16", 16, 256, True), ("bfloat16", 5, 40, True), ("tf32", 16, 512, True),
     ("tf32", 4, 1024, True), ("tf32", 12, 1024, True), ("tf32", 1, 520, True),
-    ("bfloat16", 17, 256, False), ("tf32", 17, 1024, False), ("float32", 4, 256, False), ("float64", 2, 16, False),
+    ("bfloat16", 17, 256, False), ("tf32", 17, 1024, False), ("float64", 2, 16, False),
+    # float32 with TF32 off: three TF32 MMAs per product, up to H = 512.
+    ("float32", 4, 256, True), ("float32", 16, 512, True), ("float32", 1, 520, False), ("float32", 17, 64, False),
 ])
 def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direct):
     """The persistent forward runs its direct kernel (A fragments straight from the exchange
     buffer, one barrier per step) on tensor cores at B <= 16 and H <= 1024 (TF32 beyond H = 512
-    with half of W_hh's fragments in shared memory), the general kernel elsewhere; the
+    with half of W_hh's fragments in shared memory; float32 without TF32 up to H = 512, each
+    product as three TF32 MMAs), the general kernel elsewhere; the
     diagnostic SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the
     reference's values (test_layer_matches_reference and the rest run whichever applies)."""
     dtype = DTYPE[precision_name]
@@ -437,6 +440,11 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     ("bfloat16", [2, 2, 1, 1], 48), ("tf32", [4, 3, 1], 604), ("float16", [1, 1, 1], 1024),
     ("bfloat16", [4, 4, 2], 1024), ("bfloat16", [8, 8, 6, 3, 1], 300), ("tf32", [8, 7, 5, 2], 1024),
     ("float16", [12, 12, 9, 4, 1], 640), ("bfloat16", [12, 12, 9, 4, 1], 1024), ("float16", [7, 7, 5, 2, 2, 1], 900),
+    # float32 with TF32 off (big and small TF32 words, three MMAs per product; float32's 3e-5
+    # bound): 4 units per block with 2, 4 and 8 k-steps per warp (H = 512: half of the W_hh
+    # fragments in shared memory), a padded last block (H = 300, 75 blocks), B <= 8 and B > 8.
+    ("float32", [3, 3, 2, 1], 40), ("float32", [7, 7, 5, 2, 2, 1], 300), ("float32", [12, 12, 9, 4, 1], 300),
+    ("float32", [8, 7, 5, 2], 512), ("float32", [16, 16, 11, 3, 1], 512), ("float32", [5, 5, 1], 128),
 ])
 def test_direct_and_general_forward_match_reference(monkeypatch, precision_name, batch_sizes, H):
     """Both persistent forward kernels on one packed, reversed input (rows that start late take
@@ -447,6 +455,24 @@ def test_direct_and_general_forward_match_reference(monkeypatch, precision_name,
             monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT", direct)
             compare_layer(batch_sizes, 5, H, reverse=True, bias=True, precision=precision_name, seed=11,
                           what=f"SEQKERNELS_LSTM_PERSISTENT_DIRECT={direct}")
+
+
+@pytest.mark.parametrize("B,H", [(8, 512), (16, 256)])
+def test_float32_direct_forward_is_as_accurate_as_fma(monkeypatch, B, H):
+    """float32 with TF32 off: the direct kernel's three TF32 MMAs per product against the
+    general kernel's FFMA, both against float64 over 96 steps (errors accumulate through the
+    recurrence). TF32 alone (one MMA) would be ~100x further off."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    t, up = layer_case([B] * 96, 16, H, bias=True, seed=B + H)
+    ref64 = run_layer(_reference, t, up, [B] * 96, False, torch.float64, "cpu")
+    errs = {}
+    with _Precision("float32"):
+        for direct in ("1", "0"):
+            monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT", direct)
+            got = run_layer(lstm_layer, t, up, [B] * 96, False, torch.float32, "cuda")
+            errs[direct] = max(max_abs(got[k].double().cpu() - ref64[k]) / max(1.0, max_abs(ref64[k]))
+                               for k in ("y", "h_n", "c_n"))
+    assert errs["1"] <= 2 * errs["0"] + 1e-6, f"direct (3xTF32) {errs['1']:.3g} against FFMA {errs['0']:.3g}"
 
 
 def _sm90() -> bool:

@@ -117,6 +117,10 @@ enum class Path : int {
   kMma16,  // bf16 / fp16: mma.m16n8k16, fp32 accumulation, W_hh fragments in registers
   kTf32,   // float32 with TF32 allowed: mma.m16n8k8.tf32, W_hh fragments in registers
   kFma,    // float32 with TF32 off, float64: FFMA / DFMA, W_hh in shared memory
+  // float32 with TF32 off, direct forward kernel only: three TF32 MMAs per product (h and W_hh
+  // each split into a TF32 value and the TF32 value of its remainder; big·big + big·small +
+  // small·big), float32 accuracy on tensor cores.
+  kTf32x3,
 };
 
 // Tensor-core shapes. Per warp, the resident B fragments are [kNT n8 tiles][kKS k-steps][2]
@@ -239,6 +243,11 @@ __device__ __forceinline__ void ll_load_if(unsigned pred, const u64* p, u64& lo,
 // One LL word, one atomic 64-bit store.
 __device__ __forceinline__ void ll_store_word(u64* p, u64 v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Two LL words (16 bytes, aligned): each an atomic 64-bit store (the 16-byte store is two).
+__device__ __forceinline__ void ll_store_pair(u64* p, u64 lo, u64 hi) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
 }
 
 // One LL word: payload in the low half, flag in the high half.
@@ -834,7 +843,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward kernel, direct variant: tensor cores, B <= 16, Hp <= 1024
+// Forward kernel, direct variant: tensor cores, B <= 16, Hp <= 1024 (float32 without TF32: 512)
 // ---------------------------------------------------------------------------------------
 // Why. The general forward kernel above stages h_{t-1} in shared memory (gather, barrier),
 // forms the product (barrier), applies the gates and stages h_t for publication (barrier):
@@ -854,6 +863,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 // and a stale word (two steps old, or zeroed) never matches. Results are bitwise those of h
 // exchanged whole (the same rounding); y, h_n and c are the owner's full-precision values.
 //
+// float32 with TF32 off (Path::kTf32x3). h_{t-1} and W_hh are each split into a TF32 value
+// and the TF32 value of the remainder (x = big + small + O(2^-22 |x|)), and the product takes
+// three MMAs per k-step, small·big and big·small into one accumulator, big·big into another,
+// added at the end: the dropped small·small term and the splits' remainders are ~2^-22 of each
+// product, float32's order (cuBLAS's 3xTF32 and CUTLASS's "fast accurate" FP32 GEMMs do the
+// same). An LL word then carries one unit pair's big values or its small values (the flag as
+// above), and a lane's 16-byte load is one pair's big word and small word: a k-step of 8 words
+// is 8 units, so this path covers Hp <= 512, and a block's slice (4 units: 32 bytes) is a
+// sector by itself.
+//
 // One L2 sector per block slice. With 4 units per block a block's slice of a row is two words,
 // 16 bytes; two blocks writing halves of one 32-byte sector while every block polls it cost up
 // to a quarter of the step time (H200: bf16 B = 8, H = 512 0.525 against 0.696 ms per graph
@@ -868,8 +887,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 //   m16n8k8 (TF32), two MMAs per k-step: word 2t = elements 4t, 4t+1 stand for k = t, t+4 of
 //             the first, word 2t+1 = elements 4t+2, 4t+3 for k = t, t+4 of the second;
 //             so b0 = W[4t][col], b1 = W[4t+1][col], then W[4t+2][col], W[4t+3][col].
-// Limits (else the general kernel): bf16/fp16 or TF32, B <= 16, at most 8 k-steps per warp
-// (Hp <= 1024).
+// Limits (else the general kernel): bf16/fp16 or float32, B <= 16, at most 8 k-steps per warp
+// (Hp <= 1024; float32 with TF32 off, Path::kTf32x3 below: Hp <= 512).
 //
 // Resident weights. TF32 fragments take twice the registers of 16-bit ones: at 8 k-steps per
 // warp (Hp > 512) all of them (128 registers) would not fit beside the A fragments, so the first
@@ -886,6 +905,12 @@ __device__ __forceinline__ unsigned tf32_pair_flag(int step) {
 // A TF32 pair word's first (bits 0-18) and second (19-37) value, as TF32 bits for the MMA.
 __device__ __forceinline__ uint32_t tf32_pair_first(u64 w) { return static_cast<uint32_t>(w << 13) & 0xffffe000u; }
 __device__ __forceinline__ uint32_t tf32_pair_second(u64 w) { return static_cast<uint32_t>(w >> 6) & 0xffffe000u; }
+// Path::kTf32x3's split of x: part 0 = TF32(x), part 1 = TF32(x - TF32(x)) (the subtraction is
+// exact), as TF32 bits.
+__device__ __forceinline__ uint32_t tf32_part(float x, int part) {
+  const uint32_t big = to_tf32(x);
+  return part == 0 ? big : to_tf32(x - __uint_as_float(big));
+}
 // Partial sums: row stride 40 floats (4U <= 32 columns; 40 keeps the gate threads' reads of
 // four rows x eight units on distinct banks) and compile-time strides, so that the 32 loads of
 // a gate item are one base register plus immediates (code size: see the top of the file).
@@ -903,13 +928,14 @@ constexpr int kDirectWarp = 16 * kDirectRow;
 // 11-32 % faster at H <= 512 for B = 5-16, 3-20 % for 16-bit at H = 640 and 768, 0-9 % for TF32
 // at H = 1024.
 constexpr int direct_branch_free_rows(Path P, int64_t H, int64_t B) {
-  return P != Path::kTf32 && H > 768 && B > 5 ? 0 : B <= 8 ? 1 : 2;
+  return P == Path::kMma16 && H > 768 && B > 5 ? 0 : B <= 8 ? 1 : 2;
 }
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
 // start late in the reverse direction. Two elements per word: 16-bit values or TF32 pairs
-// (float). Cold path, out of line.
-template <class scalar_t>
+// (float); kX3: the big values of units word, word + 1, then their small values. Cold path,
+// out of line.
+template <class scalar_t, bool kX3>
 __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word) {
   u64 p[2];
 #pragma unroll
@@ -917,10 +943,12 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
     u64 bits = 0;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int k = (word + w) * 2 + e;
+      const int k = kX3 ? word + e : (word + w) * 2 + e;
       if (k < H) {
         const scalar_t v = h0_row[k];
-        if constexpr (sizeof(scalar_t) == 4) {
+        if constexpr (kX3) {
+          bits |= static_cast<u64>(tf32_part(static_cast<float>(v), w) >> 13) << (19 * e);
+        } else if constexpr (sizeof(scalar_t) == 4) {
           bits |= static_cast<u64>(to_tf32(static_cast<float>(v)) >> 13) << (19 * e);
         } else {
           bits |= static_cast<u64>(v.x) << (16 * e);
@@ -935,7 +963,7 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
 // Rows [nll, bt) of the A fragments from h0 (step 0, and rows that start late in reverse):
 // the payloads of this lane's pairs, as the LL buffer would hold them. Cold path (its loads
 // are out of line in h0_pair; the arrays stay in registers, hence inline here).
-template <class scalar_t, int KPC>
+template <class scalar_t, bool kX3, int KPC>
 __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_words, int word0, int nll, int bt,
                                           u64 (&lo)[2][KPC], u64 (&hi)[2][KPC]) {
   const int gq = (threadIdx.x & 31) >> 2;
@@ -947,7 +975,7 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
     for (int f = 0; f < KPC; ++f) {
       const int word = word0 + f * 8;
       if (word < row_words) {
-        const ulonglong2 v = h0_pair(h0 + static_cast<int64_t>(row) * H, H, word);
+        const ulonglong2 v = h0_pair<scalar_t, kX3>(h0 + static_cast<int64_t>(row) * H, H, word);
         lo[r][f] = v.x;
         hi[r][f] = v.y;
       }
@@ -958,20 +986,27 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 // KPC: k-steps per warp (compile time, so that the hot loop carries no per-k-step predicate);
 // lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
 // them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 at
-// Hp > 512, see above). PAD: Geometry::pad_shift (compile time: the k-steps' loads keep
-// immediate offsets). kBranchFreeRows: how h_{t-1} is polled (above; step 1 below).
-template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int PAD, int kBranchFreeRows>
+// Hp > 512, see above). U4: 4 units per block (2 n8 tiles of gate columns; else 8 and 4); the
+// 16-bit and TF32-pair layouts then pad each block's slice to a sector (Geometry::pad_shift, at
+// compile time so that the k-steps' loads keep immediate offsets). kBranchFreeRows: how h_{t-1}
+// is polled (above; step 1 below).
+template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int U4, int kBranchFreeRows>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
   using acc_t = at::opmath_type<scalar_t>;
   using Math = CudaMath;
-  // n8 tiles of the 4U gate columns, at compile time: U = 4 (the padded layout, PAD = 1) or 8.
+  // n8 tiles of the 4U gate columns, at compile time: U = 4 (U4 = 1) or 8.
   // (A run-time tile count predicated every MMA: a WARPSYNC before each, and copies of the A
   // fragments per predicate, ~45 % of the product's instructions.)
-  constexpr int kNT = PAD ? 2 : 4;
-  constexpr bool kTf32Pairs = P == Path::kTf32;  // h as TF32 pairs, two MMAs per k-step
-  static_assert(kTf32Pairs || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or TF32");
-  constexpr int kMma = kTf32Pairs ? 2 : 1;  // MMAs per k-step of 8 LL words (16 elements)
+  constexpr int kNT = U4 ? 2 : 4;
+  constexpr bool kX3 = P == Path::kTf32x3;                // float32, TF32 off: big and small words
+  constexpr bool kTf32Pairs = P == Path::kTf32 || kX3;  // h as words of two TF32 values
+  static_assert(kTf32Pairs || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or float32");
+  static_assert(!kTf32Pairs || std::is_same_v<scalar_t, float>, "direct kernel: TF32 words hold float32");
+  // MMAs per k-step of 8 LL words: 16-bit 1 (16 elements); TF32 2 (16 elements); x3 3 (8
+  // elements). The resident fragments per k-step: [kFrag][2] registers (x3: W's big and small).
+  constexpr int kFrag = kTf32Pairs ? 2 : 1;
+  constexpr int PAD = kX3 ? 0 : U4;  // Geometry::pad_shift: x3 slices fill a sector already
   constexpr int kFlagShift = kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
@@ -992,11 +1027,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Resident B fragments, columns c = gate * U + u (row gate * H + j0 + u of W_hh), in the
   // permuted k order above. Warp w covers k-steps [w * KPC, (w + 1) * KPC): k-steps f < KREG in
-  // registers, the others in shared memory at wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32]
+  // registers, the others in shared memory at wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32]
   // (this lane's 8 bytes).
   static_assert(KREG >= 1 && KREG <= KPC, "direct kernel instance");
-  uint32_t bfr[kNT][KREG][kMma][2];
-  uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w) + warp * (KPC - KREG) * kMma * kNT * 32 + lane;
+  uint32_t bfr[kNT][KREG][kFrag][2];
+  uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w) + warp * (KPC - KREG) * kFrag * kNT * 32 + lane;
   {
     const scalar_t* __restrict__ w_hh = a.w_hh;
     auto wf = [&](int k, int c) -> scalar_t {
@@ -1009,9 +1044,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
 #pragma unroll
-        for (int m = 0; m < kMma; ++m) {
+        for (int m = 0; m < kFrag; ++m) {
           uint32_t b0 = 0, b1 = 0;
-          {
+          if constexpr (kX3) {
+            // k-step of 8 units: this lane's units 2t, 2t+1; m = 0 the big values, 1 the small.
+            const int k0 = (warp * KPC + f) * 8 + 2 * tq;
+            const int col = nt * 8 + gq;
+            const float w0 = static_cast<float>(wf(k0, col)), w1 = static_cast<float>(wf(k0 + 1, col));
+            b0 = tf32_part(w0, m);
+            b1 = tf32_part(w1, m);
+          } else {
             const int k0 = (warp * KPC + f) * 16 + 4 * tq;  // this lane's elements of the k-step
             const int col = nt * 8 + gq;
             if constexpr (kTf32Pairs) {
@@ -1026,7 +1068,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             bfr[nt][f < KREG ? f : 0][m][0] = b0;
             bfr[nt][f < KREG ? f : 0][m][1] = b1;
           } else {
-            wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32] = make_uint2(b0, b1);  // read back by this lane only
+            wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32] = make_uint2(b0, b1);  // read back by this lane only
           }
         }
       }
@@ -1066,7 +1108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // buf_words further. Computed once: the publication is on the critical path.
   const int64_t buf_words = static_cast<int64_t>(B) * g.row_words;
   u64* const pub0 = a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words +
-                    (blockIdx.x * g.wpb << PAD) + (it.u >> 1);
+                    (blockIdx.x * g.wpb << PAD) + (kX3 ? it.u & ~1 : it.u >> 1);  // x3: big, small word
   PhaseTrace trace;
   trace.start(a.trace);
   int bt_prev = 0;
@@ -1106,7 +1148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, KPC>(a.h0, H, data_words, word0, nll, bt, lo, hi);
+    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, kX3, KPC>(a.h0, H, data_words, word0, nll, bt, lo, hi);
     if (s + 1 < T) {
       nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
       prefetch(nxt, pv_next);
@@ -1165,10 +1207,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[kNT][4];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    if constexpr (kX3) {
+      // The small·big and big·small terms into acc_lo, big·big into acc (kTf32x3 above).
+      float acc_lo[kNT][4];
 #pragma unroll
-    for (int f = 0; f < KPC; ++f) {
+      for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
 #pragma unroll
-      for (int m = 0; m < kMma; ++m) {
+      for (int f = 0; f < KPC; ++f) {
+        // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word.
+        const uint32_t a_big[4] = {tf32_pair_first(lo[0][f]), tf32_pair_first(lo[1][f]), tf32_pair_second(lo[0][f]),
+                                   tf32_pair_second(lo[1][f])};
+        const uint32_t a_small[4] = {tf32_pair_first(hi[0][f]), tf32_pair_first(hi[1][f]), tf32_pair_second(hi[0][f]),
+                                     tf32_pair_second(hi[1][f])};
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          uint2 wb, ws;
+          if (f < KREG) {
+            const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
+            wb = make_uint2(b[0][0], b[0][1]);
+            ws = make_uint2(b[1][0], b[1][1]);
+          } else {
+            wb = wsm[(((f - KREG) * kFrag + 0) * kNT + nt) * 32];
+            ws = wsm[(((f - KREG) * kFrag + 1) * kNT + nt) * 32];
+          }
+          MmaInst<float>::run(acc_lo[nt], a_small, wb.x, wb.y);
+          MmaInst<float>::run(acc_lo[nt], a_big, ws.x, ws.y);
+          MmaInst<float>::run(acc[nt], a_big, wb.x, wb.y);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e];
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < (kX3 ? 0 : KPC); ++f) {
+#pragma unroll
+      for (int m = 0; m < kFrag; ++m) {
         uint32_t af[4];
         if constexpr (kTf32Pairs) {
           const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
@@ -1188,7 +1264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
             MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
           } else {
-            const uint2 w = wsm[(((f - KREG) * kMma + m) * kNT + nt) * 32];
+            const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
             MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
           }
         }
@@ -1230,7 +1306,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     trace.mark(2);
     // Padding units publish zeros.
     u64* const pub = pub0 + ((s & 1) ? buf_words : 0);
-    if constexpr (kTf32Pairs) {
+    if constexpr (kX3) {
+      const uint32_t big = tf32_part(static_cast<float>(h), 0) >> 13, small = tf32_part(static_cast<float>(h), 1) >> 13;
+      const uint32_t big_next = __shfl_down_sync(0xffffffffu, big, 1);  // unit u + 1 of the same row
+      const uint32_t small_next = __shfl_down_sync(0xffffffffu, small, 1);
+      if (s + 1 < T && active && (it.u & 1) == 0) {
+        const u64 flag = static_cast<u64>(tf32_pair_flag(s)) << kTf32PairFlagShift;
+        ll_store_pair(pub, big | (static_cast<u64>(big_next) << 19) | flag,
+                      small | (static_cast<u64>(small_next) << 19) | flag);
+      }
+    } else if constexpr (kTf32Pairs) {
       const uint32_t bits = to_tf32(static_cast<float>(h)) >> 13;
       const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
       if (s + 1 < T && active && (it.u & 1) == 0) {
@@ -2099,8 +2184,9 @@ int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
 template <class scalar_t, Path P>
 bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, Geometry& g) {
   if (s.B > 16) return false;
-  // Two elements per LL word: 16-bit values, or TF32 pairs (float), as if 2 bytes each.
-  base_geometry(s, U, 2, /*backward=*/false, g);
+  // Two elements per LL word: 16-bit values, or TF32 pairs (float), as if 2 bytes each; x3: one
+  // unit's big and small value per word pair, as if 4 bytes.
+  base_geometry(s, U, P == Path::kTf32x3 ? 4 : 2, /*backward=*/false, g);
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
   if (g.kpc > kDirectKS) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
@@ -2113,8 +2199,8 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   g.nt = 4 * U / 8;  // n8 tiles of the 4U gate columns
   size_t off = align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float));
   g.off_w = static_cast<int>(off);  // fragments of k-steps [KREG, KPC), 8 bytes per lane and MMA
-  const int mmas = P == Path::kTf32 ? 2 : 1;
-  off += static_cast<size_t>(kWarps) * (KPC - KREG) * mmas * MmaCfg<P, false>::kNT * 32 * sizeof(uint2);
+  const int frags = P == Path::kMma16 ? 1 : 2;  // the kernel's kFrag
+  off += static_cast<size_t>(kWarps) * (KPC - KREG) * frags * MmaCfg<Path::kMma16, false>::kNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
@@ -2204,33 +2290,46 @@ bool direct_forward_enabled() {
   return env == nullptr || std::string(env) != "0";
 }
 
+// The direct forward kernel (DP: kMma16, kTf32 or kTf32x3) where one of its instances takes the
+// call; false otherwise, having launched nothing.
+template <class scalar_t, Path DP, bool kTraining>
+bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
+                        const at::Tensor& like) {
+  // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
+  // depends on U: try each instance with the U values that give its KPC.
+  // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
+  auto try_direct = [&](auto kpc_c, auto u4_c, auto rows_c) {
+    constexpr int KPC = decltype(kpc_c)::value, U4 = decltype(u4_c)::value, ROWS = decltype(rows_c)::value;
+    constexpr int KREG = DP != Path::kMma16 && KPC == 8 ? 4 : KPC;
+    auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, DP, kTraining, KPC, KREG, U4, ROWS>;
+    auto make = [&](int U, Geometry& g) {
+      // U4 = 1 exactly at U = 4 (2 n8 tiles), 0 at U = 8 (4): the kernel's kNT; the slices of
+      // U = 4 are padded to a sector except x3's (the kernel's PAD).
+      return make_direct_geometry<scalar_t, DP>(s, prop, U, KPC, KREG, g) && g.nt == (U4 ? 2 : 4) &&
+             g.pad_shift == (DP == Path::kTf32x3 ? 0 : U4);
+    };
+    return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
+  };
+  auto try_each = [&](auto rows_c) {  // (KPC, U4) pairs, 4 units per block first
+    return try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
+           try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
+           try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
+  };
+  const int rows = direct_branch_free_rows(DP, s.H, s.B);
+  if constexpr (DP == Path::kMma16) {
+    if (rows == 0) return try_each(IntConst<0>{});
+  }
+  return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
+}
+
 template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
-  if constexpr (P != Path::kFma) {
-    if (direct_forward_enabled()) {
-      // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
-      // depends on U: try each instance with the U values that give its KPC.
-      // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
-      auto try_direct = [&](auto kpc_c, auto pad_c, auto rows_c) {
-        constexpr int KPC = decltype(kpc_c)::value, PAD = decltype(pad_c)::value, ROWS = decltype(rows_c)::value;
-        constexpr int KREG = P == Path::kTf32 && KPC == 8 ? 4 : KPC;
-        auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, P, kTraining, KPC, KREG, PAD, ROWS>;
-        auto make = [&](int U, Geometry& g) {
-          // PAD = 1 exactly at U = 4 (2 n8 tiles), PAD = 0 at U = 8 (4): the kernel's kNT.
-          return make_direct_geometry<scalar_t, P>(s, prop, U, KPC, KREG, g) && g.pad_shift == PAD &&
-                 g.nt == (PAD ? 2 : 4);
-        };
-        return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
-      };
-      auto try_each = [&](auto rows_c) {  // (KPC, PAD) pairs, padded layout first
-        return try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
-               try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
-               try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
-      };
-      const int rows = direct_branch_free_rows(P, s.H, s.B);
-      if (rows == 1 ? try_each(IntConst<1>{}) : rows == 2 ? try_each(IntConst<2>{}) : try_each(IntConst<0>{})) {
-        return true;
-      }
+  if (direct_forward_enabled()) {
+    if constexpr (P != Path::kFma) {
+      if (run_direct_forward<scalar_t, P, kTraining>(s, prop, args, like)) return true;
+    } else if constexpr (std::is_same_v<scalar_t, float>) {
+      // float32 with TF32 off: three TF32 MMAs per product (Hp <= 512).
+      if (run_direct_forward<scalar_t, Path::kTf32x3, kTraining>(s, prop, args, like)) return true;
     }
   }
   auto kernel = &lstm_persistent_forward_kernel<scalar_t, P, kTraining>;
