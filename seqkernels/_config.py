@@ -23,6 +23,9 @@ CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
 CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
+CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 = 128 * 1024  # kPersistentMaxForwardStateFp32
+CUDA_PERSISTENT_MAX_BACKWARD_STATE_FP32 = 16 * 1024  # kPersistentMaxBackwardStateFp32
+CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32 = 512  # kPersistentMaxBackwardHiddenFp32
 CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
@@ -165,13 +168,23 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     state = batch * hidden * elem
     bh = batch * hidden
     kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
+    if not mma and elem == 4:
+        # (float32's persistent forward at B <= 16, H <= 512 multiplies on tensor cores all the same,
+        # three TF32 MMAs per product.)
+        if backward:
+            ok = state <= CUDA_PERSISTENT_MAX_BACKWARD_STATE_FP32 and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32
+            rule = (f"{kib} <= {CUDA_PERSISTENT_MAX_BACKWARD_STATE_FP32 // 1024} KiB and H = {hidden} <= "
+                    f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32}")
+        else:
+            ok = state <= CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32
+            rule = f"{kib} <= {CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 // 1024} KiB"
+        return ("persistent", f"auto, float32 without TF32: {rule}") if ok else (
+            "cublas", f"auto, float32 without TF32: not {rule}")
     if not mma:
         limit = CUDA_PERSISTENT_MAX_BACKWARD_STATE if backward else CUDA_PERSISTENT_MAX_FORWARD_STATE
-        # (float32's persistent forward at B <= 16, H <= 512 multiplies on tensor cores all the same,
-        # three TF32 MMAs per product; the rule is the FMA kernels'.)
         if state <= limit:
-            return "persistent", f"auto, float32 without TF32 or float64: {kib} <= {limit // 1024} KiB"
-        return "cublas", f"auto, float32 without TF32 or float64: {kib} > {limit // 1024} KiB"
+            return "persistent", f"auto, float64: {kib} <= {limit // 1024} KiB"
+        return "cublas", f"auto, float64: {kib} > {limit // 1024} KiB"
     if hidden > CUDA_PERSISTENT_MAX_HIDDEN_MMA:
         pass  # beyond the tensor-core persistent kernels' limit (they would leave it to cuBLAS)
     elif not half and not backward:

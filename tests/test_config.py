@@ -106,10 +106,19 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (256, 256, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
     (32, 2048, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536, H > 1024
     (64, 100, torch.bfloat16, True, "cublas", "cublas"),  # fused chosen, but H % 8 != 0
-    # float32 with TF32 off, float64: the state-size rule
-    (32, 256, torch.float32, False, "persistent", "persistent"),  # 32 KiB
+    # float32 with TF32 off: forward state <= 128 KiB; backward state <= 16 KiB and H <= 512
+    (16, 256, torch.float32, False, "persistent", "persistent"),  # 16 KiB
+    (32, 256, torch.float32, False, "persistent", "cublas"),  # 32 KiB
+    (8, 512, torch.float32, False, "persistent", "persistent"),  # 16 KiB, H = 512
+    (1, 1024, torch.float32, False, "persistent", "cublas"),  # 4 KiB, but H > 512
     (16, 1024, torch.float32, False, "persistent", "cublas"),  # 64 KiB
-    (64, 512, torch.float32, False, "cublas", "cublas"),  # 128 KiB
+    (64, 512, torch.float32, False, "persistent", "cublas"),  # 128 KiB
+    (32, 1024, torch.float32, False, "persistent", "cublas"),  # 128 KiB
+    (64, 1024, torch.float32, False, "cublas", "cublas"),  # 256 KiB
+    # float64: forward state <= 64 KiB, backward <= 32 KiB
+    (16, 256, torch.float64, False, "persistent", "persistent"),  # 32 KiB
+    (32, 256, torch.float64, False, "persistent", "cublas"),  # 64 KiB
+    (16, 1024, torch.float64, False, "cublas", "cublas"),  # 128 KiB
     (65, 8, torch.float64, False, "cublas", "cublas"),  # beyond the persistent kernel's B <= 64
 ])
 def test_cuda_choice_mirrors_choose_loop(monkeypatch, batch, hidden, dtype, tf32, forward, backward):

@@ -298,7 +298,7 @@ def _train_call(dtype, B, H, T=4, proj_size=0):
     [("bfloat16", 1, 1024), ("bfloat16", 16, 1024), ("bfloat16", 32, 1024), ("bfloat16", 64, 256),
      ("float16", 17, 256), ("tf32", 16, 1024), ("tf32", 32, 1024), ("float32", 16, 1024), ("float32", 1, 256),
      ("float64", 3, 7), ("float64", 16, 256), ("bfloat16", 16, 256), ("tf32", 64, 256), ("bfloat16", 256, 256),
-     ("bfloat16", 1, 1280), ("tf32", 16, 1280), ("bfloat16", 2, 1792)],
+     ("bfloat16", 1, 1280), ("tf32", 16, 1280), ("bfloat16", 2, 1792), ("float32", 1, 1024), ("float32", 32, 1024)],
 )
 def test_loop_choice_is_taken(monkeypatch, precision_name, B, H):
     """Forced, the persistent kernels run (within their limits); auto runs, for the forward and
