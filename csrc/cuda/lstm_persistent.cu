@@ -843,7 +843,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward kernel, direct variant: tensor cores, B <= 16, Hp <= 1024 (float32 without TF32: 512)
+// Forward kernel, direct variant: tensor cores, B <= 16, Hp <= 1024 (float32 without TF32: 512 at B > 8)
 // ---------------------------------------------------------------------------------------
 // Why. The general forward kernel above stages h_{t-1} in shared memory (gather, barrier),
 // forms the product (barrier), applies the gates and stages h_t for publication (barrier):
@@ -871,7 +871,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // same). An LL word then carries one unit pair's big values or its small values (the flag as
 // above), and a lane's 16-byte load is one pair's big word and small word: a k-step of 8 words
 // is 8 units, so this path covers Hp <= 512, and a block's slice (4 units: 32 bytes) is a
-// sector by itself.
+// sector by itself. At B <= 8 (one batch row per lane) the A tile's unused rows g + 8 carry the
+// small values of rows g, so two MMAs per k-step give all four products, and the A fragments of
+// 16 k-steps fit in registers: Hp <= 1024 there (8 units per block, 5 of the 16 k-steps' W_hh
+// fragments in registers, the rest, 176 KB, in shared memory; 254 registers, no spills).
 //
 // One L2 sector per block slice. With 4 units per block a block's slice of a row is two words,
 // 16 bytes; two blocks writing halves of one 32-byte sector while every block polls it cost up
@@ -888,7 +891,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 //             the first, word 2t+1 = elements 4t+2, 4t+3 for k = t, t+4 of the second;
 //             so b0 = W[4t][col], b1 = W[4t+1][col], then W[4t+2][col], W[4t+3][col].
 // Limits (else the general kernel): bf16/fp16 or float32, B <= 16, at most 8 k-steps per warp
-// (Hp <= 1024; float32 with TF32 off, Path::kTf32x3 below: Hp <= 512).
+// (Hp <= 1024; float32 with TF32 off, Path::kTf32x3 below: Hp <= 512, or 1024 at B <= 8).
 //
 // Resident weights. TF32 fragments take twice the registers of 16-bit ones: at 8 k-steps per
 // warp (Hp > 512) all of them (128 registers) would not fit beside the A fragments, so the first
@@ -897,6 +900,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // per warp and tile). Measured on an H200 (fp32 B = 1 / 16, H = 1024, an earlier version with
 // 4-byte payloads): half or all of W_hh read from shared memory every step took the same time.
 constexpr int kDirectKS = 8;  // k-steps of 8 LL words per warp
+// x3 at B <= 8 (one row per lane, the A fragments of 16 k-steps in 64 registers): up to Hp = 1024.
+constexpr int kDirectKSX3OneRow = 16;
 constexpr int kTf32PairFlagShift = 38;
 constexpr unsigned kTf32PairFlagPeriod = (1u << 26) - 1;
 __device__ __forceinline__ unsigned tf32_pair_flag(int step) {
@@ -1007,6 +1012,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // elements). The resident fragments per k-step: [kFrag][2] registers (x3: W's big and small).
   constexpr int kFrag = kTf32Pairs ? 2 : 1;
   constexpr int PAD = kX3 ? 0 : U4;  // Geometry::pad_shift: x3 slices fill a sector already
+  // x3 with one batch row per lane: the small values ride in the A tile's rows g + 8 (step 2).
+  constexpr bool kStacked = kX3 && kBranchFreeRows == 1;
   constexpr int kFlagShift = kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
@@ -1208,15 +1215,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     if constexpr (kX3) {
-      // The small·big and big·small terms into acc_lo, big·big into acc (kTf32x3 above).
+      // The small·big and big·small terms into acc_lo, big·big into acc (kTf32x3 above). With one
+      // batch row per lane (kStacked) the A tile's rows g + 8 carry the small values of rows g:
+      // A·W_big gives big·big (rows g) and small·big (rows g + 8), A·W_small big·small and
+      // small·small: two MMAs per k-step instead of three, the four terms folded into rows g.
       float acc_lo[kNT][4];
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
-        // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word.
-        const uint32_t a_big[4] = {tf32_pair_first(lo[0][f]), tf32_pair_first(lo[1][f]), tf32_pair_second(lo[0][f]),
-                                   tf32_pair_second(lo[1][f])};
+        // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word. a_main:
+        // the big values of rows g and g + 8, or (kStacked) row g's big and small values.
+        const u64 row8 = kStacked ? hi[0][f] : lo[1][f];
+        const uint32_t a_main[4] = {tf32_pair_first(lo[0][f]), tf32_pair_first(row8), tf32_pair_second(lo[0][f]),
+                                    tf32_pair_second(row8)};
         const uint32_t a_small[4] = {tf32_pair_first(hi[0][f]), tf32_pair_first(hi[1][f]), tf32_pair_second(hi[0][f]),
                                      tf32_pair_second(hi[1][f])};
 #pragma unroll
@@ -1230,15 +1242,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             wb = wsm[(((f - KREG) * kFrag + 0) * kNT + nt) * 32];
             ws = wsm[(((f - KREG) * kFrag + 1) * kNT + nt) * 32];
           }
-          MmaInst<float>::run(acc_lo[nt], a_small, wb.x, wb.y);
-          MmaInst<float>::run(acc_lo[nt], a_big, ws.x, ws.y);
-          MmaInst<float>::run(acc[nt], a_big, wb.x, wb.y);
+          if constexpr (!kStacked) MmaInst<float>::run(acc_lo[nt], a_small, wb.x, wb.y);
+          MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
+          MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
         }
       }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
+        if constexpr (kStacked) {
+          acc[nt][0] += acc[nt][2] + (acc_lo[nt][0] + acc_lo[nt][2]);
+          acc[nt][1] += acc[nt][3] + (acc_lo[nt][1] + acc_lo[nt][3]);
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e];
+          for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e];
+        }
       }
     }
 #pragma unroll
@@ -1275,7 +1292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nt = 0; nt < kNT; ++nt) {
       float* r0 = rw + gq * kDirectRow + nt * 8 + 2 * tq;
       *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
-      *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
+      if constexpr (!kStacked) *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
     }
     __syncthreads();
     trace.mark(1);
@@ -2176,7 +2193,7 @@ bool split_is_faster(const LstmSizes& s, bool half) {
 int split_ntw(int nt) { return nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16; }
 
 // The compiled k-steps-per-warp instance of the direct kernel that covers kpc k-steps.
-int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : 8; }
+int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : kpc <= 8 ? 8 : 16; }
 
 // Geometry of the direct forward kernel instance <KPC, KREG> for U units per block; false where
 // the call needs another instance or is beyond the kernel's limits (B > 16, more than kDirectKS
@@ -2188,7 +2205,7 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   // unit's big and small value per word pair, as if 4 bytes.
   base_geometry(s, U, P == Path::kTf32x3 ? 4 : 2, /*backward=*/false, g);
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
-  if (g.kpc > kDirectKS) return false;
+  if (g.kpc > (P == Path::kTf32x3 && s.B <= 8 ? kDirectKSX3OneRow : kDirectKS)) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
   if (g.kpc != KPC) return false;
   if (g.wpb == 2) {  // U = 4: one 32-byte L2 sector per block's 16-byte slice (the kernel's comment)
@@ -2300,7 +2317,9 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
   auto try_direct = [&](auto kpc_c, auto u4_c, auto rows_c) {
     constexpr int KPC = decltype(kpc_c)::value, U4 = decltype(u4_c)::value, ROWS = decltype(rows_c)::value;
-    constexpr int KREG = DP != Path::kMma16 && KPC == 8 ? 4 : KPC;
+    // TF32 fragments at 8 k-steps per warp: half in registers; x3 at 16: 5 of them (the rest,
+    // 176 KB, in shared memory).
+    constexpr int KREG = KPC == 16 ? 5 : DP != Path::kMma16 && KPC == 8 ? 4 : KPC;
     auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, DP, kTraining, KPC, KREG, U4, ROWS>;
     auto make = [&](int U, Geometry& g) {
       // U4 = 1 exactly at U = 4 (2 n8 tiles), 0 at U = 8 (4): the kernel's kNT; the slices of
@@ -2311,9 +2330,16 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
     return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
   };
   auto try_each = [&](auto rows_c) {  // (KPC, U4) pairs, 4 units per block first
-    return try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
-           try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
-           try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
+    if (try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
+        try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
+        try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c)) {
+      return true;
+    }
+    // x3 with one row per lane up to Hp = 1024: 16 k-steps per warp, 8 units per block.
+    if constexpr (DP == Path::kTf32x3 && decltype(rows_c)::value == 1) {
+      return try_direct(IntConst<kDirectKSX3OneRow>{}, IntConst<0>{}, rows_c);
+    }
+    return false;
   };
   const int rows = direct_branch_free_rows(DP, s.H, s.B);
   if constexpr (DP == Path::kMma16) {
