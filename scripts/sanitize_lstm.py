@@ -221,6 +221,14 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 ok, line = run_case(dtype, False, reverse, True, True, batch_sizes, I, H, gen)
                 failures += not ok
                 print(line, flush=True)
+        # float32 without TF32 (three MMAs per product; at H = 1024 the backward's W slice,
+        # big and small parts, read from L2).
+        for batch_sizes, I, H in [([17, 17, 9, 3], 8, 64), ([16, 16], 8, 1024)]:
+            for reverse in (False, True):
+                with rnn_tf32(False):
+                    ok, line = run_case(torch.float32, False, reverse, True, True, batch_sizes, I, H, gen)
+                failures += not ok
+                print(line + "  (TF32 off)", flush=True)
     if backend == "fused":
         # Equal batch sizes and T >= 16: the fused loop replays its steps from kept CUDA graphs
         # (csrc/cuda/replayed_steps.cuh; T = 36: two 16-step chunks and four eager steps); one

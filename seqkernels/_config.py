@@ -24,8 +24,11 @@ CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
 CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
 CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 = 128 * 1024  # kPersistentMaxForwardStateFp32
-CUDA_PERSISTENT_MAX_BACKWARD_STATE_FP32 = 16 * 1024  # kPersistentMaxBackwardStateFp32
+CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 = 512  # kFusedMaxForwardHiddenFp32
+CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32 = 8  # kPersistentMaxBackwardBatchFp32
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32 = 512  # kPersistentMaxBackwardHiddenFp32
+CUDA_FUSED_MIN_BACKWARD_BATCH_FP32 = 8  # kFusedMinBackwardBatchFp32
+CUDA_FUSED_MAX_BACKWARD_BH_FP32 = 8 * 1024  # kFusedMaxBackwardBHFp32
 CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
@@ -102,7 +105,7 @@ def config() -> dict:
     info["LSTM time loops"] = {
         "cpu": "persistent (float32, no proj_size, B <= 256 and T >= 4, or T >= 8 below B = 8, under auto) or gemm (BLAS)",
         "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "
-        "fp16, TF32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
+        "fp16, float32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
         "picks" if torch.cuda.is_available() else "no GPU here",
     }
     return info
@@ -148,8 +151,8 @@ def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_s
     loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend)
     if loop == "persistent" and (proj_size > 0 or batch > CUDA_PERSISTENT_MAX_BATCH):
         return "cublas", f"{why}; but the persistent kernel takes no projection and B <= {CUDA_PERSISTENT_MAX_BATCH}"
-    if loop == "fused" and (proj_size > 0 or not mma or hidden % (16 // elem) != 0):
-        return "cublas", (f"{why}; but the fused-step loop needs no projection, bf16/fp16 or TF32, and "
+    if loop == "fused" and (proj_size > 0 or elem == 8 or hidden % (16 // elem) != 0):
+        return "cublas", (f"{why}; but the fused-step loop needs no projection, bf16/fp16 or float32, and "
                           f"H % {16 // elem} == 0")
     if loop == "persistent":
         why += "; subject to the occupancy check at launch (cuBLAS loop if the grid cannot be co-resident)"
@@ -169,17 +172,27 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     bh = batch * hidden
     kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
     if not mma and elem == 4:
-        # (float32's persistent forward at B <= 16, H <= 512 multiplies on tensor cores all the same,
-        # three TF32 MMAs per product.)
+        # float32 without TF32: the direct persistent forward and the fused loop multiply on tensor
+        # cores all the same (three TF32 MMAs per product).
+        what = "auto, float32 without TF32"
         if backward:
-            ok = state <= CUDA_PERSISTENT_MAX_BACKWARD_STATE_FP32 and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32
-            rule = (f"{kib} <= {CUDA_PERSISTENT_MAX_BACKWARD_STATE_FP32 // 1024} KiB and H = {hidden} <= "
-                    f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32}")
-        else:
-            ok = state <= CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32
-            rule = f"{kib} <= {CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 // 1024} KiB"
-        return ("persistent", f"auto, float32 without TF32: {rule}") if ok else (
-            "cublas", f"auto, float32 without TF32: not {rule}")
+            if batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32 and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32:
+                return "persistent", (f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32} and H = "
+                                      f"{hidden} <= {CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32}")
+            if batch >= CUDA_FUSED_MIN_BACKWARD_BATCH_FP32 and (batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
+                                                                 or bh <= CUDA_FUSED_MAX_BACKWARD_BH_FP32):
+                return "fused", (f"{what}: B = {batch} >= {CUDA_FUSED_MIN_BACKWARD_BATCH_FP32} and (B <= "
+                                 f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} or B*H = {bh} <= "
+                                 f"{CUDA_FUSED_MAX_BACKWARD_BH_FP32})")
+            return "cublas", f"{what}: neither the persistent nor the fused backward's bounds"
+        if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:
+            return "persistent", f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}"
+        if hidden <= CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 and bh <= CUDA_FUSED_MAX_FORWARD_BH:
+            return "fused", (f"{what}: B > {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}, H = {hidden} <= "
+                             f"{CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32} and B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}")
+        if state <= CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32:
+            return "persistent", f"{what}: {kib} <= {CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 // 1024} KiB"
+        return "cublas", f"{what}: {kib} > {CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 // 1024} KiB"
     if not mma:
         limit = CUDA_PERSISTENT_MAX_BACKWARD_STATE if backward else CUDA_PERSISTENT_MAX_FORWARD_STATE
         if state <= limit:

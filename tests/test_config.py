@@ -106,15 +106,20 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (256, 256, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
     (32, 2048, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536, H > 1024
     (64, 100, torch.bfloat16, True, "cublas", "cublas"),  # fused chosen, but H % 8 != 0
-    # float32 with TF32 off: forward state <= 128 KiB; backward state <= 16 KiB and H <= 512
-    (16, 256, torch.float32, False, "persistent", "persistent"),  # 16 KiB
-    (32, 256, torch.float32, False, "persistent", "cublas"),  # 32 KiB
-    (8, 512, torch.float32, False, "persistent", "persistent"),  # 16 KiB, H = 512
-    (1, 1024, torch.float32, False, "persistent", "cublas"),  # 4 KiB, but H > 512
-    (16, 1024, torch.float32, False, "persistent", "cublas"),  # 64 KiB
-    (64, 512, torch.float32, False, "persistent", "cublas"),  # 128 KiB
-    (32, 1024, torch.float32, False, "persistent", "cublas"),  # 128 KiB
+    # float32 with TF32 off: forward persistent at B <= 16, fused at B > 16 with H <= 512 and
+    # B*H <= 32768, persistent to 128 KiB; backward persistent at B <= 8 with H <= 512, fused at
+    # 8 <= B <= 16 or B >= 8 with B*H <= 8192
+    (16, 256, torch.float32, False, "persistent", "fused"),  # backward B > 8
+    (8, 512, torch.float32, False, "persistent", "persistent"),  # backward B <= 8, H <= 512
+    (1, 1024, torch.float32, False, "persistent", "cublas"),  # backward H > 512, B < 8
+    (8, 1024, torch.float32, False, "persistent", "fused"),  # backward 8 <= B <= 16
+    (16, 1024, torch.float32, False, "persistent", "fused"),
+    (32, 256, torch.float32, False, "fused", "fused"),  # B*H = 8192
+    (32, 512, torch.float32, False, "fused", "cublas"),  # backward B*H > 8192
+    (64, 512, torch.float32, False, "fused", "cublas"),  # forward B*H = 32768
+    (32, 1024, torch.float32, False, "persistent", "cublas"),  # forward H > 512: 128 KiB state
     (64, 1024, torch.float32, False, "cublas", "cublas"),  # 256 KiB
+    (32, 510, torch.float32, False, "cublas", "cublas"),  # fused chosen, but H % 4 != 0
     # float64: forward state <= 64 KiB, backward <= 32 KiB
     (16, 256, torch.float64, False, "persistent", "persistent"),  # 32 KiB
     (32, 256, torch.float64, False, "persistent", "cublas"),  # 64 KiB
@@ -134,7 +139,7 @@ def test_cuda_choice_follows_the_environment(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
     assert lstm_loop_choice(1, 256, torch.bfloat16, 0, "cuda")["forward"][0] == "fused"
     assert lstm_loop_choice(1, 256, torch.float64, 0, "cuda")["forward"][0] == "cublas"  # no fused float64
-    assert lstm_loop_choice(1, 256, torch.float32, 0, "cuda", tf32=False)["backward"][0] == "cublas"
+    assert lstm_loop_choice(1, 256, torch.float32, 0, "cuda", tf32=False)["backward"][0] == "fused"  # 3xTF32
     assert lstm_loop_choice(1, 256, torch.float32, 0, "cpu")["forward"][0] == "gemm"  # no CPU fused loop
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     assert lstm_loop_choice(256, 1024, torch.bfloat16, 0, "cuda")["forward"][0] == "cublas"  # B > 64

@@ -320,12 +320,13 @@ def test_loop_choice_is_taken(monkeypatch, precision_name, B, H):
 
 @pytest.mark.parametrize("precision_name,B,H,applies", [
     ("bfloat16", 1, 1024, True), ("bfloat16", 64, 1024, True), ("float16", 17, 256, True), ("tf32", 16, 1024, True),
-    ("tf32", 256, 512, True), ("float32", 16, 256, False), ("float64", 3, 64, False), ("bfloat16", 4, 36, False),
+    ("tf32", 256, 512, True), ("float32", 16, 256, True), ("float32", 1, 1024, True), ("float32", 2, 30, False),
+    ("float64", 3, 64, False), ("bfloat16", 4, 36, False),
 ])
 def test_fused_path_is_taken(monkeypatch, precision_name, B, H, applies):
-    """Forced, the fused-step kernels run where they apply: tensor-core dtypes (bf16, fp16,
-    float32 with TF32 allowed) with H % 8 == 0 (16-bit) or H % 4 == 0 (TF32); elsewhere the
-    cuBLAS loop runs (no persistent or fused kernel)."""
+    """Forced, the fused-step kernels run where they apply: bf16, fp16 and float32 (TF32, or
+    without it three TF32 MMAs per product) with H % 8 == 0 (16-bit) or H % 4 == 0 (float32);
+    elsewhere the cuBLAS loop runs (no persistent or fused kernel)."""
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
@@ -664,7 +665,7 @@ def test_replayed_cublas_loop_matches_reference(monkeypatch, precision, B, H, bi
 # (B = 17), two batch blocks of 8 tiles (B = 200), 8 units per block (H = 1024 on 132 SMs).
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("B,H,bias", [(1, 64, True), (17, 256, False), (200, 64, True), (3, 1024, True)])
-@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float16"])
+@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float16", "float32"])
 def test_replayed_fused_loop_matches_reference(monkeypatch, precision_name, B, H, bias, reverse):
     """Two calls of each case (the first captures the chunks, the second replays the kept
     ones), outputs and every gradient against the float64 reference."""
@@ -680,7 +681,7 @@ def test_replayed_fused_loop_matches_reference(monkeypatch, precision_name, B, H
 # sizes, T = 37) and plain (a packed, ragged sequence), in both directions.
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("batch_sizes", [[2] * REPLAY_T, [3, 3, 2, 1]])
-@pytest.mark.parametrize("precision_name", ["bfloat16", "tf32"])
+@pytest.mark.parametrize("precision_name", ["bfloat16", "tf32", "float32"])
 def test_fused_backward_with_its_slice_in_l2_matches_reference(monkeypatch, precision_name, batch_sizes, reverse):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
     with _Precision(precision_name):
@@ -689,7 +690,7 @@ def test_fused_backward_with_its_slice_in_l2_matches_reference(monkeypatch, prec
 
 
 @pytest.mark.parametrize("loop,precision_name", [("cublas", "float64"), ("cublas", "bfloat16"), ("fused", "tf32"),
-                                                ("fused", "bfloat16")])
+                                                ("fused", "bfloat16"), ("fused", "float32")])
 def test_replayed_loops_in_a_stacked_bidirectional_module(monkeypatch, loop, precision_name):
     """Two layers, both directions, T = 37, with initial states: every layer and direction
     replays its steps (the fused loop's four share one key, its packed W_hh refilled by each in
@@ -720,6 +721,17 @@ def test_replayed_loops_in_a_stacked_bidirectional_module(monkeypatch, loop, pre
 
 def _replay_names(fn) -> set[str]:
     return {n for n in kernel_names(fn) if "replay" in n}
+
+
+def test_replayed_fused_loop_keys_follow_tf32(monkeypatch):
+    """float32 with and without TF32 on one shape, alternately: the fused loop keeps separate
+    chunks for the two (TF32 and three-MMA products, packed W of different layouts), and every
+    call matches the float64 reference at its precision's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
+    for call, precision_name in enumerate(["tf32", "float32", "tf32", "float32"]):
+        with _Precision(precision_name):
+            compare_layer([4] * REPLAY_T, 5, 96, reverse=False, bias=True, precision=precision_name,
+                          seed=40 + call, what=f"replayed fused loop, {precision_name}, call {call}")
 
 
 def test_replayed_cublas_loop_is_taken(monkeypatch):

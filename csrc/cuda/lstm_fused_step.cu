@@ -66,11 +66,18 @@
 // (ReplayedCall) and the step counter.
 //
 // When it runs: lstm_loop.cuh (SEQKERNELS_LSTM_BACKEND=fused forces it; auto chooses it for
-// mid-sized B·H). Limits (else the cuBLAS loop): no projection; bf16, fp16, or float32 with
-// TF32 allowed (float32 without TF32 and float64 have no tensor-core path here); H % E == 0
-// (bf16/fp16: H % 8, TF32: H % 4) and h0 16-byte aligned (16-byte A loads); the forward's W
-// slice (4U·H·sizeof(scalar_t) bytes with U >= 2) and the partial sums must fit shared memory
-// (bf16: H up to ~14000).
+// mid-sized B·H). Limits (else the cuBLAS loop): no projection; bf16, fp16 or float32 (float64
+// has no tensor-core path here); H % E == 0 (bf16/fp16: H % 8, float32: H % 4) and h0 16-byte
+// aligned (16-byte A loads); the forward's W slice (4U·H·sizeof(scalar_t) bytes with U >= 2,
+// twice that for float32 without TF32) and the partial sums must fit shared memory (bf16: H up
+// to ~14000).
+//
+// float32 without TF32 (kX3). Each A value and each W_hh value is split into its TF32 value and
+// the TF32 value of the remainder (x = big + small + O(2^-22 |x|)); a chunk's two MMAs per tile
+// become six: big·big into the first accumulator set, small·big and big·small into the second
+// (the dropped small·small term and the splits' remainders are ~2^-22 of each product: float32's
+// order, as in lstm_persistent.cu's direct kernel). The packed W holds each fragment's big and
+// small vectors side by side (twice the slice); A is split where the MMA consumes it.
 #include "lstm_fused_step.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -206,15 +213,28 @@ __device__ __forceinline__ uint4 mma_operand(uint4 v) {
   return v;
 }
 
+// x3's small parts: TF32(v - big) of each float32 value of v, big = TF32(v) (the subtraction is
+// exact).
+__device__ __forceinline__ uint4 tf32_remainder(uint4 v, uint4 big) {
+  return make_uint4(to_tf32(__uint_as_float(v.x) - __uint_as_float(big.x)),
+                    to_tf32(__uint_as_float(v.y) - __uint_as_float(big.y)),
+                    to_tf32(__uint_as_float(v.z) - __uint_as_float(big.z)),
+                    to_tf32(__uint_as_float(v.w) - __uint_as_float(big.w)));
+}
+
 // The block's GEMM: warp w takes m16 tile w % mt of the block's rows and K-group w / mt (a
 // contiguous run of chunks), and writes its partial sums to red[(kgroup·16·mt + row) · red_ld
 // + column]. a_row(r) gives block row r's A row (nullptr: a zero row; the rows that exist are a
 // prefix of the block's rows). kNT is the largest tile count of the kernel; g.NT the actual one.
 // kWGlobal (one tile only): ws is the block's packed W slice in global memory, and each chunk's
 // B fragment is loaded with its A vectors (same round trip) instead of from shared memory.
-template <class scalar_t, int kNT, bool kWGlobal, class RowFn>
+// kX3 (float32 without TF32): the slice holds a big and a small vector per fragment, and each
+// MMA becomes three (the top of the file).
+template <class scalar_t, int kNT, bool kWGlobal, bool kX3, class RowFn>
 __device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const uint4* ws, const RowFn& a_row,
                                            float* red) {
+  static_assert(!kX3 || std::is_same_v<scalar_t, float>, "x3 splits float32");
+  constexpr int kParts = kX3 ? 2 : 1;  // W vectors per fragment
   constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
   constexpr int KC = 4 * E;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -237,28 +257,54 @@ __device__ __forceinline__ void block_gemm(const StepGeometry& g, int mt, const 
     constexpr int kGroup = 4;  // chunks whose A loads are in flight together (8: register spills)
 #pragma unroll 1
     for (int c0 = c_begin; c0 < c_end; c0 += kGroup) {
-      uint4 lo[kGroup], hi[kGroup], wg[kWGlobal ? kGroup : 1];
+      uint4 lo[kGroup], hi[kGroup], wg[kWGlobal ? kGroup * kParts : 1];
 #pragma unroll
       for (int e = 0; e < kGroup; ++e) {
         const int k = (c0 + e) * KC + tq * E;
         const bool in = c0 + e < c_end;
         lo[e] = load_a(in ? r0 : nullptr, k, g.K);
         hi[e] = load_a(in ? r1 : nullptr, k, g.K);
-        if constexpr (kWGlobal) wg[e] = in ? __ldg(ws + (c0 + e) * 32 + lane) : make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (kWGlobal) {
+#pragma unroll
+          for (int q = 0; q < kParts; ++q) {
+            wg[e * kParts + q] = in ? __ldg(ws + ((c0 + e) * kParts + q) * 32 + lane) : make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
       }
 #pragma unroll
       for (int e = 0; e < kGroup; ++e) {
         if (c0 + e < c_end) {
-          const uint4 l = mma_operand<scalar_t>(lo[e]), h = mma_operand<scalar_t>(hi[e]);
-          const uint32_t a1[4] = {l.x, h.x, l.y, h.y};
-          const uint32_t a2[4] = {l.z, h.z, l.w, h.w};
-          const uint4* wc = ws + (c0 + e) * g.NT * 32 + lane;
+          const uint4* wc = ws + (c0 + e) * g.NT * kParts * 32 + lane;
+          if constexpr (kX3) {
+            const uint4 lb = mma_operand<scalar_t>(lo[e]), hb = mma_operand<scalar_t>(hi[e]);
+            const uint4 ls = tf32_remainder(lo[e], lb), hs = tf32_remainder(hi[e], hb);
+            const uint32_t a1[4] = {lb.x, hb.x, lb.y, hb.y}, a1s[4] = {ls.x, hs.x, ls.y, hs.y};
+            const uint32_t a2[4] = {lb.z, hb.z, lb.w, hb.w}, a2s[4] = {ls.z, hs.z, ls.w, hs.w};
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            if (nt < g.NT) {
-              const uint4 b = kWGlobal ? wg[kWGlobal ? e : 0] : wc[nt * 32];
-              MmaInst<scalar_t>::run(acc[0][nt], a1, b.x, b.y);
-              MmaInst<scalar_t>::run(acc[1][nt], a2, b.z, b.w);
+            for (int nt = 0; nt < kNT; ++nt) {
+              if (nt < g.NT) {
+                const uint4 b = kWGlobal ? wg[kWGlobal ? e * kParts : 0] : wc[nt * kParts * 32];
+                const uint4 bs = kWGlobal ? wg[kWGlobal ? e * kParts + 1 : 0] : wc[(nt * kParts + 1) * 32];
+                // big·big into acc[0]; the small terms into acc[1] (added to acc[0] below).
+                MmaInst<scalar_t>::run(acc[0][nt], a1, b.x, b.y);
+                MmaInst<scalar_t>::run(acc[0][nt], a2, b.z, b.w);
+                MmaInst<scalar_t>::run(acc[1][nt], a1s, b.x, b.y);
+                MmaInst<scalar_t>::run(acc[1][nt], a2s, b.z, b.w);
+                MmaInst<scalar_t>::run(acc[1][nt], a1, bs.x, bs.y);
+                MmaInst<scalar_t>::run(acc[1][nt], a2, bs.z, bs.w);
+              }
+            }
+          } else {
+            const uint4 l = mma_operand<scalar_t>(lo[e]), h = mma_operand<scalar_t>(hi[e]);
+            const uint32_t a1[4] = {l.x, h.x, l.y, h.y};
+            const uint32_t a2[4] = {l.z, h.z, l.w, h.w};
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              if (nt < g.NT) {
+                const uint4 b = kWGlobal ? wg[kWGlobal ? e : 0] : wc[nt * 32];
+                MmaInst<scalar_t>::run(acc[0][nt], a1, b.x, b.y);
+                MmaInst<scalar_t>::run(acc[1][nt], a2, b.z, b.w);
+              }
             }
           }
         }
@@ -326,8 +372,10 @@ __device__ __forceinline__ void load_carried(const Item (&items)[kMaxItems], int
 // W_hh packed for block_gemm: vector ((ub·nchunks + c)·NT + nt)·32 + lane holds, for lane
 // (g, t), the E values B[k][n] at k = c·KC + t·E ... + E-1 and column n = nt·8 + g of unit block
 // ub, where forward B[k][n] = W_hh[gate·H + ub·U + u][k] (n = gate·U + u) and backward
-// B[k][n] = W_hh[k][ub·U + n] (n < U); zero outside W_hh. float32 is stored as TF32 bits.
-template <class scalar_t, bool kBackward>
+// B[k][n] = W_hh[k][ub·U + n] (n < U); zero outside W_hh. float32 is stored as TF32 bits; kX3
+// (float32 without TF32): two vectors per fragment, ((... + nt)·2 + part)·32 + lane, part 0 the
+// TF32 values, part 1 the TF32 values of the remainders.
+template <class scalar_t, bool kBackward, bool kX3>
 __global__ void __launch_bounds__(kThreads) pack_weights_kernel(const scalar_t* __restrict__ w_hh,  // [G, H]
                                                                 uint4* __restrict__ out,  // [unit blocks · wvec]
                                                                 StepGeometry g, int64_t total) {
@@ -338,6 +386,8 @@ __global__ void __launch_bounds__(kThreads) pack_weights_kernel(const scalar_t* 
        v += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int lane = static_cast<int>(v & 31);
     int64_t rest = v >> 5;
+    const int part = kX3 ? static_cast<int>(rest & 1) : 0;
+    if constexpr (kX3) rest >>= 1;
     const int nt = static_cast<int>(rest % g.NT);
     rest /= g.NT;
     const int c = static_cast<int>(rest % g.nchunks);
@@ -365,7 +415,11 @@ __global__ void __launch_bounds__(kThreads) pack_weights_kernel(const scalar_t* 
     }
     if constexpr (std::is_same_v<scalar_t, float>) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) pk.u[e] = to_tf32(__uint_as_float(pk.u[e]));
+      for (int e = 0; e < 4; ++e) {
+        const float x = __uint_as_float(pk.u[e]);
+        const uint32_t big = to_tf32(x);
+        pk.u[e] = part == 0 ? big : to_tf32(x - __uint_as_float(big));
+      }
     }
     out[v] = pk.v4;
   }
@@ -382,7 +436,7 @@ __device__ __forceinline__ void store_gates(scalar_t* row, int64_t H, const Lstm
 
 // One forward time step (see the top of the file): the geometry, the packed W and the tiles
 // from `launch` (kernel parameters), the rest from `a`.
-template <class scalar_t, bool kTraining>
+template <class scalar_t, bool kTraining, bool kX3>
 __device__ __forceinline__ void forward_step(const FwdStepArgs<scalar_t>& launch, const FwdStepArgs<scalar_t>& a) {
   using acc_t = at::opmath_type<scalar_t>;
   const StepGeometry& g = launch.g;
@@ -416,7 +470,7 @@ __device__ __forceinline__ void forward_step(const FwdStepArgs<scalar_t>& launch
 
   // 3. Gate pre-activations of the block's rows and units.
   wait_copies();
-  block_gemm<scalar_t, kMaxNT, false>(g, launch.mt, ws, [&](int r) -> const scalar_t* {
+  block_gemm<scalar_t, kMaxNT, false, kX3>(g, launch.mt, ws, [&](int r) -> const scalar_t* {
     const int b = row0 + r;
     if (r >= rows) return nullptr;
     return b < a.n_prev ? a.h_prev + b * H : a.h0 + b * H;
@@ -448,7 +502,7 @@ __device__ __forceinline__ void forward_step(const FwdStepArgs<scalar_t>& launch
 
 // One backward time step (see the top of the file), its arguments split as forward_step's.
 // kWGlobal: the W slice stays in global memory (StepGeometry::w_global).
-template <class scalar_t, bool kWGlobal>
+template <class scalar_t, bool kWGlobal, bool kX3>
 __device__ __forceinline__ void backward_step(const BwdStepArgs<scalar_t>& launch, const BwdStepArgs<scalar_t>& a) {
   using acc_t = at::opmath_type<scalar_t>;
   const StepGeometry& g = launch.g;
@@ -493,7 +547,7 @@ __device__ __forceinline__ void backward_step(const BwdStepArgs<scalar_t>& launc
   const bool gemm = row0 < a.n_succ;
   if constexpr (!kWGlobal) wait_copies();
   if (gemm) {
-    block_gemm<scalar_t, 1, kWGlobal>(g, launch.mt, kWGlobal ? w_slice : ws, [&](int r) -> const scalar_t* {
+    block_gemm<scalar_t, 1, kWGlobal, kX3>(g, launch.mt, kWGlobal ? w_slice : ws, [&](int r) -> const scalar_t* {
       const int b = row0 + r;
       return b < a.n_succ ? a.dG_succ + b * G : nullptr;
     }, red);
@@ -517,14 +571,14 @@ __device__ __forceinline__ void backward_step(const BwdStepArgs<scalar_t>& launc
   }
 }
 
-template <class scalar_t, bool kTraining>
+template <class scalar_t, bool kTraining, bool kX3>
 __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_step_kernel(const __grid_constant__ FwdStepArgs<scalar_t> a) {
-  forward_step<scalar_t, kTraining>(a, a);
+  forward_step<scalar_t, kTraining, kX3>(a, a);
 }
 
-template <class scalar_t, bool kWGlobal>
+template <class scalar_t, bool kWGlobal, bool kX3>
 __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_step_kernel(const __grid_constant__ BwdStepArgs<scalar_t> a) {
-  backward_step<scalar_t, kWGlobal>(a, a);
+  backward_step<scalar_t, kWGlobal, kX3>(a, a);
 }
 
 // The steps replayed from kept CUDA graphs (replayed_steps.cuh): a captured launch's arguments
@@ -605,18 +659,18 @@ __device__ __forceinline__ BwdStepArgs<scalar_t> replayed_backward_args(const Bw
 // the plain kernel. Nsight Compute, H200, T = 32, kernels serialised: a replayed step takes
 // 1-7 % longer than a plain one (float32 B = 64, H = 512: 14.4 against 13.8 µs); one thread
 // staging the pointers in shared memory behind a block barrier was no faster (14.5 µs).
-template <class scalar_t, bool kTraining>
+template <class scalar_t, bool kTraining, bool kX3>
 __global__ void __launch_bounds__(kThreads, 2) lstm_fused_forward_replay_step_kernel(
     const __grid_constant__ FwdStepArgs<scalar_t> fixed, const ReplayedCall<FwdStepArgs<scalar_t>>* __restrict__ call,
     int k) {
-  forward_step<scalar_t, kTraining>(fixed, replayed_forward_args(fixed, *call, call->step + k));
+  forward_step<scalar_t, kTraining, kX3>(fixed, replayed_forward_args(fixed, *call, call->step + k));
 }
 
-template <class scalar_t, bool kWGlobal>
+template <class scalar_t, bool kWGlobal, bool kX3>
 __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_replay_step_kernel(
     const __grid_constant__ BwdStepArgs<scalar_t> fixed, const ReplayedCall<BwdStepArgs<scalar_t>>* __restrict__ call,
     int k) {
-  backward_step<scalar_t, kWGlobal>(fixed, replayed_backward_args(fixed, *call, call->step + k));
+  backward_step<scalar_t, kWGlobal, kX3>(fixed, replayed_backward_args(fixed, *call, call->step + k));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -633,7 +687,7 @@ bool applies(const LstmSizes& s, bool tf32, const void* a_base) {
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
-    if (std::is_same_v<scalar_t, float> && !tf32) return false;  // full-precision float32: no tensor cores here
+    (void)tf32;  // float32 runs TF32 or, without it, x3 (the top of the file)
     constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
     if (s.P > 0 || s.B < 1 || s.H < 1 || s.H % E != 0 || s.H > INT32_MAX / 4) return false;
     return reinterpret_cast<std::uintptr_t>(a_base) % 16 == 0;  // A rows: 16-byte loads
@@ -646,7 +700,8 @@ bool applies(const LstmSizes& s, bool tf32, const void* a_base) {
 // slice is 8 columns whatever U (NT = 1), so there a smaller U would only multiply the blocks,
 // each copying the whole slice and re-reading all of dG_succ: TF32 at H = 1024 (a 128 KiB slice)
 // ran 512 blocks of U = 2 in four waves, 14-17 ms a training call at B <= 16 (docs/kernels.md).
-template <class scalar_t>
+// kX3: two W vectors per fragment (the slice doubles).
+template <class scalar_t, bool kX3>
 bool plan_geometry(const LstmSizes& s, bool backward, const cudaDeviceProp& prop, StepGeometry& g) {
   const int sz = static_cast<int>(sizeof(scalar_t));
   const int E = 16 / sz, KC = 4 * E;
@@ -656,7 +711,7 @@ bool plan_geometry(const LstmSizes& s, bool backward, const cudaDeviceProp& prop
   auto fill = [&](int U) {
     g.U = U;
     g.NT = backward ? 1 : U / 2;
-    g.wvec = g.nchunks * g.NT * 32;
+    g.wvec = g.nchunks * g.NT * 32 * (kX3 ? 2 : 1);
     g.red_ld = g.NT * 8;
     while (g.red_ld % 32 != 8) g.red_ld += 8;
     g.smem = g.wvec * 16 + kWarps * 16 * g.red_ld * static_cast<int>(sizeof(float));
@@ -695,10 +750,10 @@ struct StepLoop {
   bool pdl = false;   // overlap the steps (sm_90+)
 
   // The geometry; false when the call does not fit (nothing launched).
-  template <class scalar_t, bool kBackward>
+  template <class scalar_t, bool kBackward, bool kX3>
   bool plan(const LstmSizes& s) {
     const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
-    if (!plan_geometry<scalar_t>(s, kBackward, prop, g)) return false;
+    if (!plan_geometry<scalar_t, kX3>(s, kBackward, prop, g)) return false;
     pdl = pdl_supported(prop);
     return true;
   }
@@ -706,12 +761,12 @@ struct StepLoop {
   int64_t packed_vectors() const { return (g.H + g.U - 1) / g.U * static_cast<int64_t>(g.wvec); }
 
   // W_hh packed for the geometry into `dest` (packed_vectors() 16-byte vectors), on `stream`.
-  template <class scalar_t, bool kBackward>
+  template <class scalar_t, bool kBackward, bool kX3>
   void pack(const scalar_t* w_hh, at::Tensor dest, cudaStream_t stream) {
     packed = std::move(dest);
     const int64_t total = packed_vectors();
     const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 16);
-    pack_weights_kernel<scalar_t, kBackward><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0,
+    pack_weights_kernel<scalar_t, kBackward, kX3><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0,
                                                stream>>>(w_hh, reinterpret_cast<uint4*>(packed.data_ptr()), g, total);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -735,13 +790,14 @@ struct StepLoop {
 };
 
 // What fixes a replayed fused loop's captured chunk besides the device and thread: the pass,
-// dtype, B, H and mode. The packed W_hh is a kept buffer that every call fills, so W_hh's
-// address and values are not part of it.
-template <class scalar_t>
+// dtype (float32: TF32 or x3), B, H and mode. The packed W_hh is a kept buffer that every call
+// fills, so W_hh's address and values are not part of it.
+template <class scalar_t, bool kX3>
 std::string fused_replay_key(const char* pass, const LstmSizes& s, bool training) {
   std::string key = pass;
   key += ' ';
   key += c10::toString(c10::CppTypeToScalarType<scalar_t>::value);
+  if (kX3) key += " x3";
   for (const int64_t v : {s.B, s.H, int64_t(training)}) {
     key += ' ';
     key += std::to_string(v);
@@ -754,11 +810,11 @@ std::string fused_replay_key(const char* pass, const LstmSizes& s, bool training
 // call's pointers (ReplayedCall); kernel(fixed, call, k) runs step k of a chunk, `fixed` being
 // the launch arguments every step shares (the captured kernels keep it: it holds no pointer of
 // the call that captured them).
-template <class scalar_t, bool kBackward, class Args, class Kernel>
+template <class scalar_t, bool kBackward, bool kX3, class Args, class Kernel>
 bool run_replayed(StepLoop& loop, const LstmSizes& s, bool reverse, bool training, const char* pass,
                   const scalar_t* w_hh, const Args& base, Kernel kernel, const at::Tensor& like) {
   using Call = ReplayedCall<Args>;
-  ReplayedSteps replay(fused_replay_key<scalar_t>(pass, s, training), "the fused loop's");
+  ReplayedSteps replay(fused_replay_key<scalar_t, kX3>(pass, s, training), "the fused loop's");
   if (replay.capture_failed()) return false;
   const auto bytes = like.options().dtype(at::kByte);
   at::Tensor packed = replay.buffer(0, {loop.packed_vectors() * 16}, bytes);
@@ -781,7 +837,7 @@ bool run_replayed(StepLoop& loop, const LstmSizes& s, bool reverse, bool trainin
       return false;
     }
   }
-  loop.pack<scalar_t, kBackward>(w_hh, packed, stream);
+  loop.pack<scalar_t, kBackward, kX3>(w_hh, packed, stream);
   replay_store_args_kernel<<<1, 1, 0, stream>>>(call_p, Call{base, s.T, 0, reverse});
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   replay.launch_chunks(s.T / kReplaySteps);
@@ -789,28 +845,29 @@ bool run_replayed(StepLoop& loop, const LstmSizes& s, bool reverse, bool trainin
   return true;
 }
 
-template <class scalar_t, bool kTraining>
+template <class scalar_t, bool kTraining, bool kX3>
 bool run_forward(const LstmSizes& s, bool reverse, FwdStepArgs<scalar_t> args, const scalar_t* w_hh,
                  const at::opmath_type<scalar_t>* pre, scalar_t* y, scalar_t* gates, scalar_t* cells,
                  const at::Tensor& like) {
   StepLoop loop;
-  if (!loop.plan<scalar_t, false>(s)) return false;
+  if (!loop.plan<scalar_t, false, kX3>(s)) return false;
   if (replay_applies(s)) {
     FwdStepArgs<scalar_t> base = args;
     base.pre = pre;
     base.y = y;
     base.gates = gates;
     base.cells = cells;
-    if (run_replayed<scalar_t, false>(loop, s, reverse, kTraining, "fused forward", w_hh, base,
-                                      &lstm_fused_forward_replay_step_kernel<scalar_t, kTraining>, like)) {
+    if (run_replayed<scalar_t, false, kX3>(loop, s, reverse, kTraining, "fused forward", w_hh, base,
+                                           &lstm_fused_forward_replay_step_kernel<scalar_t, kTraining, kX3>, like)) {
       return true;
     }
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  loop.pack<scalar_t, false>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)), stream);
+  loop.pack<scalar_t, false, kX3>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)),
+                                  stream);
   args.g = loop.g;
   args.w = loop.weights();
-  auto kernel = &lstm_fused_forward_step_kernel<scalar_t, kTraining>;
+  auto kernel = &lstm_fused_forward_step_kernel<scalar_t, kTraining, kX3>;
   loop.allow_smem(kernel);
   const int64_t T = s.T, H = s.H, G = s.G;
   for (int64_t step = 0; step < T; ++step) {
@@ -850,10 +907,84 @@ bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf
     args.c0 = c0;
     args.cbuf = c_n;
     args.h_n = h_n;
-    return training ? run_forward<scalar_t, true>(s, reverse, args, w_hh, pre, y, gates, cells, like)
-                    : run_forward<scalar_t, false>(s, reverse, args, w_hh, pre, y, gates, cells, like);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (!tf32) {
+        return training ? run_forward<scalar_t, true, true>(s, reverse, args, w_hh, pre, y, gates, cells, like)
+                        : run_forward<scalar_t, false, true>(s, reverse, args, w_hh, pre, y, gates, cells, like);
+      }
+    }
+    return training ? run_forward<scalar_t, true, false>(s, reverse, args, w_hh, pre, y, gates, cells, like)
+                    : run_forward<scalar_t, false, false>(s, reverse, args, w_hh, pre, y, gates, cells, like);
   }
 }
+
+namespace {
+
+// The backward loop's steps (replayed where replay_applies, else launched one by one); grad_h0
+// is left to the caller.
+template <class scalar_t, bool kX3>
+bool run_backward(const LstmSizes& s, bool reverse, const scalar_t* w_hh, const scalar_t* gates,
+                  const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y, const scalar_t* h0,
+                  const scalar_t* c0, const scalar_t* grad_h_n, const scalar_t* grad_c_n, scalar_t* dG,
+                  scalar_t* hprev, at::opmath_type<scalar_t>* grad_c0, const at::Tensor& like) {
+  StepLoop loop;
+  if (!loop.plan<scalar_t, true, kX3>(s)) return false;
+  BwdStepArgs<scalar_t> args{};
+  args.grad_h_n = grad_h_n;
+  args.grad_c_n = grad_c_n;
+  args.h0 = h0;
+  args.c0 = c0;
+  args.dcbuf = grad_c0;
+  BwdStepArgs<scalar_t> base = args;
+  base.grad_y = grad_y;
+  base.gates = gates;
+  base.cells = cells;
+  base.prev_cells = cells;
+  base.prev_y = y;
+  base.dG = dG;
+  base.hprev = hprev;
+  const bool w_global = loop.g.w_global;
+  const bool replayed =
+      replay_applies(s) &&
+      run_replayed<scalar_t, true, kX3>(loop, s, reverse, /*training=*/true, "fused backward", w_hh, base,
+                                        w_global ? &lstm_fused_backward_replay_step_kernel<scalar_t, true, kX3>
+                                                 : &lstm_fused_backward_replay_step_kernel<scalar_t, false, kX3>,
+                                        like);
+  if (replayed) return true;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  loop.pack<scalar_t, true, kX3>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)),
+                                 stream);
+  args.g = loop.g;
+  args.w = loop.weights();
+  auto kernel = w_global ? &lstm_fused_backward_step_kernel<scalar_t, true, kX3>
+                         : &lstm_fused_backward_step_kernel<scalar_t, false, kX3>;
+  loop.allow_smem(kernel);
+  const int64_t T = s.T, H = s.H, G = s.G;
+  for (int64_t step = 0; step < T; ++step) {
+    // Reverse of the forward's processing order.
+    const int64_t t = reverse ? step : T - 1 - step;
+    const int64_t off = s.offsets[t];
+    // The step processed just before continued this step's state (its dG gives dh); the
+    // forward step this one continued gives c_{t-1} and h_{t-1}.
+    const StepLink succ = next_step(s, t, reverse), prev = previous_step(s, t, reverse);
+    args.bt = static_cast<int>(s.batch_sizes[t]);
+    args.mt = tiles_per_block(args.bt);
+    args.n_succ = static_cast<int>(succ.rows);
+    args.n_prev = static_cast<int>(prev.rows);
+    args.dG_succ = succ.rows > 0 ? dG + succ.off * G : nullptr;
+    args.grad_y = grad_y + off * H;
+    args.gates = gates + off * G;
+    args.cells = cells + off * H;
+    args.prev_cells = prev.rows > 0 ? cells + prev.off * H : nullptr;
+    args.prev_y = prev.rows > 0 ? y + prev.off * H : nullptr;
+    args.dG = dG + off * G;
+    args.hprev = hprev + off * H;
+    loop.launch(kernel, stream, args.bt, args.mt, step > 0, args);
+  }
+  return true;
+}
+
+}  // namespace
 
 template <class scalar_t>
 bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scalar_t* w_hh, const scalar_t* gates,
@@ -866,60 +997,17 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
-    StepLoop loop;
-    if (!loop.plan<scalar_t, true>(s)) return false;
-    BwdStepArgs<scalar_t> args{};
-    args.grad_h_n = grad_h_n;
-    args.grad_c_n = grad_c_n;
-    args.h0 = h0;
-    args.c0 = c0;
-    args.dcbuf = grad_c0;
-    BwdStepArgs<scalar_t> base = args;
-    base.grad_y = grad_y;
-    base.gates = gates;
-    base.cells = cells;
-    base.prev_cells = cells;
-    base.prev_y = y;
-    base.dG = dG;
-    base.hprev = hprev;
-    const bool w_global = loop.g.w_global;
-    const bool replayed =
-        replay_applies(s) &&
-        run_replayed<scalar_t, true>(loop, s, reverse, /*training=*/true, "fused backward", w_hh, base,
-                                     w_global ? &lstm_fused_backward_replay_step_kernel<scalar_t, true>
-                                              : &lstm_fused_backward_replay_step_kernel<scalar_t, false>,
-                                     like);
-    if (!replayed) {
-      const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-      loop.pack<scalar_t, true>(w_hh, at::empty({loop.packed_vectors() * 16}, like.options().dtype(at::kByte)), stream);
-      args.g = loop.g;
-      args.w = loop.weights();
-      auto kernel = w_global ? &lstm_fused_backward_step_kernel<scalar_t, true>
-                             : &lstm_fused_backward_step_kernel<scalar_t, false>;
-      loop.allow_smem(kernel);
-      const int64_t T = s.T, H = s.H, G = s.G;
-      for (int64_t step = 0; step < T; ++step) {
-        // Reverse of the forward's processing order.
-        const int64_t t = reverse ? step : T - 1 - step;
-        const int64_t off = s.offsets[t];
-        // The step processed just before continued this step's state (its dG gives dh); the
-        // forward step this one continued gives c_{t-1} and h_{t-1}.
-        const StepLink succ = next_step(s, t, reverse), prev = previous_step(s, t, reverse);
-        args.bt = static_cast<int>(s.batch_sizes[t]);
-        args.mt = tiles_per_block(args.bt);
-        args.n_succ = static_cast<int>(succ.rows);
-        args.n_prev = static_cast<int>(prev.rows);
-        args.dG_succ = succ.rows > 0 ? dG + succ.off * G : nullptr;
-        args.grad_y = grad_y + off * H;
-        args.gates = gates + off * G;
-        args.cells = cells + off * H;
-        args.prev_cells = prev.rows > 0 ? cells + prev.off * H : nullptr;
-        args.prev_y = prev.rows > 0 ? y + prev.off * H : nullptr;
-        args.dG = dG + off * G;
-        args.hprev = hprev + off * H;
-        loop.launch(kernel, stream, args.bt, args.mt, step > 0, args);
-      }
+    bool ran;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      ran = tf32 ? run_backward<scalar_t, false>(s, reverse, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
+                                                 grad_c_n, dG, hprev, grad_c0, like)
+                 : run_backward<scalar_t, true>(s, reverse, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
+                                                grad_c_n, dG, hprev, grad_c0, like);
+    } else {
+      ran = run_backward<scalar_t, false>(s, reverse, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n, grad_c_n, dG,
+                                          hprev, grad_c0, like);
     }
+    if (!ran) return false;
     // grad_h0: no step consumes dL/dh_{-1}, so dG of every sequence's first step times W_hh
     // here: rows [first, bt) of step t start there (the others continue an earlier step).
     const int64_t T = s.T, H = s.H, G = s.G;

@@ -22,15 +22,23 @@ enum class Loop {
 // Thresholds of the auto heuristic (state = B·H·sizeof(dtype) bytes, the recurrent state).
 constexpr int64_t kPersistentMaxForwardState = 64 * 1024;  // persistent forward, float64 and TF32
 constexpr int64_t kPersistentMaxBackwardState = 32 * 1024;  // persistent backward, float64
-// float32 with TF32 off (re-measured 2026-11-26 on an H200 after its direct forward kernel, three
-// TF32 MMAs per product, and the replayed cuBLAS loop; docs/kernels.md): the persistent forward
-// while the state <= 128 KiB (TF32 off, `infer` B = 32, H = 1024 6.41 ms against the cuBLAS loop's
-// 7.86; B = 64, H = 512 4.56 against 4.70), the persistent backward only while H <= 512 and the
-// state <= 16 KiB (backward, `train` minus `infer`: B = 8, H = 512 2.34 against 2.84 ms; but
-// B = 16, H = 512 3.72 against 3.13, B = 1, H = 1024 4.03 against 2.77).
+// float32 with TF32 off (re-measured 2026-11-26 on an H200 after the direct forward kernel and the
+// fused loop took it, three TF32 MMAs per product; every loop forced, docs/kernels.md):
+//  - forward: persistent at B <= 16; fused at B > 16 with H <= 512 and B·H <= 32768 (`infer`
+//    B = 32, H = 512 2.31 ms fused against 2.95 persistent, 5.91 cuBLAS; B = 64, H = 256 1.90
+//    against 2.65); else persistent while the state <= 128 KiB (B = 32, H = 1024 6.57 against
+//    7.51 fused, 8.07 cuBLAS); else cuBLAS;
+//  - backward (`train` minus `infer` under each loop): persistent at B <= 8 with H <= 512 (B = 8,
+//    H = 512 2.43 ms against 2.49 fused, 3.09 cuBLAS); fused at 8 <= B <= 16 and at B·H <= 8192
+//    (B = 16, H = 512 2.84 against 3.15 cuBLAS, 3.75 persistent; B = 8, H = 1024 4.60 against
+//    5.60 cuBLAS, 5.80 persistent; B = 32, H = 256 2.61 against 2.75); else cuBLAS (B = 1,
+//    H = 1024 2.81 against 3.46 fused, 4.18 persistent; B = 32, H = 512 3.88 against 4.45 fused).
 constexpr int64_t kPersistentMaxForwardStateFp32 = 128 * 1024;
-constexpr int64_t kPersistentMaxBackwardStateFp32 = 16 * 1024;
-constexpr int64_t kPersistentMaxBackwardHiddenFp32 = 512;
+constexpr int64_t kFusedMaxForwardHiddenFp32 = 512;  // fused forward, B > 16: H <= 512, B·H <= kFusedMaxForwardBH
+constexpr int64_t kPersistentMaxBackwardBatchFp32 = 8;    // persistent backward: B <= 8 and ...
+constexpr int64_t kPersistentMaxBackwardHiddenFp32 = 512;  // ... H <= 512
+constexpr int64_t kFusedMinBackwardBatchFp32 = 8;   // fused backward: B >= 8 and (B <= 16 or ...
+constexpr int64_t kFusedMaxBackwardBHFp32 = 8 * 1024;  // ... B·H <= 8192)
 constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor cores (but TF32 forward)
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
 constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-bit) or the state <= 64 KiB (TF32)
@@ -117,8 +125,10 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent (clustered split) 3.93 ms, fused
 //    backward 4.90; bf16 B = 16, H = 512: 2.52 against 2.63, but H = 768: 3.33 against 2.70; the
 //    TF32 rule at H > 896 from the backward op alone (scripts/lstm_backward_choice.py).
-//  - float32 with TF32 off (no fused loop): persistent while the state is <= 128 KiB (forward) or
-//    H <= 512 with the state <= 16 KiB (backward), else cuBLAS (measured 2026-11-26);
+//  - float32 with TF32 off (the rules above, measured 2026-11-26): forward persistent at B <= 16,
+//    fused at B > 16 with H <= 512 and B·H <= 32768, persistent while the state <= 128 KiB, else
+//    cuBLAS; backward persistent at B <= 8 with H <= 512, fused at 8 <= B <= 16 or (B >= 8 with)
+//    B·H <= 8192, else cuBLAS;
 //  - float64 (no fused loop): persistent while the state is <= 64 KiB (forward) / 32 KiB
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward) {
@@ -134,11 +144,16 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   }
   if (s.P > 0) return Loop::kCublas;
   const int64_t state = s.B * s.H * elem_size, bh = s.B * s.H;
-  if (!mma && elem_size == 4) {
-    return (backward ? state <= kPersistentMaxBackwardStateFp32 && s.H <= kPersistentMaxBackwardHiddenFp32
-                     : state <= kPersistentMaxForwardStateFp32)
-               ? Loop::kPersistent
-               : Loop::kCublas;
+  if (!mma && elem_size == 4) {  // float32 without TF32
+    if (backward) {
+      if (s.B <= kPersistentMaxBackwardBatchFp32 && s.H <= kPersistentMaxBackwardHiddenFp32) return Loop::kPersistent;
+      return s.B >= kFusedMinBackwardBatchFp32 && (s.B <= kPersistentMaxForwardBatchMma || bh <= kFusedMaxBackwardBHFp32)
+                 ? Loop::kFused
+                 : Loop::kCublas;
+    }
+    if (s.B <= kPersistentMaxForwardBatchMma) return Loop::kPersistent;
+    if (s.H <= kFusedMaxForwardHiddenFp32 && bh <= kFusedMaxForwardBH) return Loop::kFused;
+    return state <= kPersistentMaxForwardStateFp32 ? Loop::kPersistent : Loop::kCublas;
   }
   if (!mma) {
     return state <= (backward ? kPersistentMaxBackwardState : kPersistentMaxForwardState) ? Loop::kPersistent
