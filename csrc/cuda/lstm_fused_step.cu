@@ -680,6 +680,16 @@ __global__ void __launch_bounds__(kThreads, 2) lstm_fused_backward_replay_step_k
 template <class scalar_t>
 constexpr bool kHasMma = kHalfType<scalar_t> || std::is_same_v<scalar_t, float>;
 
+// Calls f(std::bool_constant<kX3>{}): kX3 for float32 without TF32 (three MMAs per product), else
+// not; only float32 instantiates the x3 kernels.
+template <class scalar_t, class F>
+bool with_x3(bool tf32, F&& f) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (!tf32) return f(std::true_type{});
+  }
+  return f(std::false_type{});
+}
+
 // Whether the fused-step loop can take the call at all (lstm.cu has chosen it already), before
 // any geometry.
 template <class scalar_t>
@@ -907,14 +917,11 @@ bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf
     args.c0 = c0;
     args.cbuf = c_n;
     args.h_n = h_n;
-    if constexpr (std::is_same_v<scalar_t, float>) {
-      if (!tf32) {
-        return training ? run_forward<scalar_t, true, true>(s, reverse, args, w_hh, pre, y, gates, cells, like)
-                        : run_forward<scalar_t, false, true>(s, reverse, args, w_hh, pre, y, gates, cells, like);
-      }
-    }
-    return training ? run_forward<scalar_t, true, false>(s, reverse, args, w_hh, pre, y, gates, cells, like)
-                    : run_forward<scalar_t, false, false>(s, reverse, args, w_hh, pre, y, gates, cells, like);
+    return with_x3<scalar_t>(tf32, [&](auto x3) {
+      constexpr bool kX3 = decltype(x3)::value;
+      return training ? run_forward<scalar_t, true, kX3>(s, reverse, args, w_hh, pre, y, gates, cells, like)
+                      : run_forward<scalar_t, false, kX3>(s, reverse, args, w_hh, pre, y, gates, cells, like);
+    });
   }
 }
 
@@ -997,16 +1004,10 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
-    bool ran;
-    if constexpr (std::is_same_v<scalar_t, float>) {
-      ran = tf32 ? run_backward<scalar_t, false>(s, reverse, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
-                                                 grad_c_n, dG, hprev, grad_c0, like)
-                 : run_backward<scalar_t, true>(s, reverse, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
-                                                grad_c_n, dG, hprev, grad_c0, like);
-    } else {
-      ran = run_backward<scalar_t, false>(s, reverse, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n, grad_c_n, dG,
-                                          hprev, grad_c0, like);
-    }
+    const bool ran = with_x3<scalar_t>(tf32, [&](auto x3) {
+      return run_backward<scalar_t, decltype(x3)::value>(s, reverse, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
+                                                         grad_c_n, dG, hprev, grad_c0, like);
+    });
     if (!ran) return false;
     // grad_h0: no step consumes dL/dh_{-1}, so dG of every sequence's first step times W_hh
     // here: rows [first, bt) of step t start there (the others continue an earlier step).

@@ -1009,7 +1009,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kTf32Pairs || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or float32");
   static_assert(!kTf32Pairs || std::is_same_v<scalar_t, float>, "direct kernel: TF32 words hold float32");
   // MMAs per k-step of 8 LL words: 16-bit 1 (16 elements); TF32 2 (16 elements); x3 3 (8
-  // elements). The resident fragments per k-step: [kFrag][2] registers (x3: W's big and small).
+  // elements; 2 with kStacked). The resident fragments per k-step: [kFrag][2] registers (x3:
+  // W's big and small parts).
   constexpr int kFrag = kTf32Pairs ? 2 : 1;
   constexpr int PAD = kX3 ? 0 : U4;  // Geometry::pad_shift: x3 slices fill a sector already
   // x3 with one batch row per lane: the small values ride in the A tile's rows g + 8 (step 2).
@@ -2217,7 +2218,8 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   size_t off = align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float));
   g.off_w = static_cast<int>(off);  // fragments of k-steps [KREG, KPC), 8 bytes per lane and MMA
   const int frags = P == Path::kMma16 ? 1 : 2;  // the kernel's kFrag
-  off += static_cast<size_t>(kWarps) * (KPC - KREG) * frags * MmaCfg<Path::kMma16, false>::kNT * 32 * sizeof(uint2);
+  constexpr int kMaxNT = MmaCfg<Path::kMma16, false>::kNT;  // 4 n8 tiles at most, whatever the path
+  off += static_cast<size_t>(kWarps) * (KPC - KREG) * frags * kMaxNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
