@@ -18,8 +18,8 @@
 // Forward step (one launch): block (ub, bb) owns units j in [ub·U, ub·U + U) (all four gates:
 // NC = 4U GEMM columns) and batch rows [bb·16·MT, +16·MT) of the step. It computes
 //     D[n][c] = sum_k h_{t-1}[n][k] · W_hh[row(c)][k],   c = gate·U + u, row(c) = gate·H + j
-// with mma.sync (bf16/fp16: m16n8k16; float32 with TF32 allowed: m16n8k8.tf32; fp32
-// accumulation): its W_hh rows in shared memory (B operand), h_{t-1} rows read straight from
+// with mma.sync (bf16/fp16: m16n8k16; float32 with TF32 allowed: m16n8k8.tf32, without it three
+// of those per product (kX3 below); fp32 accumulation): its W_hh rows in shared memory (B operand), h_{t-1} rows read straight from
 // global memory (L2) into A fragments. The 8 warps split the block's MT m16 tiles and K
 // (KG = 8 / MT K-groups); partial sums meet in shared memory and are added in a fixed order
 // (deterministic). Then one thread per (row, unit) adds pre = x·W_ihᵀ and the bias, applies

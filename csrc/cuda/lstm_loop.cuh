@@ -98,8 +98,9 @@ constexpr int64_t kFusedMaxBackwardBatch = 32;  // fused backward, 16-bit: B <= 
 constexpr int64_t kFusedMaxBackwardBH = 32 * 1024;  // ... B·H <= 32768
 constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: B·H <= 8192 and H <= 768
 
-// The loop for one op call. `mma`: the dtype runs on tensor cores (bf16, fp16, or float32 with
-// TF32 allowed); `half`: a 16-bit dtype. A forced loop that does not apply to the call (e.g.
+// The loop for one op call. `mma`: bf16, fp16, or float32 with TF32 allowed (float32 without it
+// has rules of its own above, though its direct persistent forward and fused loop use tensor
+// cores too); `half`: a 16-bit dtype. A forced loop that does not apply to the call (e.g.
 // persistent with a projection, fused in float64) leaves it to the cuBLAS loop.
 //
 // auto, from every loop forced side by side on an H200 (2026-11-24, T = 256, B in {1, 8, 16,

@@ -18,7 +18,8 @@
 // rows of W_hh resident (the B operand): in registers as tensor-core fragments for bf16/fp16
 // (mma.m16n8k16, fp32 accumulation) and for float32 with TF32 allowed (mma.m16n8k8.tf32,
 // operands rounded to TF32 like cuBLAS's FAST_TF32); in shared memory for FFMA/DFMA (float32
-// with TF32 off, float64: full precision). K is split over the 8 warps (FMA: over thread
+// with TF32 off, float64: full precision; float32's direct forward kernel below multiplies on
+// tensor cores instead, three TF32 MMAs per product). K is split over the 8 warps (FMA: over thread
 // groups); the partial sums meet in shared memory and are added in a fixed order. Then the
 // gate threads (one per (unit, batch row)) add pre = x·W_ihᵀ (one cuBLAS GEMM before the
 // kernel) and the bias, apply lstm_cell.h, keep c in a register for the whole sequence,
