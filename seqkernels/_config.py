@@ -28,6 +28,7 @@ CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 = 512  # kFusedMaxForwardHiddenFp32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32 = 8  # kPersistentMaxBackwardBatchFp32
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32 = 512  # kPersistentMaxBackwardHiddenFp32
 CUDA_FUSED_MIN_BACKWARD_BATCH_FP32 = 8  # kFusedMinBackwardBatchFp32
+CUDA_FUSED_MAX_BACKWARD_BATCH_FP32 = 16  # kFusedMaxBackwardBatchFp32
 CUDA_FUSED_MAX_BACKWARD_BH_FP32 = 8 * 1024  # kFusedMaxBackwardBHFp32
 CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
@@ -179,10 +180,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
             if batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32 and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32:
                 return "persistent", (f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32} and H = "
                                       f"{hidden} <= {CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32}")
-            if batch >= CUDA_FUSED_MIN_BACKWARD_BATCH_FP32 and (batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
+            if batch >= CUDA_FUSED_MIN_BACKWARD_BATCH_FP32 and (batch <= CUDA_FUSED_MAX_BACKWARD_BATCH_FP32
                                                                  or bh <= CUDA_FUSED_MAX_BACKWARD_BH_FP32):
                 return "fused", (f"{what}: B = {batch} >= {CUDA_FUSED_MIN_BACKWARD_BATCH_FP32} and (B <= "
-                                 f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} or B*H = {bh} <= "
+                                 f"{CUDA_FUSED_MAX_BACKWARD_BATCH_FP32} or B*H = {bh} <= "
                                  f"{CUDA_FUSED_MAX_BACKWARD_BH_FP32})")
             return "cublas", f"{what}: neither the persistent nor the fused backward's bounds"
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:

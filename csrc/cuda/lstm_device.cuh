@@ -69,6 +69,16 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 
+// float32 without TF32 on tensor cores (3xTF32): x = TF32(x) + small + O(2^-22 |x|), small the
+// TF32 value of the remainder (the subtraction is exact), given big = to_tf32(x); as bits.
+__device__ __forceinline__ uint32_t tf32_small(float x, uint32_t big) { return to_tf32(x - __uint_as_float(big)); }
+
+// Part 0 (the TF32 value) or 1 (tf32_small) of x, as bits.
+__device__ __forceinline__ uint32_t tf32_part(float x, int part) {
+  const uint32_t big = to_tf32(x);
+  return part == 0 ? big : tf32_small(x, big);
+}
+
 // d += a · b on tensor cores, fp32 accumulation, one warp:
 //   bf16 / fp16: mma.m16n8k16 (A 16x16 row-major, B 16x8 "col"), 4 + 2 registers of pairs;
 //   float:       mma.m16n8k8 with TF32 operands (already rounded with to_tf32).

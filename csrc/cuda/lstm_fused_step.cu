@@ -121,7 +121,7 @@ struct StepGeometry {
   int NT;       // n8 tiles of the GEMM: U / 2 (forward, NC = 4U), 1 (backward, U <= 8 padded)
   int K;        // GEMM depth: H (forward) or G (backward)
   int nchunks;  // ceil(K / KC)
-  int wvec;     // 16-byte vectors of one block's packed W slice = nchunks · NT · 32
+  int wvec;     // 16-byte vectors of one block's packed W slice = nchunks · NT · 32 (· 2 for x3)
   int red_ld;   // row stride (floats) of the partial sums: NT·8 rounded up to 8 mod 32 (conflict-free)
   int smem;     // dynamic shared memory bytes: W slice (unless w_global) + partial sums
   bool w_global;  // backward: B fragments read from the packed W in global memory (L2), not shared memory
@@ -216,10 +216,8 @@ __device__ __forceinline__ uint4 mma_operand(uint4 v) {
 // x3's small parts: TF32(v - big) of each float32 value of v, big = TF32(v) (the subtraction is
 // exact).
 __device__ __forceinline__ uint4 tf32_remainder(uint4 v, uint4 big) {
-  return make_uint4(to_tf32(__uint_as_float(v.x) - __uint_as_float(big.x)),
-                    to_tf32(__uint_as_float(v.y) - __uint_as_float(big.y)),
-                    to_tf32(__uint_as_float(v.z) - __uint_as_float(big.z)),
-                    to_tf32(__uint_as_float(v.w) - __uint_as_float(big.w)));
+  return make_uint4(tf32_small(__uint_as_float(v.x), big.x), tf32_small(__uint_as_float(v.y), big.y),
+                    tf32_small(__uint_as_float(v.z), big.z), tf32_small(__uint_as_float(v.w), big.w));
 }
 
 // The block's GEMM: warp w takes m16 tile w % mt of the block's rows and K-group w / mt (a
@@ -415,11 +413,7 @@ __global__ void __launch_bounds__(kThreads) pack_weights_kernel(const scalar_t* 
     }
     if constexpr (std::is_same_v<scalar_t, float>) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = __uint_as_float(pk.u[e]);
-        const uint32_t big = to_tf32(x);
-        pk.u[e] = part == 0 ? big : to_tf32(x - __uint_as_float(big));
-      }
+      for (int e = 0; e < 4; ++e) pk.u[e] = tf32_part(__uint_as_float(pk.u[e]), part);
     }
     out[v] = pk.v4;
   }
@@ -692,12 +686,12 @@ bool with_x3(bool tf32, F&& f) {
 
 // Whether the fused-step loop can take the call at all (lstm.cu has chosen it already), before
 // any geometry.
+// float32 runs with or without TF32 (kX3, the top of the file).
 template <class scalar_t>
-bool applies(const LstmSizes& s, bool tf32, const void* a_base) {
+bool applies(const LstmSizes& s, const void* a_base) {
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
-    (void)tf32;  // float32 runs TF32 or, without it, x3 (the top of the file)
     constexpr int E = 16 / static_cast<int>(sizeof(scalar_t));
     if (s.P > 0 || s.B < 1 || s.H < 1 || s.H % E != 0 || s.H > INT32_MAX / 4) return false;
     return reinterpret_cast<std::uintptr_t>(a_base) % 16 == 0;  // A rows: 16-byte loads
@@ -906,7 +900,7 @@ bool lstm_fused_forward(const LstmSizes& s, bool reverse, bool training, bool tf
                         const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
                         const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y, scalar_t* gates,
                         scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n, const at::Tensor& like) {
-  if (!applies<scalar_t>(s, tf32, h0)) return false;
+  if (!applies<scalar_t>(s, h0)) return false;
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {
@@ -1000,7 +994,7 @@ bool lstm_fused_backward(const LstmSizes& s, bool reverse, bool tf32, const scal
                          scalar_t* hprev, at::opmath_type<scalar_t>* grad_h0, at::opmath_type<scalar_t>* grad_c0,
                          const at::Tensor& like) {
   using acc_t = at::opmath_type<scalar_t>;
-  if (!applies<scalar_t>(s, tf32, dG)) return false;
+  if (!applies<scalar_t>(s, dG)) return false;
   if constexpr (!kHasMma<scalar_t>) {
     return false;
   } else {

@@ -38,6 +38,7 @@ constexpr int64_t kFusedMaxForwardHiddenFp32 = 512;  // fused forward, B > 16: H
 constexpr int64_t kPersistentMaxBackwardBatchFp32 = 8;    // persistent backward: B <= 8 and ...
 constexpr int64_t kPersistentMaxBackwardHiddenFp32 = 512;  // ... H <= 512
 constexpr int64_t kFusedMinBackwardBatchFp32 = 8;   // fused backward: B >= 8 and (B <= 16 or ...
+constexpr int64_t kFusedMaxBackwardBatchFp32 = 16;
 constexpr int64_t kFusedMaxBackwardBHFp32 = 8 * 1024;  // ... B·H <= 8192)
 constexpr int64_t kPersistentMaxStateMma = 8 * 1024;  // persistent, tensor cores (but TF32 forward)
 constexpr int64_t kPersistentMaxForwardBatchMma = 16;  // persistent forward, tensor cores: B <= 16 and ...
@@ -148,7 +149,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   if (!mma && elem_size == 4) {  // float32 without TF32
     if (backward) {
       if (s.B <= kPersistentMaxBackwardBatchFp32 && s.H <= kPersistentMaxBackwardHiddenFp32) return Loop::kPersistent;
-      return s.B >= kFusedMinBackwardBatchFp32 && (s.B <= kPersistentMaxForwardBatchMma || bh <= kFusedMaxBackwardBHFp32)
+      return s.B >= kFusedMinBackwardBatchFp32 && (s.B <= kFusedMaxBackwardBatchFp32 || bh <= kFusedMaxBackwardBHFp32)
                  ? Loop::kFused
                  : Loop::kCublas;
     }

@@ -901,6 +901,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // per warp and tile). Measured on an H200 (fp32 B = 1 / 16, H = 1024, an earlier version with
 // 4-byte payloads): half or all of W_hh read from shared memory every step took the same time.
 constexpr int kDirectKS = 8;  // k-steps of 8 LL words per warp
+// Resident W_hh fragments per k-step and n8 tile (pairs of 32-bit registers): 16-bit 1 (one
+// MMA), TF32 2 (two MMAs), x3 2 (W's big and small parts).
+constexpr int direct_frags(Path P) { return P == Path::kMma16 ? 1 : 2; }
 // x3 at B <= 8 (one row per lane, the A fragments of 16 k-steps in 64 registers): up to Hp = 1024.
 constexpr int kDirectKSX3OneRow = 16;
 constexpr int kTf32PairFlagShift = 38;
@@ -911,12 +914,6 @@ __device__ __forceinline__ unsigned tf32_pair_flag(int step) {
 // A TF32 pair word's first (bits 0-18) and second (19-37) value, as TF32 bits for the MMA.
 __device__ __forceinline__ uint32_t tf32_pair_first(u64 w) { return static_cast<uint32_t>(w << 13) & 0xffffe000u; }
 __device__ __forceinline__ uint32_t tf32_pair_second(u64 w) { return static_cast<uint32_t>(w >> 6) & 0xffffe000u; }
-// Path::kTf32x3's split of x: part 0 = TF32(x), part 1 = TF32(x - TF32(x)) (the subtraction is
-// exact), as TF32 bits.
-__device__ __forceinline__ uint32_t tf32_part(float x, int part) {
-  const uint32_t big = to_tf32(x);
-  return part == 0 ? big : to_tf32(x - __uint_as_float(big));
-}
 // Partial sums: row stride 40 floats (4U <= 32 columns; 40 keeps the gate threads' reads of
 // four rows x eight units on distinct banks) and compile-time strides, so that the 32 loads of
 // a gate item are one base register plus immediates (code size: see the top of the file).
@@ -1012,7 +1009,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // MMAs per k-step of 8 LL words: 16-bit 1 (16 elements); TF32 2 (16 elements); x3 3 (8
   // elements; 2 with kStacked). The resident fragments per k-step: [kFrag][2] registers (x3:
   // W's big and small parts).
-  constexpr int kFrag = kTf32Pairs ? 2 : 1;
+  constexpr int kFrag = direct_frags(P);
   constexpr int PAD = kX3 ? 0 : U4;  // Geometry::pad_shift: x3 slices fill a sector already
   // x3 with one batch row per lane: the small values ride in the A tile's rows g + 8 (step 2).
   constexpr bool kStacked = kX3 && kBranchFreeRows == 1;
@@ -1326,7 +1323,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Padding units publish zeros.
     u64* const pub = pub0 + ((s & 1) ? buf_words : 0);
     if constexpr (kX3) {
-      const uint32_t big = tf32_part(static_cast<float>(h), 0) >> 13, small = tf32_part(static_cast<float>(h), 1) >> 13;
+      const float hf = static_cast<float>(h);
+      const uint32_t big_bits = to_tf32(hf), big = big_bits >> 13, small = tf32_small(hf, big_bits) >> 13;
       const uint32_t big_next = __shfl_down_sync(0xffffffffu, big, 1);  // unit u + 1 of the same row
       const uint32_t small_next = __shfl_down_sync(0xffffffffu, small, 1);
       if (s + 1 < T && active && (it.u & 1) == 0) {
@@ -2218,9 +2216,8 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   g.nt = 4 * U / 8;  // n8 tiles of the 4U gate columns
   size_t off = align16(2 * static_cast<size_t>(kWarps) * kDirectWarp * sizeof(float));
   g.off_w = static_cast<int>(off);  // fragments of k-steps [KREG, KPC), 8 bytes per lane and MMA
-  const int frags = P == Path::kMma16 ? 1 : 2;  // the kernel's kFrag
   constexpr int kMaxNT = MmaCfg<Path::kMma16, false>::kNT;  // 4 n8 tiles at most, whatever the path
-  off += static_cast<size_t>(kWarps) * (KPC - KREG) * frags * kMaxNT * 32 * sizeof(uint2);
+  off += static_cast<size_t>(kWarps) * (KPC - KREG) * direct_frags(P) * kMaxNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
@@ -2317,7 +2314,6 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
                         const at::Tensor& like) {
   // The kernel instance is chosen by KPC, the k-steps per warp of the geometry, and KPC
   // depends on U: try each instance with the U values that give its KPC.
-  // TF32 at 8 k-steps per warp keeps half of them in registers (the kernel's comment).
   auto try_direct = [&](auto kpc_c, auto u4_c, auto rows_c) {
     constexpr int KPC = decltype(kpc_c)::value, U4 = decltype(u4_c)::value, ROWS = decltype(rows_c)::value;
     // TF32 fragments at 8 k-steps per warp: half in registers; x3 at 16: 5 of them (the rest,
@@ -2357,7 +2353,7 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     if constexpr (P != Path::kFma) {
       if (run_direct_forward<scalar_t, P, kTraining>(s, prop, args, like)) return true;
     } else if constexpr (std::is_same_v<scalar_t, float>) {
-      // float32 with TF32 off: three TF32 MMAs per product (Hp <= 512).
+      // float32 with TF32 off: three TF32 MMAs per product (Hp <= 512, or 1024 at B <= 8).
       if (run_direct_forward<scalar_t, Path::kTf32x3, kTraining>(s, prop, args, like)) return true;
     }
   }
