@@ -378,12 +378,13 @@ def _direct_branch_free_rows(fn) -> set[int]:
     ("bfloat16", 8, 512, 1), ("tf32", 8, 1024, 1), ("bfloat16", 9, 512, 2), ("bfloat16", 16, 256, 2),
     ("tf32", 16, 1024, 2), ("bfloat16", 8, 768, 1), ("float16", 16, 640, 2), ("bfloat16", 6, 1024, 0),
     ("float16", 12, 1024, 0), ("bfloat16", 8, 900, 0), ("float32", 8, 512, 1), ("float32", 16, 256, 2),
-    ("float32", 8, 1024, 1),
+    ("float32", 8, 1024, 1), ("float32", 16, 1024, 3), ("float32", 12, 600, 3),
 ])
 def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_name, B, H, rows):
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
-    except 16-bit types at H > 768 from B = 6: the per-word loop (0)."""
+    except 16-bit types at H > 768 from B = 6: the per-word loop (0), and float32 without TF32
+    beyond H = 512 at B > 8: row gq, then gq + 8 in a second pass (3)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
         assert _direct_branch_free_rows(_train_call(DTYPE[precision_name], B, H, T=3)) == {rows}
@@ -409,16 +410,15 @@ def _split_cluster_sizes(fn) -> set[int]:
     ("bfloat16", 1, 1024, True), ("float16", 16, 256, True), ("bfloat16", 5, 40, True), ("tf32", 16, 512, True),
     ("tf32", 4, 1024, True), ("tf32", 12, 1024, True), ("tf32", 1, 520, True),
     ("bfloat16", 17, 256, False), ("tf32", 17, 1024, False), ("float64", 2, 16, False),
-    # float32 with TF32 off: three TF32 MMAs per product (two at B <= 8), up to H = 512, and at
-    # B <= 8 up to H = 1024.
+    # float32 with TF32 off: three TF32 MMAs per product (two with one row per lane) up to H = 1024.
     ("float32", 4, 256, True), ("float32", 16, 512, True), ("float32", 17, 64, False), ("float32", 1, 520, True),
-    ("float32", 8, 1024, True), ("float32", 9, 520, False), ("float32", 2, 1032, False),
+    ("float32", 8, 1024, True), ("float32", 9, 520, True), ("float32", 16, 1024, True), ("float32", 2, 1032, False),
 ])
 def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direct):
     """The persistent forward runs its direct kernel (A fragments straight from the exchange
     buffer, one barrier per step) on tensor cores at B <= 16 and H <= 1024 (TF32 beyond H = 512
-    with half of W_hh's fragments in shared memory; float32 without TF32 up to H = 512 and at
-    B <= 8 up to H = 1024, each product as three TF32 MMAs), the general kernel elsewhere; the
+    with half of W_hh's fragments in shared memory; float32 without TF32 with each product as
+    three TF32 MMAs), the general kernel elsewhere; the
     diagnostic SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the
     reference's values (test_layer_matches_reference and the rest run whichever applies)."""
     dtype = DTYPE[precision_name]
@@ -449,9 +449,11 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     # fragments in shared memory), a padded last block (H = 300, 75 blocks), B <= 8 and B > 8.
     ("float32", [3, 3, 2, 1], 40), ("float32", [7, 7, 5, 2, 2, 1], 300), ("float32", [12, 12, 9, 4, 1], 300),
     ("float32", [8, 7, 5, 2], 512), ("float32", [16, 16, 11, 3, 1], 512), ("float32", [5, 5, 1], 128),
-    # ... and at B <= 8 with 16 k-steps per warp, 8 units per block: H = 1024, H = 1000 (a padded
-    # last block), H = 520 (65 blocks).
+    # ... and with 16 k-steps per warp, 8 units per block: H = 1024, H = 1000 (a padded last
+    # block), H = 520 (65 blocks); beyond B = 8 in two passes, rows that start late (reverse)
+    # in either pass, the pass count changing with the batch.
     ("float32", [8, 7, 5, 2], 1024), ("float32", [3, 3, 1], 1000), ("float32", [6, 6, 2], 520),
+    ("float32", [16, 16, 11, 3, 1], 1024), ("float32", [13, 12, 9, 8, 4], 1000), ("float32", [10, 9, 2], 520),
 ])
 def test_direct_and_general_forward_match_reference(monkeypatch, precision_name, batch_sizes, H):
     """Both persistent forward kernels on one packed, reversed input (rows that start late take
@@ -464,7 +466,7 @@ def test_direct_and_general_forward_match_reference(monkeypatch, precision_name,
                           what=f"SEQKERNELS_LSTM_PERSISTENT_DIRECT={direct}")
 
 
-@pytest.mark.parametrize("B,H", [(8, 512), (16, 256), (4, 1024)])
+@pytest.mark.parametrize("B,H", [(8, 512), (16, 256), (4, 1024), (16, 1024)])
 def test_float32_direct_forward_is_as_accurate_as_fma(monkeypatch, B, H):
     """float32 with TF32 off: the direct kernel's three TF32 MMAs per product against the
     general kernel's FFMA, both against float64 over 96 steps (errors accumulate through the

@@ -892,7 +892,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 //             the first, word 2t+1 = elements 4t+2, 4t+3 for k = t, t+4 of the second;
 //             so b0 = W[4t][col], b1 = W[4t+1][col], then W[4t+2][col], W[4t+3][col].
 // Limits (else the general kernel): bf16/fp16 or float32, B <= 16, at most 8 k-steps per warp
-// (Hp <= 1024; float32 with TF32 off, Path::kTf32x3 below: Hp <= 512, or 1024 at B <= 8).
+// (Hp <= 1024; float32 with TF32 off, Path::kTf32x3 below: 16 k-steps per warp, Hp <= 1024).
 //
 // Resident weights. TF32 fragments take twice the registers of 16-bit ones: at 8 k-steps per
 // warp (Hp > 512) all of them (128 registers) would not fit beside the A fragments, so the first
@@ -904,7 +904,8 @@ constexpr int kDirectKS = 8;  // k-steps of 8 LL words per warp
 // Resident W_hh fragments per k-step and n8 tile (pairs of 32-bit registers): 16-bit 1 (one
 // MMA), TF32 2 (two MMAs), x3 2 (W's big and small parts).
 constexpr int direct_frags(Path P) { return P == Path::kMma16 ? 1 : 2; }
-// x3 at B <= 8 (one row per lane, the A fragments of 16 k-steps in 64 registers): up to Hp = 1024.
+// x3 with one row per lane (the A fragments of 16 k-steps in 64 registers; beyond B = 8 in two
+// passes): up to Hp = 1024.
 constexpr int kDirectKSX3OneRow = 16;
 constexpr int kTf32PairFlagShift = 38;
 constexpr unsigned kTf32PairFlagPeriod = (1u << 26) - 1;
@@ -923,6 +924,8 @@ constexpr int kDirectWarp = 16 * kDirectRow;
 //   1: row gq only (B <= 8), branch-free: loads predicated on the pending bits, flags checked
 //      into a bit mask (~5 instructions per word instead of a branch and ~13);
 //   2: rows gq and gq + 8 (8 < B <= 16), branch-free;
+//   3: x3 beyond Hp = 512 at 8 < B <= 16 (16 k-steps per warp): row gq, then gq + 8 in a second
+//      pass, each as 1 (A fragments of both rows do not fit the registers);
 //   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit types at H > 768 from
 //      B = 6, where the branch-free polling's L2 traffic (112 or 128 blocks polling every
 //      word) costs more than it saves (bf16 B = 8, H = 1024: 7-8 % slower; Nsight Compute: 56 %
@@ -1012,13 +1015,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kFrag = direct_frags(P);
   constexpr int PAD = kX3 ? 0 : U4;  // Geometry::pad_shift: x3 slices fill a sector already
   // x3 with one batch row per lane: the small values ride in the A tile's rows g + 8 (step 2).
-  constexpr bool kStacked = kX3 && kBranchFreeRows == 1;
+  constexpr bool kStacked = kX3 && (kBranchFreeRows == 1 || kBranchFreeRows == 3);
   constexpr int kFlagShift = kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
   // that polling does not flood L2.
   constexpr int kPollAll = KPC;
-  static_assert(kBranchFreeRows >= 0 && kBranchFreeRows <= 2, "direct kernel instance");
+  static_assert(kBranchFreeRows >= 0 && kBranchFreeRows <= 3, "direct kernel instance");
+  static_assert(kBranchFreeRows != 3 || kX3, "two passes: x3 only");
   static_assert(kBranchFreeRows == 0 || 2 * KPC <= 32, "the pending bits of both rows fit one word");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1125,174 +1129,189 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The flag of step s - 1's words (none are read at s = 0).
     const unsigned want = s == 0 ? 0u : kTf32Pairs ? tf32_pair_flag(s - 1) : static_cast<unsigned>(s);
 
-    // 1. A fragments of this warp's K slice, rows gq and gq + 8 (16-byte LL loads).
-    const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + (word0 << PAD);
-    const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
-    const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
-    u64 lo[2][KPC], hi[2][KPC];
-    unsigned pending = 0;
-    if constexpr (kBranchFreeRows > 0) {
-      // Rows gq (and gq + 8), polled branch-free: the loads are predicated on the pending bits and
-      // the flags are checked into a bit mask (measured against the branches below:
-      // direct_branch_free_rows, docs/kernels.md).
-      const unsigned row_bits = (1u << nf) - 1u;
-      pending = (ll0 ? row_bits : 0u) | (kBranchFreeRows == 2 && ll1 ? row_bits << KPC : 0u);
-#pragma unroll
-      for (int f = 0; f < KPC; ++f) {
-        lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
-        ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
-        if constexpr (kBranchFreeRows == 2) ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
-      }
-    } else {
-#pragma unroll
-      for (int f = 0; f < KPC; ++f) {
-        lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
-        if (f < nf) {
-          if (ll0) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
-          if (ll1) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
-          pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
-        }
-      }
-    }
-    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, kX3, KPC>(a.h0, H, data_words, word0, nll, bt, lo, hi);
-    if (s + 1 < T) {
-      nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
-      prefetch(nxt, pv_next);
-    }
-    const long long t_wait = clock64();
-    if constexpr (kBranchFreeRows > 0) {
-      while (true) {
-        unsigned arrived = 0;
+    // Steps 1 and 2 run once per pass; kBranchFreeRows 3 at bt > 8 takes two, rows gq then
+    // gq + 8: the A fragments of both rows at 16 k-steps would not fit the registers (x3,
+    // Hp > 512). (Issuing the second pass's loads during the first pass's product, into the
+    // registers of each k-step just consumed, was slower: 255 registers with spills, B = 16,
+    // H = 1024 2.29 against 2.25 ms per CUDA-graph call on an H200.)
+    const int npass = kBranchFreeRows == 3 && bt > 8 ? 2 : 1;
+#pragma unroll 1
+    for (int pass = 0; pass < npass; ++pass) {
+      const int row0 = gq + 8 * pass;  // this lane's first row of the pass
+
+      // 1. A fragments of this warp's K slice, rows row0 and row0 + 8 (16-byte LL loads).
+      const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + row0) * g.row_words + (word0 << PAD);
+      const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
+      const bool ll0 = row0 < nll, ll1 = row0 + 8 < nll;
+      u64 lo[2][KPC], hi[2][KPC];
+      unsigned pending = 0;
+      if constexpr (kBranchFreeRows > 0) {
+        // Rows gq (and gq + 8), polled branch-free: the loads are predicated on the pending bits and
+        // the flags are checked into a bit mask (measured against the branches below:
+        // direct_branch_free_rows, docs/kernels.md).
+        const unsigned row_bits = (1u << nf) - 1u;
+        pending = (ll0 ? row_bits : 0u) | (kBranchFreeRows == 2 && ll1 ? row_bits << KPC : 0u);
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
-          arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
-          if constexpr (kBranchFreeRows == 2) arrived |= ll_valid(lo[1][f], hi[1][f], want, kFlagShift) ? 1u << (KPC + f) : 0u;
-        }
-        pending &= ~arrived;
-        if (pending == 0) break;
-        check_spin_timeout(t_wait, want);
-#pragma unroll
-        for (int f = 0; f < KPC; ++f) {
+          lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
           ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
           if constexpr (kBranchFreeRows == 2) ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
         }
-      }
-    } else {
-      while (true) {
-        int first = -1;
+      } else {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int f = 0; f < KPC; ++f) {
+          lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+          if (f < nf) {
+            if (ll0) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+            if (ll1) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
+            pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
+          }
+        }
+      }
+      if (__builtin_expect(nll < bt, 0)) {
+        const int r0 = 8 * pass;  // h0_fragments' rows are gq and gq + 8 from row r0
+        h0_fragments<scalar_t, kX3, KPC>(a.h0 + static_cast<int64_t>(r0) * H, H, data_words, word0, nll - r0, bt - r0, lo, hi);
+      }
+      if (pass == 0 && s + 1 < T) {
+        nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
+        prefetch(nxt, pv_next);
+      }
+      const long long t_wait = clock64();
+      if constexpr (kBranchFreeRows > 0) {
+        while (true) {
+          unsigned arrived = 0;
 #pragma unroll
           for (int f = 0; f < KPC; ++f) {
-            const unsigned bit = 1u << (r * KPC + f);
-            if (pending & bit) {
-              if (ll_valid(lo[r][f], hi[r][f], want, kFlagShift)) {
-                pending &= ~bit;
-              } else if (first < 0) {
-                first = r * KPC + f;
+            arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
+            if constexpr (kBranchFreeRows == 2) arrived |= ll_valid(lo[1][f], hi[1][f], want, kFlagShift) ? 1u << (KPC + f) : 0u;
+          }
+          pending &= ~arrived;
+          if (pending == 0) break;
+          check_spin_timeout(t_wait, want);
+#pragma unroll
+          for (int f = 0; f < KPC; ++f) {
+            ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
+            if constexpr (kBranchFreeRows == 2) ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
+          }
+        }
+      } else {
+        while (true) {
+          int first = -1;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+#pragma unroll
+            for (int f = 0; f < KPC; ++f) {
+              const unsigned bit = 1u << (r * KPC + f);
+              if (pending & bit) {
+                if (ll_valid(lo[r][f], hi[r][f], want, kFlagShift)) {
+                  pending &= ~bit;
+                } else if (first < 0) {
+                  first = r * KPC + f;
+                }
               }
             }
           }
+          if (pending == 0) break;
+          if (__popc(pending) > kPollAll) {
+            (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * kstride, want, kFlagShift);
+          } else {
+            check_spin_timeout(t_wait, want);
+          }
+#pragma unroll
+          for (int f = 0; f < KPC; ++f) {
+            if (pending & (1u << f)) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+            if (pending & (1u << (KPC + f))) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
+          }
         }
-        if (pending == 0) break;
-        if (__popc(pending) > kPollAll) {
-          (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * kstride, want, kFlagShift);
-        } else {
-          check_spin_timeout(t_wait, want);
-        }
+      }
+      trace.mark(0);
+
+      // 2. Partial gate pre-activations of this warp's K slice into red[s & 1][warp].
+      float acc[kNT][4];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+      if constexpr (kX3) {
+        // The small·big and big·small terms into acc_lo, big·big into acc (kTf32x3 above). With one
+        // batch row per lane (kStacked) the A tile's rows g + 8 carry the small values of rows g:
+        // A·W_big gives big·big (rows g) and small·big (rows g + 8), A·W_small big·small and
+        // small·small: two MMAs per k-step instead of three, the four terms folded into rows g.
+        float acc_lo[kNT][4];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
-          if (pending & (1u << f)) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
-          if (pending & (1u << (KPC + f))) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
+          // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word. a_main:
+          // the big values of rows g and g + 8, or (kStacked) row g's big and small values.
+          const u64 row8 = kStacked ? hi[0][f] : lo[1][f];
+          const uint32_t a_main[4] = {tf32_pair_first(lo[0][f]), tf32_pair_first(row8), tf32_pair_second(lo[0][f]),
+                                      tf32_pair_second(row8)};
+          const uint32_t a_small[4] = {tf32_pair_first(hi[0][f]), tf32_pair_first(hi[1][f]), tf32_pair_second(hi[0][f]),
+                                       tf32_pair_second(hi[1][f])};
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            uint2 wb, ws;
+            if (f < KREG) {
+              const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
+              wb = make_uint2(b[0][0], b[0][1]);
+              ws = make_uint2(b[1][0], b[1][1]);
+            } else {
+              wb = wsm[(((f - KREG) * kFrag + 0) * kNT + nt) * 32];
+              ws = wsm[(((f - KREG) * kFrag + 1) * kNT + nt) * 32];
+            }
+            if constexpr (!kStacked) MmaInst<float>::run(acc_lo[nt], a_small, wb.x, wb.y);
+            MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
+            MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
+          }
         }
-      }
-    }
-    trace.mark(0);
-
-    // 2. Partial gate pre-activations of this warp's K slice into red[s & 1][warp].
-    float acc[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    if constexpr (kX3) {
-      // The small·big and big·small terms into acc_lo, big·big into acc (kTf32x3 above). With one
-      // batch row per lane (kStacked) the A tile's rows g + 8 carry the small values of rows g:
-      // A·W_big gives big·big (rows g) and small·big (rows g + 8), A·W_small big·small and
-      // small·small: two MMAs per k-step instead of three, the four terms folded into rows g.
-      float acc_lo[kNT][4];
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
-#pragma unroll
-      for (int f = 0; f < KPC; ++f) {
-        // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word. a_main:
-        // the big values of rows g and g + 8, or (kStacked) row g's big and small values.
-        const u64 row8 = kStacked ? hi[0][f] : lo[1][f];
-        const uint32_t a_main[4] = {tf32_pair_first(lo[0][f]), tf32_pair_first(row8), tf32_pair_second(lo[0][f]),
-                                    tf32_pair_second(row8)};
-        const uint32_t a_small[4] = {tf32_pair_first(hi[0][f]), tf32_pair_first(hi[1][f]), tf32_pair_second(hi[0][f]),
-                                     tf32_pair_second(hi[1][f])};
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          uint2 wb, ws;
-          if (f < KREG) {
-            const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
-            wb = make_uint2(b[0][0], b[0][1]);
-            ws = make_uint2(b[1][0], b[1][1]);
+          if constexpr (kStacked) {
+            acc[nt][0] += acc[nt][2] + (acc_lo[nt][0] + acc_lo[nt][2]);
+            acc[nt][1] += acc[nt][3] + (acc_lo[nt][1] + acc_lo[nt][3]);
           } else {
-            wb = wsm[(((f - KREG) * kFrag + 0) * kNT + nt) * 32];
-            ws = wsm[(((f - KREG) * kFrag + 1) * kNT + nt) * 32];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e];
           }
-          if constexpr (!kStacked) MmaInst<float>::run(acc_lo[nt], a_small, wb.x, wb.y);
-          MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
-          MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
         }
       }
+#pragma unroll
+      for (int f = 0; f < (kX3 ? 0 : KPC); ++f) {
+#pragma unroll
+        for (int m = 0; m < kFrag; ++m) {
+          uint32_t af[4];
+          if constexpr (kTf32Pairs) {
+            const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
+            af[0] = tf32_pair_first(w0);
+            af[1] = tf32_pair_first(w1);
+            af[2] = tf32_pair_second(w0);
+            af[3] = tf32_pair_second(w1);
+          } else {
+            af[0] = static_cast<uint32_t>(lo[0][f]);
+            af[1] = static_cast<uint32_t>(lo[1][f]);
+            af[2] = static_cast<uint32_t>(hi[0][f]);
+            af[3] = static_cast<uint32_t>(hi[1][f]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            if (f < KREG) {
+              const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
+              MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
+            } else {
+              const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
+              MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+            }
+          }
+        }
+      }
+      float* rw = red + ((s & 1) * kWarps + warp) * kDirectWarp;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        if constexpr (kStacked) {
-          acc[nt][0] += acc[nt][2] + (acc_lo[nt][0] + acc_lo[nt][2]);
-          acc[nt][1] += acc[nt][3] + (acc_lo[nt][1] + acc_lo[nt][3]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e];
-        }
+        float* r0 = rw + row0 * kDirectRow + nt * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
+        if constexpr (!kStacked) *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
       }
-    }
-#pragma unroll
-    for (int f = 0; f < (kX3 ? 0 : KPC); ++f) {
-#pragma unroll
-      for (int m = 0; m < kFrag; ++m) {
-        uint32_t af[4];
-        if constexpr (kTf32Pairs) {
-          const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
-          af[0] = tf32_pair_first(w0);
-          af[1] = tf32_pair_first(w1);
-          af[2] = tf32_pair_second(w0);
-          af[3] = tf32_pair_second(w1);
-        } else {
-          af[0] = static_cast<uint32_t>(lo[0][f]);
-          af[1] = static_cast<uint32_t>(lo[1][f]);
-          af[2] = static_cast<uint32_t>(hi[0][f]);
-          af[3] = static_cast<uint32_t>(hi[1][f]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          if (f < KREG) {
-            const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
-            MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
-          } else {
-            const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
-            MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
-          }
-        }
-      }
-    }
-    float* rw = red + ((s & 1) * kWarps + warp) * kDirectWarp;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      float* r0 = rw + gq * kDirectRow + nt * 8 + 2 * tq;
-      *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
-      if constexpr (!kStacked) *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
-    }
+      if (pass + 1 < npass) trace.mark(1);
+    }  // pass
     __syncthreads();
     trace.mark(1);
 
@@ -2205,7 +2224,7 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   // unit's big and small value per word pair, as if 4 bytes.
   base_geometry(s, U, P == Path::kTf32x3 ? 4 : 2, /*backward=*/false, g);
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
-  if (g.kpc > (P == Path::kTf32x3 && s.B <= 8 ? kDirectKSX3OneRow : kDirectKS)) return false;
+  if (g.kpc > (P == Path::kTf32x3 ? kDirectKSX3OneRow : kDirectKS)) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
   if (g.kpc != KPC) return false;
   if (g.wpb == 2) {  // U = 4: one 32-byte L2 sector per block's 16-byte slice (the kernel's comment)
@@ -2343,6 +2362,10 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   const int rows = direct_branch_free_rows(DP, s.H, s.B);
   if constexpr (DP == Path::kMma16) {
     if (rows == 0) return try_each(IntConst<0>{});
+  }
+  if constexpr (DP == Path::kTf32x3) {
+    // Beyond the two-row instances (Hp > 512): one row per lane in two passes (3).
+    if (rows == 2) return try_each(IntConst<2>{}) || try_direct(IntConst<kDirectKSX3OneRow>{}, IntConst<0>{}, IntConst<3>{});
   }
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
