@@ -69,7 +69,10 @@ def main() -> None:
     p.add_argument("--mode", choices=["infer", "train"], default="infer")
     p.add_argument("--iters", type=int, default=30, help=f"timed calls (at least {harness.MIN_TIMED_CALLS})")
     p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--tf32", choices=["default", "on", "off"], default="default",
+                   help="float32's TF32 switches (harness.set_tf32): PyTorch's defaults, both on, both off")
     args = p.parse_args()
+    harness.set_tf32({"default": None, "on": True, "off": False}[args.tf32])
     if args.iters < harness.MIN_TIMED_CALLS:
         p.error(f"--iters must be at least {harness.MIN_TIMED_CALLS}")
 
