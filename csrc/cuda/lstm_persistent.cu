@@ -1231,13 +1231,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
       if constexpr (kX3) {
-        // The small·big and big·small terms into acc_lo, big·big into acc (kTf32x3 above). With one
-        // batch row per lane (kStacked) the A tile's rows g + 8 carry the small values of rows g:
-        // A·W_big gives big·big (rows g) and small·big (rows g + 8), A·W_small big·small and
-        // small·small: two MMAs per k-step instead of three, the four terms folded into rows g.
-        float acc_lo[kNT][4];
+        // big·big into acc, big·small into acc_lo and small·big into acc_sb (kTf32x3 above): three
+        // dependent MMA chains per tile, none longer than KPC. With one batch row per lane
+        // (kStacked) the A tile's rows g + 8 carry the small values of rows g: A·W_big gives
+        // big·big (rows g) and small·big (rows g + 8), A·W_small big·small and small·small: two
+        // MMAs per k-step instead of three, the four terms folded into rows g.
+        float acc_lo[kNT][4], acc_sb[kStacked ? 1 : kNT][4];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < (kStacked ? 1 : kNT); ++nt) acc_sb[nt][0] = acc_sb[nt][1] = acc_sb[nt][2] = acc_sb[nt][3] = 0.f;
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
           // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word. a_main:
@@ -1258,7 +1261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               wb = wsm[(((f - KREG) * kFrag + 0) * kNT + nt) * 32];
               ws = wsm[(((f - KREG) * kFrag + 1) * kNT + nt) * 32];
             }
-            if constexpr (!kStacked) MmaInst<float>::run(acc_lo[nt], a_small, wb.x, wb.y);
+            if constexpr (!kStacked) MmaInst<float>::run(acc_sb[nt], a_small, wb.x, wb.y);
             MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
             MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
           }
@@ -1270,7 +1273,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             acc[nt][1] += acc[nt][3] + (acc_lo[nt][1] + acc_lo[nt][3]);
           } else {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e];
+            for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e] + acc_sb[nt][e];
           }
         }
       }
