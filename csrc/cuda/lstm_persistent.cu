@@ -1155,7 +1155,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int f = 0; f < KPC; ++f) {
           lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
           ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
-          if constexpr (kBranchFreeRows == 2) ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
+          if constexpr (kBranchFreeRows == 2) {
+            ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
+          }
         }
       } else {
 #pragma unroll
@@ -1170,7 +1172,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (__builtin_expect(nll < bt, 0)) {
         const int r0 = 8 * pass;  // h0_fragments' rows are gq and gq + 8 from row r0
-        h0_fragments<scalar_t, kX3, KPC>(a.h0 + static_cast<int64_t>(r0) * H, H, data_words, word0, nll - r0, bt - r0, lo, hi);
+        h0_fragments<scalar_t, kX3, KPC>(a.h0 + static_cast<int64_t>(r0) * H, H, data_words, word0, nll - r0, bt - r0,
+                                         lo, hi);
       }
       if (pass == 0 && s + 1 < T) {
         nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
@@ -1183,7 +1186,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int f = 0; f < KPC; ++f) {
             arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
-            if constexpr (kBranchFreeRows == 2) arrived |= ll_valid(lo[1][f], hi[1][f], want, kFlagShift) ? 1u << (KPC + f) : 0u;
+            if constexpr (kBranchFreeRows == 2) {
+              arrived |= ll_valid(lo[1][f], hi[1][f], want, kFlagShift) ? 1u << (KPC + f) : 0u;
+            }
           }
           pending &= ~arrived;
           if (pending == 0) break;
@@ -1191,7 +1196,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int f = 0; f < KPC; ++f) {
             ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
-            if constexpr (kBranchFreeRows == 2) ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
+            if constexpr (kBranchFreeRows == 2) {
+              ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
+            }
           }
         }
       } else {
@@ -1240,7 +1247,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < (kStacked ? 1 : kNT); ++nt) acc_sb[nt][0] = acc_sb[nt][1] = acc_sb[nt][2] = acc_sb[nt][3] = 0.f;
+        for (int nt = 0; nt < (kStacked ? 1 : kNT); ++nt) {
+          acc_sb[nt][0] = acc_sb[nt][1] = acc_sb[nt][2] = acc_sb[nt][3] = 0.f;
+        }
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
           // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word. a_main:
@@ -2219,7 +2228,7 @@ int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : kpc <= 8 ? 8 : 16
 
 // Geometry of the direct forward kernel instance <KPC, KREG> for U units per block; false where
 // the call needs another instance or is beyond the kernel's limits (B > 16, more than kDirectKS
-// k-steps per warp).
+// k-steps per warp, kDirectKSX3OneRow for x3).
 template <class scalar_t, Path P>
 bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, Geometry& g) {
   if (s.B > 16) return false;
@@ -2368,7 +2377,9 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   }
   if constexpr (DP == Path::kTf32x3) {
     // Beyond the two-row instances (Hp > 512): one row per lane in two passes (3).
-    if (rows == 2) return try_each(IntConst<2>{}) || try_direct(IntConst<kDirectKSX3OneRow>{}, IntConst<0>{}, IntConst<3>{});
+    if (rows == 2) {
+      return try_each(IntConst<2>{}) || try_direct(IntConst<kDirectKSX3OneRow>{}, IntConst<0>{}, IntConst<3>{});
+    }
   }
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
