@@ -190,7 +190,7 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         # float32 without TF32 on the direct kernel (big and small TF32 words, 16-byte stores):
         # 8 k-steps per warp with half of W_hh in shared memory (H = 512, B = 16), a padded last
         # block (H = 300, B = 5), 16 k-steps per warp (H = 1000: 125 blocks of 8), beyond B = 8 in
-        # two passes (the second pass's loads issued during the first pass's product).
+        # two passes (rows gq, then gq + 8).
         big += [([16, 16, 9], 8, 512, torch.float32, False), ([5, 5], 8, 300, torch.float32, False),
                 ([7, 7, 3], 8, 1000, torch.float32, False), ([13, 12, 9], 8, 1000, torch.float32, False)]
         # The split backward kernel in thread-block clusters (B >= 4 on sm_90: 72 blocks, 9

@@ -418,9 +418,9 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     """The persistent forward runs its direct kernel (A fragments straight from the exchange
     buffer, one barrier per step) on tensor cores at B <= 16 and H <= 1024 (TF32 beyond H = 512
     with half of W_hh's fragments in shared memory; float32 without TF32 with each product as
-    three TF32 MMAs), the general kernel elsewhere; the
-    diagnostic SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the
-    reference's values (test_layer_matches_reference and the rest run whichever applies)."""
+    three TF32 MMAs), the general kernel elsewhere; the diagnostic
+    SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps the general one. Both give the reference's values
+    (test_layer_matches_reference and the rest run whichever applies)."""
     dtype = DTYPE[precision_name]
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
