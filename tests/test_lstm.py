@@ -752,6 +752,49 @@ def test_inference_and_noncontiguous_input(device):
         assert_close(a, e, torch.float32, name)
 
 
+# The loops a test forces per device (SEQKERNELS_LSTM_BACKEND); "persistent-avx2": the CPU's
+# AVX2 kernels on an AVX-512 machine too (SEQKERNELS_CPU_AVX512=0).
+LOOPS = {"cpu": ("persistent", "gemm", "persistent-avx2"), "cuda": ("persistent", "fused", "cublas")}
+
+
+@pytest.mark.parametrize("loop_index", [0, 1, 2])
+@pytest.mark.parametrize("precision", ["float32", "tf32", "bfloat16"])
+@pytest.mark.parametrize("batch, hidden", [(3, 16), (12, 64), (12, 600)])
+def test_nan_in_the_input_propagates_like_nn_lstm(device, monkeypatch, loop_index, precision, batch, hidden):
+    """A NaN in one input element makes its batch row's outputs NaN from that step on and
+    leaves the other rows finite, as in nn.LSTM: no loop clamps, flushes or spreads it
+    (activation approximations, TF32 / 16-bit conversions, the persistent kernels' exchange
+    formats: on CUDA B = 12 runs the direct kernel with two rows per lane, and float32 without
+    TF32 at H = 600 its two passes). The CPU's vectorised exp once clamped NaN to a finite
+    value."""
+    loop = LOOPS[device][loop_index]
+    if loop == "persistent-avx2":
+        monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")
+        loop = "persistent"
+    if precision == "tf32":
+        if device == "cpu":
+            pytest.skip("TF32 is a CUDA precision")
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    T, nan_step, nan_row = 8, 3, 1
+    config = dict(input_size=hidden, hidden_size=hidden, num_layers=1, bias=True, batch_first=False,
+                  bidirectional=False, proj_size=0)
+    torch.manual_seed(batch + hidden)
+    ref_module, ours = make_lstms(config, dtype, device)
+    x = torch.randn(T, batch, hidden, device=device, dtype=dtype)
+    x[nan_step, nan_row, 0] = float("nan")
+    with torch.no_grad():
+        out, (h, c) = ours(x)
+        out_ref, (h_ref, c_ref) = ref_module(x)
+    want = torch.zeros(T, batch, hidden, dtype=torch.bool, device=device)
+    want[nan_step:, nan_row] = True
+    for name, got, ref in (("output", out, out_ref), ("h_n", h[0], h_ref[0]), ("c_n", c[0], c_ref[0])):
+        expected = want if name == "output" else want[-1]
+        assert torch.equal(torch.isnan(ref), expected), f"nn.LSTM's {name}: not the NaN pattern assumed"
+        assert torch.equal(torch.isnan(got), expected), f"{name}: NaN where nn.LSTM has none, or the reverse"
+
+
 def test_empty_batch_like_nn_lstm():
     """B = 0 gives nn.LSTM's (empty) shapes. CPU only: cuDNN's handling of B = 0 is not
     what is under test."""

@@ -396,7 +396,9 @@ inline void units_product_avx2(int64_t H, int64_t K, int64_t bt, int64_t j0, int
 struct Avx2Math {
   static inline __m256 exp(__m256 x) {
     using namespace fast_math;
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
+    // x second: MAXPS / MINPS return their second operand where either is NaN, so NaN stays NaN
+    // (with x first a NaN gate input became exp(kExpMin): finite outputs where nn.LSTM has NaN).
+    x = _mm256_min_ps(_mm256_set1_ps(kExpMax), _mm256_max_ps(_mm256_set1_ps(kExpMin), x));
     const __m256 shifter = _mm256_set1_ps(kShifter);
     const __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), shifter);
     const __m256 n = _mm256_sub_ps(shifted, shifter);
@@ -736,7 +738,8 @@ SEQKERNELS_AVX512 inline void units_product(int64_t H, int64_t K, int64_t bt, in
 struct Avx512Math {
   SEQKERNELS_AVX512 static inline __m512 exp(__m512 x) {
     using namespace fast_math;
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+    // x second, so that NaN stays NaN (Avx2Math::exp).
+    x = _mm512_min_ps(_mm512_set1_ps(kExpMax), _mm512_max_ps(_mm512_set1_ps(kExpMin), x));
     const __m512 shifter = _mm512_set1_ps(kShifter);
     const __m512 shifted = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), shifter);
     const __m512 n = _mm512_sub_ps(shifted, shifter);
