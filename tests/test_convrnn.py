@@ -446,6 +446,23 @@ def test_module_matches_functional_and_reference(device):
     assert torch.equal(y0, m(x, torch.zeros_like(h0))[0])
 
 
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_nan_in_the_input_is_not_swallowed(device, nonlinearity):
+    """A NaN input element makes its own output NaN (relu(NaN) is NaN, as in torch.relu) and
+    stays in its batch row: the other row is finite. (How far it spreads along the ring is the
+    convolution's business and not asserted.)"""
+    torch.manual_seed(12)
+    m = ConvRNN(2, 3, padding_mode="circular", nonlinearity=nonlinearity, device=device)
+    x = torch.randn(2, 5, 2, 9, device=device)  # [B, T, C, N]
+    x[0, 2, 1, 4] = float("nan")
+    with torch.no_grad():
+        y, h_T = m(x)
+    assert torch.isnan(y[0, 2, 1, 4]), "the NaN element's own output is not NaN"
+    assert torch.isnan(h_T[0]).any(), "the NaN did not reach the final state of its row"
+    assert torch.isfinite(y[1]).all() and torch.isfinite(h_T[1]).all(), "the NaN reached the other batch row"
+    assert torch.isfinite(y[0, :2]).all(), "NaN before the step that has it"
+
+
 def test_module_batch_first_false(device):
     torch.manual_seed(11)
     bf = ConvRNN(2, 3, device=device)

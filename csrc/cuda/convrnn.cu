@@ -87,7 +87,7 @@ constexpr int64_t kTileMinUnits = 1024;
 // The nonlinearity and its derivative expressed through the output y = act(pre).
 template <class acc_t>
 __device__ __forceinline__ acc_t activate(acc_t pre, bool relu) {
-  if (relu) return pre > acc_t(0) ? pre : acc_t(0);
+  if (relu) return pre < acc_t(0) ? acc_t(0) : pre;  // NaN propagates, as in torch.relu
   if constexpr (std::is_same_v<acc_t, double>) {
     return ::tanh(pre);
   } else {
