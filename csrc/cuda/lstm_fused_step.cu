@@ -19,12 +19,12 @@
 // NC = 4U GEMM columns) and batch rows [bb·16·MT, +16·MT) of the step. It computes
 //     D[n][c] = sum_k h_{t-1}[n][k] · W_hh[row(c)][k],   c = gate·U + u, row(c) = gate·H + j
 // with mma.sync (bf16/fp16: m16n8k16; float32 with TF32 allowed: m16n8k8.tf32, without it three
-// of those per product (kX3 below); fp32 accumulation): its W_hh rows in shared memory (B operand), h_{t-1} rows read straight from
-// global memory (L2) into A fragments. The 8 warps split the block's MT m16 tiles and K
-// (KG = 8 / MT K-groups); partial sums meet in shared memory and are added in a fixed order
-// (deterministic). Then one thread per (row, unit) adds pre = x·W_ihᵀ and the bias, applies
-// lstm_cell.h, and writes y, c (cbuf, in place: one thread owns an element), h_n where the row's
-// sequence ends, and the saved gates/cells when training.
+// of those per product (kX3 below); fp32 accumulation): its W_hh rows in shared memory (B
+// operand), h_{t-1} rows read straight from global memory (L2) into A fragments. The 8 warps
+// split the block's MT m16 tiles and K (KG = 8 / MT K-groups); partial sums meet in shared
+// memory and are added in a fixed order (deterministic). Then one thread per (row, unit) adds
+// pre = x·W_ihᵀ and the bias, applies lstm_cell.h, and writes y, c (cbuf, in place: one thread
+// owns an element), h_n where the row's sequence ends, and the saved gates/cells when training.
 //
 // Backward step (one launch, reverse processing order): the same ownership; the GEMM is
 //     dh[n][u] = sum_r dG_succ[n][r] · W_hh[r][j0 + u]     (K = G, 8 columns: U <= 8, padded)

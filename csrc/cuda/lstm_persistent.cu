@@ -1285,32 +1285,33 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e] + acc_sb[nt][e];
           }
         }
-      }
+      } else {
 #pragma unroll
-      for (int f = 0; f < (kX3 ? 0 : KPC); ++f) {
+        for (int f = 0; f < KPC; ++f) {
 #pragma unroll
-        for (int m = 0; m < kFrag; ++m) {
-          uint32_t af[4];
-          if constexpr (kTf32Pairs) {
-            const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
-            af[0] = tf32_pair_first(w0);
-            af[1] = tf32_pair_first(w1);
-            af[2] = tf32_pair_second(w0);
-            af[3] = tf32_pair_second(w1);
-          } else {
-            af[0] = static_cast<uint32_t>(lo[0][f]);
-            af[1] = static_cast<uint32_t>(lo[1][f]);
-            af[2] = static_cast<uint32_t>(hi[0][f]);
-            af[3] = static_cast<uint32_t>(hi[1][f]);
-          }
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            if (f < KREG) {
-              const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
-              MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
+          for (int m = 0; m < kFrag; ++m) {
+            uint32_t af[4];
+            if constexpr (kTf32Pairs) {
+              const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
+              af[0] = tf32_pair_first(w0);
+              af[1] = tf32_pair_first(w1);
+              af[2] = tf32_pair_second(w0);
+              af[3] = tf32_pair_second(w1);
             } else {
-              const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
-              MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+              af[0] = static_cast<uint32_t>(lo[0][f]);
+              af[1] = static_cast<uint32_t>(lo[1][f]);
+              af[2] = static_cast<uint32_t>(hi[0][f]);
+              af[3] = static_cast<uint32_t>(hi[1][f]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              if (f < KREG) {
+                const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
+                MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
+              } else {
+                const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
+                MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+              }
             }
           }
         }
