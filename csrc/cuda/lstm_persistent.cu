@@ -246,11 +246,6 @@ __device__ __forceinline__ void ll_store_word(u64* p, u64 v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// Two LL words (16 bytes, aligned): each an atomic 64-bit store (the 16-byte store is two).
-__device__ __forceinline__ void ll_store_pair(u64* p, u64 lo, u64 hi) {
-  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
-}
-
 // One LL word: payload in the low half, flag in the high half.
 __device__ __forceinline__ void ll_store(u64* p, uint32_t payload, uint32_t flag) {
   ll_store_word(p, (static_cast<u64>(flag) << 32) | payload);
@@ -844,7 +839,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward kernel, direct variant: tensor cores, B <= 16, Hp <= 1024 (float32 without TF32: 512 at B > 8)
+// Forward kernel, direct variant: tensor cores, B <= 16, Hp <= 1024
 // ---------------------------------------------------------------------------------------
 // Why. The general forward kernel above stages h_{t-1} in shared memory (gather, barrier),
 // forms the product (barrier), applies the gates and stages h_t for publication (barrier):
@@ -865,17 +860,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 // exchanged whole (the same rounding); y, h_n and c are the owner's full-precision values.
 //
 // float32 with TF32 off (Path::kTf32x3). h_{t-1} and W_hh are each split into a TF32 value
-// and the TF32 value of the remainder (x = big + small + O(2^-22 |x|)), and the product takes
-// three MMAs per k-step, small·big and big·small into one accumulator, big·big into another,
-// added at the end: the dropped small·small term and the splits' remainders are ~2^-22 of each
-// product, float32's order (cuBLAS's 3xTF32 and CUTLASS's "fast accurate" FP32 GEMMs do the
-// same). An LL word then carries one unit pair's big values or its small values (the flag as
-// above), and a lane's 16-byte load is one pair's big word and small word: a k-step of 8 words
-// is 8 units, so this path covers Hp <= 512, and a block's slice (4 units: 32 bytes) is a
-// sector by itself. At B <= 8 (one batch row per lane) the A tile's unused rows g + 8 carry the
-// small values of rows g, so two MMAs per k-step give all four products, and the A fragments of
-// 16 k-steps fit in registers: Hp <= 1024 there (8 units per block, 5 of the 16 k-steps' W_hh
-// fragments in registers, the rest, 176 KB, in shared memory; 254 registers, no spills).
+// (big) and the TF32 value of the remainder (small), and a product is big·big + big·small +
+// small·big, three MMAs, each term in an accumulator of its own, added at the end: the dropped
+// small·small term and the splits' remainders are ~2^-22 of each product, float32's order
+// (cuBLAS's 3xTF32 and CUTLASS's "fast accurate" FP32 GEMMs do the same). h travels in the TF32
+// pairs' layout, two units per LL word, 4 bytes a unit: each unit as its float32 bits rounded to
+// 22 significant bits (ties away) less the two low bits, 30 bits (x3_bits; NaN and inf keep
+// their meaning), and a 4-bit flag in bits 60-63, 1 + step mod 15 (the flag only has to tell step
+// s - 1 from a zeroed word and from step s - 3, what the buffer held before). The consumer splits
+// each value exactly: big = its top 11 significant bits (a mask), small = the rest (one FADD,
+// exact: 11 bits are left). So a k-step of 8 words is 16 units, as for TF32, and W_hh has four
+// fragments per k-step: big and small for each of its two MMAs. At B <= 8 (one batch row per
+// lane) the A tile's unused rows g + 8 carry the small values of rows g, so two MMAs per half
+// k-step give all four products. Beyond Hp = 512 at B > 8 the two rows of a lane run in two
+// passes (kBranchFreeRows = 3 below). (Until 2026-11-26 an LL word carried a unit pair's big or
+// its small TF32 values: 8 bytes a unit, twice the exchange.)
 //
 // One L2 sector per block slice. With 4 units per block a block's slice of a row is two words,
 // 16 bytes; two blocks writing halves of one 32-byte sector while every block polls it cost up
@@ -892,7 +891,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 //             the first, word 2t+1 = elements 4t+2, 4t+3 for k = t, t+4 of the second;
 //             so b0 = W[4t][col], b1 = W[4t+1][col], then W[4t+2][col], W[4t+3][col].
 // Limits (else the general kernel): bf16/fp16 or float32, B <= 16, at most 8 k-steps per warp
-// (Hp <= 1024; float32 with TF32 off, Path::kTf32x3 below: 16 k-steps per warp, Hp <= 1024).
+// (Hp <= 1024).
 //
 // Resident weights. TF32 fragments take twice the registers of 16-bit ones: at 8 k-steps per
 // warp (Hp > 512) all of them (128 registers) would not fit beside the A fragments, so the first
@@ -902,15 +901,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 // 4-byte payloads): half or all of W_hh read from shared memory every step took the same time.
 constexpr int kDirectKS = 8;  // k-steps of 8 LL words per warp
 // Resident W_hh fragments per k-step and n8 tile (pairs of 32-bit registers): 16-bit 1 (one
-// MMA), TF32 2 (two MMAs), x3 2 (W's big and small parts).
-constexpr int direct_frags(Path P) { return P == Path::kMma16 ? 1 : 2; }
-// x3 with one row per lane (the A fragments of 16 k-steps in 64 registers; beyond B = 8 in two
-// passes): up to Hp = 1024.
-constexpr int kDirectKSX3OneRow = 16;
+// MMA), TF32 2 (two MMAs), x3 4 (W's big and small parts for each of the two).
+constexpr int direct_frags(Path P) { return P == Path::kMma16 ? 1 : P == Path::kTf32 ? 2 : 4; }
 constexpr int kTf32PairFlagShift = 38;
 constexpr unsigned kTf32PairFlagPeriod = (1u << 26) - 1;
 __device__ __forceinline__ unsigned tf32_pair_flag(int step) {
   return 1u + static_cast<unsigned>(step) % kTf32PairFlagPeriod;
+}
+constexpr int kX3FlagShift = 60;
+constexpr unsigned kX3FlagPeriod = 15;
+__device__ __forceinline__ unsigned x3_flag(int step) { return 1u + static_cast<unsigned>(step) % kX3FlagPeriod; }
+// x3's 30 bits of float32 h: its bits rounded to 22 significant bits (ties away from zero, as
+// cvt.rna), without the two low bits. A NaN becomes the quiet NaN; an overflow in the rounding
+// gives inf, as it should.
+__device__ __forceinline__ uint32_t x3_bits(float h) {
+  const uint32_t b = __float_as_uint(h), mag = b & 0x7fffffffu;
+  const uint32_t r = mag > 0x7f800000u ? 0x7fc00000u : (mag + 2u) & ~3u;
+  return ((b & 0x80000000u) | r) >> 2;
+}
+// An x3 word's first (bits 0-29) and second (30-59) value as float32 bits.
+__device__ __forceinline__ uint32_t x3_first(u64 w) { return static_cast<uint32_t>(w << 2); }
+__device__ __forceinline__ uint32_t x3_second(u64 w) { return static_cast<uint32_t>(w >> 28) & ~3u; }
+// The exact split of such a value (22 significant bits) into two TF32 values, as bits.
+__device__ __forceinline__ uint32_t x3_big(uint32_t v) { return v & 0xffffe000u; }
+__device__ __forceinline__ uint32_t x3_small(uint32_t v) {
+  return __float_as_uint(__fsub_rn(__uint_as_float(v), __uint_as_float(x3_big(v))));
 }
 // A TF32 pair word's first (bits 0-18) and second (19-37) value, as TF32 bits for the MMA.
 __device__ __forceinline__ uint32_t tf32_pair_first(u64 w) { return static_cast<uint32_t>(w << 13) & 0xffffe000u; }
@@ -924,8 +939,8 @@ constexpr int kDirectWarp = 16 * kDirectRow;
 //   1: row gq only (B <= 8), branch-free: loads predicated on the pending bits, flags checked
 //      into a bit mask (~5 instructions per word instead of a branch and ~13);
 //   2: rows gq and gq + 8 (8 < B <= 16), branch-free;
-//   3: x3 beyond Hp = 512 at 8 < B <= 16 (16 k-steps per warp): row gq, then gq + 8 in a second
-//      pass, each as 1 (A fragments of both rows do not fit the registers);
+//   3: x3 beyond Hp = 512 at 8 < B <= 16 (8 k-steps per warp): row gq, then gq + 8 in a second
+//      pass, each as 1 (fewer registers than both rows' A fragments beside W_hh's);
 //   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit types at H > 768 from
 //      B = 6, where the branch-free polling's L2 traffic (112 or 128 blocks polling every
 //      word) costs more than it saves (bf16 B = 8, H = 1024: 7-8 % slower; Nsight Compute: 56 %
@@ -938,9 +953,8 @@ constexpr int direct_branch_free_rows(Path P, int64_t H, int64_t B) {
 }
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
-// start late in the reverse direction. Two elements per word: 16-bit values or TF32 pairs
-// (float); kX3: the big values of units word, word + 1, then their small values. Cold path,
-// out of line.
+// start late in the reverse direction. Two elements per word: 16-bit values, TF32 pairs or
+// (kX3) x3_bits pairs (float). Cold path, out of line.
 template <class scalar_t, bool kX3>
 __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word) {
   u64 p[2];
@@ -949,11 +963,11 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
     u64 bits = 0;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int k = kX3 ? word + e : (word + w) * 2 + e;
+      const int k = (word + w) * 2 + e;
       if (k < H) {
         const scalar_t v = h0_row[k];
         if constexpr (kX3) {
-          bits |= static_cast<u64>(tf32_part(static_cast<float>(v), w) >> 13) << (19 * e);
+          bits |= static_cast<u64>(x3_bits(static_cast<float>(v))) << (30 * e);
         } else if constexpr (sizeof(scalar_t) == 4) {
           bits |= static_cast<u64>(to_tf32(static_cast<float>(v)) >> 13) << (19 * e);
         } else {
@@ -992,10 +1006,10 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
 // KPC: k-steps per warp (compile time, so that the hot loop carries no per-k-step predicate);
 // lanes whose k-steps pass the end of the row (row_words) load fewer. KREG: the first KREG of
 // them keep their W_hh fragments in registers, the rest in shared memory (KREG < KPC: TF32 at
-// Hp > 512, see above). U4: 4 units per block (2 n8 tiles of gate columns; else 8 and 4); the
-// 16-bit and TF32-pair layouts then pad each block's slice to a sector (Geometry::pad_shift, at
-// compile time so that the k-steps' loads keep immediate offsets). kBranchFreeRows: how h_{t-1}
-// is polled (above; step 1 below).
+// Hp > 512 and x3, see above). U4: 4 units per block (2 n8 tiles of gate columns; else 8 and
+// 4); each block's slice is then padded to a sector (Geometry::pad_shift, at compile time so
+// that the k-steps' loads keep immediate offsets). kBranchFreeRows: how h_{t-1} is polled
+// (above; step 1 below).
 template <class scalar_t, Path P, bool kTraining, int KPC, int KREG, int U4, int kBranchFreeRows>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_direct_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
@@ -1005,18 +1019,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (A run-time tile count predicated every MMA: a WARPSYNC before each, and copies of the A
   // fragments per predicate, ~45 % of the product's instructions.)
   constexpr int kNT = U4 ? 2 : 4;
-  constexpr bool kX3 = P == Path::kTf32x3;                // float32, TF32 off: big and small words
-  constexpr bool kTf32Pairs = P == Path::kTf32 || kX3;  // h as words of two TF32 values
+  constexpr bool kX3 = P == Path::kTf32x3;                // float32, TF32 off: x3_bits pairs
+  constexpr bool kTf32Pairs = P == Path::kTf32 || kX3;  // float h, two units per word
   static_assert(kTf32Pairs || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or float32");
   static_assert(!kTf32Pairs || std::is_same_v<scalar_t, float>, "direct kernel: TF32 words hold float32");
-  // MMAs per k-step of 8 LL words: 16-bit 1 (16 elements); TF32 2 (16 elements); x3 3 (8
-  // elements; 2 with kStacked). The resident fragments per k-step: [kFrag][2] registers (x3:
-  // W's big and small parts).
+  // MMAs per k-step of 8 LL words (16 elements): 16-bit 1; TF32 2; x3 6 (4 with kStacked). The
+  // resident fragments per k-step: [kFrag][2] registers (x3: W's big and small parts of each
+  // of the two TF32 MMAs, m = 2 * mma + part).
   constexpr int kFrag = direct_frags(P);
-  constexpr int PAD = kX3 ? 0 : U4;  // Geometry::pad_shift: x3 slices fill a sector already
+  constexpr int PAD = U4;  // Geometry::pad_shift
   // x3 with one batch row per lane: the small values ride in the A tile's rows g + 8 (step 2).
   constexpr bool kStacked = kX3 && (kBranchFreeRows == 1 || kBranchFreeRows == 3);
-  constexpr int kFlagShift = kTf32Pairs ? kTf32PairFlagShift : 32;
+  constexpr int kFlagShift = kX3 ? kX3FlagShift : kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
   // that polling does not flood L2.
@@ -1056,23 +1070,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int m = 0; m < kFrag; ++m) {
           uint32_t b0 = 0, b1 = 0;
+          const int k0 = (warp * KPC + f) * 16 + 4 * tq;  // this lane's elements of the k-step
+          const int col = nt * 8 + gq;
           if constexpr (kX3) {
-            // k-step of 8 units: this lane's units 2t, 2t+1; m = 0 the big values, 1 the small.
-            const int k0 = (warp * KPC + f) * 8 + 2 * tq;
-            const int col = nt * 8 + gq;
-            const float w0 = static_cast<float>(wf(k0, col)), w1 = static_cast<float>(wf(k0 + 1, col));
-            b0 = tf32_part(w0, m);
-            b1 = tf32_part(w1, m);
+            // The TF32 layout's elements of MMA m >> 1, their big (m even) or small (odd) part.
+            const int k = k0 + 2 * (m >> 1);
+            b0 = tf32_part(static_cast<float>(wf(k, col)), m & 1);
+            b1 = tf32_part(static_cast<float>(wf(k + 1, col)), m & 1);
+          } else if constexpr (kTf32Pairs) {
+            b0 = to_tf32(static_cast<float>(wf(k0 + 2 * m, col)));
+            b1 = to_tf32(static_cast<float>(wf(k0 + 2 * m + 1, col)));
           } else {
-            const int k0 = (warp * KPC + f) * 16 + 4 * tq;  // this lane's elements of the k-step
-            const int col = nt * 8 + gq;
-            if constexpr (kTf32Pairs) {
-              b0 = to_tf32(static_cast<float>(wf(k0 + 2 * m, col)));
-              b1 = to_tf32(static_cast<float>(wf(k0 + 2 * m + 1, col)));
-            } else {
-              b0 = pack2(wf(k0, col), wf(k0 + 1, col));
-              b1 = pack2(wf(k0 + 2, col), wf(k0 + 3, col));
-            }
+            b0 = pack2(wf(k0, col), wf(k0 + 1, col));
+            b1 = pack2(wf(k0 + 2, col), wf(k0 + 3, col));
           }
           if (f < KREG) {
             bfr[nt][f < KREG ? f : 0][m][0] = b0;
@@ -1117,8 +1127,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This thread's unit pair's LL word of h_t in buffer 0 (even units publish it); buffer 1 is
   // buf_words further. Computed once: the publication is on the critical path.
   const int64_t buf_words = static_cast<int64_t>(B) * g.row_words;
-  u64* const pub0 = a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words +
-                    (blockIdx.x * g.wpb << PAD) + (kX3 ? it.u & ~1 : it.u >> 1);  // x3: big, small word
+  u64* const pub0 =
+      a.xbuf + static_cast<int64_t>(it.exists ? it.n : 0) * g.row_words + (blockIdx.x * g.wpb << PAD) + (it.u >> 1);
   PhaseTrace trace;
   trace.start(a.trace);
   int bt_prev = 0;
@@ -1127,11 +1137,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t off = cur.off;
     const int nll = s > 0 ? min(bt, bt_prev) : 0;  // rows of h_{t-1} in the LL buffer; [nll, bt) from h0
     // The flag of step s - 1's words (none are read at s = 0).
-    const unsigned want = s == 0 ? 0u : kTf32Pairs ? tf32_pair_flag(s - 1) : static_cast<unsigned>(s);
+    const unsigned want = s == 0                ? 0u
+                          : kX3                 ? x3_flag(s - 1)
+                          : kTf32Pairs          ? tf32_pair_flag(s - 1)
+                                                : static_cast<unsigned>(s);
 
     // Steps 1 and 2 run once per pass; kBranchFreeRows 3 at bt > 8 takes two, rows gq then
-    // gq + 8: the A fragments of both rows at 16 k-steps would not fit the registers (x3,
-    // Hp > 512). (Issuing the second pass's loads during the first pass's product, into the
+    // gq + 8 (x3, Hp > 512: fewer registers than both rows at once). (In the earlier x3 format, 8
+    // bytes a unit, issuing the second pass's loads during the first pass's product, into the
     // registers of each k-step just consumed, was slower: 255 registers with spills, B = 16,
     // H = 1024 2.29 against 2.25 ms per CUDA-graph call on an H200.)
     const int npass = kBranchFreeRows == 3 && bt > 8 ? 2 : 1;
@@ -1239,10 +1252,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
       if constexpr (kX3) {
         // big·big into acc, big·small into acc_lo and small·big into acc_sb (kTf32x3 above): three
-        // dependent MMA chains per tile, none longer than KPC. With one batch row per lane
-        // (kStacked) the A tile's rows g + 8 carry the small values of rows g: A·W_big gives
-        // big·big (rows g) and small·big (rows g + 8), A·W_small big·small and small·small: two
-        // MMAs per k-step instead of three, the four terms folded into rows g.
+        // dependent MMA chains per tile. With one batch row per lane (kStacked) the A tile's rows
+        // g + 8 carry the small values of rows g: A·W_big gives big·big (rows g) and small·big
+        // (rows g + 8), A·W_small big·small and small·small: two MMAs per half k-step instead of
+        // three, the four terms folded into rows g.
         float acc_lo[kNT][4], acc_sb[kStacked ? 1 : kNT][4];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
@@ -1252,27 +1265,45 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
-          // Rows g, g + 8: lo = the big word of this lane's unit pair, hi = its small word. a_main:
-          // the big values of rows g and g + 8, or (kStacked) row g's big and small values.
-          const u64 row8 = kStacked ? hi[0][f] : lo[1][f];
-          const uint32_t a_main[4] = {tf32_pair_first(lo[0][f]), tf32_pair_first(row8), tf32_pair_second(lo[0][f]),
-                                      tf32_pair_second(row8)};
-          const uint32_t a_small[4] = {tf32_pair_first(hi[0][f]), tf32_pair_first(hi[1][f]), tf32_pair_second(hi[0][f]),
-                                       tf32_pair_second(hi[1][f])};
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            uint2 wb, ws;
-            if (f < KREG) {
-              const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
-              wb = make_uint2(b[0][0], b[0][1]);
-              ws = make_uint2(b[1][0], b[1][1]);
+          for (int mma = 0; mma < 2; ++mma) {
+            // Rows g, g + 8: word 2t (lo) holds this lane's two elements of the first MMA, word
+            // 2t + 1 (hi) those of the second, as in the TF32 layout.
+            const u64 w0 = mma == 0 ? lo[0][f] : hi[0][f], w1 = mma == 0 ? lo[1][f] : hi[1][f];
+            const uint32_t v0 = x3_first(w0), v2 = x3_second(w0);  // row g, k = t and t + 4
+            // a_main: the big values of rows g and g + 8, or (kStacked) row g's big and small.
+            uint32_t a_main[4], a_small[4];
+            if constexpr (kStacked) {
+              a_main[0] = x3_big(v0);
+              a_main[1] = x3_small(v0);
+              a_main[2] = x3_big(v2);
+              a_main[3] = x3_small(v2);
             } else {
-              wb = wsm[(((f - KREG) * kFrag + 0) * kNT + nt) * 32];
-              ws = wsm[(((f - KREG) * kFrag + 1) * kNT + nt) * 32];
+              const uint32_t v1 = x3_first(w1), v3 = x3_second(w1);  // row g + 8
+              a_main[0] = x3_big(v0);
+              a_main[1] = x3_big(v1);
+              a_main[2] = x3_big(v2);
+              a_main[3] = x3_big(v3);
+              a_small[0] = x3_small(v0);
+              a_small[1] = x3_small(v1);
+              a_small[2] = x3_small(v2);
+              a_small[3] = x3_small(v3);
             }
-            if constexpr (!kStacked) MmaInst<float>::run(acc_sb[nt], a_small, wb.x, wb.y);
-            MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
-            MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              uint2 wb, ws;
+              if (f < KREG) {
+                const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
+                wb = make_uint2(b[2 * mma][0], b[2 * mma][1]);
+                ws = make_uint2(b[2 * mma + 1][0], b[2 * mma + 1][1]);
+              } else {
+                wb = wsm[(((f - KREG) * kFrag + 2 * mma) * kNT + nt) * 32];
+                ws = wsm[(((f - KREG) * kFrag + 2 * mma + 1) * kNT + nt) * 32];
+              }
+              if constexpr (!kStacked) MmaInst<float>::run(acc_sb[nt], a_small, wb.x, wb.y);
+              MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
+              MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
+            }
           }
         }
 #pragma unroll
@@ -1355,14 +1386,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Padding units publish zeros.
     u64* const pub = pub0 + ((s & 1) ? buf_words : 0);
     if constexpr (kX3) {
-      const float hf = static_cast<float>(h);
-      const uint32_t big_bits = to_tf32(hf), big = big_bits >> 13, small = tf32_small(hf, big_bits) >> 13;
-      const uint32_t big_next = __shfl_down_sync(0xffffffffu, big, 1);  // unit u + 1 of the same row
-      const uint32_t small_next = __shfl_down_sync(0xffffffffu, small, 1);
+      const uint32_t bits = x3_bits(static_cast<float>(h));
+      const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
       if (s + 1 < T && active && (it.u & 1) == 0) {
-        const u64 flag = static_cast<u64>(tf32_pair_flag(s)) << kTf32PairFlagShift;
-        ll_store_pair(pub, big | (static_cast<u64>(big_next) << 19) | flag,
-                      small | (static_cast<u64>(small_next) << 19) | flag);
+        ll_store_word(pub, bits | (static_cast<u64>(hi_bits) << 30) | (static_cast<u64>(x3_flag(s)) << kX3FlagShift));
       }
     } else if constexpr (kTf32Pairs) {
       const uint32_t bits = to_tf32(static_cast<float>(h)) >> 13;
@@ -2229,15 +2256,15 @@ int direct_kpc(int kpc) { return kpc <= 2 ? 2 : kpc <= 4 ? 4 : kpc <= 8 ? 8 : 16
 
 // Geometry of the direct forward kernel instance <KPC, KREG> for U units per block; false where
 // the call needs another instance or is beyond the kernel's limits (B > 16, more than kDirectKS
-// k-steps per warp, kDirectKSX3OneRow for x3).
+// k-steps per warp).
 template <class scalar_t, Path P>
 bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, int KPC, int KREG, Geometry& g) {
   if (s.B > 16) return false;
-  // Two elements per LL word: 16-bit values, or TF32 pairs (float), as if 2 bytes each; x3: one
-  // unit's big and small value per word pair, as if 4 bytes.
-  base_geometry(s, U, P == Path::kTf32x3 ? 4 : 2, /*backward=*/false, g);
+  // Two elements per LL word: 16-bit values, or pairs of TF32 or x3 values (float), as if 2
+  // bytes each.
+  base_geometry(s, U, 2, /*backward=*/false, g);
   g.kpc = ceil_div(ceil_div(g.row_words, 8), kWarps);  // k-steps of 8 LL words per warp
-  if (g.kpc > (P == Path::kTf32x3 ? kDirectKSX3OneRow : kDirectKS)) return false;
+  if (g.kpc > kDirectKS) return false;
   g.kpc = direct_kpc(g.kpc);  // the instance's KPC (lanes past the row load fewer)
   if (g.kpc != KPC) return false;
   if (g.wpb == 2) {  // U = 4: one 32-byte L2 sector per block's 16-byte slice (the kernel's comment)
@@ -2348,27 +2375,30 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   // depends on U: try each instance with the U values that give its KPC.
   auto try_direct = [&](auto kpc_c, auto u4_c, auto rows_c) {
     constexpr int KPC = decltype(kpc_c)::value, U4 = decltype(u4_c)::value, ROWS = decltype(rows_c)::value;
-    // TF32 fragments at 8 k-steps per warp: half in registers; x3 at 16: 5 of them (the rest,
-    // 176 KB, in shared memory).
-    constexpr int KREG = KPC == 16 ? 5 : DP != Path::kMma16 && KPC == 8 ? 4 : KPC;
+    // The k-steps whose W_hh fragments stay in registers, the rest in shared memory: TF32 at 8
+    // k-steps per warp half; x3 (four fragments per k-step) 3 of 8 (160 KB in shared memory at
+    // 8 units per block), and 2 of 4 at 8 units per block.
+    constexpr int KREG = DP == Path::kTf32x3 ? (KPC == 8 ? 3 : KPC == 4 && !U4 ? 2 : KPC)
+                         : DP == Path::kTf32 && KPC == 8 ? 4
+                                                          : KPC;
     auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, DP, kTraining, KPC, KREG, U4, ROWS>;
     auto make = [&](int U, Geometry& g) {
       // U4 = 1 exactly at U = 4 (2 n8 tiles), 0 at U = 8 (4): the kernel's kNT; the slices of
-      // U = 4 are padded to a sector except x3's (the kernel's PAD).
+      // U = 4 are padded to a sector (the kernel's PAD).
       return make_direct_geometry<scalar_t, DP>(s, prop, U, KPC, KREG, g) && g.nt == (U4 ? 2 : 4) &&
-             g.pad_shift == (DP == Path::kTf32x3 ? 0 : U4);
+             g.pad_shift == U4;
     };
     return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
   };
   auto try_each = [&](auto rows_c) {  // (KPC, U4) pairs, 4 units per block first
+    // x3 with two rows per lane stops at 4 k-steps per warp (Hp <= 512; two passes beyond).
+    constexpr bool kEight = DP != Path::kTf32x3 || decltype(rows_c)::value != 2;
     if (try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
-        try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
-        try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c)) {
+        try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<0>{}, rows_c)) {
       return true;
     }
-    // x3 with one row per lane up to Hp = 1024: 16 k-steps per warp, 8 units per block.
-    if constexpr (DP == Path::kTf32x3 && decltype(rows_c)::value == 1) {
-      return try_direct(IntConst<kDirectKSX3OneRow>{}, IntConst<0>{}, rows_c);
+    if constexpr (kEight) {
+      return try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
     }
     return false;
   };
@@ -2377,10 +2407,9 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
     if (rows == 0) return try_each(IntConst<0>{});
   }
   if constexpr (DP == Path::kTf32x3) {
-    // Beyond the two-row instances (Hp > 512): one row per lane in two passes (3).
-    if (rows == 2) {
-      return try_each(IntConst<2>{}) || try_direct(IntConst<kDirectKSX3OneRow>{}, IntConst<0>{}, IntConst<3>{});
-    }
+    // Beyond the two-row instances (Hp > 512): one row per lane in two passes (3), 8 units per
+    // block.
+    if (rows == 2) return try_each(IntConst<2>{}) || try_direct(IntConst<8>{}, IntConst<0>{}, IntConst<3>{});
   }
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
@@ -2391,7 +2420,7 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     if constexpr (P != Path::kFma) {
       if (run_direct_forward<scalar_t, P, kTraining>(s, prop, args, like)) return true;
     } else if constexpr (std::is_same_v<scalar_t, float>) {
-      // float32 with TF32 off: three TF32 MMAs per product (Hp <= 512, or 1024 at B <= 8).
+      // float32 with TF32 off: three TF32 MMAs per product (Hp <= 1024).
       if (run_direct_forward<scalar_t, Path::kTf32x3, kTraining>(s, prop, args, like)) return true;
     }
   }
