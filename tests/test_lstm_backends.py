@@ -444,14 +444,15 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     ("bfloat16", [2, 2, 1, 1], 48), ("tf32", [4, 3, 1], 604), ("float16", [1, 1, 1], 1024),
     ("bfloat16", [4, 4, 2], 1024), ("bfloat16", [8, 8, 6, 3, 1], 300), ("tf32", [8, 7, 5, 2], 1024),
     ("float16", [12, 12, 9, 4, 1], 640), ("bfloat16", [12, 12, 9, 4, 1], 1024), ("float16", [7, 7, 5, 2, 2, 1], 900),
-    # float32 with TF32 off (big and small TF32 words, three MMAs per product; float32's 3e-5
-    # bound): 4 units per block with 2, 4 and 8 k-steps per warp (H = 512: half of the W_hh
-    # fragments in shared memory), a padded last block (H = 300, 75 blocks), B <= 8 and B > 8.
+    # float32 with TF32 off (h as 30-bit values split into big and small TF32 values, three MMAs
+    # per product; float32's 3e-5 bound): 4 units per block with 2 and 4 k-steps per warp, a
+    # padded last block (H = 300, 75 blocks), B <= 8 and B > 8.
     ("float32", [3, 3, 2, 1], 40), ("float32", [7, 7, 5, 2, 2, 1], 300), ("float32", [12, 12, 9, 4, 1], 300),
     ("float32", [8, 7, 5, 2], 512), ("float32", [16, 16, 11, 3, 1], 512), ("float32", [5, 5, 1], 128),
-    # ... and with 16 k-steps per warp, 8 units per block: H = 1024, H = 1000 (a padded last
-    # block), H = 520 (65 blocks); beyond B = 8 in two passes, rows that start late (reverse)
-    # in either pass, the pass count changing with the batch.
+    # ... and with 8 k-steps per warp (5 of them with W_hh's fragments in shared memory): H = 1024
+    # and H = 1000 (8 units per block, a padded last block), H = 520 (130 blocks of 4 at B <= 8
+    # on 132 SMs, 65 of 8 beyond); beyond B = 8 in two passes, rows that start late (reverse) in
+    # either pass, the pass count changing with the batch.
     ("float32", [8, 7, 5, 2], 1024), ("float32", [3, 3, 1], 1000), ("float32", [6, 6, 2], 520),
     ("float32", [16, 16, 11, 3, 1], 1024), ("float32", [13, 12, 9, 8, 4], 1000), ("float32", [10, 9, 2], 520),
 ])
