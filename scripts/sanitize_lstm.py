@@ -187,10 +187,10 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         big += [([16, 16], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),
                 ([5, 5], 8, 1024, torch.bfloat16, True), ([5, 5], 8, 1024, torch.float32, True),
                 ([12, 12, 9], 8, 1024, torch.bfloat16, True)]
-        # float32 without TF32 on the direct kernel (big and small TF32 words, 16-byte stores):
-        # 8 k-steps per warp with half of W_hh in shared memory (H = 512, B = 16), a padded last
-        # block (H = 300, B = 5), 16 k-steps per warp (H = 1000: 125 blocks of 8), beyond B = 8 in
-        # two passes (rows gq, then gq + 8).
+        # float32 without TF32 on the direct kernel (h as 30-bit values, split by the consumer):
+        # 4 k-steps per warp (H = 512, B = 16), a padded last block (H = 300, B = 5), 8 k-steps
+        # per warp with 5 of them from shared memory (H = 1000: 125 blocks of 8), at B <= 8 and
+        # B > 8 (two rows per lane).
         big += [([16, 16, 9], 8, 512, torch.float32, False), ([5, 5], 8, 300, torch.float32, False),
                 ([7, 7, 3], 8, 1000, torch.float32, False), ([13, 12, 9], 8, 1000, torch.float32, False)]
         # The split backward kernel in thread-block clusters (B >= 4 on sm_90: 72 blocks, 9

@@ -764,9 +764,8 @@ def test_nan_in_the_input_propagates_like_nn_lstm(device, monkeypatch, loop_inde
     """A NaN in one input element makes its batch row's outputs NaN from that step on and
     leaves the other rows finite, as in nn.LSTM: no loop clamps, flushes or spreads it
     (activation approximations, TF32 / 16-bit conversions, the persistent kernels' exchange
-    formats: on CUDA B = 12 runs the direct kernel with two rows per lane, and float32 without
-    TF32 at H = 600 its two passes). The CPU's vectorised exp once clamped NaN to a finite
-    value."""
+    formats: on CUDA B = 12 runs the direct kernel with two rows per lane, float32 without TF32
+    with h as 30-bit values). The CPU's vectorised exp once clamped NaN to a finite value."""
     loop = LOOPS[device][loop_index]
     if loop == "persistent-avx2":
         monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")

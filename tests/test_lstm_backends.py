@@ -378,13 +378,12 @@ def _direct_branch_free_rows(fn) -> set[int]:
     ("bfloat16", 8, 512, 1), ("tf32", 8, 1024, 1), ("bfloat16", 9, 512, 2), ("bfloat16", 16, 256, 2),
     ("tf32", 16, 1024, 2), ("bfloat16", 8, 768, 1), ("float16", 16, 640, 2), ("bfloat16", 6, 1024, 0),
     ("float16", 12, 1024, 0), ("bfloat16", 8, 900, 0), ("float32", 8, 512, 1), ("float32", 16, 256, 2),
-    ("float32", 8, 1024, 1), ("float32", 16, 1024, 3), ("float32", 12, 600, 3),
+    ("float32", 8, 1024, 1), ("float32", 16, 1024, 2), ("float32", 12, 600, 2),
 ])
 def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_name, B, H, rows):
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
-    except 16-bit types at H > 768 from B = 6: the per-word loop (0), and float32 without TF32
-    beyond H = 512 at B > 8: row gq, then gq + 8 in a second pass (3)."""
+    except 16-bit types at H > 768 from B = 6: the per-word loop (0)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
         assert _direct_branch_free_rows(_train_call(DTYPE[precision_name], B, H, T=3)) == {rows}
@@ -451,8 +450,7 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     ("float32", [8, 7, 5, 2], 512), ("float32", [16, 16, 11, 3, 1], 512), ("float32", [5, 5, 1], 128),
     # ... and with 8 k-steps per warp (5 of them with W_hh's fragments in shared memory): H = 1024
     # and H = 1000 (8 units per block, a padded last block), H = 520 (130 blocks of 4 at B <= 8
-    # on 132 SMs, 65 of 8 beyond); beyond B = 8 in two passes, rows that start late (reverse) in
-    # either pass, the pass count changing with the batch.
+    # on 132 SMs, 65 of 8 beyond); B <= 8 and B > 8 in one call, rows that start late (reverse).
     ("float32", [8, 7, 5, 2], 1024), ("float32", [3, 3, 1], 1000), ("float32", [6, 6, 2], 520),
     ("float32", [16, 16, 11, 3, 1], 1024), ("float32", [13, 12, 9, 8, 4], 1000), ("float32", [10, 9, 2], 520),
 ])

@@ -872,9 +872,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // exact: 11 bits are left). So a k-step of 8 words is 16 units, as for TF32, and W_hh has four
 // fragments per k-step: big and small for each of its two MMAs. At B <= 8 (one batch row per
 // lane) the A tile's unused rows g + 8 carry the small values of rows g, so two MMAs per half
-// k-step give all four products. Beyond Hp = 512 at B > 8 the two rows of a lane run in two
-// passes (kBranchFreeRows = 3 below). (Until 2026-11-26 an LL word carried a unit pair's big or
-// its small TF32 values: 8 bytes a unit, twice the exchange.)
+// k-step give all four products. (Until 2026-11-26 an LL word carried a unit pair's big or its
+// small TF32 values: 8 bytes a unit, twice the exchange; beyond Hp = 512 at B > 8 a lane's two
+// rows then ran in two passes, for want of registers.)
 //
 // One L2 sector per block slice. With 4 units per block a block's slice of a row is two words,
 // 16 bytes; two blocks writing halves of one 32-byte sector while every block polls it cost up
@@ -939,8 +939,6 @@ constexpr int kDirectWarp = 16 * kDirectRow;
 //   1: row gq only (B <= 8), branch-free: loads predicated on the pending bits, flags checked
 //      into a bit mask (~5 instructions per word instead of a branch and ~13);
 //   2: rows gq and gq + 8 (8 < B <= 16), branch-free;
-//   3: x3 beyond Hp = 512 at 8 < B <= 16 (8 k-steps per warp): row gq, then gq + 8 in a second
-//      pass, each as 1 (fewer registers than both rows' A fragments beside W_hh's);
 //   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit types at H > 768 from
 //      B = 6, where the branch-free polling's L2 traffic (112 or 128 blocks polling every
 //      word) costs more than it saves (bf16 B = 8, H = 1024: 7-8 % slower; Nsight Compute: 56 %
@@ -1029,14 +1027,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kFrag = direct_frags(P);
   constexpr int PAD = U4;  // Geometry::pad_shift
   // x3 with one batch row per lane: the small values ride in the A tile's rows g + 8 (step 2).
-  constexpr bool kStacked = kX3 && (kBranchFreeRows == 1 || kBranchFreeRows == 3);
+  constexpr bool kStacked = kX3 && kBranchFreeRows == 1;
   constexpr int kFlagShift = kX3 ? kX3FlagShift : kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
   // that polling does not flood L2.
   constexpr int kPollAll = KPC;
-  static_assert(kBranchFreeRows >= 0 && kBranchFreeRows <= 3, "direct kernel instance");
-  static_assert(kBranchFreeRows != 3 || kX3, "two passes: x3 only");
+  static_assert(kBranchFreeRows >= 0 && kBranchFreeRows <= 2, "direct kernel instance");
   static_assert(kBranchFreeRows == 0 || 2 * KPC <= 32, "the pending bits of both rows fit one word");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1142,220 +1139,204 @@ __global__ void __launch_bounds__(kThreads, 1)
                           : kTf32Pairs          ? tf32_pair_flag(s - 1)
                                                 : static_cast<unsigned>(s);
 
-    // Steps 1 and 2 run once per pass; kBranchFreeRows 3 at bt > 8 takes two, rows gq then
-    // gq + 8 (x3, Hp > 512: fewer registers than both rows at once). (In the earlier x3 format, 8
-    // bytes a unit, issuing the second pass's loads during the first pass's product, into the
-    // registers of each k-step just consumed, was slower: 255 registers with spills, B = 16,
-    // H = 1024 2.29 against 2.25 ms per CUDA-graph call on an H200.)
-    const int npass = kBranchFreeRows == 3 && bt > 8 ? 2 : 1;
-#pragma unroll 1
-    for (int pass = 0; pass < npass; ++pass) {
-      const int row0 = gq + 8 * pass;  // this lane's first row of the pass
-
-      // 1. A fragments of this warp's K slice, rows row0 and row0 + 8 (16-byte LL loads).
-      const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + row0) * g.row_words + (word0 << PAD);
-      const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
-      const bool ll0 = row0 < nll, ll1 = row0 + 8 < nll;
-      u64 lo[2][KPC], hi[2][KPC];
-      unsigned pending = 0;
-      if constexpr (kBranchFreeRows > 0) {
-        // Rows gq (and gq + 8), polled branch-free: the loads are predicated on the pending bits and
-        // the flags are checked into a bit mask (measured against the branches below:
-        // direct_branch_free_rows, docs/kernels.md).
-        const unsigned row_bits = (1u << nf) - 1u;
-        pending = (ll0 ? row_bits : 0u) | (kBranchFreeRows == 2 && ll1 ? row_bits << KPC : 0u);
+    // 1. A fragments of this warp's K slice, rows gq and gq + 8 (16-byte LL loads).
+    const u64* src0 = a.xbuf + (static_cast<int64_t>((s - 1) & 1) * B + gq) * g.row_words + (word0 << PAD);
+    const u64* src1 = src0 + 8 * static_cast<int64_t>(g.row_words);
+    const bool ll0 = gq < nll, ll1 = gq + 8 < nll;
+    u64 lo[2][KPC], hi[2][KPC];
+    unsigned pending = 0;
+    if constexpr (kBranchFreeRows > 0) {
+      // Rows gq (and gq + 8), polled branch-free: the loads are predicated on the pending bits and
+      // the flags are checked into a bit mask (measured against the branches below:
+      // direct_branch_free_rows, docs/kernels.md).
+      const unsigned row_bits = (1u << nf) - 1u;
+      pending = (ll0 ? row_bits : 0u) | (kBranchFreeRows == 2 && ll1 ? row_bits << KPC : 0u);
+#pragma unroll
+      for (int f = 0; f < KPC; ++f) {
+        lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+        ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
+        if constexpr (kBranchFreeRows == 2) {
+          ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int f = 0; f < KPC; ++f) {
+        lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+        if (f < nf) {
+          if (ll0) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+          if (ll1) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
+          pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
+        }
+      }
+    }
+    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, kX3, KPC>(a.h0, H, data_words, word0, nll, bt, lo, hi);
+    if (s + 1 < T) {
+      nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
+      prefetch(nxt, pv_next);
+    }
+    const long long t_wait = clock64();
+    if constexpr (kBranchFreeRows > 0) {
+      while (true) {
+        unsigned arrived = 0;
 #pragma unroll
         for (int f = 0; f < KPC; ++f) {
-          lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
+          arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
+          if constexpr (kBranchFreeRows == 2) {
+            arrived |= ll_valid(lo[1][f], hi[1][f], want, kFlagShift) ? 1u << (KPC + f) : 0u;
+          }
+        }
+        pending &= ~arrived;
+        if (pending == 0) break;
+        check_spin_timeout(t_wait, want);
+#pragma unroll
+        for (int f = 0; f < KPC; ++f) {
           ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
           if constexpr (kBranchFreeRows == 2) {
             ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
           }
         }
-      } else {
+      }
+    } else {
+      while (true) {
+        int first = -1;
 #pragma unroll
-        for (int f = 0; f < KPC; ++f) {
-          lo[0][f] = hi[0][f] = lo[1][f] = hi[1][f] = 0;
-          if (f < nf) {
-            if (ll0) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
-            if (ll1) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
-            pending |= (ll0 ? 1u << f : 0u) | (ll1 ? 1u << (KPC + f) : 0u);
-          }
-        }
-      }
-      if (__builtin_expect(nll < bt, 0)) {
-        const int r0 = 8 * pass;  // h0_fragments' rows are gq and gq + 8 from row r0
-        h0_fragments<scalar_t, kX3, KPC>(a.h0 + static_cast<int64_t>(r0) * H, H, data_words, word0, nll - r0, bt - r0,
-                                         lo, hi);
-      }
-      if (pass == 0 && s + 1 < T) {
-        nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
-        prefetch(nxt, pv_next);
-      }
-      const long long t_wait = clock64();
-      if constexpr (kBranchFreeRows > 0) {
-        while (true) {
-          unsigned arrived = 0;
+        for (int r = 0; r < 2; ++r) {
 #pragma unroll
           for (int f = 0; f < KPC; ++f) {
-            arrived |= ll_valid(lo[0][f], hi[0][f], want, kFlagShift) ? 1u << f : 0u;
-            if constexpr (kBranchFreeRows == 2) {
-              arrived |= ll_valid(lo[1][f], hi[1][f], want, kFlagShift) ? 1u << (KPC + f) : 0u;
+            const unsigned bit = 1u << (r * KPC + f);
+            if (pending & bit) {
+              if (ll_valid(lo[r][f], hi[r][f], want, kFlagShift)) {
+                pending &= ~bit;
+              } else if (first < 0) {
+                first = r * KPC + f;
+              }
             }
           }
-          pending &= ~arrived;
-          if (pending == 0) break;
+        }
+        if (pending == 0) break;
+        if (__popc(pending) > kPollAll) {
+          (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * kstride, want, kFlagShift);
+        } else {
           check_spin_timeout(t_wait, want);
-#pragma unroll
-          for (int f = 0; f < KPC; ++f) {
-            ll_load_if(pending & (1u << f), src0 + f * kstride, lo[0][f], hi[0][f]);
-            if constexpr (kBranchFreeRows == 2) {
-              ll_load_if(pending & (1u << (KPC + f)), src1 + f * kstride, lo[1][f], hi[1][f]);
-            }
-          }
         }
-      } else {
-        while (true) {
-          int first = -1;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-#pragma unroll
-            for (int f = 0; f < KPC; ++f) {
-              const unsigned bit = 1u << (r * KPC + f);
-              if (pending & bit) {
-                if (ll_valid(lo[r][f], hi[r][f], want, kFlagShift)) {
-                  pending &= ~bit;
-                } else if (first < 0) {
-                  first = r * KPC + f;
-                }
-              }
-            }
-          }
-          if (pending == 0) break;
-          if (__popc(pending) > kPollAll) {
-            (void)ll_wait((first >= KPC ? src1 : src0) + (first % KPC) * kstride, want, kFlagShift);
-          } else {
-            check_spin_timeout(t_wait, want);
-          }
-#pragma unroll
-          for (int f = 0; f < KPC; ++f) {
-            if (pending & (1u << f)) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
-            if (pending & (1u << (KPC + f))) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
-          }
+        for (int f = 0; f < KPC; ++f) {
+          if (pending & (1u << f)) ll_load(src0 + f * kstride, lo[0][f], hi[0][f]);
+          if (pending & (1u << (KPC + f))) ll_load(src1 + f * kstride, lo[1][f], hi[1][f]);
         }
       }
-      trace.mark(0);
+    }
+    trace.mark(0);
 
-      // 2. Partial gate pre-activations of this warp's K slice into red[s & 1][warp].
-      float acc[kNT][4];
+    // 2. Partial gate pre-activations of this warp's K slice into red[s & 1][warp].
+    float acc[kNT][4];
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-      if constexpr (kX3) {
-        // big·big into acc, big·small into acc_lo and small·big into acc_sb (kTf32x3 above): three
-        // dependent MMA chains per tile. With one batch row per lane (kStacked) the A tile's rows
-        // g + 8 carry the small values of rows g: A·W_big gives big·big (rows g) and small·big
-        // (rows g + 8), A·W_small big·small and small·small: two MMAs per half k-step instead of
-        // three, the four terms folded into rows g.
-        float acc_lo[kNT][4], acc_sb[kStacked ? 1 : kNT][4];
+    for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    if constexpr (kX3) {
+      // big·big into acc, big·small into acc_lo and small·big into acc_sb (kTf32x3 above): three
+      // dependent MMA chains per tile. With one batch row per lane (kStacked) the A tile's rows
+      // g + 8 carry the small values of rows g: A·W_big gives big·big (rows g) and small·big
+      // (rows g + 8), A·W_small big·small and small·small: two MMAs per half k-step instead of
+      // three, the four terms folded into rows g.
+      float acc_lo[kNT][4], acc_sb[kStacked ? 1 : kNT][4];
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
+      for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < (kStacked ? 1 : kNT); ++nt) {
-          acc_sb[nt][0] = acc_sb[nt][1] = acc_sb[nt][2] = acc_sb[nt][3] = 0.f;
-        }
+      for (int nt = 0; nt < (kStacked ? 1 : kNT); ++nt) {
+        acc_sb[nt][0] = acc_sb[nt][1] = acc_sb[nt][2] = acc_sb[nt][3] = 0.f;
+      }
 #pragma unroll
-        for (int f = 0; f < KPC; ++f) {
+      for (int f = 0; f < KPC; ++f) {
 #pragma unroll
-          for (int mma = 0; mma < 2; ++mma) {
-            // Rows g, g + 8: word 2t (lo) holds this lane's two elements of the first MMA, word
-            // 2t + 1 (hi) those of the second, as in the TF32 layout.
-            const u64 w0 = mma == 0 ? lo[0][f] : hi[0][f], w1 = mma == 0 ? lo[1][f] : hi[1][f];
-            const uint32_t v0 = x3_first(w0), v2 = x3_second(w0);  // row g, k = t and t + 4
-            // a_main: the big values of rows g and g + 8, or (kStacked) row g's big and small.
-            uint32_t a_main[4], a_small[4];
-            if constexpr (kStacked) {
-              a_main[0] = x3_big(v0);
-              a_main[1] = x3_small(v0);
-              a_main[2] = x3_big(v2);
-              a_main[3] = x3_small(v2);
-            } else {
-              const uint32_t v1 = x3_first(w1), v3 = x3_second(w1);  // row g + 8
-              a_main[0] = x3_big(v0);
-              a_main[1] = x3_big(v1);
-              a_main[2] = x3_big(v2);
-              a_main[3] = x3_big(v3);
-              a_small[0] = x3_small(v0);
-              a_small[1] = x3_small(v1);
-              a_small[2] = x3_small(v2);
-              a_small[3] = x3_small(v3);
-            }
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              uint2 wb, ws;
-              if (f < KREG) {
-                const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
-                wb = make_uint2(b[2 * mma][0], b[2 * mma][1]);
-                ws = make_uint2(b[2 * mma + 1][0], b[2 * mma + 1][1]);
-              } else {
-                wb = wsm[(((f - KREG) * kFrag + 2 * mma) * kNT + nt) * 32];
-                ws = wsm[(((f - KREG) * kFrag + 2 * mma + 1) * kNT + nt) * 32];
-              }
-              if constexpr (!kStacked) MmaInst<float>::run(acc_sb[nt], a_small, wb.x, wb.y);
-              MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
-              MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
-            }
-          }
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
+        for (int mma = 0; mma < 2; ++mma) {
+          // Rows g, g + 8: word 2t (lo) holds this lane's two elements of the first MMA, word
+          // 2t + 1 (hi) those of the second, as in the TF32 layout.
+          const u64 w0 = mma == 0 ? lo[0][f] : hi[0][f], w1 = mma == 0 ? lo[1][f] : hi[1][f];
+          const uint32_t v0 = x3_first(w0), v2 = x3_second(w0);  // row g, k = t and t + 4
+          // a_main: the big values of rows g and g + 8, or (kStacked) row g's big and small.
+          uint32_t a_main[4], a_small[4];
           if constexpr (kStacked) {
-            acc[nt][0] += acc[nt][2] + (acc_lo[nt][0] + acc_lo[nt][2]);
-            acc[nt][1] += acc[nt][3] + (acc_lo[nt][1] + acc_lo[nt][3]);
+            a_main[0] = x3_big(v0);
+            a_main[1] = x3_small(v0);
+            a_main[2] = x3_big(v2);
+            a_main[3] = x3_small(v2);
           } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e] + acc_sb[nt][e];
+            const uint32_t v1 = x3_first(w1), v3 = x3_second(w1);  // row g + 8
+            a_main[0] = x3_big(v0);
+            a_main[1] = x3_big(v1);
+            a_main[2] = x3_big(v2);
+            a_main[3] = x3_big(v3);
+            a_small[0] = x3_small(v0);
+            a_small[1] = x3_small(v1);
+            a_small[2] = x3_small(v2);
+            a_small[3] = x3_small(v3);
           }
-        }
-      } else {
 #pragma unroll
-        for (int f = 0; f < KPC; ++f) {
-#pragma unroll
-          for (int m = 0; m < kFrag; ++m) {
-            uint32_t af[4];
-            if constexpr (kTf32Pairs) {
-              const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
-              af[0] = tf32_pair_first(w0);
-              af[1] = tf32_pair_first(w1);
-              af[2] = tf32_pair_second(w0);
-              af[3] = tf32_pair_second(w1);
+          for (int nt = 0; nt < kNT; ++nt) {
+            uint2 wb, ws;
+            if (f < KREG) {
+              const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
+              wb = make_uint2(b[2 * mma][0], b[2 * mma][1]);
+              ws = make_uint2(b[2 * mma + 1][0], b[2 * mma + 1][1]);
             } else {
-              af[0] = static_cast<uint32_t>(lo[0][f]);
-              af[1] = static_cast<uint32_t>(lo[1][f]);
-              af[2] = static_cast<uint32_t>(hi[0][f]);
-              af[3] = static_cast<uint32_t>(hi[1][f]);
+              wb = wsm[(((f - KREG) * kFrag + 2 * mma) * kNT + nt) * 32];
+              ws = wsm[(((f - KREG) * kFrag + 2 * mma + 1) * kNT + nt) * 32];
             }
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              if (f < KREG) {
-                const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
-                MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
-              } else {
-                const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
-                MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
-              }
-            }
+            if constexpr (!kStacked) MmaInst<float>::run(acc_sb[nt], a_small, wb.x, wb.y);
+            MmaInst<float>::run(acc_lo[nt], a_main, ws.x, ws.y);
+            MmaInst<float>::run(acc[nt], a_main, wb.x, wb.y);
           }
         }
       }
-      float* rw = red + ((s & 1) * kWarps + warp) * kDirectWarp;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        float* r0 = rw + row0 * kDirectRow + nt * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
-        if constexpr (!kStacked) *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
+        if constexpr (kStacked) {
+          acc[nt][0] += acc[nt][2] + (acc_lo[nt][0] + acc_lo[nt][2]);
+          acc[nt][1] += acc[nt][3] + (acc_lo[nt][1] + acc_lo[nt][3]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e] + acc_sb[nt][e];
+        }
       }
-      if (pass + 1 < npass) trace.mark(1);
-    }  // pass
+    } else {
+#pragma unroll
+      for (int f = 0; f < KPC; ++f) {
+#pragma unroll
+        for (int m = 0; m < kFrag; ++m) {
+          uint32_t af[4];
+          if constexpr (kTf32Pairs) {
+            const u64 w0 = m == 0 ? lo[0][f] : hi[0][f], w1 = m == 0 ? lo[1][f] : hi[1][f];  // rows g, g + 8
+            af[0] = tf32_pair_first(w0);
+            af[1] = tf32_pair_first(w1);
+            af[2] = tf32_pair_second(w0);
+            af[3] = tf32_pair_second(w1);
+          } else {
+            af[0] = static_cast<uint32_t>(lo[0][f]);
+            af[1] = static_cast<uint32_t>(lo[1][f]);
+            af[2] = static_cast<uint32_t>(hi[0][f]);
+            af[3] = static_cast<uint32_t>(hi[1][f]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            if (f < KREG) {
+              const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
+              MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
+            } else {
+              const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
+              MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+            }
+          }
+        }
+      }
+    }
+    float* rw = red + ((s & 1) * kWarps + warp) * kDirectWarp;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      float* r0 = rw + gq * kDirectRow + nt * 8 + 2 * tq;
+      *reinterpret_cast<float2*>(r0) = make_float2(acc[nt][0], acc[nt][1]);
+      if constexpr (!kStacked) *reinterpret_cast<float2*>(r0 + 8 * kDirectRow) = make_float2(acc[nt][2], acc[nt][3]);
+    }
     __syncthreads();
     trace.mark(1);
 
@@ -2391,25 +2372,13 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
     return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
   };
   auto try_each = [&](auto rows_c) {  // (KPC, U4) pairs, 4 units per block first
-    // x3 with two rows per lane stops at 4 k-steps per warp (Hp <= 512; two passes beyond).
-    constexpr bool kEight = DP != Path::kTf32x3 || decltype(rows_c)::value != 2;
-    if (try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
-        try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<0>{}, rows_c)) {
-      return true;
-    }
-    if constexpr (kEight) {
-      return try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
-    }
-    return false;
+    return try_direct(IntConst<2>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<4>{}, IntConst<1>{}, rows_c) ||
+           try_direct(IntConst<8>{}, IntConst<1>{}, rows_c) || try_direct(IntConst<2>{}, IntConst<0>{}, rows_c) ||
+           try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
   };
   const int rows = direct_branch_free_rows(DP, s.H, s.B);
   if constexpr (DP == Path::kMma16) {
     if (rows == 0) return try_each(IntConst<0>{});
-  }
-  if constexpr (DP == Path::kTf32x3) {
-    // Beyond the two-row instances (Hp > 512): one row per lane in two passes (3), 8 units per
-    // block.
-    if (rows == 2) return try_each(IntConst<2>{}) || try_direct(IntConst<8>{}, IntConst<0>{}, IntConst<3>{});
   }
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
