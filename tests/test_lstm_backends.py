@@ -151,9 +151,10 @@ def _reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
     return lstm_layer_reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, None, reverse=reverse)
 
 
-def compare_layer(batch_sizes, I, H, reverse, bias, precision, seed=0, what="lstm_layer"):
+def compare_layer(batch_sizes, I, H, reverse, bias, precision, seed=0, what="lstm_layer", x_scale=1.0):
     dtype = DTYPE[precision]
     t, up = layer_case(batch_sizes, I, H, bias, seed)
+    t["x"] *= x_scale
     got = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cuda")
     ref64 = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
     baselines = None
@@ -481,6 +482,19 @@ def test_float32_direct_forward_is_as_accurate_as_fma(monkeypatch, B, H):
             errs[direct] = max(max_abs(got[k].double().cpu() - ref64[k]) / max(1.0, max_abs(ref64[k]))
                                for k in ("y", "h_n", "c_n"))
     assert errs["1"] <= 2 * errs["0"] + 1e-6, f"direct (3xTF32) {errs['1']:.3g} against FFMA {errs['0']:.3g}"
+
+
+@pytest.mark.parametrize("loop", ["persistent", "fused", "cublas"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_saturated_gates_match_reference(monkeypatch, loop, precision):
+    """Inputs a thousand times nn.LSTM's scale drive pre-activations far below -88.7, where expf
+    overflows to inf: every CUDA cell's sigmoid must give 0 there (its division fast path once
+    gave NaN), and the outputs and gradients follow the float64 reference. (Not TF32: its
+    operand rounding at this input scale moves the unsaturated gates by more than its bound.)"""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    with _Precision(precision):
+        compare_layer([4, 4, 3, 1], 24, 64, reverse=False, bias=True, precision=precision, seed=3, what=loop,
+                      x_scale=1e3)
 
 
 def _sm90() -> bool:

@@ -28,11 +28,13 @@ constexpr bool kHalfType = std::is_same_v<scalar_t, c10::Half> || std::is_same_v
 // out-of-range check and its out-of-line slow path, the three sigmoids of a cell need no
 // branch and the compiler can interleave them (the gate math is on the critical path of every
 // step of the persistent kernels). d >= 2^126 (x < -87.3 in the sigmoid) returns 0 instead of
-// a result below 2^-126.
+// a result below 2^-126. The Newton step takes d clamped to 2^126: at d = inf (x < -88.7, where
+// expf overflows) -d * r was -inf * 0 = NaN, so a gate's sigmoid gave NaN instead of 0. A NaN d
+// still gives NaN (through r; fminf would return the bound for it).
 __device__ __forceinline__ float reciprocal_at_least_one(float d) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-  return fmaf(r, fmaf(-d, r, 1.0f), r);
+  return fmaf(r, fmaf(-fminf(d, 0x1p126f), r, 1.0f), r);
 }
 #endif
 
