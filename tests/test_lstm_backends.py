@@ -497,6 +497,46 @@ def test_saturated_gates_match_reference(monkeypatch, loop, precision):
                       x_scale=1e3)
 
 
+# The forward's input projection in float32 without TF32 runs as three TF32 GEMMs on exact
+# splits from 2^32 flops (lstm.cu's input_projection), in row chunks of at most 2048 rows at
+# I = 2048: N = 1120 (one chunk) and N = 2080 (two, a packed batch).
+_SPLIT_PROJECTION_CASES = [([16] * 70, 2048, 256), ([32] * 40 + [20] * 40, 2048, 256)]
+
+
+@pytest.mark.parametrize("loop", ["persistent", "fused", "cublas"])
+@pytest.mark.parametrize("batch_sizes,I,H", _SPLIT_PROJECTION_CASES)
+def test_float32_input_projection_in_tf32_gemms_matches_reference(monkeypatch, loop, batch_sizes, I, H):
+    """float32 without TF32, a projection of more than 2^32 flops (3xTF32): every loop's outputs
+    and gradients against the float64 reference within float32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    with _Precision("float32"):
+        compare_layer(batch_sizes, I, H, reverse=False, bias=True, precision="float32", seed=5, what=loop)
+
+
+@pytest.mark.parametrize("batch_sizes,I,H", _SPLIT_PROJECTION_CASES)
+def test_float32_input_projection_in_tf32_gemms_keeps_inf_and_nan(monkeypatch, batch_sizes, I, H):
+    """An inf and a NaN in x reach the split projection's pre-activations as a float32 GEMM
+    gives them: the inf's row saturates its gates and stays finite (a cross term's inf · 0 would
+    have made it NaN wherever W_ih holds an exact TF32 value), the NaN's row turns NaN, as in
+    the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    t, _ = layer_case(batch_sizes, I, H, bias=True, seed=6)
+    t["x"][5, 7] = float("inf")  # step 0, row 5
+    t["x"][batch_sizes[0] + 3, 11] = float("nan")  # step 1, row 3
+    bs = torch.tensor(batch_sizes, dtype=torch.int64)
+    args = [t[k] for k in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
+    ref = _reference(args[0], bs, *args[1:], reverse=False)
+    with _Precision("float32"), torch.no_grad():
+        on_gpu = [a.to("cuda", torch.float32) for a in args]
+        got = lstm_layer(on_gpu[0], bs, *on_gpu[1:], reverse=False)
+    assert torch.isfinite(ref[1][5]).all() and torch.isnan(ref[1][3]).all()  # h_n: the inf's row, the NaN's
+    for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
+        g, r = g.double().cpu(), r.double()
+        assert torch.equal(torch.isnan(g), torch.isnan(r)), f"{name}: NaN where the reference has none, or not"
+        ok = ~torch.isnan(r)
+        assert max_abs(g[ok] - r[ok]) <= TOL["float32"] * max(1.0, max_abs(r[ok])), name
+
+
 def _sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 

@@ -684,6 +684,69 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   return true;
 }
 
+// float32 without TF32: each element v as TF32 values, big = TF32(v) and small = TF32(v - big)
+// (3xTF32, as the persistent and fused loops' recurrent products), into dst[0, n), and, into
+// dst[n, 2n) and dst[2n, 3n), the parts the cross terms take: small, and big with a value that
+// is not finite replaced by 0. So NaN and inf reach a product only through big·big, as in a
+// float32 GEMM (a cross term would give inf · 0 = NaN where the other operand is exactly a TF32
+// value). A finite v that rounds to inf (within 2^-11 of FLT_MAX) is truncated instead.
+__global__ void split_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = src[i];
+    uint32_t big = cuda::to_tf32(v);
+    const bool finite = isfinite(v);
+    if (finite && isinf(__uint_as_float(big))) big = __float_as_uint(v) & 0xffffe000u;
+    dst[i] = __uint_as_float(big);
+    dst[n + i] = finite ? __uint_as_float(cuda::tf32_small(v, big)) : 0.f;
+    dst[2 * n + i] = finite ? __uint_as_float(big) : 0.f;
+  }
+}
+
+// The forward's input projection pre[N, G] = x[N, I] · W_ihᵀ. float32 without TF32, from 2^32
+// flops: three TF32 GEMMs on exact splits, pre = x_big·W_bigᵀ + x_big'·W_smallᵀ + x_small·W_big'ᵀ
+// (' : non-finite values as 0, split_tf32_kernel), in row chunks whose split buffers stay within
+// 48 MiB; the dropped small·small term and the splits' remainders are ~2^-22 of each product,
+// float32's order. cuBLAS's float32 GEMM ran at ~48 TFLOP/s on an H200 there (x·W_ihᵀ at
+// B = 16, T = 256, H = I = 1024: 703 µs, a third of the persistent forward's call); TF32 tensor
+// cores run the three GEMMs in less. Smaller GEMMs, and every other dtype, run one GEMM.
+template <class scalar_t, class acc_t, class sc_t>
+void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64_t I, const scalar_t* x_p,
+                      const scalar_t* w_ih_p, acc_t* pre_p, const at::TensorOptions& opts) {
+  constexpr double kSplitMinFlops = 4294967296.0;  // 2^32
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (!blas.tf32() && 2.0 * N * G * I >= kSplitMinFlops) {
+      constexpr int64_t kSplitBytes = int64_t{48} << 20;
+      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, kSplitBytes / (12 * I)));
+      const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+      auto split = [&](const float* src, float* dst, int64_t n) {
+        split_tf32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      Tensor w_split = at::empty({3, G, I}, opts);
+      Tensor x_split = at::empty({3, chunk, I}, opts);
+      float* const w_big = w_split.data_ptr<float>();
+      split(w_ih_p, w_big, G * I);
+      const cuda::BlasContext tf32_blas(true);  // the handle's settings of `blas`, TF32 compute
+      cuda::StepGemm<float, float, float> gemm(tf32_blas, Trans::N, Trans::T, G, I, I, I, G);
+      for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t rows = std::min(chunk, N - r0);
+        float* const x_big = x_split.data_ptr<float>();
+        split(x_p + r0 * I, x_big, rows * I);
+        float* const out = pre_p + r0 * G;
+        gemm(rows, 1.f, x_big, w_big, 0.f, out);
+        gemm(rows, 1.f, x_big + 2 * rows * I, w_big + G * I, 1.f, out);  // x_big' · W_small
+        gemm(rows, 1.f, x_big + rows * I, w_big + 2 * G * I, 1.f, out);  // x_small · W_big'
+      }
+      return;
+    }
+  }
+  // Through a kept cuBLASLt plan (StepGemm): cublasGemmEx would run cuBLAS's heuristic on every
+  // call, host time in front of the loop's launch, which an eager call's latency pays in full.
+  cuda::StepGemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, G, I, I, I, G)(N, sc_t(1), x_p, w_ih_p, sc_t(0),
+                                                                                 pre_p);
+}
+
 template <class scalar_t>
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const LstmSizes& s, const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
@@ -723,11 +786,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
 
   cuda::BlasContext blas(std::is_same_v<scalar_t, float> && cuda::rnn_allows_tf32());
 
-  // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ. Through a kept
-  // cuBLASLt plan (StepGemm): cublasGemmEx would run cuBLAS's heuristic on every call, host
-  // time in front of the loop's launch, which an eager call's latency pays in full.
-  cuda::StepGemm<scalar_t, acc_t, sc_t>(blas, Trans::N, Trans::T, G, I, I, I, G)(N, sc_t(1), x_p, w_ih_p, sc_t(0),
-                                                                                 pre_p);
+  // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ.
+  input_projection<scalar_t, acc_t, sc_t>(blas, N, G, I, x_p, w_ih_p, pre_p, opts);
 
   // The time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one fused
   // kernel per step (lstm_fused_step.cu), each writing y, gates, cells, h_n (hbuf) and c_n
