@@ -729,9 +729,9 @@ void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64
       split(w_ih_p, w_big, G * I);
       const cuda::BlasContext tf32_blas(true);  // the handle's settings of `blas`, TF32 compute
       cuda::StepGemm<float, float, float> gemm(tf32_blas, Trans::N, Trans::T, G, I, I, I, G);
+      float* const x_big = x_split.data_ptr<float>();
       for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t rows = std::min(chunk, N - r0);
-        float* const x_big = x_split.data_ptr<float>();
         split(x_p + r0 * I, x_big, rows * I);
         float* const out = pre_p + r0 * G;
         gemm(rows, 1.f, x_big, w_big, 0.f, out);

@@ -2364,10 +2364,9 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
                                                           : KPC;
     auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, DP, kTraining, KPC, KREG, U4, ROWS>;
     auto make = [&](int U, Geometry& g) {
-      // U4 = 1 exactly at U = 4 (2 n8 tiles), 0 at U = 8 (4): the kernel's kNT; the slices of
-      // U = 4 are padded to a sector (the kernel's PAD).
-      return make_direct_geometry<scalar_t, DP>(s, prop, U, KPC, KREG, g) && g.nt == (U4 ? 2 : 4) &&
-             g.pad_shift == U4;
+      // U4 = 1 exactly at U = 4 (2 n8 tiles), 0 at U = 8 (4): the kernel's kNT, and its PAD (the
+      // geometry pads the slices of U = 4 to a sector).
+      return make_direct_geometry<scalar_t, DP>(s, prop, U, KPC, KREG, g) && g.nt == (U4 ? 2 : 4);
     };
     return plan(s, prop, direct, args.g, make) && launch_with_exchange(direct, args, args.xbuf, like);
   };
