@@ -716,6 +716,64 @@ def test_replayed_cublas_loop_matches_reference(monkeypatch, precision, B, H, bi
                       seed=B * 100 + H + call, what=f"replayed cuBLAS loop, call {call}")
 
 
+# x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM over
+# a tripled K on the operands' parts (lstm.cu's use_x3_steps: from B = 32, at any B with
+# SEQKERNELS_LSTM_X3_STEPS=1): replayed (equal batch sizes, T = 37: two chunks and five eager
+# steps) and plain (packed and ragged), both directions; H = 7 (scalar stores) and 64 / 256
+# (16-byte stores in the replayed step kernel).
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("batch_sizes,H", [([3] * REPLAY_T, 7), ([5] * REPLAY_T, 64), ([17, 17, 9, 3, 3, 1], 64),
+                                           ([40, 40, 33, 8], 256)])
+def test_x3_steps_match_reference(monkeypatch, batch_sizes, H, reverse):
+    """Two calls of each case (a replayed one captures its chunks, then replays them): outputs
+    and every gradient against the float64 reference within float32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
+    with _Precision("float32"):
+        for call in range(2):
+            compare_layer(batch_sizes, 5, H, reverse=reverse, bias=True, precision="float32",
+                          seed=sum(batch_sizes) + H + call, what=f"x3 steps, call {call}")
+
+
+@pytest.mark.parametrize("precision_name,B,env,taken", [
+    ("float32", 32, None, True), ("float32", 16, None, False), ("float32", 4, "1", True),
+    ("float32", 64, "0", False), ("tf32", 32, None, False), ("float64", 32, "1", False)])
+def test_x3_steps_are_taken(monkeypatch, precision_name, B, env, taken):
+    """Where the cuBLAS loop runs x3 steps: float32 without TF32 from B = 32, or as
+    SEQKERNELS_LSTM_X3_STEPS says; never with TF32 or another dtype. They split W_hh at the start
+    of the forward (the input projection is too small here to split)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    if env is None:
+        monkeypatch.delenv("SEQKERNELS_LSTM_X3_STEPS", raising=False)
+    else:
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", env)
+    with _Precision(precision_name):
+        run = _train_call(DTYPE[precision_name], B, 32, T=4)
+        run()
+        assert any("split_tf32" in n for n in kernel_names(run)) == taken
+
+
+def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
+    """An inf in h0 reaches the first step's pre-activations as a float32 GEMM gives it (±inf:
+    the row's gates saturate and its outputs stay finite), not as NaN: the cross terms take the
+    inf's big part as 0. Replayed and plain."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
+    for batch_sizes in ([4] * REPLAY_T, [4, 4, 3, 1]):
+        t, _ = layer_case(batch_sizes, 9, 64, bias=True, seed=61)
+        t["h0"][1, 5] = float("inf")
+        bs = torch.tensor(batch_sizes, dtype=torch.int64)
+        args = [t[k] for k in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
+        ref = _reference(args[0], bs, *args[1:], reverse=False)
+        with _Precision("float32"), torch.no_grad():
+            on_gpu = [a.to("cuda", torch.float32) for a in args]
+            got = lstm_layer(on_gpu[0], bs, *on_gpu[1:], reverse=False)
+        for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
+            g, r = g.double().cpu(), r.double()
+            assert torch.isfinite(r).all() and torch.isfinite(g).all(), f"{name}: not finite"
+            assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), name
+
+
 # The fused loop's shapes: 2 units per block and one m16 tile (B = 1, H = 64), several tiles
 # (B = 17), two batch blocks of 8 tiles (B = 200), 8 units per block (H = 1024 on 132 SMs).
 @pytest.mark.parametrize("reverse", [False, True])
@@ -908,12 +966,36 @@ def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch, loop)
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 
 
-@pytest.mark.parametrize("loop", ["cublas", "fused"])
-@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16"])
+def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
+    """The replayed cuBLAS loop with x3 steps keeps W_hh's parts (W3, [4H, 3H] float32) and
+    h's besides its state buffers; release_step_graphs frees them."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
+    seqkernels.release_step_graphs()
+    B, H = 8, 128
+    with _Precision("float32"):
+        run = _train_call(torch.float32, B, H, T=32)
+        for _ in range(2):
+            run()
+    freed = bytes_freed_by_release()
+    w3 = 4 * H * 3 * H
+    forward = B * H * 2 + B * 4 * H + B * 3 * H  # h, c, rec, h's parts
+    backward = B * H * 2 + B * 4 * H  # dh, dc, dG
+    kept = (w3 + forward + backward) * 4
+    assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
+
+
+@pytest.mark.parametrize("loop", ["cublas", "fused", "cublas-x3"])
+@pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float32"])
 def test_replayed_loop_inside_a_users_cuda_graph(monkeypatch, loop, precision_name):
     """A caller's own CUDA graph holds the plain loop (the replayed one is skipped while the
-    stream captures); its replays agree with eager calls, which replay kept chunks."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    stream captures); its replays agree with eager calls, which replay kept chunks. cublas-x3:
+    the cuBLAS loop with x3 steps (float32 only)."""
+    if (loop == "cublas-x3") != (precision_name == "float32"):
+        pytest.skip("x3 steps are float32 without TF32; float32 runs them only")
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop.split("-")[0])
+    if loop == "cublas-x3":
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]
         torch.manual_seed(13)
@@ -922,9 +1004,11 @@ def test_replayed_loop_inside_a_users_cuda_graph(monkeypatch, loop, precision_na
 
 
 @pytest.mark.parametrize("loop,precision_name", [("cublas", "tf32"), ("cublas", "bfloat16"), ("cublas", "float64"),
-                                                ("fused", "tf32"), ("fused", "bfloat16")])
+                                                ("fused", "tf32"), ("fused", "bfloat16"), ("cublas-x3", "float32")])
 def test_replayed_loop_bitwise_deterministic(monkeypatch, loop, precision_name):
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop.split("-")[0])
+    if loop == "cublas-x3":
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]
         torch.manual_seed(17)

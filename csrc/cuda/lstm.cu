@@ -63,6 +63,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -147,6 +148,49 @@ bool aligned_for(const T* p) {
   return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0;
 }
 
+// float32 without TF32 on TF32 tensor cores (3xTF32). Each value v splits into big = TF32(v)
+// (round to nearest, ties away) and small = TF32(v - big) (the subtraction is exact), and a
+// product a·w as a_big·w_big + a_big'·w_small + a_small·w_big', where ' marks the big part with
+// a non-finite v as 0 (small is 0 there too): NaN and inf then reach the sum only through
+// big·big, as in a float32 GEMM (a cross term would give inf · 0 = NaN where the other operand
+// is exactly a TF32 value). The dropped small·small term and the splits' remainders are ~2^-22
+// of each product, float32's order (docs/precision.md). A finite v that rounds to inf (within
+// 2^-11 of FLT_MAX) is truncated instead.
+struct Tf32Parts {
+  float big, small, big_finite;
+};
+__device__ __forceinline__ Tf32Parts tf32_parts(float v) {
+  uint32_t big = cuda::to_tf32(v);
+  const bool finite = isfinite(v);
+  if (finite && isinf(__uint_as_float(big))) big = __float_as_uint(v) & 0xffffe000u;
+  return {__uint_as_float(big), finite ? __uint_as_float(cuda::tf32_small(v, big)) : 0.f,
+          finite ? __uint_as_float(big) : 0.f};
+}
+
+// Where the operands keep their parts so that one TF32 GEMM over a tripled K sums the three
+// terms (the forward's "x3 steps" in the cuBLAS loop, use_x3_steps): pre[B, G] += hx3[B, 3H] ·
+// W3[G, 3H]ᵀ, W3's row g W_hh's row g as [big | small | big'] (kX3Weight*, blocks of H), hx3's
+// row h_{t-1}'s as [big | big' | small] (kX3Row*).
+constexpr int kX3WeightBig = 0, kX3WeightSmall = 1, kX3WeightBigFinite = 2;
+constexpr int kX3RowBig = 0, kX3RowBigFinite = 1, kX3RowSmall = 2;
+
+// V consecutive values' parts into an hx3 row: big parts at row[0, V), big' at row[K, K + V),
+// small at row[2K, 2K + V).
+template <int V>
+__device__ __forceinline__ void store_x3_row(float* row, int64_t K, const Vec<float, V>& v) {
+  Vec<float, V> big, big_finite, small;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const Tf32Parts p = tf32_parts(v.v[k]);
+    big.v[k] = p.big;
+    big_finite.v[k] = p.big_finite;
+    small.v[k] = p.small;
+  }
+  store_vec<V>(row + kX3RowBig * K, big);
+  store_vec<V>(row + kX3RowBigFinite * K, big_finite);
+  store_vec<V>(row + kX3RowSmall * K, small);
+}
+
 // Blocks for a grid-stride kernel over work_items items (at least one block).
 unsigned int blocks_for(int64_t work_items) {
   const int64_t blocks = (work_items + kThreads - 1) / kThreads;
@@ -195,6 +239,7 @@ __device__ __forceinline__ void forward_step_rows(
     scalar_t* __restrict__ cells,    // [bt, H] out (kTraining): c_t of this step
     scalar_t* __restrict__ m_out,    // [bt, H] out: m_t = o ⊙ tanh(c_t): y rows (Hout = H) or the projection's input
     scalar_t* __restrict__ hbuf,     // [B, Hout] out rows [0, bt): h_t = m_t; nullptr with projection
+    scalar_t* __restrict__ hx3,      // [B, 3H] out rows [0, bt): h_t's parts (x3 steps, float32), or nullptr
     int64_t bt,                      // rows of this step (batch_sizes[t])
     int64_t H) {                     // hidden size; H % V == 0
   const int64_t G = 4 * H;
@@ -244,6 +289,9 @@ __device__ __forceinline__ void forward_step_rows(
     store_vec<V>(cbuf + b * H + j, c);
     store_vec<V>(m_out + b * H + j, m);
     if (hbuf != nullptr) store_vec<V>(hbuf + b * H + j, m);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (hx3 != nullptr) store_x3_row<V>(hx3 + b * 3 * H + j, H, m);
+    }
     if constexpr (kTraining) {
       scalar_t* g = gates + b * G + j;
       store_vec<V>(g, ai);
@@ -261,9 +309,9 @@ template <class scalar_t, class acc_t, bool kTraining>
 __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
     const acc_t* __restrict__ pre, const scalar_t* __restrict__ b_ih, const scalar_t* __restrict__ b_hh,
     acc_t* __restrict__ cbuf, scalar_t* __restrict__ gates, scalar_t* __restrict__ cells,
-    scalar_t* __restrict__ m_out, scalar_t* __restrict__ hbuf, int64_t bt, int64_t H) {
+    scalar_t* __restrict__ m_out, scalar_t* __restrict__ hbuf, scalar_t* __restrict__ hx3, int64_t bt, int64_t H) {
   forward_step_rows<scalar_t, acc_t, 1, kTraining, false>(pre, nullptr, b_ih, b_hh, cbuf, gates, cells, m_out, hbuf,
-                                                          bt, H);
+                                                          hx3, bt, H);
 }
 
 // Projection, backward: dh = dhbuf + grad_y of one step, rounded to scalar_t (it is both the
@@ -430,14 +478,15 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
     const ForwardReplayArgs<scalar_t, acc_t>* __restrict__ args, int k,
     const acc_t* __restrict__ rec,  // [B, G] h_{t-1}·W_hhᵀ
     acc_t* __restrict__ cbuf,       // [B, H] c_{t-1} on entry, c_t on exit
-    scalar_t* __restrict__ hbuf,    // [B, H] out: h_t (the next step's GEMM operand)
+    scalar_t* __restrict__ hbuf,    // [B, H] out: h_t (the next step's GEMM operand, or h_n with x3 steps)
+    scalar_t* __restrict__ hx3,     // [B, 3H] out: h_t's parts (x3 steps: the next step's GEMM operand), or nullptr
     int64_t B, int64_t H) {
   const ForwardReplayArgs<scalar_t, acc_t> a = *args;
   const int64_t off = cuda::replayed_forward_times(a.step + k, a.T, a.reverse).t * B, G = 4 * H;
   forward_step_rows<scalar_t, acc_t, V, kTraining, true>(a.pre + off * G, rec, a.b_ih, a.b_hh, cbuf,
                                                          kTraining ? a.gates + off * G : nullptr,
                                                          kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf,
-                                                         B, H);
+                                                         hx3, B, H);
 }
 
 // Step k of a backward chunk: backward_step_rows on the B rows of time t, one unit per thread
@@ -505,13 +554,13 @@ using cuda::ReplayedSteps;
 using cuda::replay_applies;
 
 // What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
-// sizes, mode, TF32, vector width, and W_hh's address.
+// sizes, mode, TF32, vector width, x3 steps, and W_hh's address.
 std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s, bool training, bool tf32,
-                       bool vec4) {
+                       bool vec4, bool x3) {
   std::string key = pass;
   key += ' ';
   key += c10::toString(w_hh.scalar_type());
-  for (const int64_t v : {s.B, s.H, int64_t(training), int64_t(tf32), int64_t(vec4),
+  for (const int64_t v : {s.B, s.H, int64_t(training), int64_t(tf32), int64_t(vec4), int64_t(x3),
                           static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))}) {
     key += ' ';
     key += num(v);
@@ -568,6 +617,68 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
   return true;
 }
 
+// tf32_parts of a [rows, cols] block of src (row stride src_ld) into dst: element (r, c)'s big
+// part at dst[r * dst_ld + c + off_big], its small and big' parts at off_small and
+// off_big_finite instead. Operands of 3xTF32 GEMMs: three matrices one after another, or a
+// tripled K (kX3Row*, kX3Weight*).
+__global__ void split_tf32_kernel(const float* __restrict__ src, int64_t src_ld, int64_t rows, int64_t cols,
+                                  float* __restrict__ dst, int64_t dst_ld, int64_t off_big, int64_t off_small,
+                                  int64_t off_big_finite) {
+  const int64_t n = rows * cols;
+  for (int64_t i = global_thread(); i < n; i += global_stride()) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const Tf32Parts p = tf32_parts(src[r * src_ld + c]);
+    float* d = dst + r * dst_ld + c;
+    d[off_big] = p.big;
+    d[off_small] = p.small;
+    d[off_big_finite] = p.big_finite;
+  }
+}
+
+// split_tf32_kernel on `stream`, checked.
+void split_tf32(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols, float* dst,
+                int64_t dst_ld, int64_t off_big, int64_t off_small, int64_t off_big_finite) {
+  if (rows * cols == 0) return;
+  split_tf32_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(src, src_ld, rows, cols, dst, dst_ld, off_big,
+                                                                      off_small, off_big_finite);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM each
+// over K = 3H on the parts of kX3Row* / kX3Weight*, which the step kernel writes beside h_t.
+// The TF32 GEMM reads W_hh three times over (its parts), so it pays where a step is
+// compute-bound, not where it streams W_hh for a few rows: from kX3StepsMinBatch rows, without
+// projection. Measured on an H200 (the cuBLAS loop forced, 256-step `infer` calls, eager ms):
+// B = 32 / 64, H = 512 5.77 / 4.67 -> 3.13 / 3.39; H = 1024 7.29 / 9.41 -> 6.43 / 7.11. The
+// backward's dh = dG·W_hh the same way (K = 3G) was no faster there (training calls 0-0.75 ms
+// longer in their backward), so it keeps the float32 GEMM.
+// SEQKERNELS_LSTM_X3_STEPS (diagnostic): 0, never; 1, at any batch size (tests reach every path
+// with it).
+constexpr int64_t kX3StepsMinBatch = 32;
+template <class scalar_t>
+bool use_x3_steps(const LstmSizes& s, bool tf32) {
+  if (!std::is_same_v<scalar_t, float> || tf32 || s.P > 0) return false;
+  const char* env = std::getenv("SEQKERNELS_LSTM_X3_STEPS");
+  if (env != nullptr && env[0] != '\0') return std::string(env) != "0";
+  return s.B >= kX3StepsMinBatch;
+}
+
+// W_hh [G, H] as the x3 steps' weight operand W3 [G, 3H] (kX3Weight*).
+void split_w_hh_x3(cudaStream_t stream, const float* w_hh, int64_t G, int64_t H, float* w3) {
+  split_tf32(stream, w_hh, H, G, H, w3, 3 * H, kX3WeightBig * H, kX3WeightSmall * H, kX3WeightBigFinite * H);
+}
+// The name of W3's kept buffer for W_hh in the replayed loop (ReplayedSteps::shared_buffer): one
+// per W_hh, read by the graphs of its training and inference forwards.
+std::string x3_weights_name(const Tensor& w_hh) {
+  return "x3 W_hh " + num(static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))) + " " +
+         num(w_hh.size(0)) + " " + num(w_hh.size(1));
+}
+
+// rows x K values (row stride K) as x3 row operands [rows, 3K].
+void split_x3_rows(cudaStream_t stream, const float* src, int64_t rows, int64_t K, float* dst) {
+  split_tf32(stream, src, K, rows, K, dst, 3 * K, kX3RowBig * K, kX3RowSmall * K, kX3RowBigFinite * K);
+}
+
 // The forward time loop replayed (see above); false, having launched nothing, where it does
 // not apply. Writes y, gates and cells (training) as the plain loop does, and h_n and c_n
 // (scalar_t) as new tensors.
@@ -587,7 +698,8 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   // its eager calls were not shorter with V = 1 (-0 to +5 %, as much as this unchanged path
   // varied between two builds).
   const bool vec4 = sizeof(scalar_t) >= 4 && H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
-  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4), "the cuBLAS loop's");
+  const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
+  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4, x3), "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
@@ -595,9 +707,16 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   Tensor cbuf = replay.buffer(1, {B, H}, acc_opts);
   Tensor rec = replay.buffer(2, {B, G}, acc_opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
+  // x3 steps: h_t's parts (the step GEMM's A operand) and W3 (its B operand, kept once per W_hh
+  // for the training and inference graphs, split again at every call: the graphs read W_hh's
+  // values through it).
+  Tensor hx3 = x3 ? replay.buffer(4, {B, 3 * H}, opts) : Tensor();
+  Tensor w3 = x3 ? replay.shared_buffer(5, x3_weights_name(w_hh), {G, 3 * H}, opts) : Tensor();
   scalar_t* hbuf_p = hbuf.data_ptr<scalar_t>();
   acc_t* cbuf_p = cbuf.data_ptr<acc_t>();
   acc_t* rec_p = rec.data_ptr<acc_t>();
+  scalar_t* hx3_p = x3 ? hx3.data_ptr<scalar_t>() : nullptr;
+  scalar_t* w3_p = x3 ? w3.data_ptr<scalar_t>() : nullptr;
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
 
   // The gate kernel always follows its step's GEMM: with PDL it loads all but rec while the
@@ -606,7 +725,8 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   auto step = [&](int k, cudaStream_t stream) {
     const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
     auto launch = [&](auto kernel) {
-      cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, cbuf_p, hbuf_p, B, H);
+      cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, cbuf_p, hbuf_p, hx3_p, B,
+                          H);
     };
     if (vec4 && training) {
       launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true>);
@@ -623,10 +743,24 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
         args_p, call, h0.data_ptr<scalar_t>(), hbuf_p, c0.data_ptr<scalar_t>(), cbuf_p, B * H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (x3) {
+        split_w_hh_x3(stream, w_hh.data_ptr<float>(), G, H, w3_p);
+        split_x3_rows(stream, h0.data_ptr<float>(), B, H, hx3_p);
+      }
+    }
   };
-  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ, then the gate kernel.
-  const ReplayGemm<scalar_t, acc_t> gemm{Trans::T, B, G, H, hbuf_p, w_hh.data_ptr<scalar_t>(), rec_p};
-  if (!run_replayed_steps(replay, blas, gemm, /*gemm_first=*/true, T, &args_p->step, step, prologue)) return false;
+  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ (x3: its parts, [B, 3H] · [G, 3H]ᵀ in TF32), then the
+  // gate kernel.
+  std::optional<cuda::BlasContext> tf32_blas;  // x3 steps: the handle's settings of `blas`, TF32 compute
+  if (x3) tf32_blas.emplace(true);
+  const ReplayGemm<scalar_t, acc_t> gemm = x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, 3 * H, hx3_p, w3_p, rec_p}
+                                              : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, H, hbuf_p,
+                                                                            w_hh.data_ptr<scalar_t>(), rec_p};
+  if (!run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/true, T, &args_p->step, step,
+                          prologue)) {
+    return false;
+  }
   h_n = hbuf.clone();
   c_n = cbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
@@ -649,7 +783,8 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
   // thread (V = 1): 4x the threads of V = 4, and with them training calls 0-10 % shorter (forced
   // cuBLAS loop, B <= 256, H200, 2026-11-26, docs/benchmarks.md).
-  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), /*vec4=*/false),
+  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), /*vec4=*/false,
+                                  /*x3=*/false),
                        "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
@@ -684,25 +819,6 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   return true;
 }
 
-// float32 without TF32: each element v as TF32 values, big = TF32(v) and small = TF32(v - big)
-// (3xTF32, as the persistent and fused loops' recurrent products), into dst[0, n), and, into
-// dst[n, 2n) and dst[2n, 3n), the parts the cross terms take: small, and big with a value that
-// is not finite replaced by 0. So NaN and inf reach a product only through big·big, as in a
-// float32 GEMM (a cross term would give inf · 0 = NaN where the other operand is exactly a TF32
-// value). A finite v that rounds to inf (within 2^-11 of FLT_MAX) is truncated instead.
-__global__ void split_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = src[i];
-    uint32_t big = cuda::to_tf32(v);
-    const bool finite = isfinite(v);
-    if (finite && isinf(__uint_as_float(big))) big = __float_as_uint(v) & 0xffffe000u;
-    dst[i] = __uint_as_float(big);
-    dst[n + i] = finite ? __uint_as_float(cuda::tf32_small(v, big)) : 0.f;
-    dst[2 * n + i] = finite ? __uint_as_float(big) : 0.f;
-  }
-}
-
 // The forward's input projection pre[N, G] = x[N, I] · W_ihᵀ. float32 without TF32, from 2^32
 // flops: three TF32 GEMMs on exact splits, pre = x_big·W_bigᵀ + x_big'·W_smallᵀ + x_small·W_big'ᵀ
 // (' : non-finite values as 0, split_tf32_kernel), in row chunks whose split buffers stay within
@@ -718,21 +834,21 @@ void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64
     if (!blas.tf32() && 2.0 * N * G * I >= kSplitMinFlops) {
       constexpr int64_t kSplitBytes = int64_t{48} << 20;
       const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, kSplitBytes / (12 * I)));
+      // A [rows, I] matrix into three after one another: big, small, big'.
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-      auto split = [&](const float* src, float* dst, int64_t n) {
-        split_tf32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto split = [&](const float* src, float* dst, int64_t rows) {
+        split_tf32(stream, src, I, rows, I, dst, I, 0, rows * I, 2 * rows * I);
       };
       Tensor w_split = at::empty({3, G, I}, opts);
       Tensor x_split = at::empty({3, chunk, I}, opts);
       float* const w_big = w_split.data_ptr<float>();
-      split(w_ih_p, w_big, G * I);
+      split(w_ih_p, w_big, G);
       const cuda::BlasContext tf32_blas(true);  // the handle's settings of `blas`, TF32 compute
       cuda::StepGemm<float, float, float> gemm(tf32_blas, Trans::N, Trans::T, G, I, I, I, G);
       float* const x_big = x_split.data_ptr<float>();
       for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t rows = std::min(chunk, N - r0);
-        split(x_p + r0 * I, x_big, rows * I);
+        split(x_p + r0 * I, x_big, rows);
         float* const out = pre_p + r0 * G;
         gemm(rows, 1.f, x_big, w_big, 0.f, out);
         gemm(rows, 1.f, x_big + 2 * rows * I, w_big + G * I, 1.f, out);  // x_big' · W_small
@@ -822,6 +938,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // The per-step GEMMs, their cuBLASLt algorithms chosen once (blas.cuh).
   cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, Hout, Hout, Hout, G);
   cuda::StepGemm<scalar_t, scalar_t, sc_t> projection_gemm(blas, Trans::N, Trans::T, P, H, H, H, P);
+  // x3 steps (no projection): the recurrent GEMM on h_{t-1}'s parts [B, 3H], which the step
+  // kernel writes, and W_hh's [G, 3H], in TF32.
+  const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
+  std::optional<cuda::BlasContext> tf32_blas;
+  Tensor hx3, w3;
+  scalar_t* hx3_p = nullptr;
+  if (x3) {
+    tf32_blas.emplace(true);
+    hx3 = at::empty({B, 3 * H}, opts);
+    w3 = at::empty({G, 3 * H}, opts);
+    hx3_p = hx3.data_ptr<scalar_t>();
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      split_w_hh_x3(stream, w_hh_p, G, H, w3.data_ptr<float>());
+      split_x3_rows(stream, h0.data_ptr<float>(), B, H, hx3_p);
+    }
+  }
+  std::optional<cuda::StepGemm<scalar_t, acc_t, sc_t>> x3_gemm;
+  if (x3) x3_gemm.emplace(*tf32_blas, Trans::N, Trans::T, G, 3 * H, 3 * H, 3 * H, G);
 
   // One unit per thread (V = 1): 4x the threads of 16-byte accesses (V = 4), which the step
   // needs more at these sizes (H200, the plain loop inside a caller's CUDA graph, B <= 256,
@@ -831,10 +965,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const dim3 grid(blocks_for(bt * H));
     if (training) {
       lstm_forward_step_kernel<scalar_t, acc_t, true>
-          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, hx3_p, bt, H);
     } else {
       lstm_forward_step_kernel<scalar_t, acc_t, false>
-          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, bt, H);
+          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, hx3_p, bt, H);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -844,8 +978,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const int64_t bt = s.batch_sizes[t];
     const int64_t off = s.offsets[t];
     acc_t* pre_t = pre_p + off * G;
-    // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ
-    recurrent_gemm(bt, sc_t(1), h_prev_p, w_hh_p, sc_t(1), pre_t);
+    // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ (x3: [bt, 3H] · [G, 3H]ᵀ)
+    if (x3) {
+      (*x3_gemm)(bt, sc_t(1), hx3_p, w3.data_ptr<scalar_t>(), sc_t(1), pre_t);
+    } else {
+      recurrent_gemm(bt, sc_t(1), h_prev_p, w_hh_p, sc_t(1), pre_t);
+    }
     scalar_t* y_t = y_p + off * Hout;
     launch_step(pre_t, training ? gates_p + off * G : nullptr, training ? cells_p + off * H : nullptr,
                 proj ? mbuf_p : y_t, proj ? nullptr : hbuf_p, bt);

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -111,14 +112,32 @@ struct ReplayPool {
   cudaStream_t done_stream = nullptr;  // nullptr until a call has recorded `done`
   std::unordered_map<std::string, ReplayEntry> entries;
   uint64_t uses = 0;
+  // Buffers that several keys' graphs read (ReplayedSteps::shared_buffer), by name, with the
+  // stream they were allocated on. Each user entry holds the tensor too; one held by nothing
+  // else is dropped when an entry goes.
+  struct Shared {
+    at::Tensor tensor;
+    cudaStream_t stream = nullptr;
+  };
+  std::unordered_map<std::string, Shared> shared;
 
   ReplayEntry& entry(const std::string& key) {
-    return cuda::keep_recent(entries, key, uses, kKept, [](ReplayEntry& oldest) { oldest.release(); });
+    return cuda::keep_recent(entries, key, uses, kKept, [this](ReplayEntry& oldest) {
+      oldest.release();
+      prune_shared();
+    });
+  }
+
+  void prune_shared() {
+    for (auto it = shared.begin(); it != shared.end();) {
+      it = it->second.tensor.use_count() == 1 ? shared.erase(it) : std::next(it);
+    }
   }
 
   void release_all() {
     for (auto& kv : entries) kv.second.release();
     entries.clear();
+    shared.clear();
   }
 };
 
@@ -183,6 +202,32 @@ class ReplayedSteps {
     return b;
   }
 
+  // The entry's index-th buffer as buffer(), but one buffer per `name` across the pool's keys
+  // (the x3 steps' split W_hh, which a layer's training and inference graphs both read).
+  at::Tensor shared_buffer(size_t index, const std::string& name, at::IntArrayRef sizes,
+                           const at::TensorOptions& options) {
+    if (index == entry_->buffers.size()) {
+      auto it = pool_->shared.find(name);
+      if (it == pool_->shared.end() || !it->second.tensor.sizes().equals(sizes)) {
+        const c10::cuda::CUDAStreamGuard on_call_stream(stream_);
+        pool_->shared[name] = ReplayPool::Shared{at::empty(sizes, options), stream_.stream()};
+        it = pool_->shared.find(name);
+      }
+      if (index == 0) entry_->buffers_stream = stream_.stream();
+      entry_->buffers.push_back(it->second.tensor);
+    }
+    TORCH_INTERNAL_ASSERT(index < entry_->buffers.size() && entry_->buffers[index].sizes() == sizes,
+                          "seqkernels.lstm: a replayed loop's buffers are asked for out of order");
+    const at::Tensor& b = entry_->buffers[index];
+    const auto it = pool_->shared.find(name);
+    TORCH_INTERNAL_ASSERT(it != pool_->shared.end() && it->second.tensor.is_same(b),
+                          "seqkernels.lstm: a replayed loop's shared buffer changed");
+    if (stream_.stream() != it->second.stream) {
+      c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream_);
+    }
+    return b;
+  }
+
   // The captured GEMM's workspace, what its plan needs, as the entry's last buffer; false (and
   // the plain loop for the key) without a cuBLASLt algorithm.
   template <class Gemm, class A, class B, class C>
@@ -233,6 +278,7 @@ class ReplayedSteps {
   // No cuBLASLt algorithm for a step GEMM, or a failed capture: the plain loop for this key.
   void fail(const char* why) {
     entry_->release();
+    pool_->prune_shared();
     entry_->capture_failed = true;
     TORCH_WARN_ONCE("seqkernels.lstm: replaying ", loop_, " steps from a CUDA graph failed (", why,
                     "); those calls run the steps directly");
