@@ -213,6 +213,15 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 ok, line = run_case(dtype, False, reverse, training, True, [B] * 36, 4, H, gen)
                 failures += not ok
                 print(line, flush=True)
+        # float32 without TF32 from B = 17: the forward's steps as split TF32 GEMMs (x3 steps),
+        # replayed (T = 36; H = 8 vectorised) and plain (packed: the GEMM over B + bt rows, H = 5
+        # scalar), both directions.
+        for batch_sizes, H in [([17] * 36, 8), ([20, 20, 17, 3], 5)]:
+            for reverse, training in itertools.product([False, True], modes):
+                with rnn_tf32(False):
+                    ok, line = run_case(torch.float32, False, reverse, training, True, batch_sizes, 4, H, gen)
+                failures += not ok
+                print(line + "  (TF32 off)", flush=True)
     if backend == "fused" and True in modes:
         # 2 units per block (H = 64, 40: a K tail), 8 (H = 1024), several m16 tiles (B = 17, 33),
         # two batch blocks of 8 tiles (B = 140), packed and both directions; bf16 and TF32.

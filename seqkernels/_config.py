@@ -22,8 +22,8 @@ CPU_PERSISTENT_SMALL_BATCH = 8  # kPersistentSmallBatch
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
+CUDA_X3_STEPS_MIN_BATCH = 17  # lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps
 CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
-CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 = 128 * 1024  # kPersistentMaxForwardStateFp32
 CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 = 512  # kFusedMaxForwardHiddenFp32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32 = 8  # kPersistentMaxBackwardBatchFp32
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_FP32 = 512  # kPersistentMaxBackwardHiddenFp32
@@ -191,9 +191,9 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if hidden <= CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 and bh <= CUDA_FUSED_MAX_FORWARD_BH:
             return "fused", (f"{what}: B > {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}, H = {hidden} <= "
                              f"{CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32} and B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}")
-        if state <= CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32:
-            return "persistent", f"{what}: {kib} <= {CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 // 1024} KiB"
-        return "cublas", f"{what}: {kib} > {CUDA_PERSISTENT_MAX_FORWARD_STATE_FP32 // 1024} KiB"
+        return "cublas", (f"{what}: B > {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}, H = {hidden} > "
+                          f"{CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32} or B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH} "
+                          f"(its steps as split TF32 GEMMs from B = {CUDA_X3_STEPS_MIN_BATCH})")
     if not mma:
         limit = CUDA_PERSISTENT_MAX_BACKWARD_STATE if backward else CUDA_PERSISTENT_MAX_FORWARD_STATE
         if state <= limit:

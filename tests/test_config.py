@@ -107,8 +107,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (32, 2048, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536, H > 1024
     (64, 100, torch.bfloat16, True, "cublas", "cublas"),  # fused chosen, but H % 8 != 0
     # float32 with TF32 off: forward persistent at B <= 16, fused at B > 16 with H <= 512 and
-    # B*H <= 32768, persistent to 128 KiB; backward persistent at B <= 8 with H <= 512, fused at
-    # 8 <= B <= 16 or B >= 8 with B*H <= 8192
+    # B*H <= 32768, else cuBLAS (its split TF32 steps); backward persistent at B <= 8 with
+    # H <= 512, fused at 8 <= B <= 16 or B >= 8 with B*H <= 8192
     (16, 256, torch.float32, False, "persistent", "fused"),  # backward B > 8
     (8, 512, torch.float32, False, "persistent", "persistent"),  # backward B <= 8, H <= 512
     (1, 1024, torch.float32, False, "persistent", "cublas"),  # backward H > 512, B < 8
@@ -117,7 +117,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (32, 256, torch.float32, False, "fused", "fused"),  # B*H = 8192
     (32, 512, torch.float32, False, "fused", "cublas"),  # backward B*H > 8192
     (64, 512, torch.float32, False, "fused", "cublas"),  # forward B*H = 32768
-    (32, 1024, torch.float32, False, "persistent", "cublas"),  # forward H > 512: 128 KiB state
+    (32, 1024, torch.float32, False, "cublas", "cublas"),  # forward H > 512
+    (17, 768, torch.float32, False, "cublas", "cublas"),  # forward B > 16, H > 512
     (64, 1024, torch.float32, False, "cublas", "cublas"),  # 256 KiB
     (32, 510, torch.float32, False, "cublas", "cublas"),  # fused chosen, but H % 4 != 0
     # float64: forward state <= 64 KiB, backward <= 32 KiB

@@ -716,8 +716,8 @@ def test_replayed_cublas_loop_matches_reference(monkeypatch, precision, B, H, bi
                       seed=B * 100 + H + call, what=f"replayed cuBLAS loop, call {call}")
 
 
-# x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM over
-# a tripled K on the operands' parts (lstm.cu's use_x3_steps: from B = 32, at any B with
+# x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM on the
+# operands' stacked parts (lstm.cu's use_x3_steps: from B = 17, at any B with
 # SEQKERNELS_LSTM_X3_STEPS=1): replayed (equal batch sizes, T = 37: two chunks and five eager
 # steps) and plain (packed and ragged), both directions; H = 7 (scalar stores) and 64 / 256
 # (16-byte stores in the replayed step kernel).
@@ -736,10 +736,10 @@ def test_x3_steps_match_reference(monkeypatch, batch_sizes, H, reverse):
 
 
 @pytest.mark.parametrize("precision_name,B,env,taken", [
-    ("float32", 32, None, True), ("float32", 16, None, False), ("float32", 4, "1", True),
+    ("float32", 17, None, True), ("float32", 16, None, False), ("float32", 4, "1", True),
     ("float32", 64, "0", False), ("tf32", 32, None, False), ("float64", 32, "1", False)])
 def test_x3_steps_are_taken(monkeypatch, precision_name, B, env, taken):
-    """Where the cuBLAS loop runs x3 steps: float32 without TF32 from B = 32, or as
+    """Where the cuBLAS loop runs x3 steps: float32 without TF32 from B = 17, or as
     SEQKERNELS_LSTM_X3_STEPS says; never with TF32 or another dtype. They split W_hh at the start
     of the forward (the input projection is too small here to split)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
@@ -755,8 +755,8 @@ def test_x3_steps_are_taken(monkeypatch, precision_name, B, env, taken):
 
 def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
     """An inf in h0 reaches the first step's pre-activations as a float32 GEMM gives it (±inf:
-    the row's gates saturate and its outputs stay finite), not as NaN: the cross terms take the
-    inf's big part as 0. Replayed and plain."""
+    the row's gates saturate and its outputs stay finite), not as NaN: the cross term takes the
+    inf's big part as 0 and its small part is 0. Replayed and plain."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
     for batch_sizes in ([4] * REPLAY_T, [4, 4, 3, 1]):
@@ -967,8 +967,8 @@ def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch, loop)
 
 
 def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
-    """The replayed cuBLAS loop with x3 steps keeps W_hh's parts (W3, [4H, 3H] float32) and
-    h's besides its state buffers; release_step_graphs frees them."""
+    """The replayed cuBLAS loop with x3 steps keeps W_hh's parts ([4H, 2H] float32) and h's
+    ([2B, 2H]) besides its state buffers; release_step_graphs frees them."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
     seqkernels.release_step_graphs()
@@ -978,10 +978,10 @@ def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
         for _ in range(2):
             run()
     freed = bytes_freed_by_release()
-    w3 = 4 * H * 3 * H
-    forward = B * H * 2 + B * 4 * H + B * 3 * H  # h, c, rec, h's parts
+    wx = 4 * H * 2 * H
+    forward = B * H * 2 + 2 * B * 4 * H + 2 * B * 2 * H  # h, c, rec (two halves), h's parts
     backward = B * H * 2 + B * 4 * H  # dh, dc, dG
-    kept = (w3 + forward + backward) * 4
+    kept = (wx + forward + backward) * 4
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 
 

@@ -167,17 +167,18 @@ __device__ __forceinline__ Tf32Parts tf32_parts(float v) {
           finite ? __uint_as_float(big) : 0.f};
 }
 
-// Where the operands keep their parts so that one TF32 GEMM over a tripled K sums the three
-// terms (the forward's "x3 steps" in the cuBLAS loop, use_x3_steps): pre[B, G] += hx3[B, 3H] ·
-// W3[G, 3H]ᵀ, W3's row g W_hh's row g as [big | small | big'] (kX3Weight*, blocks of H), hx3's
-// row h_{t-1}'s as [big | big' | small] (kX3Row*).
-constexpr int kX3WeightBig = 0, kX3WeightSmall = 1, kX3WeightBigFinite = 2;
-constexpr int kX3RowBig = 0, kX3RowBigFinite = 1, kX3RowSmall = 2;
-
-// V consecutive values' parts into an hx3 row: big parts at row[0, V), big' at row[K, K + V),
-// small at row[2K, 2K + V).
+// The forward's x3 steps (use_x3_steps) stack h_{t-1}'s parts in rows and W_hh's along K, so
+// that one TF32 GEMM sums the products of a step:
+//   rec[2B, G] = hx[2B, 2H] · wx[G, 2H]ᵀ,  wx's row g: [W_big | W_small] of W_hh's row g,
+//   hx's row b: [h_big | h_big'], row B + b: [h_small | h_small]  (b < B),
+// so rec[b] = big·big + big'·small and rec[B + b] = small·big + small·small, and the step adds
+// both rows. With ' an inf in h reaches the sum only through big·big, as in a float32 GEMM; an
+// inf in W_hh reaches small·big too (NaN where h's small part is 0), as in the persistent and
+// fused loops' products. Stacking h reads W_hh's parts once (2 × W_hh per step), where both
+// operands' three parts along K (K = 3H) read 3 × W_hh: on an H200 at B = 64, H = 1024, 11.2
+// against 16.7 µs a GEMM (float32's own: 22.0; dev micro-benchmark, docs/benchmarks.md).
 template <int V>
-__device__ __forceinline__ void store_x3_row(float* row, int64_t K, const Vec<float, V>& v) {
+__device__ __forceinline__ void store_x3_stacked(float* big_row, float* small_row, int64_t H, const Vec<float, V>& v) {
   Vec<float, V> big, big_finite, small;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -186,9 +187,10 @@ __device__ __forceinline__ void store_x3_row(float* row, int64_t K, const Vec<fl
     big_finite.v[k] = p.big_finite;
     small.v[k] = p.small;
   }
-  store_vec<V>(row + kX3RowBig * K, big);
-  store_vec<V>(row + kX3RowBigFinite * K, big_finite);
-  store_vec<V>(row + kX3RowSmall * K, small);
+  store_vec<V>(big_row, big);
+  store_vec<V>(big_row + H, big_finite);
+  store_vec<V>(small_row, small);
+  store_vec<V>(small_row + H, small);
 }
 
 // Blocks for a grid-stride kernel over work_items items (at least one block).
@@ -232,6 +234,7 @@ template <class scalar_t, class acc_t, int V, bool kTraining, bool kRec>
 __device__ __forceinline__ void forward_step_rows(
     const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ (+ h_{t-1}·W_hhᵀ unless kRec), no bias; gates i, f, g, o
     const acc_t* __restrict__ rec,   // [bt, G] h_{t-1}·W_hhᵀ (kRec), else unused
+    const acc_t* __restrict__ rec_small,  // [bt, G] the x3 steps' second rows of it (kRec), or nullptr
     const scalar_t* __restrict__ b_ih,  // [G] input-hidden bias, or nullptr without bias
     const scalar_t* __restrict__ b_hh,  // [G] hidden-hidden bias (with b_ih)
     acc_t* __restrict__ cbuf,        // [B, H] rows [0, bt): c_{t-1} on entry, c_t on exit
@@ -239,7 +242,8 @@ __device__ __forceinline__ void forward_step_rows(
     scalar_t* __restrict__ cells,    // [bt, H] out (kTraining): c_t of this step
     scalar_t* __restrict__ m_out,    // [bt, H] out: m_t = o ⊙ tanh(c_t): y rows (Hout = H) or the projection's input
     scalar_t* __restrict__ hbuf,     // [B, Hout] out rows [0, bt): h_t = m_t; nullptr with projection
-    scalar_t* __restrict__ hx3,      // [B, 3H] out rows [0, bt): h_t's parts (x3 steps, float32), or nullptr
+    scalar_t* __restrict__ hx,       // [B, 2H] out rows [0, bt): h_t's big parts (x3 steps, float32), or nullptr
+    scalar_t* __restrict__ hx_small, // [B, 2H] out rows [0, bt): its small parts (with hx)
     int64_t bt,                      // rows of this step (batch_sizes[t])
     int64_t H) {                     // hidden size; H % V == 0
   const int64_t G = 4 * H;
@@ -268,6 +272,18 @@ __device__ __forceinline__ void forward_step_rows(
         pg.v[k] += rg.v[k];
         po.v[k] += ro.v[k];
       }
+      if (rec_small != nullptr) {
+        const acc_t* r2 = rec_small + b * G + j;
+        const Vec<acc_t, V> si = load_vec_cg<V>(r2), sf = load_vec_cg<V>(r2 + H), sg = load_vec_cg<V>(r2 + 2 * H),
+                            so = load_vec_cg<V>(r2 + 3 * H);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          pi.v[k] += si.v[k];
+          pf.v[k] += sf.v[k];
+          pg.v[k] += sg.v[k];
+          po.v[k] += so.v[k];
+        }
+      }
     }
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
@@ -290,7 +306,7 @@ __device__ __forceinline__ void forward_step_rows(
     store_vec<V>(m_out + b * H + j, m);
     if (hbuf != nullptr) store_vec<V>(hbuf + b * H + j, m);
     if constexpr (std::is_same_v<scalar_t, float>) {
-      if (hx3 != nullptr) store_x3_row<V>(hx3 + b * 3 * H + j, H, m);
+      if (hx != nullptr) store_x3_stacked<V>(hx + b * 2 * H + j, hx_small + b * 2 * H + j, H, m);
     }
     if constexpr (kTraining) {
       scalar_t* g = gates + b * G + j;
@@ -304,14 +320,15 @@ __device__ __forceinline__ void forward_step_rows(
 }
 
 // The cuBLAS loop's forward step: forward_step_rows on the step's rows, one unit per thread
-// (lstm_forward_impl says why).
-template <class scalar_t, class acc_t, bool kTraining>
+// (lstm_forward_impl says why). kRec: x3 steps, the product in rec and rec_small.
+template <class scalar_t, class acc_t, bool kTraining, bool kRec>
 __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
-    const acc_t* __restrict__ pre, const scalar_t* __restrict__ b_ih, const scalar_t* __restrict__ b_hh,
-    acc_t* __restrict__ cbuf, scalar_t* __restrict__ gates, scalar_t* __restrict__ cells,
-    scalar_t* __restrict__ m_out, scalar_t* __restrict__ hbuf, scalar_t* __restrict__ hx3, int64_t bt, int64_t H) {
-  forward_step_rows<scalar_t, acc_t, 1, kTraining, false>(pre, nullptr, b_ih, b_hh, cbuf, gates, cells, m_out, hbuf,
-                                                          hx3, bt, H);
+    const acc_t* __restrict__ pre, const acc_t* __restrict__ rec, const acc_t* __restrict__ rec_small,
+    const scalar_t* __restrict__ b_ih, const scalar_t* __restrict__ b_hh, acc_t* __restrict__ cbuf,
+    scalar_t* __restrict__ gates, scalar_t* __restrict__ cells, scalar_t* __restrict__ m_out,
+    scalar_t* __restrict__ hbuf, scalar_t* __restrict__ hx, scalar_t* __restrict__ hx_small, int64_t bt, int64_t H) {
+  forward_step_rows<scalar_t, acc_t, 1, kTraining, kRec>(pre, rec, rec_small, b_ih, b_hh, cbuf, gates, cells, m_out,
+                                                         hbuf, hx, hx_small, bt, H);
 }
 
 // Projection, backward: dh = dhbuf + grad_y of one step, rounded to scalar_t (it is both the
@@ -476,17 +493,17 @@ struct BackwardReplayArgs {
 template <class scalar_t, class acc_t, int V, bool kTraining>
 __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
     const ForwardReplayArgs<scalar_t, acc_t>* __restrict__ args, int k,
-    const acc_t* __restrict__ rec,  // [B, G] h_{t-1}·W_hhᵀ
+    const acc_t* __restrict__ rec,  // [B, G] h_{t-1}·W_hhᵀ (x3 steps: [2B, G], its two halves summed)
     acc_t* __restrict__ cbuf,       // [B, H] c_{t-1} on entry, c_t on exit
     scalar_t* __restrict__ hbuf,    // [B, H] out: h_t (the next step's GEMM operand, or h_n with x3 steps)
-    scalar_t* __restrict__ hx3,     // [B, 3H] out: h_t's parts (x3 steps: the next step's GEMM operand), or nullptr
+    scalar_t* __restrict__ hx,      // [2B, 2H] out: h_t's parts (x3 steps: the next step's GEMM operand), or nullptr
     int64_t B, int64_t H) {
   const ForwardReplayArgs<scalar_t, acc_t> a = *args;
   const int64_t off = cuda::replayed_forward_times(a.step + k, a.T, a.reverse).t * B, G = 4 * H;
-  forward_step_rows<scalar_t, acc_t, V, kTraining, true>(a.pre + off * G, rec, a.b_ih, a.b_hh, cbuf,
-                                                         kTraining ? a.gates + off * G : nullptr,
-                                                         kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf,
-                                                         hx3, B, H);
+  forward_step_rows<scalar_t, acc_t, V, kTraining, true>(
+      a.pre + off * G, rec, hx != nullptr ? rec + B * G : nullptr, a.b_ih, a.b_hh, cbuf,
+      kTraining ? a.gates + off * G : nullptr, kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf, hx,
+      hx != nullptr ? hx + B * 2 * H : nullptr, B, H);
 }
 
 // Step k of a backward chunk: backward_step_rows on the B rows of time t, one unit per thread
@@ -619,8 +636,8 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
 
 // tf32_parts of a [rows, cols] block of src (row stride src_ld) into dst: element (r, c)'s big
 // part at dst[r * dst_ld + c + off_big], its small and big' parts at off_small and
-// off_big_finite instead. Operands of 3xTF32 GEMMs: three matrices one after another, or a
-// tripled K (kX3Row*, kX3Weight*).
+// off_big_finite instead (a part with a negative offset is not written): the input projection's
+// operands (three matrices one after another) and wx (store_x3_stacked).
 __global__ void split_tf32_kernel(const float* __restrict__ src, int64_t src_ld, int64_t rows, int64_t cols,
                                   float* __restrict__ dst, int64_t dst_ld, int64_t off_big, int64_t off_small,
                                   int64_t off_big_finite) {
@@ -631,7 +648,7 @@ __global__ void split_tf32_kernel(const float* __restrict__ src, int64_t src_ld,
     float* d = dst + r * dst_ld + c;
     d[off_big] = p.big;
     d[off_small] = p.small;
-    d[off_big_finite] = p.big_finite;
+    if (off_big_finite >= 0) d[off_big_finite] = p.big_finite;
   }
 }
 
@@ -644,17 +661,19 @@ void split_tf32(cudaStream_t stream, const float* src, int64_t src_ld, int64_t r
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM each
-// over K = 3H on the parts of kX3Row* / kX3Weight*, which the step kernel writes beside h_t.
-// The TF32 GEMM reads W_hh three times over (its parts), so it pays where a step is
-// compute-bound, not where it streams W_hh for a few rows: from kX3StepsMinBatch rows, without
-// projection. Measured on an H200 (the cuBLAS loop forced, 256-step `infer` calls, eager ms):
-// B = 32 / 64, H = 512 5.77 / 4.67 -> 3.13 / 3.39; H = 1024 7.29 / 9.41 -> 6.43 / 7.11. The
-// backward's dh = dG·W_hh the same way (K = 3G) was no faster there (training calls 0-0.75 ms
-// longer in their backward), so it keeps the float32 GEMM.
+// x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM each on
+// the stacked parts of store_x3_stacked, which the step kernel writes beside h_t. That GEMM
+// reads W_hh's parts (twice W_hh) for 2B rows, so it pays where a step is compute-bound, not
+// where it streams W_hh for a few rows: from kX3StepsMinBatch rows (where auto leaves the
+// forward to this loop: lstm_loop.cuh; _config.py's CUDA_X3_STEPS_MIN_BATCH), without projection.
+// H200, the loop forced, eager ms per 256-step `infer` call, float32 GEMMs / x3 steps: B = 32,
+// H = 512 5.77 / 2.89-2.98; B = 64, H = 1024 9.41 / 6.13-6.23. The
+// backward's dh = dG·W_hh as split GEMMs was no faster (H200, GEMMs alone at B = 32 / 64, H = 512
+// / 1024: float32 8.6-19.7 µs, parts along K = 3G 8.9-22.7, stacked 8.8-20.1), so it keeps the
+// float32 GEMM.
 // SEQKERNELS_LSTM_X3_STEPS (diagnostic): 0, never; 1, at any batch size (tests reach every path
 // with it).
-constexpr int64_t kX3StepsMinBatch = 32;
+constexpr int64_t kX3StepsMinBatch = 17;
 template <class scalar_t>
 bool use_x3_steps(const LstmSizes& s, bool tf32) {
   if (!std::is_same_v<scalar_t, float> || tf32 || s.P > 0) return false;
@@ -663,20 +682,28 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
   return s.B >= kX3StepsMinBatch;
 }
 
-// W_hh [G, H] as the x3 steps' weight operand W3 [G, 3H] (kX3Weight*).
-void split_w_hh_x3(cudaStream_t stream, const float* w_hh, int64_t G, int64_t H, float* w3) {
-  split_tf32(stream, w_hh, H, G, H, w3, 3 * H, kX3WeightBig * H, kX3WeightSmall * H, kX3WeightBigFinite * H);
+// W_hh [G, H] as the x3 steps' weight operand wx [G, 2H] (store_x3_stacked).
+void split_w_hh_x3(cudaStream_t stream, const float* w_hh, int64_t G, int64_t H, float* wx) {
+  split_tf32(stream, w_hh, H, G, H, wx, 2 * H, /*off_big=*/0, /*off_small=*/H, /*off_big_finite=*/-1);
 }
-// The name of W3's kept buffer for W_hh in the replayed loop (ReplayedSteps::shared_buffer): one
+// The name of wx's kept buffer for W_hh in the replayed loop (ReplayedSteps::shared_buffer): one
 // per W_hh, read by the graphs of its training and inference forwards.
 std::string x3_weights_name(const Tensor& w_hh) {
   return "x3 W_hh " + num(static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))) + " " +
          num(w_hh.size(0)) + " " + num(w_hh.size(1));
 }
 
-// rows x K values (row stride K) as x3 row operands [rows, 3K].
-void split_x3_rows(cudaStream_t stream, const float* src, int64_t rows, int64_t K, float* dst) {
-  split_tf32(stream, src, K, rows, K, dst, 3 * K, kX3RowBig * K, kX3RowSmall * K, kX3RowBigFinite * K);
+// h0 [B, H] into hx [2B, 2H] (store_x3_stacked).
+__global__ void __launch_bounds__(kThreads) x3_stack_rows_kernel(const float* __restrict__ h0, int64_t B, int64_t H,
+                                                                 float* __restrict__ hx) {
+  for (int64_t i = global_thread(); i < B * H; i += global_stride()) {
+    const int64_t b = i / H, j = i - b * H;
+    store_x3_stacked<1>(hx + b * 2 * H + j, hx + (B + b) * 2 * H + j, H, Vec<float, 1>{{h0[i]}});
+  }
+}
+void split_h0_x3(cudaStream_t stream, const float* h0, int64_t B, int64_t H, float* hx) {
+  x3_stack_rows_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(h0, B, H, hx);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The forward time loop replayed (see above); false, having launched nothing, where it does
@@ -705,18 +732,18 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
   Tensor hbuf = replay.buffer(0, {B, H}, opts);
   Tensor cbuf = replay.buffer(1, {B, H}, acc_opts);
-  Tensor rec = replay.buffer(2, {B, G}, acc_opts);
+  Tensor rec = replay.buffer(2, {x3 ? 2 * B : B, G}, acc_opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
-  // x3 steps: h_t's parts (the step GEMM's A operand) and W3 (its B operand, kept once per W_hh
-  // for the training and inference graphs, split again at every call: the graphs read W_hh's
-  // values through it).
-  Tensor hx3 = x3 ? replay.buffer(4, {B, 3 * H}, opts) : Tensor();
-  Tensor w3 = x3 ? replay.shared_buffer(5, x3_weights_name(w_hh), {G, 3 * H}, opts) : Tensor();
+  // x3 steps: h_t's parts (the step GEMM's A operand) and W_hh's (wx, its B operand, kept once
+  // per W_hh for the training and inference graphs, split again at every call: the graphs read
+  // W_hh's values through it).
+  Tensor hx = x3 ? replay.buffer(4, {2 * B, 2 * H}, opts) : Tensor();
+  Tensor wx = x3 ? replay.shared_buffer(5, x3_weights_name(w_hh), {G, 2 * H}, opts) : Tensor();
   scalar_t* hbuf_p = hbuf.data_ptr<scalar_t>();
   acc_t* cbuf_p = cbuf.data_ptr<acc_t>();
   acc_t* rec_p = rec.data_ptr<acc_t>();
-  scalar_t* hx3_p = x3 ? hx3.data_ptr<scalar_t>() : nullptr;
-  scalar_t* w3_p = x3 ? w3.data_ptr<scalar_t>() : nullptr;
+  scalar_t* hx_p = x3 ? hx.data_ptr<scalar_t>() : nullptr;
+  scalar_t* wx_p = x3 ? wx.data_ptr<scalar_t>() : nullptr;
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
 
   // The gate kernel always follows its step's GEMM: with PDL it loads all but rec while the
@@ -725,7 +752,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   auto step = [&](int k, cudaStream_t stream) {
     const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
     auto launch = [&](auto kernel) {
-      cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, cbuf_p, hbuf_p, hx3_p, B,
+      cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, cbuf_p, hbuf_p, hx_p, B,
                           H);
     };
     if (vec4 && training) {
@@ -745,16 +772,16 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (x3) {
-        split_w_hh_x3(stream, w_hh.data_ptr<float>(), G, H, w3_p);
-        split_x3_rows(stream, h0.data_ptr<float>(), B, H, hx3_p);
+        split_w_hh_x3(stream, w_hh.data_ptr<float>(), G, H, wx_p);
+        split_h0_x3(stream, h0.data_ptr<float>(), B, H, hx_p);
       }
     }
   };
-  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ (x3: its parts, [B, 3H] · [G, 3H]ᵀ in TF32), then the
+  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ (x3: the parts, [2B, 2H] · [G, 2H]ᵀ in TF32), then the
   // gate kernel.
   std::optional<cuda::BlasContext> tf32_blas;  // x3 steps: the handle's settings of `blas`, TF32 compute
   if (x3) tf32_blas.emplace(true);
-  const ReplayGemm<scalar_t, acc_t> gemm = x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, 3 * H, hx3_p, w3_p, rec_p}
+  const ReplayGemm<scalar_t, acc_t> gemm = x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, G, 2 * H, hx_p, wx_p, rec_p}
                                               : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, H, hbuf_p,
                                                                             w_hh.data_ptr<scalar_t>(), rec_p};
   if (!run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/true, T, &args_p->step, step,
@@ -821,11 +848,12 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
 
 // The forward's input projection pre[N, G] = x[N, I] · W_ihᵀ. float32 without TF32, from 2^32
 // flops: three TF32 GEMMs on exact splits, pre = x_big·W_bigᵀ + x_big'·W_smallᵀ + x_small·W_big'ᵀ
-// (' : non-finite values as 0, split_tf32_kernel), in row chunks whose split buffers stay within
-// 48 MiB; the dropped small·small term and the splits' remainders are ~2^-22 of each product,
-// float32's order. cuBLAS's float32 GEMM ran at ~48 TFLOP/s on an H200 there (x·W_ihᵀ at
-// B = 16, T = 256, H = I = 1024: 703 µs, a third of the persistent forward's call); TF32 tensor
-// cores run the three GEMMs in less. Smaller GEMMs, and every other dtype, run one GEMM.
+// (' : non-finite values as 0, tf32_parts), in row chunks whose split buffers stay within
+// 48 MiB. cuBLAS's float32 GEMM ran at ~48 TFLOP/s on an H200 there (x·W_ihᵀ at B = 16, T = 256,
+// H = I = 1024: 703 µs, a third of the persistent forward's call); TF32 tensor cores run the
+// three GEMMs in less. (One GEMM over K = 3I on the three parts side by side
+// was less accurate: errors against float64 ~1e-5 at H = I = 1024 on an H200, against
+// 3e-7 with three GEMMs.) Smaller GEMMs, and every other dtype, run one GEMM.
 template <class scalar_t, class acc_t, class sc_t>
 void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64_t I, const scalar_t* x_p,
                       const scalar_t* w_ih_p, acc_t* pre_p, const at::TensorOptions& opts) {
@@ -938,24 +966,30 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // The per-step GEMMs, their cuBLASLt algorithms chosen once (blas.cuh).
   cuda::StepGemm<scalar_t, acc_t, sc_t> recurrent_gemm(blas, Trans::N, Trans::T, G, Hout, Hout, Hout, G);
   cuda::StepGemm<scalar_t, scalar_t, sc_t> projection_gemm(blas, Trans::N, Trans::T, P, H, H, H, P);
-  // x3 steps (no projection): the recurrent GEMM on h_{t-1}'s parts [B, 3H], which the step
-  // kernel writes, and W_hh's [G, 3H], in TF32.
+  // x3 steps (no projection): rec[2B, G] = hx[2B, 2H] · wx[G, 2H]ᵀ in TF32 on the parts
+  // (store_x3_stacked), which the step kernel writes and adds; at a step of bt < B rows the GEMM
+  // runs over rows [0, B + bt) (the rows in between are not read).
   const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
   std::optional<cuda::BlasContext> tf32_blas;
-  Tensor hx3, w3;
-  scalar_t* hx3_p = nullptr;
+  Tensor hx, wx, rec;
+  scalar_t* hx_p = nullptr;
+  scalar_t* hx_small_p = nullptr;
+  acc_t* rec_p = nullptr;
+  std::optional<cuda::StepGemm<scalar_t, acc_t, sc_t>> x3_gemm;
   if (x3) {
     tf32_blas.emplace(true);
-    hx3 = at::empty({B, 3 * H}, opts);
-    w3 = at::empty({G, 3 * H}, opts);
-    hx3_p = hx3.data_ptr<scalar_t>();
+    hx = at::empty({2 * B, 2 * H}, opts);
+    wx = at::empty({G, 2 * H}, opts);
+    rec = at::empty({2 * B, G}, acc_opts);
+    hx_p = hx.data_ptr<scalar_t>();
+    hx_small_p = hx_p + B * 2 * H;
+    rec_p = rec.data_ptr<acc_t>();
     if constexpr (std::is_same_v<scalar_t, float>) {
-      split_w_hh_x3(stream, w_hh_p, G, H, w3.data_ptr<float>());
-      split_x3_rows(stream, h0.data_ptr<float>(), B, H, hx3_p);
+      split_w_hh_x3(stream, w_hh_p, G, H, wx.data_ptr<float>());
+      split_h0_x3(stream, h0.data_ptr<float>(), B, H, hx_p);
     }
+    x3_gemm.emplace(*tf32_blas, Trans::N, Trans::T, G, 2 * H, 2 * H, 2 * H, G);
   }
-  std::optional<cuda::StepGemm<scalar_t, acc_t, sc_t>> x3_gemm;
-  if (x3) x3_gemm.emplace(*tf32_blas, Trans::N, Trans::T, G, 3 * H, 3 * H, 3 * H, G);
 
   // One unit per thread (V = 1): 4x the threads of 16-byte accesses (V = 4), which the step
   // needs more at these sizes (H200, the plain loop inside a caller's CUDA graph, B <= 256,
@@ -963,12 +997,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   auto launch_step = [&](const acc_t* pre_t, scalar_t* gates_t, scalar_t* cells_t, scalar_t* m_t, scalar_t* h_t,
                          int64_t bt) {
     const dim3 grid(blocks_for(bt * H));
-    if (training) {
-      lstm_forward_step_kernel<scalar_t, acc_t, true>
-          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, hx3_p, bt, H);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kThreads, 0, stream>>>(pre_t, rec_p, x3 ? rec_p + B * G : nullptr, b_ih_p, b_hh_p, cbuf_p,
+                                            gates_t, cells_t, m_t, h_t, hx_p, hx_small_p, bt, H);
+    };
+    if (x3) {
+      training ? launch(lstm_forward_step_kernel<scalar_t, acc_t, true, true>)
+               : launch(lstm_forward_step_kernel<scalar_t, acc_t, false, true>);
     } else {
-      lstm_forward_step_kernel<scalar_t, acc_t, false>
-          <<<grid, kThreads, 0, stream>>>(pre_t, b_ih_p, b_hh_p, cbuf_p, gates_t, cells_t, m_t, h_t, hx3_p, bt, H);
+      training ? launch(lstm_forward_step_kernel<scalar_t, acc_t, true, false>)
+               : launch(lstm_forward_step_kernel<scalar_t, acc_t, false, false>);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -978,9 +1016,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const int64_t bt = s.batch_sizes[t];
     const int64_t off = s.offsets[t];
     acc_t* pre_t = pre_p + off * G;
-    // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ (x3: [bt, 3H] · [G, 3H]ᵀ)
+    // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ (x3: into rec, above)
     if (x3) {
-      (*x3_gemm)(bt, sc_t(1), hx3_p, w3.data_ptr<scalar_t>(), sc_t(1), pre_t);
+      (*x3_gemm)(B + bt, sc_t(1), hx_p, wx.data_ptr<scalar_t>(), sc_t(0), rec_p);
     } else {
       recurrent_gemm(bt, sc_t(1), h_prev_p, w_hh_p, sc_t(1), pre_t);
     }

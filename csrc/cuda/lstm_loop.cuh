@@ -26,14 +26,15 @@ constexpr int64_t kPersistentMaxBackwardState = 32 * 1024;  // persistent backwa
 // fused loop took it, three TF32 MMAs per product; every loop forced, docs/kernels.md):
 //  - forward: persistent at B <= 16; fused at B > 16 with H <= 512 and B·H <= 32768 (`infer`
 //    B = 32, H = 512 2.31 ms fused against 2.95 persistent, 5.91 cuBLAS; B = 64, H = 256 1.90
-//    against 2.65); else persistent while the state <= 128 KiB (B = 32, H = 1024 6.57 against
-//    7.51 fused, 8.07 cuBLAS); else cuBLAS;
+//    against 2.65); else cuBLAS, whose forward steps from B = 17 are split TF32 GEMMs (lstm.cu's
+//    x3 steps; grid of 2026-11-26, the seventh session: B = 32, H = 1024 4.47 ms against 6.05
+//    persistent, 6.96 fused; B = 64, H = 1024 6.40 against 11.25 fused; the persistent loop
+//    had won at B = 32 before them, 6.57 against 8.07);
 //  - backward (`train` minus `infer` under each loop): persistent at B <= 8 with H <= 512 (B = 8,
 //    H = 512 2.43 ms against 2.49 fused, 3.09 cuBLAS); fused at 8 <= B <= 16 and at B·H <= 8192
 //    (B = 16, H = 512 2.84 against 3.15 cuBLAS, 3.75 persistent; B = 8, H = 1024 4.60 against
 //    5.60 cuBLAS, 5.80 persistent; B = 32, H = 256 2.61 against 2.75); else cuBLAS (B = 1,
 //    H = 1024 2.81 against 3.46 fused, 4.18 persistent; B = 32, H = 512 3.88 against 4.45 fused).
-constexpr int64_t kPersistentMaxForwardStateFp32 = 128 * 1024;
 constexpr int64_t kFusedMaxForwardHiddenFp32 = 512;  // fused forward, B > 16: H <= 512, B·H <= kFusedMaxForwardBH
 constexpr int64_t kPersistentMaxBackwardBatchFp32 = 8;    // persistent backward: B <= 8 and ...
 constexpr int64_t kPersistentMaxBackwardHiddenFp32 = 512;  // ... H <= 512
@@ -128,8 +129,7 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    backward 4.90; bf16 B = 16, H = 512: 2.52 against 2.63, but H = 768: 3.33 against 2.70; the
 //    TF32 rule at H > 896 from the backward op alone (scripts/lstm_backward_choice.py).
 //  - float32 with TF32 off (the rules above, measured 2026-11-26): forward persistent at B <= 16,
-//    fused at B > 16 with H <= 512 and B·H <= 32768, persistent while the state <= 128 KiB, else
-//    cuBLAS; backward persistent at B <= 8 with H <= 512, fused at 8 <= B <= 16 or (B >= 8 with)
+//    fused at B > 16 with H <= 512 and B·H <= 32768, else cuBLAS; backward persistent at B <= 8 with H <= 512, fused at 8 <= B <= 16 or (B >= 8 with)
 //    B·H <= 8192, else cuBLAS;
 //  - float64 (no fused loop): persistent while the state is <= 64 KiB (forward) / 32 KiB
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
@@ -154,8 +154,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
                  : Loop::kCublas;
     }
     if (s.B <= kPersistentMaxForwardBatchMma) return Loop::kPersistent;
-    if (s.H <= kFusedMaxForwardHiddenFp32 && bh <= kFusedMaxForwardBH) return Loop::kFused;
-    return state <= kPersistentMaxForwardStateFp32 ? Loop::kPersistent : Loop::kCublas;
+    return s.H <= kFusedMaxForwardHiddenFp32 && bh <= kFusedMaxForwardBH ? Loop::kFused : Loop::kCublas;
   }
   if (!mma) {
     return state <= (backward ? kPersistentMaxBackwardState : kPersistentMaxForwardState) ? Loop::kPersistent
