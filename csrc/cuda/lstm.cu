@@ -667,10 +667,9 @@ void split_tf32(cudaStream_t stream, const float* src, int64_t src_ld, int64_t r
 // where it streams W_hh for a few rows: from kX3StepsMinBatch rows (where auto leaves the
 // forward to this loop: lstm_loop.cuh; _config.py's CUDA_X3_STEPS_MIN_BATCH), without projection.
 // H200, the loop forced, eager ms per 256-step `infer` call, float32 GEMMs / x3 steps: B = 32,
-// H = 512 5.77 / 2.89-2.98; B = 64, H = 1024 9.41 / 6.13-6.23. The
-// backward's dh = dG·W_hh as split GEMMs was no faster (H200, GEMMs alone at B = 32 / 64, H = 512
-// / 1024: float32 8.6-19.7 µs, parts along K = 3G 8.9-22.7, stacked 8.8-20.1), so it keeps the
-// float32 GEMM.
+// H = 512 5.77 / 2.89-2.98; B = 64, H = 1024 9.41 / 6.13-6.23. The backward's dh = dG·W_hh as
+// split GEMMs was no faster (H200, the GEMMs alone at B = 32 / 64, H = 512 / 1024: float32
+// 8.6-19.7 µs, parts along K = 3G 8.9-22.7, stacked 8.8-20.1), so it keeps the float32 GEMM.
 // SEQKERNELS_LSTM_X3_STEPS (diagnostic): 0, never; 1, at any batch size (tests reach every path
 // with it).
 constexpr int64_t kX3StepsMinBatch = 17;
@@ -851,9 +850,9 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
 // (' : non-finite values as 0, tf32_parts), in row chunks whose split buffers stay within
 // 48 MiB. cuBLAS's float32 GEMM ran at ~48 TFLOP/s on an H200 there (x·W_ihᵀ at B = 16, T = 256,
 // H = I = 1024: 703 µs, a third of the persistent forward's call); TF32 tensor cores run the
-// three GEMMs in less. (One GEMM over K = 3I on the three parts side by side
-// was less accurate: errors against float64 ~1e-5 at H = I = 1024 on an H200, against
-// 3e-7 with three GEMMs.) Smaller GEMMs, and every other dtype, run one GEMM.
+// three GEMMs in less. (One GEMM over K = 3I on the three parts side by side was less accurate:
+// a 256-step call's error against float64 ~1e-5 of the largest value at H = I = 1024 on an H200,
+// ~3e-6 with three GEMMs.) Smaller GEMMs, and every other dtype, run one GEMM.
 template <class scalar_t, class acc_t, class sc_t>
 void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64_t I, const scalar_t* x_p,
                       const scalar_t* w_ih_p, acc_t* pre_p, const at::TensorOptions& opts) {
@@ -862,8 +861,8 @@ void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64
     if (!blas.tf32() && 2.0 * N * G * I >= kSplitMinFlops) {
       constexpr int64_t kSplitBytes = int64_t{48} << 20;
       const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, kSplitBytes / (12 * I)));
-      // A [rows, I] matrix into three after one another: big, small, big'.
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+      // A [rows, I] matrix into three after one another: big, small, big'.
       auto split = [&](const float* src, float* dst, int64_t rows) {
         split_tf32(stream, src, I, rows, I, dst, I, 0, rows * I, 2 * rows * I);
       };
