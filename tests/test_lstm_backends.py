@@ -497,6 +497,18 @@ def test_saturated_gates_match_reference(monkeypatch, loop, precision):
                       x_scale=1e3)
 
 
+def _float32_forward_and_reference(t: dict, batch_sizes: list[int]):
+    """lstm_layer's (y, h_n, c_n) on the GPU in float32 with TF32 off, without gradients, and
+    the float64 reference's, for layer_case tensors (forward direction)."""
+    bs = torch.tensor(batch_sizes, dtype=torch.int64)
+    args = [t[k] for k in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
+    ref = _reference(args[0], bs, *args[1:], reverse=False)
+    with _Precision("float32"), torch.no_grad():
+        on_gpu = [a.to("cuda", torch.float32) for a in args]
+        got = lstm_layer(on_gpu[0], bs, *on_gpu[1:], reverse=False)
+    return got, ref
+
+
 # The forward's input projection in float32 without TF32 runs as three TF32 GEMMs on exact
 # splits from 2^32 flops (lstm.cu's input_projection), in row chunks of at most 2048 rows at
 # I = 2048: N = 1120 (one chunk) and N = 2080 (two, a packed batch).
@@ -523,12 +535,7 @@ def test_float32_input_projection_in_tf32_gemms_keeps_inf_and_nan(monkeypatch, b
     t, _ = layer_case(batch_sizes, I, H, bias=True, seed=6)
     t["x"][5, 7] = float("inf")  # step 0, row 5
     t["x"][batch_sizes[0] + 3, 11] = float("nan")  # step 1, row 3
-    bs = torch.tensor(batch_sizes, dtype=torch.int64)
-    args = [t[k] for k in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
-    ref = _reference(args[0], bs, *args[1:], reverse=False)
-    with _Precision("float32"), torch.no_grad():
-        on_gpu = [a.to("cuda", torch.float32) for a in args]
-        got = lstm_layer(on_gpu[0], bs, *on_gpu[1:], reverse=False)
+    got, ref = _float32_forward_and_reference(t, batch_sizes)
     assert torch.isfinite(ref[1][5]).all() and torch.isnan(ref[1][3]).all()  # h_n: the inf's row, the NaN's
     for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
         g, r = g.double().cpu(), r.double()
@@ -762,12 +769,7 @@ def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
     for batch_sizes in ([4] * REPLAY_T, [4, 4, 3, 1]):
         t, _ = layer_case(batch_sizes, 9, 64, bias=True, seed=61)
         t["h0"][1, 5] = float("inf")
-        bs = torch.tensor(batch_sizes, dtype=torch.int64)
-        args = [t[k] for k in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
-        ref = _reference(args[0], bs, *args[1:], reverse=False)
-        with _Precision("float32"), torch.no_grad():
-            on_gpu = [a.to("cuda", torch.float32) for a in args]
-            got = lstm_layer(on_gpu[0], bs, *on_gpu[1:], reverse=False)
+        got, ref = _float32_forward_and_reference(t, batch_sizes)
         for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
             g, r = g.double().cpu(), r.double()
             assert torch.isfinite(r).all() and torch.isfinite(g).all(), f"{name}: not finite"

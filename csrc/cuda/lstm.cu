@@ -262,28 +262,20 @@ __device__ __forceinline__ void forward_step_rows(
     if constexpr (kRec) cuda::pdl_wait();
     Vec<acc_t, V> c = load_vec_from<kRec, V>(cbuf + b * H + j);
     if constexpr (kRec) {
-      const acc_t* r = rec + b * G + j;
-      const Vec<acc_t, V> ri = load_vec_cg<V>(r), rf = load_vec_cg<V>(r + H), rg = load_vec_cg<V>(r + 2 * H),
-                          ro = load_vec_cg<V>(r + 3 * H);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        pi.v[k] += ri.v[k];
-        pf.v[k] += rf.v[k];
-        pg.v[k] += rg.v[k];
-        po.v[k] += ro.v[k];
-      }
-      if (rec_small != nullptr) {
-        const acc_t* r2 = rec_small + b * G + j;
-        const Vec<acc_t, V> si = load_vec_cg<V>(r2), sf = load_vec_cg<V>(r2 + H), sg = load_vec_cg<V>(r2 + 2 * H),
-                            so = load_vec_cg<V>(r2 + 3 * H);
+      // A row of the product's four gates (from L2: written by the GEMM before this kernel).
+      auto add_rec = [&](const acc_t* r) {
+        const Vec<acc_t, V> ri = load_vec_cg<V>(r), rf = load_vec_cg<V>(r + H), rg = load_vec_cg<V>(r + 2 * H),
+                            ro = load_vec_cg<V>(r + 3 * H);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          pi.v[k] += si.v[k];
-          pf.v[k] += sf.v[k];
-          pg.v[k] += sg.v[k];
-          po.v[k] += so.v[k];
+          pi.v[k] += ri.v[k];
+          pf.v[k] += rf.v[k];
+          pg.v[k] += rg.v[k];
+          po.v[k] += ro.v[k];
         }
-      }
+      };
+      add_rec(rec + b * G + j);
+      if (rec_small != nullptr) add_rec(rec_small + b * G + j);
     }
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
