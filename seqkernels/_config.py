@@ -22,7 +22,6 @@ CPU_PERSISTENT_SMALL_BATCH = 8  # kPersistentSmallBatch
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
-CUDA_X3_STEPS_MIN_BATCH = 17  # lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps
 CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
 CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 = 512  # kFusedMaxForwardHiddenFp32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_FP32 = 8  # kPersistentMaxBackwardBatchFp32
@@ -32,6 +31,8 @@ CUDA_FUSED_MAX_BACKWARD_BATCH_FP32 = 16  # kFusedMaxBackwardBatchFp32
 CUDA_FUSED_MAX_BACKWARD_BH_FP32 = 8 * 1024  # kFusedMaxBackwardBHFp32
 CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
+# lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps, beyond the persistent forward's B
+CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh

@@ -656,15 +656,16 @@ void split_tf32(cudaStream_t stream, const float* src, int64_t src_ld, int64_t r
 // x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM each on
 // the stacked parts of store_x3_stacked, which the step kernel writes beside h_t. That GEMM
 // reads W_hh's parts (twice W_hh) for 2B rows, so it pays where a step is compute-bound, not
-// where it streams W_hh for a few rows: from kX3StepsMinBatch rows (where auto leaves the
-// forward to this loop: lstm_loop.cuh; _config.py's CUDA_X3_STEPS_MIN_BATCH), without projection.
+// where it streams W_hh for a few rows: from kX3StepsMinBatch rows, where auto leaves the
+// forward to the other loops (lstm_loop.cuh; _config.py's CUDA_X3_STEPS_MIN_BATCH), without
+// projection.
 // H200, the loop forced, eager ms per 256-step `infer` call, float32 GEMMs / x3 steps: B = 32,
 // H = 512 5.77 / 2.89-2.98; B = 64, H = 1024 9.41 / 6.13-6.23. The backward's dh = dG·W_hh as
 // split GEMMs was no faster (H200, the GEMMs alone at B = 32 / 64, H = 512 / 1024: float32
 // 8.6-19.7 µs, parts along K = 3G 8.9-22.7, stacked 8.8-20.1), so it keeps the float32 GEMM.
 // SEQKERNELS_LSTM_X3_STEPS (diagnostic): 0, never; 1, at any batch size (tests reach every path
 // with it).
-constexpr int64_t kX3StepsMinBatch = 17;
+constexpr int64_t kX3StepsMinBatch = cuda::kPersistentMaxForwardBatchMma + 1;
 template <class scalar_t>
 bool use_x3_steps(const LstmSizes& s, bool tf32) {
   if (!std::is_same_v<scalar_t, float> || tf32 || s.P > 0) return false;
@@ -965,6 +966,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   Tensor hx, wx, rec;
   scalar_t* hx_p = nullptr;
   scalar_t* hx_small_p = nullptr;
+  const scalar_t* wx_p = nullptr;
   acc_t* rec_p = nullptr;
   std::optional<cuda::StepGemm<scalar_t, acc_t, sc_t>> x3_gemm;
   if (x3) {
@@ -974,6 +976,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     rec = at::empty({2 * B, G}, acc_opts);
     hx_p = hx.data_ptr<scalar_t>();
     hx_small_p = hx_p + B * 2 * H;
+    wx_p = wx.data_ptr<scalar_t>();
     rec_p = rec.data_ptr<acc_t>();
     if constexpr (std::is_same_v<scalar_t, float>) {
       split_w_hh_x3(stream, w_hh_p, G, H, wx.data_ptr<float>());
@@ -1009,7 +1012,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     acc_t* pre_t = pre_p + off * G;
     // pre[rows] += h_{t-1}[bt, Hout] · W_hh[G, Hout]ᵀ (x3: into rec, above)
     if (x3) {
-      (*x3_gemm)(B + bt, sc_t(1), hx_p, wx.data_ptr<scalar_t>(), sc_t(0), rec_p);
+      (*x3_gemm)(B + bt, sc_t(1), hx_p, wx_p, sc_t(0), rec_p);
     } else {
       recurrent_gemm(bt, sc_t(1), h_prev_p, w_hh_p, sc_t(1), pre_t);
     }

@@ -129,8 +129,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    backward 4.90; bf16 B = 16, H = 512: 2.52 against 2.63, but H = 768: 3.33 against 2.70; the
 //    TF32 rule at H > 896 from the backward op alone (scripts/lstm_backward_choice.py).
 //  - float32 with TF32 off (the rules above, measured 2026-11-26): forward persistent at B <= 16,
-//    fused at B > 16 with H <= 512 and B·H <= 32768, else cuBLAS; backward persistent at B <= 8 with H <= 512, fused at 8 <= B <= 16 or (B >= 8 with)
-//    B·H <= 8192, else cuBLAS;
+//    fused at B > 16 with H <= 512 and B·H <= 32768, else cuBLAS; backward persistent at B <= 8
+//    with H <= 512, fused at 8 <= B <= 16 or (B >= 8 with) B·H <= 8192, else cuBLAS;
 //  - float64 (no fused loop): persistent while the state is <= 64 KiB (forward) / 32 KiB
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward) {
