@@ -776,6 +776,37 @@ def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
             assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), name
 
 
+# The replayed cuBLAS loop's step GEMMs split along K (step_k_parts, forced): the step kernels
+# sum the parts (forward: up to 4 row blocks of rec, with the x3 steps' halves; backward: up to
+# 8 of dh), and the backward's grad_h0 is the parts of its last GEMM summed. The remaining
+# T % 16 steps run the same split GEMM eagerly. "4,8" with the x3 steps: 2 forward parts (4 row
+# blocks); "3,3": parts that do not divide K fall back to halves that do (one here).
+@pytest.mark.parametrize("parts", ["2,4", "4,8", "3,3"])
+@pytest.mark.parametrize("precision_name,x3", [("tf32", None), ("bfloat16", None), ("float16", None),
+                                               ("float32", "1"), ("float32", "0"), ("float64", None)])
+def test_step_k_parts_match_reference(monkeypatch, parts, precision_name, x3):
+    """Two calls (capture, then replay), both directions, outputs and every gradient against
+    the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_K_PARTS", parts)
+    if x3 is not None:
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", x3)
+    with _Precision(precision_name):
+        for call, reverse in ((0, False), (1, False), (2, True)):
+            compare_layer([6] * REPLAY_T, 5, 64, reverse=reverse, bias=True, precision=precision_name,
+                          seed=call + len(parts) * 7, what=f"K parts {parts}, call {call}")
+
+
+def test_step_k_parts_setting_is_read(monkeypatch):
+    """The diagnostic switch reaches the replayed loop's choice: a malformed value is an error
+    naming it."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_K_PARTS", "4")
+    t, up = layer_case([6] * REPLAY_T, 5, 64, True, 3)
+    with pytest.raises(RuntimeError, match="SEQKERNELS_LSTM_K_PARTS"):
+        run_layer(lstm_layer, t, up, [6] * REPLAY_T, False, torch.float64, "cuda")
+
+
 # The fused loop's shapes: 2 units per block and one m16 tile (B = 1, H = 64), several tiles
 # (B = 17), two batch blocks of 8 tiles (B = 200), 8 units per block (H = 1024 on 132 SMs).
 @pytest.mark.parametrize("reverse", [False, True])

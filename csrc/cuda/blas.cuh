@@ -271,6 +271,19 @@ class StepGemm {
   // time. Without split-K the deep-K GEMM of the LSTM backward (dG·W_hh, K = 4H) ran as one
   // serial kernel at small B: 92 µs a step at B = 16, H = 1024, bf16 (H100, 2026-11-25).
   void allow_split_k() { split_k_always_ = true; }
+  // K split into `parts` GEMMs of K_ each (the K given to the constructor is one part's), issued
+  // as one strided batch: part p multiplies A's and op(B)'s p-th K slices (A row-major with
+  // ta = N) into C's p-th [M, N] block, C + p·M·ldc, and the caller sums the blocks. Why: at
+  // the replayed LSTM loop's B ≤ 256 a step GEMM has too few output tiles to keep the SMs
+  // busy, and cuBLASLt's own split-K adds a reduction kernel where the gate kernel that reads
+  // C can add the parts for free (lstm.cu, step_k_parts). Call before the first GEMM.
+  void split_k_into(int parts) {
+    // (A part's K·sizeof(AB) a multiple of 16 bytes: every part keeps the operands' alignment.)
+    TORCH_CHECK(parts == 1 || (parts > 1 && ta_ == Trans::N && (K_ * int64_t(sizeof(AB))) % 16 == 0),
+                "seqkernels: StepGemm splits K only for A not transposed and parts of 16-byte multiples, got ",
+                parts, " parts of K = ", K_);
+    k_parts_ = parts;
+  }
   void set_workspace(void* workspace, size_t bytes) {
     workspace_ = workspace;
     workspace_bytes_ = bytes;
@@ -282,7 +295,10 @@ class StepGemm {
     }
     const Plan& plan = plan_for(M, A, B, C);
     if (!plan.found) {
-      gemm<AB, CT, Scale>(ctx_, ta_, tb_, M, N_, K_, alpha, A, lda_, B, ldb_, beta, C, ldc_);
+      for (int p = 0; p < k_parts_; ++p) {
+        gemm<AB, CT, Scale>(ctx_, ta_, tb_, M, N_, K_, alpha, A + p * a_part_stride(), lda_, B + p * b_part_stride(),
+                            ldb_, beta, C + p * M * ldc_, ldc_);
+      }
       return;
     }
     // Operands swapped as in gemm(): cuBLASLt's A is our B.
@@ -318,7 +334,11 @@ class StepGemm {
   // architecture decides the algorithms), the GEMM's shape and strides, the operands'
   // alignments, TF32, the split-K rule's input and the workspace the plan may need.
   using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t,
-                             uint32_t, bool, bool, size_t>;
+                             uint32_t, bool, bool, size_t, int>;
+  // Elements between consecutive K parts of A (row-major, K contiguous) and of B (op T: K
+  // contiguous; op N: K runs down the rows).
+  int64_t a_part_stride() const { return K_; }
+  int64_t b_part_stride() const { return tb_ == Trans::T ? K_ : K_ * ldb_; }
   // Plans kept for the process, shared by every StepGemm of this type (never destroyed: a
   // plan is a few small host objects). Past kMaxKeptPlans distinct keys (e.g. many ragged
   // batch sizes) new plans are kept by their StepGemm only.
@@ -341,7 +361,7 @@ class StepGemm {
       if (p->M == M && p->align_a == align_a && p->align_b == align_b && p->align_c == align_c) return *p;
     }
     const PlanKey key{device_, int(ta_), int(tb_), M, N_, K_, lda_, ldb_, ldc_, align_a, align_b, align_c,
-                      ctx_.tf32(), split_k_always_, heuristic_workspace_};
+                      ctx_.tf32(), split_k_always_, heuristic_workspace_, k_parts_};
     PlanCache& cache = plan_cache();
     {
       const std::lock_guard<std::mutex> lock(cache.mutex);
@@ -384,6 +404,17 @@ class StepGemm {
     TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutCreate(&p.layout_a, detail::CudaType<AB>::value,
                                                     ta_ == Trans::N ? k : n, ta_ == Trans::N ? n : k, lda_));
     TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutCreate(&p.layout_c, detail::CudaType<CT>::value, m, n, ldc_));
+    if (k_parts_ > 1) {
+      const int32_t count = k_parts_;
+      const int64_t strides[3] = {b_part_stride(), a_part_stride(), p.M * ldc_};
+      const cublasLtMatrixLayout_t layouts[3] = {p.layout_b, p.layout_a, p.layout_c};
+      for (int i = 0; i < 3; ++i) {
+        TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                              sizeof(count)));
+        TORCH_CUDABLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof(strides[i])));
+      }
+    }
 
     cublasLtMatmulPreference_t pref = nullptr;
     TORCH_CUDABLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -439,6 +470,7 @@ class StepGemm {
   size_t workspace_bytes_;
   cudaStream_t stream_;
   bool split_k_always_ = false;
+  int k_parts_ = 1;  // split_k_into
   static constexpr size_t kDeepKWorkspaceCap = size_t(32) << 20;
   size_t heuristic_workspace_;  // the most workspace the chosen algorithm may need
   int device_;

@@ -90,6 +90,9 @@ using cuda::Trans;
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the kernels stride over the rest
+// Row blocks a step kernel sums into its recurrent product (step_k_parts; the x3 steps' halves).
+constexpr int kMaxRecBlocks = 4;  // forward
+constexpr int kMaxDhBlocks = 8;   // backward
 
 using cuda::CudaMath;  // IEEE cell nonlinearities (lstm_device.cuh)
 
@@ -224,8 +227,9 @@ __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const sc
 
 // One forward time step, fused: bias, gate nonlinearities, cell update, output. A thread owns
 // V consecutive hidden units j of one batch row b (V = 4: 16-byte loads of the fp32 data).
-// kRec: the recurrent product is in `rec` ([bt, G], the replayed loop's fixed GEMM output)
-// rather than already added into `pre`. The step's GEMM is then the kernel launched just before
+// kRec: the recurrent product is in `rec` (rec_blocks row blocks of [bt, G], rec_stride
+// elements apart, which the kernel sums: the replayed loop's fixed GEMM output, split along K by
+// step_k_parts and/or into the x3 steps' two halves) rather than already added into `pre`. The step's GEMM is then the kernel launched just before
 // this one, possibly with the PDL attribute: `pre` and the biases, written before the loop
 // started, are loaded before pdl_wait(); rec and cbuf after it, from L2 (load_vec_cg), and every
 // store follows it (the GEMM reads hbuf). cbuf too: the previous step's kernel wrote it, and
@@ -233,8 +237,9 @@ __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const sc
 template <class scalar_t, class acc_t, int V, bool kTraining, bool kRec>
 __device__ __forceinline__ void forward_step_rows(
     const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ (+ h_{t-1}·W_hhᵀ unless kRec), no bias; gates i, f, g, o
-    const acc_t* __restrict__ rec,   // [bt, G] h_{t-1}·W_hhᵀ (kRec), else unused
-    const acc_t* __restrict__ rec_small,  // [bt, G] the x3 steps' second rows of it (kRec), or nullptr
+    const acc_t* __restrict__ rec,   // [rec_blocks][bt, G] (kRec): the blocks sum to h_{t-1}·W_hhᵀ; else unused
+    int rec_blocks,                  // 1 to kMaxRecBlocks
+    int64_t rec_stride,              // elements between blocks
     const scalar_t* __restrict__ b_ih,  // [G] input-hidden bias, or nullptr without bias
     const scalar_t* __restrict__ b_hh,  // [G] hidden-hidden bias (with b_ih)
     acc_t* __restrict__ cbuf,        // [B, H] rows [0, bt): c_{t-1} on entry, c_t on exit
@@ -274,8 +279,11 @@ __device__ __forceinline__ void forward_step_rows(
           po.v[k] += ro.v[k];
         }
       };
-      add_rec(rec + b * G + j);
-      if (rec_small != nullptr) add_rec(rec_small + b * G + j);
+      // Unrolled with uniform predicates, so that every block's loads can issue before the adds.
+#pragma unroll
+      for (int r = 0; r < kMaxRecBlocks; ++r) {
+        if (r < rec_blocks) add_rec(rec + r * rec_stride + b * G + j);
+      }
     }
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
@@ -312,15 +320,15 @@ __device__ __forceinline__ void forward_step_rows(
 }
 
 // The cuBLAS loop's forward step: forward_step_rows on the step's rows, one unit per thread
-// (lstm_forward_impl says why). kRec: x3 steps, the product in rec and rec_small.
+// (lstm_forward_impl says why). kRec: x3 steps, the product in rec's two row blocks.
 template <class scalar_t, class acc_t, bool kTraining, bool kRec>
 __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
-    const acc_t* __restrict__ pre, const acc_t* __restrict__ rec, const acc_t* __restrict__ rec_small,
+    const acc_t* __restrict__ pre, const acc_t* __restrict__ rec, int rec_blocks, int64_t rec_stride,
     const scalar_t* __restrict__ b_ih, const scalar_t* __restrict__ b_hh, acc_t* __restrict__ cbuf,
     scalar_t* __restrict__ gates, scalar_t* __restrict__ cells, scalar_t* __restrict__ m_out,
     scalar_t* __restrict__ hbuf, scalar_t* __restrict__ hx, scalar_t* __restrict__ hx_small, int64_t bt, int64_t H) {
-  forward_step_rows<scalar_t, acc_t, 1, kTraining, kRec>(pre, rec, rec_small, b_ih, b_hh, cbuf, gates, cells, m_out,
-                                                         hbuf, hx, hx_small, bt, H);
+  forward_step_rows<scalar_t, acc_t, 1, kTraining, kRec>(pre, rec, rec_blocks, rec_stride, b_ih, b_hh, cbuf, gates,
+                                                         cells, m_out, hbuf, hx, hx_small, bt, H);
 }
 
 // Projection, backward: dh = dhbuf + grad_y of one step, rounded to scalar_t (it is both the
@@ -355,6 +363,8 @@ __device__ __forceinline__ void backward_step_rows(
     const scalar_t* __restrict__ c0,          // [B, H] initial cell state
     const scalar_t* __restrict__ grad_y,      // [bt, Hout] dL/dy of step t (!kProj); unused with projection
     const acc_t* __restrict__ dh_in,          // !kProj: [B, Hout] dhbuf rows [0, bt); kProj: [B, H] dm = dh·W_hr rows [0, bt)
+    int dh_blocks,                            // !kProj: dh_in's row blocks (1 to kMaxDhBlocks) that sum to dL/dh_t
+    int64_t dh_stride,                        // elements between them
     acc_t* __restrict__ dcbuf,                // [B, H] rows [0, bt): dL/dc_t on entry, dL/dc_{t-1} on exit
     scalar_t* __restrict__ dG,                // [bt, G] out: dL/d(pre-activations) of step t
     scalar_t* __restrict__ dG_copy,           // [bt, G] out (kCopy): dG again; unused otherwise
@@ -389,9 +399,17 @@ __device__ __forceinline__ void backward_step_rows(
     if constexpr (kProj) {
       dm = load_vec<V>(dh_in + b * H + j);
     } else {
-      const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + b * Hout + j);
 #pragma unroll
-      for (int k = 0; k < V; ++k) dm.v[k] = dh.v[k] + static_cast<acc_t>(gy.v[k]);
+      for (int k = 0; k < V; ++k) dm.v[k] = static_cast<acc_t>(gy.v[k]);
+      // The K parts of the dh GEMM (step_k_parts), unrolled as forward_step_rows' rec blocks.
+#pragma unroll
+      for (int r = 0; r < kMaxDhBlocks; ++r) {
+        if (r < dh_blocks) {
+          const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
+#pragma unroll
+          for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
+        }
+      }
     }
     Vec<scalar_t, V> di, df, dg, dout, m;
 #pragma unroll
@@ -442,7 +460,7 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_step_kernel(
     acc_t* __restrict__ dcbuf, scalar_t* __restrict__ dG, scalar_t* __restrict__ m_out,
     scalar_t* __restrict__ hprev, int64_t bt, int64_t H, int64_t Hout) {
   backward_step_rows<scalar_t, acc_t, V, kProj, false>(gates, cells, prev_cells, prev_y, n_prev, h0, c0, grad_y,
-                                                       dh_in, dcbuf, dG, nullptr, m_out, hprev, bt, H, Hout);
+                                                       dh_in, 1, 0, dcbuf, dG, nullptr, m_out, hprev, bt, H, Hout);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -485,7 +503,8 @@ struct BackwardReplayArgs {
 template <class scalar_t, class acc_t, int V, bool kTraining>
 __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
     const ForwardReplayArgs<scalar_t, acc_t>* __restrict__ args, int k,
-    const acc_t* __restrict__ rec,  // [B, G] h_{t-1}·W_hhᵀ (x3 steps: [2B, G], its two halves summed)
+    const acc_t* __restrict__ rec,  // [rec_blocks][B, G] summing to h_{t-1}·W_hhᵀ (K parts; x3 steps' halves)
+    int rec_blocks,
     acc_t* __restrict__ cbuf,       // [B, H] c_{t-1} on entry, c_t on exit
     scalar_t* __restrict__ hbuf,    // [B, H] out: h_t (the next step's GEMM operand, or h_n with x3 steps)
     scalar_t* __restrict__ hx,      // [2B, 2H] out: h_t's parts (x3 steps: the next step's GEMM operand), or nullptr
@@ -493,7 +512,7 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
   const ForwardReplayArgs<scalar_t, acc_t> a = *args;
   const int64_t off = cuda::replayed_forward_times(a.step + k, a.T, a.reverse).t * B, G = 4 * H;
   forward_step_rows<scalar_t, acc_t, V, kTraining, true>(
-      a.pre + off * G, rec, hx != nullptr ? rec + B * G : nullptr, a.b_ih, a.b_hh, cbuf,
+      a.pre + off * G, rec, rec_blocks, B * G, a.b_ih, a.b_hh, cbuf,
       kTraining ? a.gates + off * G : nullptr, kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf, hx,
       hx != nullptr ? hx + B * 2 * H : nullptr, B, H);
 }
@@ -503,7 +522,8 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
 template <class scalar_t, class acc_t>
 __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
     const BackwardReplayArgs<scalar_t>* __restrict__ args, int k,
-    const acc_t* __restrict__ dhbuf,  // [B, H] dL/dh_t from the later step (or grad_h_n)
+    const acc_t* __restrict__ dhbuf,  // [dh_blocks][B, H] summing to dL/dh_t from the later step (or grad_h_n)
+    int dh_blocks,                    // the dh GEMM's K parts (step_k_parts)
     acc_t* __restrict__ dcbuf,        // [B, H] dL/dc_t on entry, dL/dc_{t-1} on exit
     scalar_t* __restrict__ dG_step,   // [B, G] out: this step's dG
     int64_t B, int64_t H) {
@@ -515,7 +535,8 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
   const int64_t off = times.t * B, G = 4 * H;
   backward_step_rows<scalar_t, acc_t, 1, false, true>(
       a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
-      has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dcbuf,
+      has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dh_blocks,
+      B * H, dcbuf,
       a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H);
 }
 
@@ -563,13 +584,13 @@ using cuda::ReplayedSteps;
 using cuda::replay_applies;
 
 // What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
-// sizes, mode, TF32, vector width, x3 steps, and W_hh's address.
+// sizes, mode, TF32, vector width, x3 steps, the step GEMM's K parts, and W_hh's address.
 std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s, bool training, bool tf32,
-                       bool vec4, bool x3) {
+                       bool vec4, bool x3, int k_parts) {
   std::string key = pass;
   key += ' ';
   key += c10::toString(w_hh.scalar_type());
-  for (const int64_t v : {s.B, s.H, int64_t(training), int64_t(tf32), int64_t(vec4), int64_t(x3),
+  for (const int64_t v : {s.B, s.H, int64_t(training), int64_t(tf32), int64_t(vec4), int64_t(x3), int64_t(k_parts),
                           static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))}) {
     key += ' ';
     key += num(v);
@@ -578,7 +599,8 @@ std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s,
 }
 
 // A replayed loop's step GEMM: row-major C[M, N] = A[M, K] · op(B)[K, N] (blas.cuh's contract),
-// the same operands at every step.
+// the same operands at every step; with parts > 1, K split into that many GEMMs whose products
+// fill `parts` blocks of C, [M, N] each (StepGemm::split_k_into), for the step kernel to sum.
 template <class scalar_t, class acc_t>
 struct ReplayGemm {
   Trans tb;
@@ -586,6 +608,7 @@ struct ReplayGemm {
   const scalar_t* A;
   const scalar_t* B;
   acc_t* C;
+  int parts = 1;
 };
 
 // A replayed call's steps, each the step GEMM and step(k, stream) (the GEMM first where
@@ -598,7 +621,7 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
                         bool gemm_first, int64_t T, int64_t* counter, Step&& step, Prologue&& prologue) {
   using sc_t = scale_t<scalar_t>;
   using Gemm = cuda::StepGemm<scalar_t, acc_t, sc_t>;
-  const int64_t lda = g.K, ldb = g.tb == Trans::N ? g.N : g.K, ldc = g.N;
+  const int64_t lda = g.K, ldb = g.tb == Trans::N ? g.N : g.K, ldc = g.N, part_k = g.K / g.parts;
   auto one_step = [&](Gemm& gemm, int k, cudaStream_t stream) {
     if (gemm_first) gemm(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
     step(k, stream);
@@ -606,8 +629,9 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
   };
   if (!replay.captured()) {
     const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
-    Gemm gemm(blas, Trans::N, g.tb, g.N, g.K, lda, ldb, ldc, cuda::CallerWorkspace{});
+    Gemm gemm(blas, Trans::N, g.tb, g.N, part_k, lda, ldb, ldc, cuda::CallerWorkspace{});
     gemm.allow_split_k();  // no host time per kernel inside a graph
+    gemm.split_k_into(g.parts);
     if (!replay.give_workspace(gemm, g.M, g.A, g.B, g.C)) return false;
     if (!replay.capture_chunk(counter, [&](cudaStream_t cs) {
           for (int k = 0; k < kReplaySteps; ++k) one_step(gemm, k, cs);
@@ -619,8 +643,9 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
   prologue(stream);
   replay.launch_chunks(T / kReplaySteps);
   if (T % kReplaySteps != 0) {
-    Gemm gemm(blas, Trans::N, g.tb, g.N, g.K, lda, ldb, ldc);
+    Gemm gemm(blas, Trans::N, g.tb, g.N, part_k, lda, ldb, ldc);
     gemm.allow_split_k();  // the captured steps' algorithm
+    gemm.split_k_into(g.parts);
     for (int k = 0; k < T % kReplaySteps; ++k) one_step(gemm, k, stream);
   }
   return true;
@@ -674,6 +699,47 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
   return s.B >= kX3StepsMinBatch;
 }
 
+// The replayed loop's step GEMM split along K into this many GEMMs of one strided batch
+// (ReplayGemm, StepGemm::split_k_into), whose products the step kernel sums: the forward's
+// rec = h_{t-1}·W_hhᵀ (K = H; x3 steps: K = 2H) and the backward's dh = dG·W_hh (K = 4H). A
+// step GEMM at these batch sizes has few output tiles for its deep K; the parts multiply the
+// CTAs, and the step kernel adds them where cuBLASLt's own split-K would reduce them in a second
+// kernel or serially in C. H200, the cuBLAS loop forced, eager ms per 256-step call, one part
+// against the rule's (docs/benchmarks.md): `train` TF32 B = 64, H = 512 5.55 / 5.28 (8 parts),
+// H = 1024 8.42 / 8.12; B = 32, H = 1024 7.01 / 6.81; B = 256, H = 512 9.09 / 8.74; bf16 B = 64,
+// H = 512 4.38 / 4.00 (4 parts), H = 1024 5.63 / 5.39; B = 256, H = 1024 10.74 / 10.37; float32
+// without TF32 (x3 steps, 2 forward parts) B = 64, H = 1024 `infer` 6.08 / 5.54. Two backward
+// parts were slower than one in float32 (TF32 B = 64, H = 1024 9.66; without TF32 26.3 against
+// 20.2), the forward's parts without x3 too (TF32 B = 64, H = 1024 `infer` 3.01 / 3.49 with 2),
+// and the float32 backward without TF32 was no faster with 8 (20.16). 1 where the parts would
+// break 16-byte alignment.
+// SEQKERNELS_LSTM_K_PARTS (diagnostic): "F,B", the forward's and the backward's parts.
+template <class scalar_t>
+int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
+  constexpr bool kHalf = std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>;
+  int parts = 1;
+  const char* env = std::getenv("SEQKERNELS_LSTM_K_PARTS");
+  if (env != nullptr && env[0] != '\0') {
+    const std::string v(env);
+    const size_t comma = v.find(',');
+    TORCH_CHECK(comma != std::string::npos, "SEQKERNELS_LSTM_K_PARTS must be F,B (e.g. 4,8), got '", v, "'");
+    parts = std::atoi((backward ? v.substr(comma + 1) : v.substr(0, comma)).c_str());
+  } else if (backward) {
+    if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 32) parts = 8;
+    if (kHalf && s.B >= 64) parts = 4;
+  } else if (x3 && s.B >= 64) {
+    parts = 2;
+  }
+  const int64_t K = backward ? s.G : (x3 ? 2 * s.H : s.H);
+  const int max_parts = backward ? kMaxDhBlocks : (x3 ? kMaxRecBlocks / 2 : kMaxRecBlocks);
+  auto fits = [&](int p) {
+    return p <= max_parts && K % p == 0 && (K / p * int64_t(sizeof(scalar_t))) % 16 == 0 && (s.B * s.H) % 4 == 0;
+  };
+  parts = std::max(parts, 1);
+  while (parts > 1 && !fits(parts)) parts /= 2;
+  return parts;
+}
+
 // W_hh [G, H] as the x3 steps' weight operand wx [G, 2H] (store_x3_stacked).
 void split_w_hh_x3(cudaStream_t stream, const float* w_hh, int64_t G, int64_t H, float* wx) {
   split_tf32(stream, w_hh, H, G, H, wx, 2 * H, /*off_big=*/0, /*off_small=*/H, /*off_big_finite=*/-1);
@@ -718,13 +784,15 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   // varied between two builds).
   const bool vec4 = sizeof(scalar_t) >= 4 && H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
   const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
-  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4, x3), "the cuBLAS loop's");
+  const int k_parts = step_k_parts<scalar_t>(/*backward=*/false, s, blas.tf32(), x3);
+  const int rec_blocks = (x3 ? 2 : 1) * k_parts;
+  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4, x3, k_parts), "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
   Tensor hbuf = replay.buffer(0, {B, H}, opts);
   Tensor cbuf = replay.buffer(1, {B, H}, acc_opts);
-  Tensor rec = replay.buffer(2, {x3 ? 2 * B : B, G}, acc_opts);
+  Tensor rec = replay.buffer(2, {rec_blocks * B, G}, acc_opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
   // x3 steps: h_t's parts (the step GEMM's A operand) and W_hh's (wx, its B operand, kept once
   // per W_hh for the training and inference graphs, split again at every call: the graphs read
@@ -744,8 +812,8 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   auto step = [&](int k, cudaStream_t stream) {
     const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
     auto launch = [&](auto kernel) {
-      cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, cbuf_p, hbuf_p, hx_p, B,
-                          H);
+      cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, rec_blocks, cbuf_p, hbuf_p,
+                          hx_p, B, H);
     };
     if (vec4 && training) {
       launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true>);
@@ -769,13 +837,13 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
       }
     }
   };
-  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ (x3: the parts, [2B, 2H] · [G, 2H]ᵀ in TF32), then the
-  // gate kernel.
+  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ (x3: the parts, [2B, 2H] · [G, 2H]ᵀ in TF32; with K
+  // parts, k_parts such blocks), then the gate kernel.
   std::optional<cuda::BlasContext> tf32_blas;  // x3 steps: the handle's settings of `blas`, TF32 compute
   if (x3) tf32_blas.emplace(true);
-  const ReplayGemm<scalar_t, acc_t> gemm = x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, G, 2 * H, hx_p, wx_p, rec_p}
-                                              : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, H, hbuf_p,
-                                                                            w_hh.data_ptr<scalar_t>(), rec_p};
+  const ReplayGemm<scalar_t, acc_t> gemm =
+      x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, G, 2 * H, hx_p, wx_p, rec_p, k_parts}
+         : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, H, hbuf_p, w_hh.data_ptr<scalar_t>(), rec_p, k_parts};
   if (!run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/true, T, &args_p->step, step,
                           prologue)) {
     return false;
@@ -802,13 +870,14 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
   // thread (V = 1): 4x the threads of V = 4, and with them training calls 0-10 % shorter (forced
   // cuBLAS loop, B <= 256, H200, 2026-11-26, docs/benchmarks.md).
+  const int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), /*x3=*/false);
   ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), /*vec4=*/false,
-                                  /*x3=*/false),
+                                  /*x3=*/false, k_parts),
                        "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
-  Tensor dhbuf = replay.buffer(0, {B, H}, acc_opts);
+  Tensor dhbuf = replay.buffer(0, {k_parts * B, H}, acc_opts);  // the dh GEMM's K parts, summed by the step
   Tensor dcbuf = replay.buffer(1, {B, H}, acc_opts);
   Tensor dG_step = replay.buffer(2, {B, G}, opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
@@ -822,18 +891,24 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   const bool pdl = cuda::pdl_supported(*at::cuda::getCurrentDeviceProperties());
   auto step = [&](int k, cudaStream_t stream) {
     cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t>, dim3(blocks_for(B * H)), dim3(kThreads), 0,
-                        stream, pdl && k > 0, args_p, k, dhbuf_p, dcbuf_p, dG_step_p, B, H);
+                        stream, pdl && k > 0, args_p, k, dhbuf_p, k_parts, dcbuf_p, dG_step_p, B, H);
   };
   auto prologue = [&](cudaStream_t stream) {
     const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
         args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, grad_c_n.data_ptr<scalar_t>(), dcbuf_p, B * H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // grad_h_n is the first step's dh: its other K parts are zero.
+    if (k_parts > 1) {
+      C10_CUDA_CHECK(cudaMemsetAsync(dhbuf_p + B * H, 0, (k_parts - 1) * B * H * sizeof(acc_t), stream));
+    }
   };
-  // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H].
-  const ReplayGemm<scalar_t, acc_t> gemm{Trans::N, B, H, G, dG_step_p, w_hh.data_ptr<scalar_t>(), dhbuf_p};
+  // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H] (k_parts
+  // such blocks).
+  const ReplayGemm<scalar_t, acc_t> gemm{Trans::N, B, H, G, dG_step_p, w_hh.data_ptr<scalar_t>(), dhbuf_p, k_parts};
   if (!run_replayed_steps(replay, blas, gemm, /*gemm_first=*/false, T, &args_p->step, step, prologue)) return false;
-  grad_h0 = dhbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  const Tensor dh0 = k_parts > 1 ? dhbuf.view({k_parts, B, H}).sum(0) : dhbuf;
+  grad_h0 = dh0.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   grad_c0 = dcbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
 }
@@ -992,8 +1067,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
                          int64_t bt) {
     const dim3 grid(blocks_for(bt * H));
     auto launch = [&](auto kernel) {
-      kernel<<<grid, kThreads, 0, stream>>>(pre_t, rec_p, x3 ? rec_p + B * G : nullptr, b_ih_p, b_hh_p, cbuf_p,
-                                            gates_t, cells_t, m_t, h_t, hx_p, hx_small_p, bt, H);
+      kernel<<<grid, kThreads, 0, stream>>>(pre_t, rec_p, x3 ? 2 : 0, B * G, b_ih_p, b_hh_p, cbuf_p, gates_t,
+                                            cells_t, m_t, h_t, hx_p, hx_small_p, bt, H);
     };
     if (x3) {
       training ? launch(lstm_forward_step_kernel<scalar_t, acc_t, true, true>)
