@@ -51,7 +51,7 @@ CUDA_FUSED_BACKWARD_SMALL_BATCH_HALF = 4  # kFusedBackwardSmallBatchHalf
 CUDA_FUSED_MAX_BACKWARD_HIDDEN_SMALL_BATCH_HALF = 1792  # kFusedMaxBackwardHiddenSmallBatchHalf
 CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32 = 1024  # kFusedMaxForwardHiddenTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 32  # kFusedMaxBackwardBatch
-CUDA_FUSED_MAX_BACKWARD_BH = 32 * 1024  # kFusedMaxBackwardBH
+CUDA_FUSED_MAX_BACKWARD_BH = 20 * 1024  # kFusedMaxBackwardBH
 CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 8 * 1024  # kFusedMaxBackwardBHTf32
 _BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 

@@ -72,7 +72,7 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (17, 512, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, 17 KiB
     (8, 2048, torch.bfloat16, True, "cublas", "cublas"),  # H > 1280: neither persistent nor fused
     (1, 1280, torch.bfloat16, True, "fused", "fused"),  # 2.5 KiB state, but H > 1024: not persistent
-    (16, 1280, torch.bfloat16, True, "fused", "fused"),  # H <= 1280, B*H <= 32768
+    (16, 1280, torch.bfloat16, True, "fused", "fused"),  # H <= 1280, B*H = 20480 (both fused limits)
     (1, 1281, torch.float16, True, "cublas", "cublas"),  # forward H > 1280; backward: H % 8 != 0
     (1, 1288, torch.float16, True, "cublas", "fused"),  # forward H > 1280; backward B <= 4, H <= 1792
     (4, 1792, torch.bfloat16, True, "cublas", "fused"),  # the same backward rule, at its bounds
@@ -80,7 +80,9 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (1, 1800, torch.float16, True, "cublas", "cublas"),  # backward H > 1792
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
     (64, 512, torch.bfloat16, True, "fused", "cublas"),  # B*H = 32768: the fused forward's limit; backward B > 32
-    (32, 1024, torch.bfloat16, True, "fused", "fused"),  # B*H = 32768: both fused limits
+    (32, 1024, torch.bfloat16, True, "fused", "cublas"),  # B*H = 32768: the fused forward's limit; backward > 20480
+    (32, 640, torch.bfloat16, True, "fused", "fused"),  # backward B*H = 20480: the fused backward's limit
+    (24, 896, torch.float16, True, "fused", "cublas"),  # backward B*H = 21504 > 20480
     (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)
     (256, 256, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
@@ -160,7 +162,7 @@ def test_cli_prints_the_choice_and_why():
     out = run_cli("--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
     assert "forward: fused" in out.stdout and "backward (training): fused" in out.stdout
-    assert "B*H = 16384 <= 32768" in out.stdout
+    assert "B*H = 16384 <= 20480" in out.stdout
     out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert "forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the direct forward kernel)" in out.stdout
 

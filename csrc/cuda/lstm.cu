@@ -704,15 +704,19 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
 // rec = h_{t-1}·W_hhᵀ (K = H; x3 steps: K = 2H) and the backward's dh = dG·W_hh (K = 4H). A
 // step GEMM at these batch sizes has few output tiles for its deep K; the parts multiply the
 // CTAs, and the step kernel adds them where cuBLASLt's own split-K would reduce them in a second
-// kernel or serially in C. H200, the cuBLAS loop forced, eager ms per 256-step call, one part
-// against the rule's (docs/benchmarks.md): `train` TF32 B = 64, H = 512 5.55 / 5.28 (8 parts),
-// H = 1024 8.42 / 8.12; B = 32, H = 1024 7.01 / 6.81; B = 256, H = 512 9.09 / 8.74; bf16 B = 64,
-// H = 512 4.38 / 4.00 (4 parts), H = 1024 5.63 / 5.39; B = 256, H = 1024 10.74 / 10.37; float32
-// without TF32 (x3 steps, 2 forward parts) B = 64, H = 1024 `infer` 6.08 / 5.54. Two backward
-// parts were slower than one in float32 (TF32 B = 64, H = 1024 9.66; without TF32 26.3 against
-// 20.2), the forward's parts without x3 too (TF32 B = 64, H = 1024 `infer` 3.01 / 3.49 with 2),
-// and the float32 backward without TF32 was no faster with 8 (20.16). 1 where the parts would
-// break 16-byte alignment.
+// kernel or serially in C. Measured on H200s (docs/benchmarks.md, eighth session), one part
+// against the rule's:
+//  - the backward op alone (the forward under auto), ms: TF32 8 parts, B = 8, H = 256 / 512
+//    1.99 / 2.66 → 1.84 / 2.27, B = 64, H = 512 3.38 → 3.24, B = 8 / 16 / 32 at H = 1024 equal
+//    within 1 %; 16-bit 4 parts, B = 8, H = 512 2.25 → 2.04 (bf16), B = 48, H = 640 / 1024
+//    3.07 / 3.39 → 2.56 / 2.91, B = 64, H = 512 2.67 → 2.48, H = 256 equal;
+//  - the cuBLAS loop's `train` call: TF32 B = 64, H = 512 5.55 → 5.28, bf16 B = 64, H = 1024
+//    5.63 → 5.39;
+//  - the x3 forward (float32 without TF32) in 2 parts at B >= 64: `infer` B = 64, H = 1024
+//    6.08 → 5.54, but B = 32 4.41 → 4.65.
+// Not taken: the forward's GEMM without x3 in parts (0–19 % slower: cuBLASLt fills the GPU
+// there), two backward parts in float32 (TF32 B = 64, H = 1024 `train` 9.66 against 8.42), the
+// float32 backward without TF32 in 8 (no faster). 1 where the parts would break 16-byte alignment.
 // SEQKERNELS_LSTM_K_PARTS (diagnostic): "F,B", the forward's and the backward's parts.
 template <class scalar_t>
 int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
@@ -725,8 +729,8 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
     TORCH_CHECK(comma != std::string::npos, "SEQKERNELS_LSTM_K_PARTS must be F,B (e.g. 4,8), got '", v, "'");
     parts = std::atoi((backward ? v.substr(comma + 1) : v.substr(0, comma)).c_str());
   } else if (backward) {
-    if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 32) parts = 8;
-    if (kHalf && s.B >= 64) parts = 4;
+    if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 8) parts = 8;
+    if (kHalf && s.B >= 8) parts = 4;
   } else if (x3 && s.B >= 64) {
     parts = 2;
   }

@@ -96,8 +96,13 @@ constexpr int64_t kFusedMaxForwardHiddenTf32 = 1024;
 // overlap its GEMMs (PDL): backward op, bf16 (H200, 2026-11-26, docs/benchmarks.md): B = 64,
 // H = 256 2.23 ms fused against 2.03 on cuBLAS, H = 512 2.94 against 2.55; B = 32 still fused,
 // H = 256 1.65 against 1.95, H = 512 2.05 against 2.40 (B = 64 had been fused up to B·H = 32768).
+// And to B·H = 20480 since the cuBLAS loop's backward splits its dh GEMM along K (lstm.cu,
+// step_k_parts): backward op, fused against cuBLAS with 4 parts (H200, 2026-11-26,
+// docs/benchmarks.md), bf16 B = 32, H = 640 2.26 / 2.41, H = 768 2.56 / 2.47, H = 1024 3.18 /
+// 2.70; B = 24, H = 768 2.49 / 2.49, H = 896 2.89 / 2.62; fp16 alike; B = 16, H = 1024 2.13 /
+// 2.45.
 constexpr int64_t kFusedMaxBackwardBatch = 32;  // fused backward, 16-bit: B <= 32 and ...
-constexpr int64_t kFusedMaxBackwardBH = 32 * 1024;  // ... B·H <= 32768
+constexpr int64_t kFusedMaxBackwardBH = 20 * 1024;  // ... B·H <= 20480
 constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: B·H <= 8192 and H <= 768
 
 // The loop for one op call. `mma`: bf16, fp16, or float32 with TF32 allowed (float32 without it
