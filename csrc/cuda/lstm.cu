@@ -229,15 +229,16 @@ __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const sc
 // V consecutive hidden units j of one batch row b (V = 4: 16-byte loads of the fp32 data).
 // kRec: the recurrent product is in `rec` (rec_blocks row blocks of [bt, G], rec_stride
 // elements apart, which the kernel sums: the replayed loop's fixed GEMM output, split along K by
-// step_k_parts and/or into the x3 steps' two halves) rather than already added into `pre`. The step's GEMM is then the kernel launched just before
-// this one, possibly with the PDL attribute: `pre` and the biases, written before the loop
-// started, are loaded before pdl_wait(); rec and cbuf after it, from L2 (load_vec_cg), and every
-// store follows it (the GEMM reads hbuf). cbuf too: the previous step's kernel wrote it, and
-// that it finished before this one started holds only if cuBLAS launched the GEMM without PDL.
+// step_k_parts and/or into the x3 steps' two halves) rather than already added into `pre`. The
+// step's GEMM is then the kernel launched just before this one, possibly with the PDL
+// attribute: `pre` and the biases, written before the loop started, are loaded before
+// pdl_wait(); rec and cbuf after it, from L2 (load_vec_cg), and every store follows it (the GEMM
+// reads hbuf). cbuf too: the previous step's kernel wrote it, and that it finished before this
+// one started holds only if cuBLAS launched the GEMM without PDL.
 template <class scalar_t, class acc_t, int V, bool kTraining, bool kRec>
 __device__ __forceinline__ void forward_step_rows(
     const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ (+ h_{t-1}·W_hhᵀ unless kRec), no bias; gates i, f, g, o
-    const acc_t* __restrict__ rec,   // [rec_blocks][bt, G] (kRec): the blocks sum to h_{t-1}·W_hhᵀ; else unused
+    const acc_t* __restrict__ rec,   // [rec_blocks][bt, G] (kRec), summing to h_{t-1}·W_hhᵀ; else unused
     int rec_blocks,                  // 1 to kMaxRecBlocks
     int64_t rec_stride,              // elements between blocks
     const scalar_t* __restrict__ b_ih,  // [G] input-hidden bias, or nullptr without bias
@@ -736,6 +737,7 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
   }
   const int64_t K = backward ? s.G : (x3 ? 2 * s.H : s.H);
   const int max_parts = backward ? kMaxDhBlocks : (x3 ? kMaxRecBlocks / 2 : kMaxRecBlocks);
+  // Every part's slices of A and B, and (backward) every [B, H] block of C, 16-byte aligned.
   auto fits = [&](int p) {
     return p <= max_parts && K % p == 0 && (K / p * int64_t(sizeof(scalar_t))) % 16 == 0 && (s.B * s.H) % 4 == 0;
   };
