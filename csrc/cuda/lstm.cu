@@ -196,6 +196,17 @@ __device__ __forceinline__ void store_x3_stacked(float* big_row, float* small_ro
   store_vec<V>(small_row + H, small);
 }
 
+// fn(r) for the row blocks r < blocks that sum to a step's recurrent product (step_k_parts' K
+// parts; the x3 steps' halves), unrolled with uniform predicates so that every block's loads can
+// issue before the adds.
+template <int kMax, class Fn>
+__device__ __forceinline__ void for_each_block(int blocks, Fn&& fn) {
+#pragma unroll
+  for (int r = 0; r < kMax; ++r) {
+    if (r < blocks) fn(r);
+  }
+}
+
 // Blocks for a grid-stride kernel over work_items items (at least one block).
 unsigned int blocks_for(int64_t work_items) {
   const int64_t blocks = (work_items + kThreads - 1) / kThreads;
@@ -280,11 +291,7 @@ __device__ __forceinline__ void forward_step_rows(
           po.v[k] += ro.v[k];
         }
       };
-      // Unrolled with uniform predicates, so that every block's loads can issue before the adds.
-#pragma unroll
-      for (int r = 0; r < kMaxRecBlocks; ++r) {
-        if (r < rec_blocks) add_rec(rec + r * rec_stride + b * G + j);
-      }
+      for_each_block<kMaxRecBlocks>(rec_blocks, [&](int r) { add_rec(rec + r * rec_stride + b * G + j); });
     }
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
@@ -402,15 +409,11 @@ __device__ __forceinline__ void backward_step_rows(
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k) dm.v[k] = static_cast<acc_t>(gy.v[k]);
-      // The K parts of the dh GEMM (step_k_parts), unrolled as forward_step_rows' rec blocks.
+      for_each_block<kMaxDhBlocks>(dh_blocks, [&](int r) {
+        const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
 #pragma unroll
-      for (int r = 0; r < kMaxDhBlocks; ++r) {
-        if (r < dh_blocks) {
-          const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
-#pragma unroll
-          for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
-        }
-      }
+        for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
+      });
     }
     Vec<scalar_t, V> di, df, dg, dout, m;
 #pragma unroll

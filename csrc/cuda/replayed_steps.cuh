@@ -185,20 +185,8 @@ class ReplayedSteps {
 
   // The entry's index-th buffer (the same sizes for every call of a key).
   at::Tensor buffer(size_t index, at::IntArrayRef sizes, const at::TensorOptions& options) {
-    if (index == entry_->buffers.size()) {
-      // On the call's stream (what buffers_stream says), whichever stream is current.
-      const c10::cuda::CUDAStreamGuard on_call_stream(stream_);
-      if (index == 0) entry_->buffers_stream = stream_.stream();
-      entry_->buffers.push_back(at::empty(sizes, options));
-    }
-    TORCH_INTERNAL_ASSERT(index < entry_->buffers.size() && entry_->buffers[index].sizes() == sizes,
-                          "seqkernels.lstm: a replayed loop's buffers are asked for out of order");
-    const at::Tensor& b = entry_->buffers[index];
-    // Used on another stream than its own: the caching allocator must not hand the block to its
-    // own stream's next allocation before this stream's work on it is done.
-    if (stream_.stream() != entry_->buffers_stream) {
-      c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream_);
-    }
+    const at::Tensor& b = kept_buffer(index, sizes, [&] { return at::empty(sizes, options); });
+    record_use(b, entry_->buffers_stream);
     return b;
   }
 
@@ -206,25 +194,18 @@ class ReplayedSteps {
   // (the x3 steps' split W_hh, which a layer's training and inference graphs both read).
   at::Tensor shared_buffer(size_t index, const std::string& name, at::IntArrayRef sizes,
                            const at::TensorOptions& options) {
-    if (index == entry_->buffers.size()) {
+    const at::Tensor& b = kept_buffer(index, sizes, [&] {
       auto it = pool_->shared.find(name);
       if (it == pool_->shared.end() || !it->second.tensor.sizes().equals(sizes)) {
-        const c10::cuda::CUDAStreamGuard on_call_stream(stream_);
         pool_->shared[name] = ReplayPool::Shared{at::empty(sizes, options), stream_.stream()};
         it = pool_->shared.find(name);
       }
-      if (index == 0) entry_->buffers_stream = stream_.stream();
-      entry_->buffers.push_back(it->second.tensor);
-    }
-    TORCH_INTERNAL_ASSERT(index < entry_->buffers.size() && entry_->buffers[index].sizes() == sizes,
-                          "seqkernels.lstm: a replayed loop's buffers are asked for out of order");
-    const at::Tensor& b = entry_->buffers[index];
+      return it->second.tensor;
+    });
     const auto it = pool_->shared.find(name);
     TORCH_INTERNAL_ASSERT(it != pool_->shared.end() && it->second.tensor.is_same(b),
                           "seqkernels.lstm: a replayed loop's shared buffer changed");
-    if (stream_.stream() != it->second.stream) {
-      c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream_);
-    }
+    record_use(b, it->second.stream);
     return b;
   }
 
@@ -301,6 +282,27 @@ class ReplayedSteps {
   }
 
  private:
+  // The entry's index-th buffer, made by make() (on the call's stream, what buffers_stream says,
+  // whichever stream is current) the first time it is asked for.
+  template <class Make>
+  const at::Tensor& kept_buffer(size_t index, at::IntArrayRef sizes, Make&& make) {
+    if (index == entry_->buffers.size()) {
+      const c10::cuda::CUDAStreamGuard on_call_stream(stream_);
+      if (index == 0) entry_->buffers_stream = stream_.stream();
+      entry_->buffers.push_back(make());
+    }
+    TORCH_INTERNAL_ASSERT(index < entry_->buffers.size() && entry_->buffers[index].sizes() == sizes,
+                          "seqkernels.lstm: a replayed loop's buffers are asked for out of order");
+    return entry_->buffers[index];
+  }
+  // A buffer used on another stream than the one it was allocated on: the caching allocator must
+  // not hand the block to that stream's next allocation before this stream's work on it is done.
+  void record_use(const at::Tensor& b, cudaStream_t allocated_on) const {
+    if (stream_.stream() != allocated_on) {
+      c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream_);
+    }
+  }
+
   const char* loop_;
   c10::DeviceIndex device_;
   ReplayPool* pool_;
