@@ -1018,6 +1018,14 @@ def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 
 
+def _force_replayed_loop(monkeypatch, loop):
+    """SEQKERNELS_LSTM_BACKEND for `loop`: cublas, fused, or cublas-x3 (the cuBLAS loop with its x3
+    steps at any batch size)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop.split("-")[0])
+    if loop == "cublas-x3":
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
+
+
 @pytest.mark.parametrize("loop", ["cublas", "fused", "cublas-x3"])
 @pytest.mark.parametrize("precision_name", ["tf32", "bfloat16", "float32"])
 def test_replayed_loop_inside_a_users_cuda_graph(monkeypatch, loop, precision_name):
@@ -1026,9 +1034,7 @@ def test_replayed_loop_inside_a_users_cuda_graph(monkeypatch, loop, precision_na
     the cuBLAS loop with x3 steps (float32 only)."""
     if (loop == "cublas-x3") != (precision_name == "float32"):
         pytest.skip("x3 steps are float32 without TF32; float32 runs them only")
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop.split("-")[0])
-    if loop == "cublas-x3":
-        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
+    _force_replayed_loop(monkeypatch, loop)
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]
         torch.manual_seed(13)
@@ -1039,9 +1045,7 @@ def test_replayed_loop_inside_a_users_cuda_graph(monkeypatch, loop, precision_na
 @pytest.mark.parametrize("loop,precision_name", [("cublas", "tf32"), ("cublas", "bfloat16"), ("cublas", "float64"),
                                                 ("fused", "tf32"), ("fused", "bfloat16"), ("cublas-x3", "float32")])
 def test_replayed_loop_bitwise_deterministic(monkeypatch, loop, precision_name):
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop.split("-")[0])
-    if loop == "cublas-x3":
-        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
+    _force_replayed_loop(monkeypatch, loop)
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]
         torch.manual_seed(17)
