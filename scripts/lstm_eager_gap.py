@@ -1,6 +1,6 @@
 """Where an eager seqkernels.LSTM `infer` call's time beyond its CUDA-graph replay goes (GPU).
 
-    python scripts/lstm_eager_gap.py [--iters 30] [--sleep-cycles 600000]
+    python scripts/lstm_eager_gap.py [--iters 30] [--sleep-cycles 600000] [--cases bf16:64:1024 ...]
 
 For each case (T = 256, I = H, random initial states, PyTorch's default TF32 switches) it times,
 interleaved (benchmarks/harness.py's measure_interleaved): the eager call, its graph replay,
@@ -26,10 +26,24 @@ dev = torch.device("cuda")
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--iters", type=int, default=30, help="timed calls per candidate (>= 20)")
 parser.add_argument("--sleep-cycles", type=int, default=600000, help="the sleep's GPU cycles (~0.3 ms on an H200)")
+parser.add_argument("--cases", nargs="+", metavar="DTYPE:B:H",
+                    default=["bf16:16:1024", "bf16:8:1024", "fp32:8:1024", "fp32:16:1024", "fp32:1:1024",
+                             "bf16:16:256"],
+                    help="cases as dtype (bf16, fp16, fp32):batch:hidden")
 args = parser.parse_args()
 SLEEP = args.sleep_cycles
-CASES = [(torch.bfloat16, 16, 1024), (torch.bfloat16, 8, 1024), (torch.float32, 8, 1024),
-         (torch.float32, 16, 1024), (torch.float32, 1, 1024), (torch.bfloat16, 16, 256)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_case(text):
+    try:
+        name, batch, hidden = text.split(":")
+        return DTYPES[name], int(batch), int(hidden)
+    except (KeyError, ValueError):
+        parser.error(f"--cases: {text!r} is not DTYPE:B:H with DTYPE one of {', '.join(DTYPES)}")
+
+
+CASES = [parse_case(c) for c in args.cases]
 
 
 def kernel_times(fn, n=12):
@@ -45,6 +59,29 @@ def kernel_times(fn, n=12):
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per.setdefault(e.name[:70], []).append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
     return {k: (len(v) / n, statistics.median(v)) for k, v in per.items()}
+
+
+def device_span(fn):
+    """One call's kernels (profiler): first start to last end, the union of their intervals, and
+    the three largest idle gaps between them with the kernels on either side."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name[:40]) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return 0.0, 0.0, []
+    busy, gaps, end, last = 0.0, [], spans[0][0], spans[0][2]
+    for start, stop, name in spans:
+        if start > end:
+            gaps.append((start - end, last, name))
+        busy += max(0.0, stop - max(start, end))
+        if stop > end:
+            end, last = stop, name
+    return end - spans[0][0], busy, sorted(gaps, reverse=True)[:3]
 
 
 for dtype, B, H in CASES:
@@ -84,5 +121,8 @@ for dtype, B, H in CASES:
     print(f"  ours: eager {ms['ours']:.3f}  device(eager) {ms['ours_behind'] - ms['sleep']:.3f}  graph {ms['ours_graph']:.3f}")
     print(f"  cudnn: eager {ms['cudnn']:.3f}  device(eager) {ms['cudnn_behind'] - ms['sleep']:.3f}  graph {ms['cudnn_graph']:.3f}")
     for name, fn in (("eager", fo), ("graph", go)):
+        span, busy, gaps = device_span(fn)
+        print(f"  device span of one {name} call {span:.1f}us, kernels busy {busy:.1f}us, idle {span - busy:.1f}us;"
+              " largest gaps: " + "; ".join(f"{g:.1f}us after {a} before {b}" for g, a, b in gaps))
         kt = kernel_times(fn)
         print(f"  kernels, ours {name}: " + "; ".join(f"{k} x{c:g} {us:.1f}us" for k, (c, us) in sorted(kt.items(), key=lambda kv: -kv[1][1])[:5]))
