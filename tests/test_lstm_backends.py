@@ -346,12 +346,15 @@ def test_fused_path_with_projection_falls_back(monkeypatch):
 
 def test_persistent_falls_back_cleanly(monkeypatch):
     """Projection, B > 64, and B > 32 at H = 1024 (one gate item per thread: U * B <= 256)
-    are not on the persistent path: forced, it falls back to the cuBLAS loop (whose results
-    the references above check too)."""
+    are not on the persistent path, but for the 16-bit forward's cluster kernel (H in {256,
+    512, 1024}): forced, it falls back to the cuBLAS loop (whose results the references above
+    check too)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     assert persistent_kernels(_train_call(torch.float32, 4, 32, proj_size=8)) == set()
     assert persistent_kernels(_train_call(torch.float32, 65, 32)) == set()
-    assert persistent_kernels(_train_call(torch.bfloat16, 33, 1024, T=2)) == set()
+    assert persistent_kernels(_train_call(torch.bfloat16, 33, 1000, T=2)) == set()
+    with _Precision("tf32"):
+        assert persistent_kernels(_train_call(torch.float32, 33, 1024, T=2)) == set()
 
 
 def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
@@ -409,7 +412,7 @@ def _split_cluster_sizes(fn) -> set[int]:
 @pytest.mark.parametrize("precision_name,B,H,direct", [
     ("bfloat16", 1, 1024, True), ("float16", 16, 256, True), ("bfloat16", 5, 40, True), ("tf32", 16, 512, True),
     ("tf32", 4, 1024, True), ("tf32", 12, 1024, True), ("tf32", 1, 520, True),
-    ("bfloat16", 17, 256, False), ("tf32", 17, 1024, False), ("float64", 2, 16, False),
+    ("bfloat16", 17, 200, False), ("tf32", 17, 1024, False), ("float64", 2, 16, False),
     # float32 with TF32 off: three TF32 MMAs per product (two with one row per lane) up to H = 1024.
     ("float32", 4, 256, True), ("float32", 16, 512, True), ("float32", 17, 64, False), ("float32", 1, 520, True),
     ("float32", 8, 1024, True), ("float32", 9, 520, True), ("float32", 16, 1024, True), ("float32", 2, 1032, False),
@@ -647,6 +650,72 @@ def test_clustered_split_backward_in_cuda_graph(monkeypatch, precision_name):
         check_cuda_graph_replays(model, static_x)
 
 
+# (precision, B, H, reverse, bias): the cluster forward kernel's instances (2 and 4 m16 tiles,
+# H = 256 / 512 / 1024), a partly empty last m16 tile (B = 17, 24, 33, 40), both directions,
+# with and without bias.
+_CLUSTER_FORWARD_CASES = [
+    ("bfloat16", 64, 1024, False, True), ("float16", 64, 1024, True, True), ("bfloat16", 32, 1024, True, False),
+    ("bfloat16", 33, 512, True, True), ("float16", 40, 512, False, True), ("bfloat16", 64, 512, False, False),
+    ("bfloat16", 17, 256, False, True), ("float16", 24, 256, True, True), ("bfloat16", 64, 256, True, True),
+]
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_CASES)
+def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
+    """The persistent forward at 16 < B <= 64 (bf16 / fp16, H in {256, 512, 1024}, equal batch
+    sizes) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
+    added by the owner block in distributed shared memory): which kernel ran, and the outputs and
+    every gradient (the backward reads the gates and cells the forward saved) against the float64
+    reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps the general kernel (where it
+    applies: U * B <= 256) or the cuBLAS loop."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H, T=3)
+        run()
+        assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
+        compare_layer([B] * 6, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H,
+                      what="cluster forward")
+        monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
+        assert "cluster" not in _persistent_variants(run, "forward", "cluster")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("batch_sizes,H", [([40, 40, 33, 20, 1], 256), ([64, 64, 17], 512)])
+def test_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
+    """A packed sequence whose batch shrinks is not the cluster kernel's: the general persistent
+    kernel or the cuBLAS loop takes it, with the reference's values."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision("bfloat16"):
+        t, _ = layer_case(batch_sizes, 5, H, True, seed=3)
+        leaves = {k: v.to(device="cuda", dtype=torch.bfloat16) for k, v in t.items()}
+        bs = torch.tensor(batch_sizes, dtype=torch.int64)
+
+        def run():
+            lstm_layer(leaves["x"], bs, leaves["h0"], leaves["c0"], leaves["w_ih"], leaves["w_hh"],
+                       leaves["b_ih"], leaves["b_hh"])
+
+        assert "cluster" not in _persistent_variants(run, "forward", "cluster")
+        compare_layer(batch_sizes, 5, H, reverse=False, bias=True, precision="bfloat16", seed=3,
+                      what="ragged, cluster forward not taken")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+def test_cluster_forward_in_cuda_graph(monkeypatch):
+    """Inference and a training step whose forward runs the cluster kernel (B = 33, H = 256),
+    captured in CUDA graphs: replays on fresh input data agree with eager calls."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision("bfloat16"):
+        run = _train_call(torch.bfloat16, 33, 256, T=3)
+        run()
+        assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
+        torch.manual_seed(7)
+        model = seqkernels.LSTM(256, 256).to(device="cuda", dtype=torch.bfloat16)
+        static_x = torch.randn(5, 33, 256, device="cuda", dtype=torch.bfloat16)
+        check_cuda_graph_replays(model, static_x)
+
+
 def test_backend_variable_is_validated(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fastest")
     x = torch.randn(3, 2, 4, device="cuda")
@@ -672,7 +741,7 @@ def test_cuda_graph_forward_and_training_step(backend, precision_name):
 
 
 @pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 16, 256), ("tf32", 17, 1024), ("float32", 3, 64),
-                                                ("float64", 2, 33)])
+                                                ("float64", 2, 33), ("bfloat16", 64, 512)])
 def test_bitwise_deterministic(backend, precision_name, B, H):
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]

@@ -2082,6 +2082,310 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
+// Forward kernel in clusters of two blocks, 16 < B <= 64 (bf16 / fp16)
+// ---------------------------------------------------------------------------------------
+// At B = 64 a block of the direct kernel would read all of h_{t-1} every step (256 KB of LL
+// words at H = 1024, 32 MB a step over its 128 blocks), and the cuBLAS loop streams all of W_hh
+// from L2 every step (its step GEMM, ~4 µs of the ~7 µs step at bf16 B = 64, H = 1024 on an
+// H200). Here the 128 blocks form 64 clusters of two. Cluster c owns units [c UC, (c + 1) UC)
+// (UC = H / 64), all four gates of them; block r of the cluster multiplies K's half r,
+//     P_r[n][col] = sum over k in half r of h_{t-1}[n][k] * W_hh[row(col)][k],
+// with its [4 UC, H / 2] slice of W_hh resident in registers, so it reads B x H / 2 of h_{t-1}
+// per step (half of what a block of one would), staged in shared memory as the A tile. Block r
+// also owns units [r UO, (r + 1) UO) of the cluster (UO = UC / 2): each warp sends its partial
+// sums to the owner of its columns (distributed shared memory), one cluster barrier per step,
+// then the owner adds the 8 partials of a column (2 blocks x 4 warps) in a fixed order
+// (deterministic), adds pre and the bias, applies the cell, keeps c, and publishes its slice
+// of h_t.
+// The exchange between clusters is flagged, not LL: raw 16-bit pairs, then per block a step flag
+// (thread 0's fence and store after a block barrier), which a consumer's warp 0 polls for the 64
+// producers of its K half before the block loads their pairs with plain 16-byte loads. Half the
+// bytes of LL words and no polling of every word: SEQKERNELS_LSTM_TRACE cycles per step (H200,
+// bf16 `infer`, T = 256), LL / flagged: B = 64, H = 1024 17468 / 13576; B = 64, H = 512 11893 /
+// 8427; B = 32, H = 1024 11712 / 7723; B = 64, H = 256 9367 / 6525 (the wait and gather
+// 11238 / 5258 at B = 64, H = 1024).
+// Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
+// x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles.
+// Limits: H in {256, 512, 1024} (HC, a template argument: every index is a constant), equal
+// batch sizes at every step (no ragged PackedSequence), sm_90 (clusters). 128 blocks in
+// clusters of two fit an H200 at one block per SM (the occupancy API: 66 clusters); in
+// clusters of four only 30 would.
+constexpr int kClusterForwardSlots = 8;  // partials per column: 2 blocks x 4 K quarters
+
+// Row stride (floats) of the partials for a block's `cols` owned columns: 8 mod 32 (or 24), so
+// that a half-warp's 8-byte stores of rows gq = 0..3 cover 32 distinct banks.
+constexpr int cluster_forward_ldp(int cols) { return cols == 32 ? 40 : cols == 16 ? 24 : 8; }
+
+// A 16x16 tile of 16-bit values from shared memory as the A fragments of mma.m16n8k16 (lane l
+// gives the address of row l % 16, columns 8 (l / 16) ...).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The cluster forward kernel's exchange: step flags (acquire loads) and raw 16-bit pairs
+// (relaxed, at GPU scope: never a stale L1 line from the buffer's use two steps earlier).
+__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 ld_relaxed_v4(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Two floats to shared memory of a block of the cluster (a mapa address).
+__device__ __forceinline__ void st_cluster2(uint32_t addr, float v0, float v1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+#endif
+}
+
+template <class scalar_t, bool kTraining, int MT, int HC>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_forward_cluster_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using acc_t = float;
+  using Math = CudaMath;
+  static_assert(sizeof(scalar_t) == 2, "cluster forward kernel: 16-bit types");
+  constexpr int H = HC, UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = HC / 128;
+  constexpr int LDX = KQ + 8;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
+  constexpr int OC = 4 * UO, LDP = cluster_forward_ldp(OC), ROWS = 16 * MT, PAIRS = UO / 2;
+  constexpr int kRowWords = H / 2;  // 32-bit words (unit pairs) of a row of h
+  constexpr int kSlotFloats = ROWS * LDP, kParityFloats = kClusterForwardSlots * kSlotFloats;
+  static_assert(NTW >= 1 && KSW >= 1 && OC == 8 * NTW, "cluster forward kernel instance");
+  static_assert(PAIRS * ROWS <= kThreads, "one unit pair of one row per thread");
+  const Geometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);              // [ROWS][LDX]: h_{t-1}, K half `rank`
+  float* const recv = reinterpret_cast<float*>(smem + g.off_part);    // [2][slots][ROWS][LDP], by step parity
+  const int B = g.B, T = g.T;
+  const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int owner = warp & 1, kquarter = warp >> 1;
+
+  // Rows >= B of the A tile stay zero (finite) for the whole sequence.
+  for (int i = threadIdx.x; i < ROWS * LDX * 2 / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
+
+  // Resident B fragments: n8 tile nt of owner `owner`'s columns cc = nt * 8 + gq (gate cc / UO,
+  // unit cluster * UC + owner * UO + cc % UO), k16 steps [kquarter * KSW, ...) of K half `rank`.
+  uint32_t bfr[NTW][KSW][2];
+#pragma unroll
+  for (int nt = 0; nt < NTW; ++nt) {
+    const int cc = nt * 8 + gq;
+    const scalar_t* wr = a.w_hh + static_cast<int64_t>((cc / UO) * H + cluster * UC + owner * UO + cc % UO) * H;
+#pragma unroll
+    for (int f = 0; f < KSW; ++f) {
+      const int k0 = rank * KQ + (kquarter * KSW + f) * 16 + 2 * tq;
+      bfr[nt][f][0] = pack2(wr[k0], wr[k0 + 1]);
+      bfr[nt][f][1] = pack2(wr[k0 + 8], wr[k0 + 9]);
+    }
+  }
+
+  // This thread's gate items: units j, j + 1 (of the block's own UO) of batch row n.
+  const int pair = threadIdx.x % PAIRS, n = threadIdx.x / PAIRS;
+  const bool active = n < B;
+  const int j = cluster * UC + rank * UO + 2 * pair;
+  acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
+  scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      c_st[e] = static_cast<acc_t>(a.c0[n * H + j + e]);
+      h_st[e] = a.h0[n * H + j + e];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) bias_r[q][e] = bias_sum(a.b_ih, a.b_hh, q * H + j + e);
+    }
+  }
+  // pre of this step and of the next (requested before the wait for h_{t-1}).
+  float2 pv[4] = {}, pv_next[4] = {};
+  auto prefetch = [&](int s, float2 (&dst)[4]) {
+    if (active) {
+      const int t = a.reverse ? T - 1 - s : s;
+      const acc_t* pr = a.pre + (static_cast<int64_t>(t) * B + n) * (4 * H) + j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+    }
+  };
+  prefetch(0, pv);
+
+  const uint32_t xt_lane = shared_address(xt) + ((lane & 15) * LDX + (lane >> 4) * 8) * 2;
+  // This warp's slot in its owner's partials (parity 0), and the own partials of this thread's items.
+  const uint32_t send0 = cluster_address(shared_address(recv), owner) +
+                         (rank * 4 + kquarter) * kSlotFloats * 4 + (gq * LDP + 2 * tq) * 4;
+  const float* const own0 = recv + n * LDP + 2 * pair;
+  // The exchange: h_t as raw 16-bit pairs, [2][B][H / 2] words by step parity, then one step
+  // flag per block (the last step it published), which a consumer polls for its K half's 64
+  // producers (blocks [64 rank, 64 rank + 64)) before it loads their pairs.
+  const int64_t buf_words = static_cast<int64_t>(B) * kRowWords;
+  uint32_t* const hx = reinterpret_cast<uint32_t*>(a.xbuf);
+  uint32_t* const flags = hx + 2 * buf_words;
+  PhaseTrace trace;
+  trace.start(a.trace);
+  // Both blocks of the cluster have started before either writes the other's shared memory.
+  cluster_sync();
+  for (int s = 0; s < T; ++s) {
+    const int t = a.reverse ? T - 1 - s : s;
+    // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
+    if (s == 0) {
+      const int per_row = KQ / 4;  // 8-byte chunks
+      for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
+        const int r = i / per_row, c = (i - r * per_row) * 4;
+        *reinterpret_cast<uint2*>(xt + r * LDX + c) =
+            *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c);
+      }
+    } else {
+      // Warp 0 waits for the step flags of the 64 producers of K half `rank`, the block for warp 0.
+      if (warp == 0) {
+        const uint32_t* fl = flags + rank * 64 + lane;
+        const long long t0 = clock64();
+        while (ld_acquire_u32(fl) < static_cast<uint32_t>(s) || ld_acquire_u32(fl + 32) < static_cast<uint32_t>(s)) {
+          check_spin_timeout(t0, static_cast<unsigned>(s));
+        }
+      }
+      __syncthreads();
+      // 16-byte loads of 8 units, in batches of 8 per thread (registers: W_hh's fragments stay live).
+      constexpr int kVecPerRow = KQ / 8, kVecs = ROWS * kVecPerRow / kThreads;
+      const uint32_t* src = hx + ((s - 1) & 1) * buf_words + rank * (KQ / 2);
+#pragma unroll
+      for (int b0 = 0; b0 < kVecs; b0 += 8) {
+        uint4 v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int idx = threadIdx.x + (b0 + e) * kThreads, r = idx / kVecPerRow;
+          if (b0 + e < kVecs && r < B) v[e] = ld_relaxed_v4(src + r * kRowWords + (idx % kVecPerRow) * 4);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int idx = threadIdx.x + (b0 + e) * kThreads, r = idx / kVecPerRow;
+          if (b0 + e < kVecs && r < B) *reinterpret_cast<uint4*>(xt + r * LDX + (idx % kVecPerRow) * 8) = v[e];
+        }
+      }
+    }
+    if (s + 1 < T) prefetch(s + 1, pv_next);
+    __syncthreads();
+    trace.mark(0);
+
+    // 2. This warp's partial product, sent to its owner's slot of this step's parity.
+    float acc[MT][NTW][4] = {};
+#pragma unroll
+    for (int f = 0; f < KSW; ++f) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], xt_lane + (mt * 16 * LDX + (kquarter * KSW + f) * 16) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) MmaInst<scalar_t>::run(acc[mt][nt], af[mt], bfr[nt][f][0], bfr[nt][f][1]);
+      }
+    }
+    const uint32_t send = send0 + (s & 1) * kParityFloats * 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NTW; ++nt) {
+        const uint32_t at = send + (mt * 16 * LDP + nt * 8) * 4;
+        st_cluster2(at, acc[mt][nt][0], acc[mt][nt][1]);
+        st_cluster2(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3]);
+      }
+    }
+    cluster_sync();
+    trace.mark(1);
+
+    // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
+    scalar_t h[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
+    acc_t act_r[2][4], c_new[2];
+    if (active) {
+      const float* own = own0 + (s & 1) * kParityFloats;
+      acc_t pq[4][2];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float2 v[kClusterForwardSlots];
+#pragma unroll
+        for (int sl = 0; sl < kClusterForwardSlots; ++sl) {
+          v[sl] = *reinterpret_cast<const float2*>(own + sl * kSlotFloats + q * UO);
+        }
+#pragma unroll
+        for (int w = 1; w < kClusterForwardSlots; w *= 2) {
+#pragma unroll
+          for (int sl = 0; sl + w < kClusterForwardSlots; sl += 2 * w) {
+            v[sl].x += v[sl + w].x;
+            v[sl].y += v[sl + w].y;
+          }
+        }
+        pq[q][0] = pv[q].x + bias_r[q][0] + v[0].x;
+        pq[q][1] = pv[q].y + bias_r[q][1] + v[0].y;
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const LstmGates<acc_t> pre_g{pq[0][e], pq[1][e], pq[2][e], pq[3][e]};
+        LstmGates<acc_t> act;
+        acc_t m;
+        lstm_cell_forward<Math>(pre_g, c_st[e], act, c_new[e], m);
+        c_st[e] = c_new[e];
+        h[e] = static_cast<scalar_t>(m);
+        h_st[e] = h[e];
+        act_r[e][0] = act.i;
+        act_r[e][1] = act.f;
+        act_r[e][2] = act.g;
+        act_r[e][3] = act.o;
+      }
+    }
+    trace.mark(2);
+    // 4. Publish h_t (flag s + 1), then the outputs.
+    const uint32_t bits = static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[1].x) << 16);
+    if (s + 1 < T) {
+      if (active) st_relaxed_u32(hx + (s & 1) * buf_words + n * kRowWords + j / 2, bits);
+      // Every thread's pairs are stored before thread 0's fence and flag (the release pattern of
+      // a grid barrier).
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
+      }
+    }
+    if (active) {
+      const int64_t row = static_cast<int64_t>(t) * B + n;
+      *reinterpret_cast<uint32_t*>(a.y + row * H + j) = bits;
+      if constexpr (kTraining) {
+        scalar_t* gr = a.gates + row * (4 * H) + j;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          *reinterpret_cast<uint32_t*>(gr + q * H) =
+              pack2(static_cast<scalar_t>(act_r[0][q]), static_cast<scalar_t>(act_r[1][q]));
+        }
+        *reinterpret_cast<uint32_t*>(a.cells + row * H + j) =
+            pack2(static_cast<scalar_t>(c_new[0]), static_cast<scalar_t>(c_new[1]));
+      }
+    }
+    trace.mark(3);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
+  }
+  trace.report(kTraining ? "forward cluster (training)" : "forward cluster (inference)", g);
+  // No block reads another's shared memory after the last cluster barrier: none waits here.
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      a.h_n[n * H + j + e] = h_st[e];
+      a.c_n[n * H + j + e] = c_st[e];
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------------------
 
@@ -2382,8 +2686,61 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
 
+// SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps 16 < B <= 64 on the general forward kernel:
+// a diagnostic switch, like SEQKERNELS_LSTM_PERSISTENT_DIRECT.
+bool cluster_forward_enabled() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD");
+  return env == nullptr || std::string(env) != "0";
+}
+
+// The cluster forward kernel (bf16 / fp16) where one of its instances takes the call: sm_90,
+// 16 < B <= 64, equal batch sizes at every step, H in {256, 512, 1024}, its vector accesses
+// aligned (8-byte rows of h0 and pre, 4-byte pairs of the outputs), and 64 clusters of two
+// co-resident; false otherwise, having launched nothing.
+template <class scalar_t, bool kTraining>
+bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
+                         const at::Tensor& like) {
+  if (!cluster_forward_applies(s, prop.major, prop.multiProcessorCount) || !cluster_forward_enabled()) return false;
+  auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (!aligned(args.h0, 8) || !aligned(args.pre, 8) || !aligned(args.y, 4) ||
+      (kTraining && (!aligned(args.gates, 4) || !aligned(args.cells, 4)))) {
+    return false;
+  }
+  auto try_instance = [&](auto mt_c, auto hc_c) {
+    constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
+    if (s.H != HC || (s.B > 32 ? 4 : 2) != MT) return false;
+    auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC>;
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    if (!ptx_at_least(fn, 90)) return false;
+    Geometry& g = args.g;
+    g = Geometry{};
+    g.T = static_cast<int>(s.T);
+    g.B = static_cast<int>(s.B);
+    g.H = g.Hp = HC;
+    g.U = HC / 64;  // units per cluster
+    g.nblocks = kClusterForwardBlocks;
+    g.cl = 2;
+    g.nch = 1;
+    g.row_words = HC / 2;
+    g.off_part = static_cast<int>(align16(static_cast<size_t>(16 * MT) * (HC / 2 + 8) * sizeof(scalar_t)));
+    g.smem = g.off_part + 2 * kClusterForwardSlots * 16 * MT * cluster_forward_ldp(HC / 32) * static_cast<int>(sizeof(float));
+    if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin) return false;
+    ensure_dynamic_smem(fn, g.smem);
+    const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
+    if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) return false;
+    if (max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl < g.nblocks) return false;
+    return launch_with_exchange(kernel, args, args.xbuf, like);
+  };
+  return try_instance(IntConst<2>{}, IntConst<256>{}) || try_instance(IntConst<4>{}, IntConst<256>{}) ||
+         try_instance(IntConst<2>{}, IntConst<512>{}) || try_instance(IntConst<4>{}, IntConst<512>{}) ||
+         try_instance(IntConst<2>{}, IntConst<1024>{}) || try_instance(IntConst<4>{}, IntConst<1024>{});
+}
+
 template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
+  if constexpr (P == Path::kMma16) {
+    if (run_cluster_forward<scalar_t, kTraining>(s, prop, args, like)) return true;
+  }
   if (direct_forward_enabled()) {
     if constexpr (P != Path::kFma) {
       if (run_direct_forward<scalar_t, P, kTraining>(s, prop, args, like)) return true;
