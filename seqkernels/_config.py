@@ -34,6 +34,11 @@ CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 # lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps, beyond the persistent forward's B
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
+# cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the 16-bit persistent forward's cluster
+# kernel at 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks)
+CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
+CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
+CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
@@ -147,10 +152,10 @@ def _rnn_tf32_allowed() -> bool:
 
 
 def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
-               backend: str) -> tuple[str, str]:
+               backend: str, clusters: bool) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, then the chosen loop's own limits that Python can
     see (lstm_persistent.cu's common_preconditions, lstm_fused_step.cu's applies), with the reason."""
-    loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend)
+    loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend, clusters)
     if loop == "persistent" and (proj_size > 0 or batch > CUDA_PERSISTENT_MAX_BATCH):
         return "cublas", f"{why}; but the persistent kernel takes no projection and B <= {CUDA_PERSISTENT_MAX_BATCH}"
     if loop == "fused" and (proj_size > 0 or elem == 8 or hidden % (16 // elem) != 0):
@@ -162,7 +167,7 @@ def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_s
 
 
 def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
-                      backend: str) -> tuple[str, str]:
+                      backend: str, clusters: bool) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, with the reason."""
     if backend == "gemm":
         return "cublas", "SEQKERNELS_LSTM_BACKEND forces the cuBLAS loop"
@@ -210,6 +215,12 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
           and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
         return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "
                               f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} (the direct forward kernel)")
+    elif (half and not backward and clusters and CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch
+          <= CUDA_CLUSTER_FORWARD_MAX_BATCH and hidden in CUDA_CLUSTER_FORWARD_HIDDEN):
+        return "persistent", (f"auto: {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= "
+                              f"{CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = {hidden} in "
+                              f"{{{', '.join(map(str, CUDA_CLUSTER_FORWARD_HIDDEN))}}} (the cluster forward kernel: "
+                              "sm_90 with >= 128 SMs, equal batch sizes)")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
     elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
@@ -267,7 +278,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
                      device: str = "cpu", backend: str | None = None, tf32: bool | None = None,
-                     steps: int = 256) -> dict:
+                     steps: int = 256, clusters: bool | None = None) -> dict:
     """Which time loop an LSTM layer of this shape runs, and why, for the forward and the
     backward op: a dict ``{"forward": (loop, reason), "backward": (loop, reason)}``.
 
@@ -285,7 +296,11 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
             memory). Where those fail, the cuBLAS loop runs.
     ``backend`` is SEQKERNELS_LSTM_BACKEND's value (default: read from the environment);
     ``tf32`` whether float32 RNNs may use TF32 (default: PyTorch's cuDNN RNN setting);
-    ``steps`` the sequence length T (the CPU's choice depends on it; default the suite's 256).
+    ``steps`` the sequence length T (the CPU's choice depends on it; default the suite's 256);
+    ``clusters`` whether the GPU runs the 16-bit forward's cluster kernel (thread-block clusters,
+    sm_90, and at least 128 SMs; default: the current CUDA device's answer, or True without one).
+    Batch sizes are taken as equal at every step (a ragged PackedSequence does not run the cluster
+    kernel: the 16-bit forward at 16 < B <= 64 then takes the general persistent kernel).
     """
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
     if batch < 1 or hidden < 1 or steps < 1:
@@ -318,8 +333,19 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     if tf32 is None:
         tf32 = _rnn_tf32_allowed()
     mma = half or (dtype == torch.float32 and tf32)
-    return {op: _cuda_loop(batch, hidden, elem, mma, half, proj_size, op == "backward", backend)
+    if clusters is None:
+        clusters = _device_runs_clusters()
+    return {op: _cuda_loop(batch, hidden, elem, mma, half, proj_size, op == "backward", backend, clusters)
             for op in ("forward", "backward")}
+
+
+def _device_runs_clusters() -> bool:
+    """Whether the current CUDA device meets cluster_forward_applies's device conditions (True
+    without a CUDA device: the GPUs the package is tuned on, H100 and H200, do)."""
+    if not torch.cuda.is_available():
+        return True
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return props.major >= 9 and props.multi_processor_count >= CUDA_CLUSTER_FORWARD_MIN_SMS
 
 
 def show_lstm_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,

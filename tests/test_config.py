@@ -66,10 +66,11 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (16, 512, torch.bfloat16, True, "persistent", "persistent"),  # backward: B <= 16, B*H <= 8192, H <= 768
     (8, 768, torch.float16, True, "persistent", "persistent"),  # the same rule
     (16, 768, torch.bfloat16, True, "persistent", "fused"),  # backward: B*H = 12288 > 8192
-    (32, 256, torch.bfloat16, True, "fused", "fused"),  # backward: B > 16
+    (32, 256, torch.bfloat16, True, "persistent", "fused"),  # forward: the cluster kernel; backward: B > 16
     (16, 296, torch.bfloat16, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters)
     (16, 1024, torch.float16, True, "persistent", "fused"),  # 32 KiB: the forward's limit
-    (17, 512, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, 17 KiB
+    (17, 512, torch.bfloat16, True, "persistent", "fused"),  # forward 16 < B <= 64, H = 512: the cluster kernel
+    (17, 640, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, H = 640: not the cluster kernel's H
     (8, 2048, torch.bfloat16, True, "cublas", "cublas"),  # H > 1280: neither persistent nor fused
     (1, 1280, torch.bfloat16, True, "fused", "fused"),  # 2.5 KiB state, but H > 1024: not persistent
     (16, 1280, torch.bfloat16, True, "fused", "fused"),  # H <= 1280, B*H = 20480 (both fused limits)
@@ -79,11 +80,13 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (5, 1536, torch.bfloat16, True, "cublas", "cublas"),  # backward B > 4 beyond H = 1280
     (1, 1800, torch.float16, True, "cublas", "cublas"),  # backward H > 1792
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
-    (64, 512, torch.bfloat16, True, "fused", "cublas"),  # B*H = 32768: the fused forward's limit; backward B > 32
-    (32, 1024, torch.bfloat16, True, "fused", "cublas"),  # B*H = 32768: the fused forward's limit; backward > 20480
+    (64, 512, torch.bfloat16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward B > 32
+    (32, 1024, torch.float16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward > 20480
     (32, 640, torch.bfloat16, True, "fused", "fused"),  # backward B*H = 20480: the fused backward's limit
     (24, 896, torch.float16, True, "fused", "cublas"),  # backward B*H = 21504 > 20480
-    (64, 1024, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536 (the replayed cuBLAS loop)
+    (64, 1024, torch.bfloat16, True, "persistent", "cublas"),  # forward: the cluster kernel at its bounds
+    (65, 1024, torch.bfloat16, True, "cublas", "cublas"),  # forward B > 64, B*H > 32768 (the replayed cuBLAS loop)
+    (48, 768, torch.bfloat16, True, "cublas", "cublas"),  # H = 768: not the cluster kernel's; B*H > 32768
     (256, 256, torch.bfloat16, True, "cublas", "cublas"),  # B*H = 65536; backward B > 64
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
     (16, 1024, torch.float32, True, "persistent", "fused"),  # TF32: B <= 16, 64 KiB; backward 5 < B <= 16, H > 896
@@ -131,11 +134,22 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
 ])
 def test_cuda_choice_mirrors_choose_loop(monkeypatch, batch, hidden, dtype, tf32, forward, backward):
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
-    choice = lstm_loop_choice(batch, hidden, dtype, 0, "cuda", tf32=tf32)
+    choice = lstm_loop_choice(batch, hidden, dtype, 0, "cuda", tf32=tf32, clusters=True)
     assert (choice["forward"][0], choice["backward"][0]) == (forward, backward)
     if forward == "persistent":
         assert "occupancy check at launch" in choice["forward"][1]
     assert lstm_loop_choice(batch, hidden, dtype, 4, "cuda", tf32=tf32)["forward"][0] == "cublas"  # projection
+
+
+@pytest.mark.parametrize("batch,hidden,forward", [
+    (17, 512, "fused"), (32, 1024, "fused"), (64, 512, "fused"), (64, 1024, "cublas"), (16, 1024, "persistent"),
+])
+def test_cuda_choice_without_clusters(monkeypatch, batch, hidden, forward):
+    """A GPU without thread-block clusters or with fewer than 128 SMs never runs the cluster forward
+    kernel: its shapes go back to the fused and cuBLAS loops (the direct kernel at B <= 16 stays)."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    assert lstm_loop_choice(batch, hidden, torch.bfloat16, 0, "cuda", clusters=False)["forward"][0] == forward
+    assert lstm_loop_choice(batch, hidden, torch.bfloat16, 0, "cuda", clusters=True)["forward"][0] == "persistent"
 
 
 def test_cuda_choice_follows_the_environment(monkeypatch):
@@ -159,9 +173,13 @@ def test_cli_prints_the_choice_and_why():
     out = run_cli("--batch", "1", "--hidden", "512", "--steps", "1", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     assert "forward: gemm (auto: T = 1 < 8 steps at B = 1" in out.stdout
+    out = run_cli("--batch", "40", "--hidden", "640", "--dtype", "bfloat16", "--device", "cuda")
+    assert out.returncode == 0, out.stderr
+    assert "forward: fused" in out.stdout and "backward (training): cublas" in out.stdout
     out = run_cli("--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
-    assert "forward: fused" in out.stdout and "backward (training): fused" in out.stdout
+    assert "forward: persistent (auto: 16 < B = 32 <= 64 and H = 512 in {256, 512, 1024} (the cluster" in out.stdout
+    assert "backward (training): fused" in out.stdout
     assert "B*H = 16384 <= 20480" in out.stdout
     out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert "forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the direct forward kernel)" in out.stdout

@@ -1012,8 +1012,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // The time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one fused
   // kernel per step (lstm_fused_step.cu), each writing y, gates, cells, h_n (hbuf) and c_n
   // (cbuf) itself where it applies; else the cuBLAS loop below.
+  const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+  const bool cluster_forward =
+      cuda::kHalfType<scalar_t> && cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount);
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
-                                            cuda::kHalfType<scalar_t>, /*backward=*/false);
+                                            cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward);
   if ((loop == cuda::Loop::kPersistent &&
        cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, b_ih_p, b_hh_p, w_hh_p,
                                                h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p,

@@ -107,8 +107,9 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 
 // The loop for one op call. `mma`: bf16, fp16, or float32 with TF32 allowed (float32 without it
 // has rules of its own above, though its direct persistent forward and fused loop use tensor
-// cores too); `half`: a 16-bit dtype. A forced loop that does not apply to the call (e.g.
-// persistent with a projection, fused in float64) leaves it to the cuBLAS loop.
+// cores too); `half`: a 16-bit dtype; `cluster_forward`: the forward's cluster kernel applies
+// (cluster_forward_applies). A forced loop that does not apply to the call (e.g. persistent with
+// a projection, fused in float64) leaves it to the cuBLAS loop.
 //
 // auto, from every loop forced side by side on an H200 (2026-11-24, T = 256, B in {1, 8, 16,
 // 32, 64, 256}, H in {256, 512, 1024}, bf16 and TF32, scripts/lstm_backend_grid.py; the table
@@ -128,6 +129,12 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    2026-11-25) or B <= 32 with B·H <= 32768
 //    and H <= 1280, or B <= 4 with H <= 1792 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768,
 //    and 5 < B <= 16 at 896 < H <= 1024, above); else cuBLAS.
+//    Since 2026-11-27 the 16-bit forward is also persistent wherever its cluster kernel applies
+//    (`cluster_forward`, lstm_persistent.cuh's cluster_forward_applies: 16 < B <= 64,
+//    H in {256, 512, 1024}, equal batch sizes, sm_90 with >= 128 SMs): every loop forced on an
+//    H200 (bf16 `infer`, docs/benchmarks.md) B = 32 / 64, H = 256 0.92 / 1.08 ms against the
+//    fused loop's 1.06 / 1.20; H = 512 1.01 / 1.33 against 1.18 / 1.57; H = 1024 1.38 / 2.20
+//    against 1.91 fused and 2.12 / 2.26 on cuBLAS.
 //    The backward rules beyond the 8 KiB state are from training calls under each loop and
 //    persistent kernel (scripts/lstm_backend_grid.py --mode train, H200, 2026-11-26,
 //    docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent (clustered split) 3.93 ms, fused
@@ -138,7 +145,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    with H <= 512, fused at 8 <= B <= 16 or (B >= 8 with) B·H <= 8192, else cuBLAS;
 //  - float64 (no fused loop): persistent while the state is <= 64 KiB (forward) / 32 KiB
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
-inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward) {
+inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward,
+                        bool cluster_forward = false) {
   switch (lstm_backend_from_env()) {  // validated on every call
     case LstmBackend::kGemm:
       return Loop::kCublas;
@@ -180,7 +188,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
                                (s.H > kFusedMaxBackwardHiddenTf32 || clusters))));
   } else if (half) {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
-                 state <= kPersistentMaxStateMma;
+                 state <= kPersistentMaxStateMma || cluster_forward;
   } else {
     persistent = s.B <= kPersistentMaxForwardBatchMma && state <= kPersistentMaxForwardState;
   }
