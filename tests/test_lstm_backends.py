@@ -657,14 +657,16 @@ _CLUSTER_FORWARD_CASES = [
     ("bfloat16", 64, 1024, False, True), ("float16", 64, 1024, True, True), ("bfloat16", 32, 1024, True, False),
     ("bfloat16", 33, 512, True, True), ("float16", 40, 512, False, True), ("bfloat16", 64, 512, False, False),
     ("bfloat16", 17, 256, False, True), ("float16", 24, 256, True, True), ("bfloat16", 64, 256, True, True),
+    # float32 with TF32 (m16n8k8, h exchanged as TF32 values; H <= 512)
+    ("tf32", 64, 512, False, True), ("tf32", 33, 256, True, True), ("tf32", 24, 512, True, False),
 ]
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_CASES)
 def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
-    """The persistent forward at 16 < B <= 64 (bf16 / fp16, H in {256, 512, 1024}, equal batch
-    sizes) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
+    """The persistent forward at 16 < B <= 64 (bf16 / fp16 with H in {256, 512, 1024}, TF32 with
+    H in {256, 512}; equal batch sizes) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
     added by the owner block in distributed shared memory): which kernel ran, and the outputs and
     every gradient (the backward reads the gates and cells the forward saved) against the float64
     reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps the general kernel (where it

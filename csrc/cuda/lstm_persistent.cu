@@ -2142,6 +2142,19 @@ __device__ __forceinline__ uint4 ld_relaxed_v4(const uint32_t* p) {
 __device__ __forceinline__ void st_relaxed_u32(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_relaxed_u32x2(uint32_t* p, uint32_t v0, uint32_t v1) {
+  asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v0), "r"(v1) : "memory");
+}
+
+// Two adjacent elements (p 4-byte aligned for 16-bit types, 8-byte for float) in one store.
+template <class T>
+__device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = pack2(v0, v1);
+  }
+}
 
 // Two floats to shared memory of a block of the cluster (a mapa address).
 __device__ __forceinline__ void st_cluster2(uint32_t addr, float v0, float v1) {
@@ -2156,11 +2169,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = float;
   using Math = CudaMath;
-  static_assert(sizeof(scalar_t) == 2, "cluster forward kernel: 16-bit types");
-  constexpr int H = HC, UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = HC / 128;
-  constexpr int LDX = KQ + 8;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
+  // float32: TF32 MMAs (m16n8k8), h exchanged and staged as TF32-rounded floats.
+  constexpr bool kTf32 = std::is_same_v<scalar_t, float>;
+  static_assert(sizeof(scalar_t) == 2 || kTf32, "cluster forward kernel: 16-bit types or float32 (TF32)");
+  constexpr int ES = sizeof(scalar_t), kStep = kTf32 ? 8 : 16;  // element bytes, k per MMA
+  constexpr int H = HC, UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = KQ / 4 / kStep;
+  constexpr int LDX = KQ + 16 / ES;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
   constexpr int OC = 4 * UO, LDP = cluster_forward_ldp(OC), ROWS = 16 * MT, PAIRS = UO / 2;
-  constexpr int kRowWords = H / 2;  // 32-bit words (unit pairs) of a row of h
+  constexpr int kRowWords = H * ES / 4;  // 32-bit words of a row of h (unit pairs, or units for float)
+  static_assert((KQ * ES) % 128 == 0, "cluster forward kernel: A tile rows of 16 mod 128 bytes");
   constexpr int kSlotFloats = ROWS * LDP, kParityFloats = kClusterForwardSlots * kSlotFloats;
   static_assert(NTW >= 1 && KSW >= 1 && OC == 8 * NTW, "cluster forward kernel instance");
   static_assert(PAIRS * ROWS <= kThreads, "one unit pair of one row per thread");
@@ -2174,7 +2191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int owner = warp & 1, kquarter = warp >> 1;
 
   // Rows >= B of the A tile stay zero (finite) for the whole sequence.
-  for (int i = threadIdx.x; i < ROWS * LDX * 2 / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
+  for (int i = threadIdx.x; i < ROWS * LDX * ES / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
 
   // Resident B fragments: n8 tile nt of owner `owner`'s columns cc = nt * 8 + gq (gate cc / UO,
   // unit cluster * UC + owner * UO + cc % UO), k16 steps [kquarter * KSW, ...) of K half `rank`.
@@ -2185,9 +2202,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const scalar_t* wr = a.w_hh + static_cast<int64_t>((cc / UO) * H + cluster * UC + owner * UO + cc % UO) * H;
 #pragma unroll
     for (int f = 0; f < KSW; ++f) {
-      const int k0 = rank * KQ + (kquarter * KSW + f) * 16 + 2 * tq;
-      bfr[nt][f][0] = pack2(wr[k0], wr[k0 + 1]);
-      bfr[nt][f][1] = pack2(wr[k0 + 8], wr[k0 + 9]);
+      const int k0 = rank * KQ + (kquarter * KSW + f) * kStep;
+      if constexpr (kTf32) {  // b0 = B[tq][gq], b1 = B[tq + 4][gq]
+        bfr[nt][f][0] = to_tf32(wr[k0 + tq]);
+        bfr[nt][f][1] = to_tf32(wr[k0 + tq + 4]);
+      } else {  // b0 = B[2tq, 2tq + 1][gq], b1 = B[2tq + 8, 2tq + 9][gq]
+        bfr[nt][f][0] = pack2(wr[k0 + 2 * tq], wr[k0 + 2 * tq + 1]);
+        bfr[nt][f][1] = pack2(wr[k0 + 2 * tq + 8], wr[k0 + 2 * tq + 9]);
+      }
     }
   }
 
@@ -2218,7 +2240,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   prefetch(0, pv);
 
-  const uint32_t xt_lane = shared_address(xt) + ((lane & 15) * LDX + (lane >> 4) * 8) * 2;
+  // ldmatrix rows: lane l gives row l % 16, bytes 16 (l / 16) of a k-step's 32 bytes (16 16-bit
+  // values, or 8 floats: then the b16 pairs are TF32 values and the fragments those of m16n8k8).
+  const uint32_t xt_lane = shared_address(xt) + (lane & 15) * LDX * ES + (lane >> 4) * 16;
   // This warp's slot in its owner's partials (parity 0), and the own partials of this thread's items.
   const uint32_t send0 = cluster_address(shared_address(recv), owner) +
                          (rank * 4 + kquarter) * kSlotFloats * 4 + (gq * LDP + 2 * tq) * 4;
@@ -2237,11 +2261,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = a.reverse ? T - 1 - s : s;
     // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
     if (s == 0) {
-      const int per_row = KQ / 4;  // 8-byte chunks
+      const int per_row = KQ / 4;  // chunks of 4 elements
       for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
         const int r = i / per_row, c = (i - r * per_row) * 4;
-        *reinterpret_cast<uint2*>(xt + r * LDX + c) =
-            *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c);
+        const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c;
+        if constexpr (kTf32) {
+          const float4 v = *reinterpret_cast<const float4*>(src);
+          *reinterpret_cast<uint4*>(xt + r * LDX + c) = make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
+        } else {
+          *reinterpret_cast<uint2*>(xt + r * LDX + c) = *reinterpret_cast<const uint2*>(src);
+        }
       }
     } else {
       // Warp 0 waits for the step flags of the 64 producers of K half `rank`, the block for warp 0.
@@ -2253,9 +2282,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       __syncthreads();
-      // 16-byte loads of 8 units, in batches of 8 per thread (registers: W_hh's fragments stay live).
-      constexpr int kVecPerRow = KQ / 8, kVecs = ROWS * kVecPerRow / kThreads;
-      const uint32_t* src = hx + ((s - 1) & 1) * buf_words + rank * (KQ / 2);
+      // 16-byte loads (8 units, or 4 for float), in batches of 8 per thread (registers: W_hh's
+      // fragments stay live).
+      constexpr int kVecUnits = 16 / ES, kVecPerRow = KQ / kVecUnits, kVecs = ROWS * kVecPerRow / kThreads;
+      const uint32_t* src = hx + ((s - 1) & 1) * buf_words + rank * (KQ * ES / 4);
 #pragma unroll
       for (int b0 = 0; b0 < kVecs; b0 += 8) {
         uint4 v[8];
@@ -2267,7 +2297,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int idx = threadIdx.x + (b0 + e) * kThreads, r = idx / kVecPerRow;
-          if (b0 + e < kVecs && r < B) *reinterpret_cast<uint4*>(xt + r * LDX + (idx % kVecPerRow) * 8) = v[e];
+          if (b0 + e < kVecs && r < B) *reinterpret_cast<uint4*>(xt + r * LDX + (idx % kVecPerRow) * kVecUnits) = v[e];
         }
       }
     }
@@ -2281,7 +2311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int f = 0; f < KSW; ++f) {
       uint32_t af[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], xt_lane + (mt * 16 * LDX + (kquarter * KSW + f) * 16) * 2);
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], xt_lane + mt * 16 * LDX * ES + (kquarter * KSW + f) * 32);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -2341,10 +2371,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     trace.mark(2);
-    // 4. Publish h_t (flag s + 1), then the outputs.
-    const uint32_t bits = static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[1].x) << 16);
+    // 4. Publish h_t (flag s + 1; float: its TF32 values), then the outputs.
     if (s + 1 < T) {
-      if (active) st_relaxed_u32(hx + (s & 1) * buf_words + n * kRowWords + j / 2, bits);
+      uint32_t* pub = hx + (s & 1) * buf_words + n * kRowWords + j * ES / 4;
+      if constexpr (kTf32) {
+        if (active) st_relaxed_u32x2(pub, to_tf32(h[0]), to_tf32(h[1]));
+      } else {
+        if (active) st_relaxed_u32(pub, static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[1].x) << 16));
+      }
       // Every thread's pairs are stored before thread 0's fence and flag (the release pattern of
       // a grid barrier).
       __syncthreads();
@@ -2355,16 +2389,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (active) {
       const int64_t row = static_cast<int64_t>(t) * B + n;
-      *reinterpret_cast<uint32_t*>(a.y + row * H + j) = bits;
+      store_pair(a.y + row * H + j, h[0], h[1]);
       if constexpr (kTraining) {
         scalar_t* gr = a.gates + row * (4 * H) + j;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          *reinterpret_cast<uint32_t*>(gr + q * H) =
-              pack2(static_cast<scalar_t>(act_r[0][q]), static_cast<scalar_t>(act_r[1][q]));
+          store_pair(gr + q * H, static_cast<scalar_t>(act_r[0][q]), static_cast<scalar_t>(act_r[1][q]));
         }
-        *reinterpret_cast<uint32_t*>(a.cells + row * H + j) =
-            pack2(static_cast<scalar_t>(c_new[0]), static_cast<scalar_t>(c_new[1]));
+        store_pair(a.cells + row * H + j, static_cast<scalar_t>(c_new[0]), static_cast<scalar_t>(c_new[1]));
       }
     }
     trace.mark(3);
@@ -2693,23 +2725,27 @@ bool cluster_forward_enabled() {
   return env == nullptr || std::string(env) != "0";
 }
 
-// The cluster forward kernel (bf16 / fp16) where one of its instances takes the call: sm_90,
-// 16 < B <= 64, equal batch sizes at every step, H in {256, 512, 1024}, its vector accesses
-// aligned (8-byte rows of h0 and pre, 4-byte pairs of the outputs), and 64 clusters of two
-// co-resident; false otherwise, having launched nothing.
+// The cluster forward kernel (bf16 / fp16, or float32 with TF32) where one of its instances takes
+// the call (cluster_forward_applies), its vector accesses aligned (8-byte rows of h0 and pre and
+// 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and output pairs
+// for float), and 64 clusters of two co-resident; false otherwise, having launched nothing.
 template <class scalar_t, bool kTraining>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like) {
-  if (!cluster_forward_applies(s, prop.major, prop.multiProcessorCount) || !cluster_forward_enabled()) return false;
+  constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+  if (!cluster_forward_applies(s, prop.major, prop.multiProcessorCount, kFloat) || !cluster_forward_enabled()) {
+    return false;
+  }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  if (!aligned(args.h0, 8) || !aligned(args.pre, 8) || !aligned(args.y, 4) ||
-      (kTraining && (!aligned(args.gates, 4) || !aligned(args.cells, 4)))) {
+  const uintptr_t pair_bytes = 2 * sizeof(scalar_t);
+  if (!aligned(args.h0, kFloat ? 16 : 8) || !aligned(args.pre, 8) || !aligned(args.y, pair_bytes) ||
+      (kTraining && (!aligned(args.gates, pair_bytes) || !aligned(args.cells, pair_bytes)))) {
     return false;
   }
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
-    if (s.H != HC || (s.B > 32 ? 4 : 2) != MT) return false;
-    auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC>;
+    if (s.H != HC || (s.B > 32 ? 4 : 2) != MT || (kFloat && HC > 512)) return false;
+    auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, (kFloat && HC > 512 ? 512 : HC)>;
     const void* fn = reinterpret_cast<const void*>(kernel);
     if (!ptx_at_least(fn, 90)) return false;
     Geometry& g = args.g;
@@ -2721,8 +2757,11 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     g.nblocks = kClusterForwardBlocks;
     g.cl = 2;
     g.nch = 1;
-    g.row_words = HC / 2;
-    g.off_part = static_cast<int>(align16(static_cast<size_t>(16 * MT) * (HC / 2 + 8) * sizeof(scalar_t)));
+    // 32-bit words of a row of h; the allocation (2 B row_words 8-byte words) holds both parities'
+    // rows and, after them, the 128 step flags.
+    g.row_words = HC * static_cast<int>(sizeof(scalar_t)) / 4;
+    g.off_part =
+        static_cast<int>(align16(static_cast<size_t>(16 * MT) * (HC / 2 + 16 / sizeof(scalar_t)) * sizeof(scalar_t)));
     g.smem = g.off_part + 2 * kClusterForwardSlots * 16 * MT * cluster_forward_ldp(HC / 32) * static_cast<int>(sizeof(float));
     if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin) return false;
     ensure_dynamic_smem(fn, g.smem);
@@ -2738,7 +2777,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
 
 template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
-  if constexpr (P == Path::kMma16) {
+  if constexpr (P == Path::kMma16 || P == Path::kTf32) {
     if (run_cluster_forward<scalar_t, kTraining>(s, prop, args, like)) return true;
   }
   if (direct_forward_enabled()) {
