@@ -34,10 +34,12 @@ CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 # lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps, beyond the persistent forward's B
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
-# cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the 16-bit persistent forward's cluster
-# kernel at 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks)
+# cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
+# (16-bit, or TF32) at 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs
+# (kClusterForwardBlocks)
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
 CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
+CUDA_CLUSTER_FORWARD_HIDDEN_TF32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
@@ -166,6 +168,17 @@ def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_s
     return loop, why
 
 
+def _cluster_forward_shape(batch: int, hidden: int, hiddens: tuple[int, ...]) -> bool:
+    """The shape conditions of cluster_forward_applies (csrc/cuda/lstm_persistent.cuh)."""
+    return CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH and hidden in hiddens
+
+
+def _cluster_forward_why(batch: int, hidden: int, hiddens: tuple[int, ...]) -> str:
+    return (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = "
+            f"{hidden} in {{{', '.join(map(str, hiddens))}}} (the cluster forward kernel: sm_90 with >= 128 SMs, "
+            "equal batch sizes)")
+
+
 def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
                       backend: str, clusters: bool) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, with the reason."""
@@ -211,16 +224,14 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
             return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and {kib} "
                                   f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB")
+        if clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_TF32):
+            return "persistent", "auto: TF32, " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_TF32)
     elif (half and not backward and batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
           and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
         return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "
                               f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} (the direct forward kernel)")
-    elif (half and not backward and clusters and CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch
-          <= CUDA_CLUSTER_FORWARD_MAX_BATCH and hidden in CUDA_CLUSTER_FORWARD_HIDDEN):
-        return "persistent", (f"auto: {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= "
-                              f"{CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = {hidden} in "
-                              f"{{{', '.join(map(str, CUDA_CLUSTER_FORWARD_HIDDEN))}}} (the cluster forward kernel: "
-                              "sm_90 with >= 128 SMs, equal batch sizes)")
+    elif half and not backward and clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN):
+        return "persistent", "auto: " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN)
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
     elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32

@@ -103,9 +103,10 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (16, 800, torch.float32, True, "persistent", "persistent"),  # backward: H > 768
     (8, 2048, torch.float32, True, "cublas", "cublas"),  # TF32 H > 1024: neither persistent nor fused
     (16, 1280, torch.float32, True, "cublas", "cublas"),  # the same (B*H <= 32768)
-    (32, 256, torch.float32, True, "fused", "fused"),  # forward B > 16; backward B > 16, B*H <= 8192
-    (64, 256, torch.float32, True, "fused", "cublas"),  # forward B*H <= 32768; backward B*H = 16384 > 8192
-    (64, 512, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768; backward B*H > 8192
+    (32, 256, torch.float32, True, "persistent", "fused"),  # forward: the cluster kernel; backward B*H <= 8192
+    (64, 256, torch.float32, True, "persistent", "cublas"),  # the same forward; backward B*H = 16384 > 8192
+    (64, 512, torch.float32, True, "persistent", "cublas"),  # the same forward (TF32: H <= 512); backward B*H > 8192
+    (40, 384, torch.float32, True, "fused", "cublas"),  # forward: H = 384 not the cluster kernel's, B*H <= 32768
     (32, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768
     (64, 1024, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
     (256, 256, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
@@ -150,6 +151,11 @@ def test_cuda_choice_without_clusters(monkeypatch, batch, hidden, forward):
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     assert lstm_loop_choice(batch, hidden, torch.bfloat16, 0, "cuda", clusters=False)["forward"][0] == forward
     assert lstm_loop_choice(batch, hidden, torch.bfloat16, 0, "cuda", clusters=True)["forward"][0] == "persistent"
+    if hidden <= 512:  # TF32: the cluster kernel up to H = 512
+        tf32 = lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=True, clusters=False)["forward"][0]
+        assert tf32 == forward
+        assert lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=True, clusters=True)["forward"][0] == (
+            "persistent")
 
 
 def test_cuda_choice_follows_the_environment(monkeypatch):
