@@ -666,11 +666,11 @@ _CLUSTER_FORWARD_CASES = [
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_CASES)
 def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
     """The persistent forward at 16 < B <= 64 (bf16 / fp16 with H in {256, 512, 1024}, TF32 with
-    H in {256, 512}; equal batch sizes) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
-    added by the owner block in distributed shared memory): which kernel ran, and the outputs and
-    every gradient (the backward reads the gates and cells the forward saved) against the float64
-    reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps the general kernel (where it
-    applies: U * B <= 256) or the cuBLAS loop."""
+    H in {256, 512}; equal batch sizes) runs its cluster kernel (64 clusters of two blocks, each
+    block half of K, partial sums added by the owner block in distributed shared memory): which
+    kernel ran, and the outputs and every gradient (the backward reads the gates and cells the
+    forward saved) against the float64 reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0
+    keeps the general kernel (where it applies: U * B <= 256) or the cuBLAS loop."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):

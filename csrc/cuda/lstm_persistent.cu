@@ -2267,7 +2267,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c;
         if constexpr (kTf32) {
           const float4 v = *reinterpret_cast<const float4*>(src);
-          *reinterpret_cast<uint4*>(xt + r * LDX + c) = make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
+          *reinterpret_cast<uint4*>(xt + r * LDX + c) =
+              make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
         } else {
           *reinterpret_cast<uint2*>(xt + r * LDX + c) = *reinterpret_cast<const uint2*>(src);
         }
@@ -2744,31 +2745,36 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   }
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
-    if (s.H != HC || (s.B > 32 ? 4 : 2) != MT || (kFloat && HC > 512)) return false;
-    auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, (kFloat && HC > 512 ? 512 : HC)>;
-    const void* fn = reinterpret_cast<const void*>(kernel);
-    if (!ptx_at_least(fn, 90)) return false;
-    Geometry& g = args.g;
-    g = Geometry{};
-    g.T = static_cast<int>(s.T);
-    g.B = static_cast<int>(s.B);
-    g.H = g.Hp = HC;
-    g.U = HC / 64;  // units per cluster
-    g.nblocks = kClusterForwardBlocks;
-    g.cl = 2;
-    g.nch = 1;
-    // 32-bit words of a row of h; the allocation (2 B row_words 8-byte words) holds both parities'
-    // rows and, after them, the 128 step flags.
-    g.row_words = HC * static_cast<int>(sizeof(scalar_t)) / 4;
-    g.off_part =
-        static_cast<int>(align16(static_cast<size_t>(16 * MT) * (HC / 2 + 16 / sizeof(scalar_t)) * sizeof(scalar_t)));
-    g.smem = g.off_part + 2 * kClusterForwardSlots * 16 * MT * cluster_forward_ldp(HC / 32) * static_cast<int>(sizeof(float));
-    if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin) return false;
-    ensure_dynamic_smem(fn, g.smem);
-    const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
-    if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) return false;
-    if (max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl < g.nblocks) return false;
-    return launch_with_exchange(kernel, args, args.xbuf, like);
+    if constexpr (kFloat && HC > 512) {
+      return false;  // float32: W_hh's slice and the A tile (128 KB each at H = 1024) do not fit one SM
+    } else {
+      if (s.H != HC || (s.B > 32 ? 4 : 2) != MT) return false;
+      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC>;
+      const void* fn = reinterpret_cast<const void*>(kernel);
+      if (!ptx_at_least(fn, 90)) return false;
+      constexpr int kTileBytes = 16 * MT * (HC / 2 + 16 / sizeof(scalar_t)) * sizeof(scalar_t);
+      constexpr int kPartialBytes = 2 * kClusterForwardSlots * 16 * MT * cluster_forward_ldp(HC / 32) * sizeof(float);
+      Geometry& g = args.g;
+      g = Geometry{};
+      g.T = static_cast<int>(s.T);
+      g.B = static_cast<int>(s.B);
+      g.H = g.Hp = HC;
+      g.U = HC / 64;  // units per cluster
+      g.nblocks = kClusterForwardBlocks;
+      g.cl = 2;
+      g.nch = 1;
+      // 32-bit words of a row of h. launch_with_exchange allocates 2 B row_words 8-byte words:
+      // both parities' rows, and room for the 128 step flags after them.
+      g.row_words = HC * static_cast<int>(sizeof(scalar_t)) / 4;
+      g.off_part = static_cast<int>(align16(kTileBytes));
+      g.smem = g.off_part + kPartialBytes;
+      if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin) return false;
+      ensure_dynamic_smem(fn, g.smem);
+      const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
+      if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) return false;
+      if (max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl < g.nblocks) return false;
+      return launch_with_exchange(kernel, args, args.xbuf, like);
+    }
   };
   return try_instance(IntConst<2>{}, IntConst<256>{}) || try_instance(IntConst<4>{}, IntConst<256>{}) ||
          try_instance(IntConst<2>{}, IntConst<512>{}) || try_instance(IntConst<4>{}, IntConst<512>{}) ||
