@@ -690,13 +690,10 @@ def test_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
     kernel or the cuBLAS loop takes it, with the reference's values."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision("bfloat16"):
-        t, _ = layer_case(batch_sizes, 5, H, True, seed=3)
-        leaves = {k: v.to(device="cuda", dtype=torch.bfloat16) for k, v in t.items()}
-        bs = torch.tensor(batch_sizes, dtype=torch.int64)
+        t, up = layer_case(batch_sizes, 5, H, True, seed=3)
 
         def run():
-            lstm_layer(leaves["x"], bs, leaves["h0"], leaves["c0"], leaves["w_ih"], leaves["w_hh"],
-                       leaves["b_ih"], leaves["b_hh"])
+            run_layer(lstm_layer, t, up, batch_sizes, False, torch.bfloat16, "cuda")
 
         assert "cluster" not in _persistent_variants(run, "forward", "cluster")
         compare_layer(batch_sizes, 5, H, reverse=False, bias=True, precision="bfloat16", seed=3,

@@ -2600,6 +2600,15 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
 }
 
+// Whether all g.nblocks blocks of the kernel (in clusters of g.cl where g.cl > 1) can be resident
+// at once; prepares the kernel for its dynamic shared memory.
+bool co_resident(const void* fn, const Geometry& g, const cudaDeviceProp& prop) {
+  ensure_dynamic_smem(fn, g.smem);
+  const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
+  if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) return false;
+  return g.cl <= 1 || max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl >= g.nblocks;
+}
+
 // Picks U (4, then 8 units per block) such that the geometry (make(U, g)) fits and all blocks
 // can be co-resident, and prepares the kernel for its dynamic shared memory.
 // A geometry with g.cl > 1 is launched in clusters of g.cl blocks: then the clusters that fit
@@ -2611,12 +2620,7 @@ bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometr
     if (U * s.B > kItems * kThreads) continue;  // one gate item (unit, row) per thread
     if (!make(U, g)) continue;
     if (g.nblocks > prop.multiProcessorCount * 8) continue;
-    const void* fn = reinterpret_cast<const void*>(kernel);
-    ensure_dynamic_smem(fn, g.smem);
-    const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
-    if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) continue;
-    if (g.cl > 1 && max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl < g.nblocks) continue;
-    return true;
+    if (co_resident(reinterpret_cast<const void*>(kernel), g, prop)) return true;
   }
   return false;
 }
@@ -2768,11 +2772,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       g.row_words = HC * static_cast<int>(sizeof(scalar_t)) / 4;
       g.off_part = static_cast<int>(align16(kTileBytes));
       g.smem = g.off_part + kPartialBytes;
-      if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin) return false;
-      ensure_dynamic_smem(fn, g.smem);
-      const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
-      if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) return false;
-      if (max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl < g.nblocks) return false;
+      if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
       return launch_with_exchange(kernel, args, args.xbuf, like);
     }
   };

@@ -31,7 +31,7 @@ constexpr int64_t kPersistentMaxHiddenMma = 1024;
 // a GPU with thread-block clusters (sm_90) and at least kClusterForwardBlocks SMs; lstm_loop.cuh's
 // rule chooses the persistent loop there.
 constexpr int kClusterForwardBlocks = 128;
-inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, bool tf32_float = false) {
+inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, bool tf32_float) {
   return sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 && s.B > 16 && s.B <= 64 &&
          (s.H == 256 || s.H == 512 || (s.H == 1024 && !tf32_float)) && all_steps_full(s);
 }
