@@ -196,10 +196,11 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         # The split backward kernel in thread-block clusters (B >= 4 on sm_90: 72 blocks, 9
         # clusters of 8; distributed shared memory and cluster barriers).
         big += [([9, 9, 7, 4], 8, 286, torch.bfloat16, True), ([9, 9, 7, 4], 8, 286, torch.float32, True)]
-        # The forward's cluster kernel (16-bit, or TF32; 16 < B <= 64, equal batch sizes, sm_90: 64
-        # clusters of two blocks, partial sums in distributed shared memory, step flags between them).
+        # The forward's cluster kernel (16-bit, float32 with and without TF32; 16 < B <= 64, equal
+        # batch sizes, sm_90: 64 clusters of two blocks, partial sums in distributed shared memory,
+        # step flags between them).
         big += [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
-                ([33, 33], 8, 256, torch.float32, True)]
+                ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False)]
         for batch_sizes, I, H, dtype, tf32 in big:
             for reverse in (False, True):
                 with rnn_tf32(tf32):

@@ -35,11 +35,11 @@ CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 # cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
-# (16-bit, or TF32) at 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs
-# (kClusterForwardBlocks)
+# (16-bit; float32 with or without TF32 up to H = 512) at 16 < B <= 64, these H, equal batch
+# sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks)
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
 CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
-CUDA_CLUSTER_FORWARD_HIDDEN_TF32 = (256, 512)
+CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
@@ -207,6 +207,8 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
             return "cublas", f"{what}: neither the persistent nor the fused backward's bounds"
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:
             return "persistent", f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}"
+        if clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32):
+            return "persistent", f"{what}: " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32)
         if hidden <= CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 and bh <= CUDA_FUSED_MAX_FORWARD_BH:
             return "fused", (f"{what}: B > {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}, H = {hidden} <= "
                              f"{CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32} and B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}")
@@ -224,8 +226,8 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
             return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and {kib} "
                                   f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB")
-        if clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_TF32):
-            return "persistent", "auto: TF32, " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_TF32)
+        if clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32):
+            return "persistent", "auto: TF32, " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32)
     elif (half and not backward and batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
           and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
         return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "

@@ -120,9 +120,10 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (1, 1024, torch.float32, False, "persistent", "cublas"),  # backward H > 512, B < 8
     (8, 1024, torch.float32, False, "persistent", "fused"),  # backward 8 <= B <= 16
     (16, 1024, torch.float32, False, "persistent", "fused"),
-    (32, 256, torch.float32, False, "fused", "fused"),  # B*H = 8192
-    (32, 512, torch.float32, False, "fused", "cublas"),  # backward B*H > 8192
-    (64, 512, torch.float32, False, "fused", "cublas"),  # forward B*H = 32768
+    (32, 256, torch.float32, False, "persistent", "fused"),  # forward: the cluster kernel (x3); backward B*H = 8192
+    (32, 512, torch.float32, False, "persistent", "cublas"),  # the same forward; backward B*H > 8192
+    (64, 512, torch.float32, False, "persistent", "cublas"),  # the same forward, at its bounds
+    (40, 384, torch.float32, False, "fused", "cublas"),  # forward: H = 384 not the cluster kernel's, H <= 512
     (32, 1024, torch.float32, False, "cublas", "cublas"),  # forward H > 512
     (17, 768, torch.float32, False, "cublas", "cublas"),  # forward B > 16, H > 512
     (64, 1024, torch.float32, False, "cublas", "cublas"),  # 256 KiB
@@ -155,6 +156,11 @@ def test_cuda_choice_without_clusters(monkeypatch, batch, hidden, forward):
         tf32 = lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=True, clusters=False)["forward"][0]
         assert tf32 == forward
         assert lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=True, clusters=True)["forward"][0] == (
+            "persistent")
+        # without TF32 (three TF32 MMAs per product): the fused loop up to H = 512 without clusters
+        assert lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=False, clusters=False)["forward"][0] == (
+            "fused")
+        assert lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=False, clusters=True)["forward"][0] == (
             "persistent")
 
 

@@ -659,14 +659,16 @@ _CLUSTER_FORWARD_CASES = [
     ("bfloat16", 17, 256, False, True), ("float16", 24, 256, True, True), ("bfloat16", 64, 256, True, True),
     # float32 with TF32 (m16n8k8, h exchanged as TF32 values; H <= 512)
     ("tf32", 64, 512, False, True), ("tf32", 33, 256, True, True), ("tf32", 24, 512, True, False),
+    # float32 without TF32 (three TF32 MMAs per product, h exchanged whole; float32's 3e-5 bound)
+    ("float32", 64, 512, False, True), ("float32", 33, 256, True, True), ("float32", 20, 512, True, False),
 ]
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_CASES)
 def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
-    """The persistent forward at 16 < B <= 64 (bf16 / fp16 with H in {256, 512, 1024}, TF32 with
-    H in {256, 512}; equal batch sizes) runs its cluster kernel (64 clusters of two blocks, each
+    """The persistent forward at 16 < B <= 64 (bf16 / fp16 with H in {256, 512, 1024}, float32 with
+    or without TF32 with H in {256, 512}; equal batch sizes) runs its cluster kernel (64 clusters of two blocks, each
     block half of K, partial sums added by the owner block in distributed shared memory): which
     kernel ran, and the outputs and every gradient (the backward reads the gates and cells the
     forward saved) against the float64 reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0
@@ -681,6 +683,23 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
                       what="cluster forward")
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
         assert "cluster" not in _persistent_variants(run, "forward", "cluster")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
+    """float32 without TF32 on the cluster kernel: an inf in h0 reaches the first step's
+    pre-activations as a float32 GEMM gives it (the row's gates saturate, its outputs stay
+    finite), not as NaN (inf times W_hh's small part, 0 wherever W_hh is exact in TF32): the
+    kernel multiplies h0's non-finite values in a pass of their own, with W_hh's TF32 part only."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    batch_sizes = [20] * 4
+    t, _ = layer_case(batch_sizes, 9, 256, bias=True, seed=61)
+    t["h0"][1, 5] = float("inf")
+    got, ref = _float32_forward_and_reference(t, batch_sizes)
+    for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
+        g, r = g.double().cpu(), r.double()
+        assert torch.isfinite(r).all() and torch.isfinite(g).all(), f"{name}: not finite"
+        assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), name
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

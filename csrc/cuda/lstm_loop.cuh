@@ -142,7 +142,10 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    backward 4.90; bf16 B = 16, H = 512: 2.52 against 2.63, but H = 768: 3.33 against 2.70; the
 //    TF32 rule at H > 896 from the backward op alone (scripts/lstm_backward_choice.py).
 //  - float32 with TF32 off (the rules above, measured 2026-11-26): forward persistent at B <= 16,
-//    fused at B > 16 with H <= 512 and B·H <= 32768, else cuBLAS; backward persistent at B <= 8
+//    and since 2026-11-27 wherever the cluster kernel's x3 instance applies (16 < B <= 64,
+//    H in {256, 512}; H200, `infer`, TF32 off, B = 32 / 64: H = 256 1.25 / 1.61 ms against the
+//    fused loop's 1.48 / 2.06, H = 512 1.50 / 2.58 against 2.08 / 3.20), fused at B > 16 with
+//    H <= 512 and B·H <= 32768, else cuBLAS; backward persistent at B <= 8
 //    with H <= 512, fused at 8 <= B <= 16 or (B >= 8 with) B·H <= 8192, else cuBLAS;
 //  - float64 (no fused loop): persistent while the state is <= 64 KiB (forward) / 32 KiB
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
@@ -167,7 +170,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
                  ? Loop::kFused
                  : Loop::kCublas;
     }
-    if (s.B <= kPersistentMaxForwardBatchMma) return Loop::kPersistent;
+    if (s.B <= kPersistentMaxForwardBatchMma || cluster_forward) return Loop::kPersistent;
     return s.H <= kFusedMaxForwardHiddenFp32 && bh <= kFusedMaxForwardBH ? Loop::kFused : Loop::kCublas;
   }
   if (!mma) {

@@ -631,10 +631,10 @@ __device__ __forceinline__ Item make_item(const Geometry& g, int p) {
 // output stores) and prints the means at the end. A uniform branch when off.
 struct PhaseTrace {
   bool on;
-  long long last, begin, acc[4];
+  long long last, begin, acc[5];  // acc[4]: a kernel's partial-sum exchange, where it marks one
   __device__ __forceinline__ void start(int flag) {
     on = flag != 0 && blockIdx.x == 0 && threadIdx.x == 0;
-    acc[0] = acc[1] = acc[2] = acc[3] = 0;
+    acc[0] = acc[1] = acc[2] = acc[3] = acc[4] = 0;
     if (on) last = begin = clock64();
   }
   __device__ __forceinline__ void mark(int k) {
@@ -648,9 +648,9 @@ struct PhaseTrace {
     if (!on) return;
     const double t = g.T;
     printf("seqkernels trace %s: T=%d B=%d H=%d blocks=%d U=%d chunks=%d | cycles/step: total %.0f = wait+gather %.0f"
-           " + product %.0f + gates %.0f + publish/stores %.0f\n",
-           what, g.T, g.B, g.H, g.nblocks, g.U, g.nch, (last - begin) / t, acc[0] / t, acc[1] / t, acc[2] / t,
-           acc[3] / t);
+           " + product %.0f + exchange %.0f + gates %.0f + publish/stores %.0f\n",
+           what, g.T, g.B, g.H, g.nblocks, g.U, g.nch, (last - begin) / t, acc[0] / t, acc[1] / t, acc[4] / t,
+           acc[2] / t, acc[3] / t);
   }
 };
 
@@ -2082,7 +2082,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward kernel in clusters of two blocks, 16 < B <= 64 (bf16 / fp16)
+// Forward kernel in clusters of two blocks, 16 < B <= 64 (bf16 / fp16, float32 with and without TF32)
 // ---------------------------------------------------------------------------------------
 // At B = 64 a block of the direct kernel would read all of h_{t-1} every step (256 KB of LL
 // words at H = 1024, 32 MB a step over its 128 blocks), and the cuBLAS loop streams all of W_hh
@@ -2106,6 +2106,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // 11238 / 5258 at B = 64, H = 1024).
 // Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
 // x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles.
+// float32: with TF32, m16n8k8 on TF32 operands, h exchanged as TF32 values; without it (kX3), h
+// exchanged whole and each product as three TF32 MMAs on split operands (W_hh's two parts
+// resident), at float32's accuracy. float32 has no H = 1024 instance: W_hh's slice and the A tile
+// take 128 KB each.
 // Limits: H in {256, 512, 1024} (HC, a template argument: every index is a constant), equal
 // batch sizes at every step (no ragged PackedSequence), sm_90 (clusters). 128 blocks in
 // clusters of two fit an H200 at one block per SM (the occupancy API: 66 clusters); in
@@ -2163,15 +2167,17 @@ __device__ __forceinline__ void st_cluster2(uint32_t addr, float v0, float v1) {
 #endif
 }
 
-template <class scalar_t, bool kTraining, int MT, int HC>
+template <class scalar_t, bool kTraining, int MT, int HC, bool kX3>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_cluster_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = float;
   using Math = CudaMath;
-  // float32: TF32 MMAs (m16n8k8), h exchanged and staged as TF32-rounded floats.
+  // float32: TF32 MMAs (m16n8k8), h exchanged and staged as TF32-rounded floats; kX3 (TF32 off):
+  // h exchanged and staged whole, each product as three TF32 MMAs on split operands.
   constexpr bool kTf32 = std::is_same_v<scalar_t, float>;
   static_assert(sizeof(scalar_t) == 2 || kTf32, "cluster forward kernel: 16-bit types or float32 (TF32)");
+  static_assert(!kX3 || kTf32, "cluster forward kernel: x3 products are float32's");
   constexpr int ES = sizeof(scalar_t), kStep = kTf32 ? 8 : 16;  // element bytes, k per MMA
   constexpr int H = HC, UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = KQ / 4 / kStep;
   constexpr int LDX = KQ + 16 / ES;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
@@ -2195,7 +2201,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Resident B fragments: n8 tile nt of owner `owner`'s columns cc = nt * 8 + gq (gate cc / UO,
   // unit cluster * UC + owner * UO + cc % UO), k16 steps [kquarter * KSW, ...) of K half `rank`.
-  uint32_t bfr[NTW][KSW][2];
+  // kX3: bsm holds the TF32 values of W_hh's remainders (tf32_part 1; an inf gives NaN there, as
+  // in the direct kernel's x3 products).
+  uint32_t bfr[NTW][KSW][2], bsm[kX3 ? NTW : 1][kX3 ? KSW : 1][2];
 #pragma unroll
   for (int nt = 0; nt < NTW; ++nt) {
     const int cc = nt * 8 + gq;
@@ -2206,6 +2214,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kTf32) {  // b0 = B[tq][gq], b1 = B[tq + 4][gq]
         bfr[nt][f][0] = to_tf32(wr[k0 + tq]);
         bfr[nt][f][1] = to_tf32(wr[k0 + tq + 4]);
+        if constexpr (kX3) {
+          bsm[nt][f][0] = tf32_part(wr[k0 + tq], 1);
+          bsm[nt][f][1] = tf32_part(wr[k0 + tq + 4], 1);
+        }
       } else {  // b0 = B[2tq, 2tq + 1][gq], b1 = B[2tq + 8, 2tq + 9][gq]
         bfr[nt][f][0] = pack2(wr[k0 + 2 * tq], wr[k0 + 2 * tq + 1]);
         bfr[nt][f][1] = pack2(wr[k0 + 2 * tq + 8], wr[k0 + 2 * tq + 9]);
@@ -2265,7 +2277,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
         const int r = i / per_row, c = (i - r * per_row) * 4;
         const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c;
-        if constexpr (kTf32) {
+        if constexpr (kX3) {  // whole: split when multiplied
+          *reinterpret_cast<float4*>(xt + r * LDX + c) = *reinterpret_cast<const float4*>(src);
+        } else if constexpr (kTf32) {
           const float4 v = *reinterpret_cast<const float4*>(src);
           *reinterpret_cast<uint4*>(xt + r * LDX + c) =
               make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
@@ -2308,6 +2322,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // 2. This warp's partial product, sent to its owner's slot of this step's parity.
     float acc[MT][NTW][4] = {};
+    // kX3: h = big + small (+ O(2^-22 |h|)); small·W_big + big·W_small + big·W_big, in that order
+    // for every accumulator. h_{t-1} is finite or NaN after the first step (o·tanh(c)); h0 may
+    // hold an inf, and inf·W_small is NaN wherever W_hh is exact in TF32. So at the first step the
+    // non-finite values of h0 count as 0 here and reach the product in a pass of their own, with
+    // W_big only (inf·W as in a float32 GEMM). A third operand in this loop (big, zero where h is
+    // not finite) spilled.
 #pragma unroll
     for (int f = 0; f < KSW; ++f) {
       uint32_t af[MT][4];
@@ -2315,10 +2335,44 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], xt_lane + mt * 16 * LDX * ES + (kquarter * KSW + f) * 32);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kX3) {
+          uint32_t big[4], small[4];
 #pragma unroll
-        for (int nt = 0; nt < NTW; ++nt) MmaInst<scalar_t>::run(acc[mt][nt], af[mt], bfr[nt][f][0], bfr[nt][f][1]);
+          for (int e = 0; e < 4; ++e) {
+            float x = __uint_as_float(af[mt][e]);
+            if (s == 0 && !isfinite(x)) x = 0.0f;
+            big[e] = to_tf32(x);
+            small[e] = tf32_small(x, big[e]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < NTW; ++nt) {
+            MmaInst<scalar_t>::run(acc[mt][nt], small, bfr[nt][f][0], bfr[nt][f][1]);
+            MmaInst<scalar_t>::run(acc[mt][nt], big, bsm[nt][f][0], bsm[nt][f][1]);
+            MmaInst<scalar_t>::run(acc[mt][nt], big, bfr[nt][f][0], bfr[nt][f][1]);
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < NTW; ++nt) MmaInst<scalar_t>::run(acc[mt][nt], af[mt], bfr[nt][f][0], bfr[nt][f][1]);
+        }
       }
     }
+    if constexpr (kX3) {
+      if (s == 0) {  // h0's non-finite values (the others 0) times W_big
+#pragma unroll
+        for (int f = 0; f < KSW; ++f) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t af[4];
+            ldmatrix_x4(af, xt_lane + mt * 16 * LDX * ES + (kquarter * KSW + f) * 32);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) af[e] = isfinite(__uint_as_float(af[e])) ? 0u : to_tf32(__uint_as_float(af[e]));
+#pragma unroll
+            for (int nt = 0; nt < NTW; ++nt) MmaInst<scalar_t>::run(acc[mt][nt], af, bfr[nt][f][0], bfr[nt][f][1]);
+          }
+        }
+      }
+    }
+    trace.mark(1);
     const uint32_t send = send0 + (s & 1) * kParityFloats * 4;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -2330,7 +2384,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     cluster_sync();
-    trace.mark(1);
+    trace.mark(4);
 
     // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
     scalar_t h[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
@@ -2375,7 +2429,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 4. Publish h_t (flag s + 1; float: its TF32 values), then the outputs.
     if (s + 1 < T) {
       uint32_t* pub = hx + (s & 1) * buf_words + n * kRowWords + j * ES / 4;
-      if constexpr (kTf32) {
+      if constexpr (kX3) {
+        if (active) st_relaxed_u32x2(pub, __float_as_uint(h[0]), __float_as_uint(h[1]));
+      } else if constexpr (kTf32) {
         if (active) st_relaxed_u32x2(pub, to_tf32(h[0]), to_tf32(h[1]));
       } else {
         if (active) st_relaxed_u32(pub, static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[1].x) << 16));
@@ -2734,7 +2790,7 @@ bool cluster_forward_enabled() {
 // the call (cluster_forward_applies), its vector accesses aligned (8-byte rows of h0 and pre and
 // 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and output pairs
 // for float), and 64 clusters of two co-resident; false otherwise, having launched nothing.
-template <class scalar_t, bool kTraining>
+template <class scalar_t, bool kTraining, bool kX3>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like) {
   constexpr bool kFloat = std::is_same_v<scalar_t, float>;
@@ -2753,7 +2809,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       return false;  // float32: W_hh's slice and the A tile (128 KB each at H = 1024) do not fit one SM
     } else {
       if (s.H != HC || (s.B > 32 ? 4 : 2) != MT) return false;
-      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC>;
+      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kX3>;
       const void* fn = reinterpret_cast<const void*>(kernel);
       if (!ptx_at_least(fn, 90)) return false;
       constexpr int kTileBytes = 16 * MT * (HC / 2 + 16 / sizeof(scalar_t)) * sizeof(scalar_t);
@@ -2784,7 +2840,10 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
 template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
   if constexpr (P == Path::kMma16 || P == Path::kTf32) {
-    if (run_cluster_forward<scalar_t, kTraining>(s, prop, args, like)) return true;
+    if (run_cluster_forward<scalar_t, kTraining, false>(s, prop, args, like)) return true;
+  } else if constexpr (std::is_same_v<scalar_t, float>) {
+    // float32 with TF32 off: three TF32 MMAs per product.
+    if (run_cluster_forward<scalar_t, kTraining, true>(s, prop, args, like)) return true;
   }
   if (direct_forward_enabled()) {
     if constexpr (P != Path::kFma) {

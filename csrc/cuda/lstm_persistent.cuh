@@ -26,14 +26,14 @@ constexpr int64_t kSplitBackwardMaxHidden = 1024;
 constexpr int64_t kPersistentMaxHiddenMma = 1024;
 
 // The forward's cluster kernel (lstm_persistent.cu: 64 clusters of two blocks, one block per SM)
-// takes 16 < B <= 64 at H in {256, 512, 1024} (bf16 / fp16; `tf32_float`: float32 with TF32, H in
-// {256, 512}) with equal batch sizes at every step (no ragged PackedSequence), no projection, on
-// a GPU with thread-block clusters (sm_90) and at least kClusterForwardBlocks SMs; lstm_loop.cuh's
-// rule chooses the persistent loop there.
+// takes 16 < B <= 64 at H in {256, 512, 1024} (bf16 / fp16; `float32`: float32 with TF32 or without
+// it (three TF32 MMAs per product), H in {256, 512}) with equal batch sizes at every step (no
+// ragged PackedSequence), no projection, on a GPU with thread-block clusters (sm_90) and at least
+// kClusterForwardBlocks SMs; lstm_loop.cuh's rule chooses the persistent loop there.
 constexpr int kClusterForwardBlocks = 128;
-inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, bool tf32_float) {
+inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, bool float32) {
   return sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 && s.B > 16 && s.B <= 64 &&
-         (s.H == 256 || s.H == 512 || (s.H == 1024 && !tf32_float)) && all_steps_full(s);
+         (s.H == 256 || s.H == 512 || (s.H == 1024 && !float32)) && all_steps_full(s);
 }
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved
