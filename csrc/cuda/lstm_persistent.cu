@@ -2093,10 +2093,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // with its [4 UC, H / 2] slice of W_hh resident in registers, so it reads B x H / 2 of h_{t-1}
 // per step (half of what a block of one would), staged in shared memory as the A tile. Block r
 // also owns units [r UO, (r + 1) UO) of the cluster (UO = UC / 2): each warp sends its partial
-// sums to the owner of its columns (distributed shared memory), one cluster barrier per step,
-// then the owner adds the 8 partials of a column (2 blocks x 4 warps) in a fixed order
-// (deterministic), adds pre and the bias, applies the cell, keeps c, and publishes its slice
-// of h_t.
+// sums to the owner of its columns, the partner's by st.async into its shared memory (counted
+// on its mbarrier), the own block's by st.shared before a block barrier; then the owner adds
+// the 8 partials of a column (2 blocks x 4 warps) in a fixed order (deterministic), adds pre and
+// the bias, applies the cell, keeps c, and publishes its slice of h_t. (The first version's
+// cluster barrier per step compiles to a GPU-scope MEMBAR before its arrival; trace, cycles per
+// step, bf16 B = 64, two H200s, cluster barrier / st.async: H = 1024 13513 / 13239, H = 512 8394 /
+// 7921, H = 256 6533 / 6271; B = 32, H = 1024 7699 / 7728.)
 // The exchange between clusters is flagged, not LL: raw 16-bit pairs, then per block a step flag
 // (thread 0's fence and store after a block barrier), which a consumer's warp 0 polls for the 64
 // producers of its K half before the block loads their pairs with plain 16-byte loads. Half the
@@ -2160,11 +2163,44 @@ __device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
   }
 }
 
-// Two floats to shared memory of a block of the cluster (a mapa address).
-__device__ __forceinline__ void st_cluster2(uint32_t addr, float v0, float v1) {
+// The cluster forward kernel's partial sums (sm_90): a block's own warps store theirs with
+// st.shared before a block barrier; the partner's arrive as st.async transactions (bytes) on an
+// mbarrier, with no fence and no cluster barrier (whose release is a GPU-scope MEMBAR).
+__device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+}
+__device__ __forceinline__ void st_async2(uint32_t remote_addr, float v0, float v1, uint32_t remote_bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(remote_addr),
+               "f"(v0), "f"(v1), "r"(remote_bar)
+               : "memory");
 #endif
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [%0], %1;\n\t}" ::"r"(
+          bar),
+      "r"(bytes)
+      : "memory");
+}
+// Waits for the phase of parity `parity` to complete (acquire at cluster scope: the partner's
+// st.async data).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, unsigned step) {
+  uint32_t done = 0;
+  const long long t0 = clock64();
+  while (true) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) break;
+    check_spin_timeout(t0, step);
+  }
 }
 
 template <class scalar_t, bool kTraining, int MT, int HC, bool kX3>
@@ -2255,10 +2291,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ldmatrix rows: lane l gives row l % 16, bytes 16 (l / 16) of a k-step's 32 bytes (16 16-bit
   // values, or 8 floats: then the b16 pairs are TF32 values and the fragments those of m16n8k8).
   const uint32_t xt_lane = shared_address(xt) + (lane & 15) * LDX * ES + (lane >> 4) * 16;
-  // This warp's slot in its owner's partials (parity 0), and the own partials of this thread's items.
-  const uint32_t send0 = cluster_address(shared_address(recv), owner) +
-                         (rank * 4 + kquarter) * kSlotFloats * 4 + (gq * LDP + 2 * tq) * 4;
+  // This warp's slot in its owner's partials (parity 0; a shared::cluster address for the partner's,
+  // shared::cta for the own block's), and the own partials of this thread's items.
+  const uint32_t slot_offset = (rank * 4 + kquarter) * kSlotFloats * 4 + (gq * LDP + 2 * tq) * 4;
+  const bool own_owner = owner == rank;  // warp-uniform
+  const uint32_t send0 = own_owner ? shared_address(recv) + slot_offset
+                                   : cluster_address(shared_address(recv), owner) + slot_offset;
   const float* const own0 = recv + n * LDP + 2 * pair;
+  // The own block's 4 warps store their partials with st.shared (a block barrier follows); the
+  // partner's 4 warps theirs with st.async on one mbarrier per step parity (after the partials),
+  // whose phase completes when thread 0 has arrived, setting the bytes to expect, and the bytes
+  // have landed.
+  const uint32_t bar0 = shared_address(recv + 2 * kParityFloats);
+  const uint32_t send_bar0 = own_owner ? bar0 : cluster_address(bar0, owner);
+  constexpr uint32_t kPartnerBytes = 4 * 32 * MT * NTW * 2 * 8, kArrivals = 1;
+  if (threadIdx.x == 0) {
+    mbar_init(bar0, kArrivals);
+    mbar_init(bar0 + 8, kArrivals);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
   // The exchange: h_t as raw 16-bit pairs, [2][B][H / 2] words by step parity, then one step
   // flag per block (the last step it published), which a consumer polls for its K half's 64
   // producers (blocks [64 rank, 64 rank + 64)) before it loads their pairs.
@@ -2271,6 +2322,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   cluster_sync();
   for (int s = 0; s < T; ++s) {
     const int t = a.reverse ? T - 1 - s : s;
+    // This step's phase: the last one of this parity (step s - 2) completed before this thread's
+    // gate math of step s - 2. The partner's bytes of step s may land before this arrival: the
+    // phase cannot complete until it.
+    if (threadIdx.x == 0) mbar_arrive_expect_tx(bar0 + (s & 1) * 8, kPartnerBytes);
     // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
     if (s == 0) {
       const int per_row = KQ / 4;  // chunks of 4 elements
@@ -2373,17 +2428,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     trace.mark(1);
-    const uint32_t send = send0 + (s & 1) * kParityFloats * 4;
+    // The partner reuses this parity's slots and mbarrier phase at step s + 2 only after every
+    // block has published h_s (its step s + 2 waits for flags that need them), so after this
+    // block's gate math of step s has read them.
+    const uint32_t send = send0 + (s & 1) * kParityFloats * 4, bar = bar0 + (s & 1) * 8;
+    if (own_owner) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < NTW; ++nt) {
-        const uint32_t at = send + (mt * 16 * LDP + nt * 8) * 4;
-        st_cluster2(at, acc[mt][nt][0], acc[mt][nt][1]);
-        st_cluster2(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3]);
+        for (int nt = 0; nt < NTW; ++nt) {
+          const uint32_t at = send + (mt * 16 * LDP + nt * 8) * 4;
+          st_shared2(at, acc[mt][nt][0], acc[mt][nt][1]);
+          st_shared2(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3]);
+        }
+      }
+    } else {
+      const uint32_t send_bar = send_bar0 + (s & 1) * 8;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+          const uint32_t at = send + (mt * 16 * LDP + nt * 8) * 4;
+          st_async2(at, acc[mt][nt][0], acc[mt][nt][1], send_bar);
+          st_async2(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3], send_bar);
+        }
       }
     }
-    cluster_sync();
+    __syncthreads();  // the own block's partials
+    mbar_wait(bar, (s >> 1) & 1, static_cast<unsigned>(s));  // the partner's
     trace.mark(4);
 
     // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
@@ -2461,7 +2533,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
   }
   trace.report(kTraining ? "forward cluster (training)" : "forward cluster (inference)", g);
-  // No block reads another's shared memory after the last cluster barrier: none waits here.
+  // The partner writes this block's shared memory only before this block's last wait: none waits
+  // here.
   if (active) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -2827,7 +2900,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       // both parities' rows, and room for the 128 step flags after them.
       g.row_words = HC * static_cast<int>(sizeof(scalar_t)) / 4;
       g.off_part = static_cast<int>(align16(kTileBytes));
-      g.smem = g.off_part + kPartialBytes;
+      g.smem = g.off_part + kPartialBytes + 2 * 8;  // and the two mbarriers
       if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
       return launch_with_exchange(kernel, args, args.xbuf, like);
     }
