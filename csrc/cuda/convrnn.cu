@@ -870,43 +870,11 @@ constexpr int kClusterUnrolledK = 3;     // the instantiations with the taps unr
 constexpr int kClusterUnrolledMaxC = 8;
 
 using cuda::cluster_address;  // cluster.cuh
+using cuda::mbarrier_arrive_expect;
+using cuda::mbarrier_init;
+using cuda::mbarrier_wait;
 using cuda::shared_address;
-
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
-}
-
-// One arrival on bar that also expects `bytes` more to be written into this block by st.async.
-__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-}
-
-// Waits until the phase of bar with the given parity has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(shared_address(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// Stores v at the cluster shared address `remote` and counts its bytes on the mbarrier at the
-// cluster shared address `remote_bar` (same block).
-__device__ __forceinline__ void store_async(uint32_t remote, float v, uint32_t remote_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
-               "r"(__float_as_uint(v)), "r"(remote_bar)
-               : "memory");
-}
-__device__ __forceinline__ void store_async(uint32_t remote, double v, uint32_t remote_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(remote),
-               "l"(__double_as_longlong(v)), "r"(remote_bar)
-               : "memory");
-}
+using cuda::store_async;
 
 // The state is stored channel-fastest, hseg[col][ci] with rows of CS channels: a unit's taps
 // (columns j - L .. j + R of every input channel) are one contiguous window. KT > 0: K = KT and

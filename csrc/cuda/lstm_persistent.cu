@@ -2169,26 +2169,10 @@ __device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
 __device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
 }
-__device__ __forceinline__ void st_async2(uint32_t remote_addr, float v0, float v1, uint32_t remote_bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(remote_addr),
-               "f"(v0), "f"(v1), "r"(remote_bar)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile(
-      "{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [%0], %1;\n\t}" ::"r"(
-          bar),
-      "r"(bytes)
-      : "memory");
-}
-// Waits for the phase of parity `parity` to complete (acquire at cluster scope: the partner's
-// st.async data).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, unsigned step) {
+// Waits for the phase of parity `parity` of the mbarrier at shared address `bar` to complete,
+// with the persistent kernels' spin guard (cluster.cuh's mbarrier_wait has none) and an acquire at
+// cluster scope (the partner's st.async data).
+__device__ __forceinline__ void mbarrier_wait_guarded(uint32_t bar, uint32_t parity, unsigned step) {
   uint32_t done = 0;
   const long long t0 = clock64();
   while (true) {
@@ -2302,12 +2286,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // partner's 4 warps theirs with st.async on one mbarrier per step parity (after the partials),
   // whose phase completes when thread 0 has arrived, setting the bytes to expect, and the bytes
   // have landed.
-  const uint32_t bar0 = shared_address(recv + 2 * kParityFloats);
-  const uint32_t send_bar0 = own_owner ? bar0 : cluster_address(bar0, owner);
-  constexpr uint32_t kPartnerBytes = 4 * 32 * MT * NTW * 2 * 8, kArrivals = 1;
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(recv + 2 * kParityFloats);
+  const uint32_t send_bar0 = cluster_address(shared_address(bars), owner);  // used where !own_owner
+  constexpr uint32_t kPartnerBytes = 4 * 32 * MT * NTW * 2 * 8;
   if (threadIdx.x == 0) {
-    mbar_init(bar0, kArrivals);
-    mbar_init(bar0 + 8, kArrivals);
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // The exchange: h_t as raw 16-bit pairs, [2][B][H / 2] words by step parity, then one step
@@ -2325,7 +2309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This step's phase: the last one of this parity (step s - 2) completed before this thread's
     // gate math of step s - 2. The partner's bytes of step s may land before this arrival: the
     // phase cannot complete until it.
-    if (threadIdx.x == 0) mbar_arrive_expect_tx(bar0 + (s & 1) * 8, kPartnerBytes);
+    if (threadIdx.x == 0) mbarrier_arrive_expect(&bars[s & 1], kPartnerBytes);
     // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
     if (s == 0) {
       const int per_row = KQ / 4;  // chunks of 4 elements
@@ -2431,7 +2415,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The partner reuses this parity's slots and mbarrier phase at step s + 2 only after every
     // block has published h_s (its step s + 2 waits for flags that need them), so after this
     // block's gate math of step s has read them.
-    const uint32_t send = send0 + (s & 1) * kParityFloats * 4, bar = bar0 + (s & 1) * 8;
+    const uint32_t send = send0 + (s & 1) * kParityFloats * 4;
     if (own_owner) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -2449,13 +2433,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int nt = 0; nt < NTW; ++nt) {
           const uint32_t at = send + (mt * 16 * LDP + nt * 8) * 4;
-          st_async2(at, acc[mt][nt][0], acc[mt][nt][1], send_bar);
-          st_async2(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3], send_bar);
+          store_async(at, acc[mt][nt][0], acc[mt][nt][1], send_bar);
+          store_async(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3], send_bar);
         }
       }
     }
     __syncthreads();  // the own block's partials
-    mbar_wait(bar, (s >> 1) & 1, static_cast<unsigned>(s));  // the partner's
+    mbarrier_wait_guarded(shared_address(&bars[s & 1]), (s >> 1) & 1, static_cast<unsigned>(s));  // the partner's
     trace.mark(4);
 
     // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
