@@ -512,6 +512,19 @@ def _float32_forward_and_reference(t: dict, batch_sizes: list[int]):
     return got, ref
 
 
+def _check_inf_in_h0_as_float32(batch_sizes: list[int], H: int) -> None:
+    """With an inf in h0 (row 1, unit 5), the GPU's float32 forward (TF32 off) gives what a
+    float32 GEMM gives: finite y, h_n and c_n (the row's gates saturate) within float32's bound
+    of the float64 reference."""
+    t, _ = layer_case(batch_sizes, 9, H, bias=True, seed=61)
+    t["h0"][1, 5] = float("inf")
+    got, ref = _float32_forward_and_reference(t, batch_sizes)
+    for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
+        g, r = g.double().cpu(), r.double()
+        assert torch.isfinite(r).all() and torch.isfinite(g).all(), f"{name}: not finite"
+        assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), name
+
+
 # The forward's input projection in float32 without TF32 runs as three TF32 GEMMs on exact
 # splits from 2^32 flops (lstm.cu's input_projection), in row chunks of at most 2048 rows at
 # I = 2048: N = 1120 (one chunk) and N = 2080 (two, a packed batch).
@@ -692,14 +705,7 @@ def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
     finite), not as NaN (inf times W_hh's small part, 0 wherever W_hh is exact in TF32): the
     kernel multiplies h0's non-finite values in a pass of their own, with W_hh's TF32 part only."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    batch_sizes = [20] * 4
-    t, _ = layer_case(batch_sizes, 9, 256, bias=True, seed=61)
-    t["h0"][1, 5] = float("inf")
-    got, ref = _float32_forward_and_reference(t, batch_sizes)
-    for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
-        g, r = g.double().cpu(), r.double()
-        assert torch.isfinite(r).all() and torch.isfinite(g).all(), f"{name}: not finite"
-        assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), name
+    _check_inf_in_h0_as_float32([20] * 4, 256)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -854,13 +860,7 @@ def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
     for batch_sizes in ([4] * REPLAY_T, [4, 4, 3, 1]):
-        t, _ = layer_case(batch_sizes, 9, 64, bias=True, seed=61)
-        t["h0"][1, 5] = float("inf")
-        got, ref = _float32_forward_and_reference(t, batch_sizes)
-        for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
-            g, r = g.double().cpu(), r.double()
-            assert torch.isfinite(r).all() and torch.isfinite(g).all(), f"{name}: not finite"
-            assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), name
+        _check_inf_in_h0_as_float32(batch_sizes, 64)
 
 
 # The replayed cuBLAS loop's step GEMMs split along K (step_k_parts, forced): the step kernels
