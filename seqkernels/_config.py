@@ -168,12 +168,13 @@ def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_s
     return loop, why
 
 
-def _cluster_forward_shape(batch: int, hidden: int, hiddens: tuple[int, ...]) -> bool:
-    """The shape conditions of cluster_forward_applies (csrc/cuda/lstm_persistent.cuh)."""
-    return CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH and hidden in hiddens
-
-
-def _cluster_forward_why(batch: int, hidden: int, hiddens: tuple[int, ...]) -> str:
+def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool) -> str | None:
+    """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) on the shape: why the forward's
+    cluster kernel takes the call (16-bit types, or float32 with or without TF32), or None."""
+    hiddens = {2: CUDA_CLUSTER_FORWARD_HIDDEN, 4: CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32}.get(elem, ())
+    if not (clusters and CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH
+            and hidden in hiddens):
+        return None
     return (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = "
             f"{hidden} in {{{', '.join(map(str, hiddens))}}} (the cluster forward kernel: sm_90 with >= 128 SMs, "
             "equal batch sizes)")
@@ -207,8 +208,8 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
             return "cublas", f"{what}: neither the persistent nor the fused backward's bounds"
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:
             return "persistent", f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}"
-        if clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32):
-            return "persistent", f"{what}: " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32)
+        if (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
+            return "persistent", f"{what}: {why}"
         if hidden <= CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 and bh <= CUDA_FUSED_MAX_FORWARD_BH:
             return "fused", (f"{what}: B > {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}, H = {hidden} <= "
                              f"{CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32} and B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH}")
@@ -226,14 +227,14 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
             return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and {kib} "
                                   f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB")
-        if clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32):
-            return "persistent", "auto: TF32, " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32)
+        if (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
+            return "persistent", f"auto: TF32, {why}"
     elif (half and not backward and batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
           and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
         return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "
                               f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} (the direct forward kernel)")
-    elif half and not backward and clusters and _cluster_forward_shape(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN):
-        return "persistent", "auto: " + _cluster_forward_why(batch, hidden, CUDA_CLUSTER_FORWARD_HIDDEN)
+    elif half and not backward and (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
+        return "persistent", f"auto: {why}"
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
     elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
@@ -310,10 +311,10 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     ``backend`` is SEQKERNELS_LSTM_BACKEND's value (default: read from the environment);
     ``tf32`` whether float32 RNNs may use TF32 (default: PyTorch's cuDNN RNN setting);
     ``steps`` the sequence length T (the CPU's choice depends on it; default the suite's 256);
-    ``clusters`` whether the GPU runs the 16-bit forward's cluster kernel (thread-block clusters,
+    ``clusters`` whether the GPU runs the forward's cluster kernel (thread-block clusters,
     sm_90, and at least 128 SMs; default: the current CUDA device's answer, or True without one).
     Batch sizes are taken as equal at every step (a ragged PackedSequence does not run the cluster
-    kernel: the 16-bit forward at 16 < B <= 64 then takes the general persistent kernel).
+    kernel: a persistent forward at 16 < B <= 64 then takes the general persistent kernel).
     """
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
     if batch < 1 or hidden < 1 or steps < 1:

@@ -724,7 +724,6 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
 // SEQKERNELS_LSTM_K_PARTS (diagnostic): "F,B", the forward's and the backward's parts.
 template <class scalar_t>
 int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
-  constexpr bool kHalf = std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>;
   int parts = 1;
   const char* env = std::getenv("SEQKERNELS_LSTM_K_PARTS");
   if (env != nullptr && env[0] != '\0') {
@@ -734,7 +733,7 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
     parts = std::atoi((backward ? v.substr(comma + 1) : v.substr(0, comma)).c_str());
   } else if (backward) {
     if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 8) parts = 8;
-    if (kHalf && s.B >= 8) parts = 4;
+    if (cuda::kHalfType<scalar_t> && s.B >= 8) parts = 4;
   } else if (x3 && s.B >= 64) {
     parts = 2;
   }
@@ -1014,8 +1013,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // (cbuf) itself where it applies; else the cuBLAS loop below.
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   const bool cluster_forward =
-      (cuda::kHalfType<scalar_t> || std::is_same_v<scalar_t, float>) &&
-      cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, std::is_same_v<scalar_t, float>);
+      cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, sizeof(scalar_t));
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward);
   if ((loop == cuda::Loop::kPersistent &&

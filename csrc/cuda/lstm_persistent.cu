@@ -2794,12 +2794,15 @@ bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Ten
 template <int V>
 using IntConst = std::integral_constant<int, V>;
 
-// SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps B <= 16 on the general forward kernel: a diagnostic
-// switch, so that one device run can time both forward kernels side by side.
-bool direct_forward_enabled() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_PERSISTENT_DIRECT");
+// A diagnostic switch that is on unless the variable `name` is "0".
+bool switch_on(const char* name) {
+  const char* env = std::getenv(name);
   return env == nullptr || std::string(env) != "0";
 }
+
+// SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps B <= 16 on the general forward kernel: a diagnostic
+// switch, so that one device run can time both forward kernels side by side.
+bool direct_forward_enabled() { return switch_on("SEQKERNELS_LSTM_PERSISTENT_DIRECT"); }
 
 // The direct forward kernel (DP: kMma16, kTf32 or kTf32x3) where one of its instances takes the
 // call; false otherwise, having launched nothing.
@@ -2838,20 +2841,19 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
 
 // SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps 16 < B <= 64 on the general forward kernel:
 // a diagnostic switch, like SEQKERNELS_LSTM_PERSISTENT_DIRECT.
-bool cluster_forward_enabled() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD");
-  return env == nullptr || std::string(env) != "0";
-}
+bool cluster_forward_enabled() { return switch_on("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD"); }
 
-// The cluster forward kernel (bf16 / fp16, or float32 with TF32) where one of its instances takes
-// the call (cluster_forward_applies), its vector accesses aligned (8-byte rows of h0 and pre and
-// 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and output pairs
-// for float), and 64 clusters of two co-resident; false otherwise, having launched nothing.
+// The cluster forward kernel (bf16 / fp16, or float32 with or without TF32: kX3) where one of its
+// instances takes the call (cluster_forward_applies), its vector accesses aligned (8-byte rows of
+// h0 and pre and 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and
+// output pairs for float), and 64 clusters of two co-resident; false otherwise, having launched
+// nothing.
 template <class scalar_t, bool kTraining, bool kX3>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like) {
   constexpr bool kFloat = std::is_same_v<scalar_t, float>;
-  if (!cluster_forward_applies(s, prop.major, prop.multiProcessorCount, kFloat) || !cluster_forward_enabled()) {
+  if (!cluster_forward_applies(s, prop.major, prop.multiProcessorCount, sizeof(scalar_t)) ||
+      !cluster_forward_enabled()) {
     return false;
   }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };

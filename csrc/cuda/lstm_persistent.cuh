@@ -26,14 +26,16 @@ constexpr int64_t kSplitBackwardMaxHidden = 1024;
 constexpr int64_t kPersistentMaxHiddenMma = 1024;
 
 // The forward's cluster kernel (lstm_persistent.cu: 64 clusters of two blocks, one block per SM)
-// takes 16 < B <= 64 at H in {256, 512, 1024} (bf16 / fp16; `float32`: float32 with TF32 or without
-// it (three TF32 MMAs per product), H in {256, 512}) with equal batch sizes at every step (no
-// ragged PackedSequence), no projection, on a GPU with thread-block clusters (sm_90) and at least
-// kClusterForwardBlocks SMs; lstm_loop.cuh's rule chooses the persistent loop there.
+// takes 16 < B <= 64 at H in {256, 512, 1024} for 16-bit types (elem_size 2) and H in {256, 512}
+// for float32 (4: with TF32, or without it as three TF32 MMAs per product), with equal batch
+// sizes at every step (no ragged PackedSequence), no projection, on a GPU with thread-block
+// clusters (sm_90) and at least kClusterForwardBlocks SMs; lstm_loop.cuh's rule chooses the
+// persistent loop there.
 constexpr int kClusterForwardBlocks = 128;
-inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, bool float32) {
-  return sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 && s.B > 16 && s.B <= 64 &&
-         (s.H == 256 || s.H == 512 || (s.H == 1024 && !float32)) && all_steps_full(s);
+inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size) {
+  return (elem_size == 2 || elem_size == 4) && sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 &&
+         s.B > 16 && s.B <= 64 && (s.H == 256 || s.H == 512 || (s.H == 1024 && elem_size == 2)) &&
+         all_steps_full(s);
 }
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved
