@@ -36,8 +36,10 @@ CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 # cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
 # (16-bit; float32 with or without TF32 up to H = 512) at 16 < B <= 64, these H, equal batch
-# sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks)
+# sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks); 16-bit at H = 1024 also from
+# kClusterForwardMinBatchOneTile to B = 16 (one m16 tile), where the direct kernel runs otherwise
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
+CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 10
 CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
 CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
@@ -231,8 +233,12 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
             return "persistent", f"auto: TF32, {why}"
     elif (half and not backward and batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
           and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
+        kernel = ("the cluster forward kernel in one m16 tile: H = 1024 and B >= "
+                  f"{CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE}, equal batch sizes, sm_90 with >= 128 SMs"
+                  if clusters and hidden == 1024 and batch >= CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE
+                  else "the direct forward kernel")
         return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "
-                              f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} (the direct forward kernel)")
+                              f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} ({kernel})")
     elif half and not backward and (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
         return "persistent", f"auto: {why}"
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:

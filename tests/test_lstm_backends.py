@@ -387,8 +387,10 @@ def _direct_branch_free_rows(fn) -> set[int]:
 def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_name, B, H, rows):
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
-    except 16-bit types at H > 768 from B = 6: the per-word loop (0)."""
+    except 16-bit types at H > 768 from B = 6: the per-word loop (0). (Not the cluster kernel, which
+    takes 16-bit H = 1024 from B = 10.)"""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
     with _Precision(precision_name):
         assert _direct_branch_free_rows(_train_call(DTYPE[precision_name], B, H, T=3)) == {rows}
 
@@ -696,6 +698,35 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
                       what="cluster forward")
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
         assert "cluster" not in _persistent_variants(run, "forward", "cluster")
+
+
+# (precision, B, H, reverse, bias): the one-m16-tile instances (B <= 16), forced at every H and
+# type; bf16 / fp16 at H = 1024 from B = 10 without forcing.
+_CLUSTER_FORWARD_ONE_TILE_CASES = [
+    ("bfloat16", 16, 1024, False, True), ("float16", 12, 1024, True, False), ("bfloat16", 1, 512, True, True),
+    ("float16", 7, 256, False, True), ("tf32", 16, 512, True, True), ("tf32", 3, 256, False, True),
+    ("float32", 16, 256, False, True), ("float32", 9, 512, True, True),
+]
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_ONE_TILE_CASES)
+def test_cluster_forward_one_tile_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
+    """The cluster kernel's one-m16-tile instances at B <= 16 (rows B..15 of the tile zero),
+    forced with SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=1: which kernel ran, and the outputs and
+    every gradient against the float64 reference. Unset, it runs only 16-bit types at H = 1024
+    from B = 10 (the direct kernel elsewhere at B <= 16)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H, T=3)
+        run()
+        auto = precision_name in ("bfloat16", "float16") and H == 1024 and B >= 10
+        assert _persistent_variants(run, "forward", "cluster") == ({"cluster"} if auto else set())
+        monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
+        assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
+        compare_layer([B] * 6, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H,
+                      what="cluster forward, one m16 tile")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

@@ -2082,7 +2082,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward kernel in clusters of two blocks, 16 < B <= 64 (bf16 / fp16, float32 with and without TF32)
+// Forward kernel in clusters of two blocks, B <= 64 (bf16 / fp16, float32 with and without TF32)
 // ---------------------------------------------------------------------------------------
 // At B = 64 a block of the direct kernel would read all of h_{t-1} every step (256 KB of LL
 // words at H = 1024, 32 MB a step over its 128 blocks), and the cuBLAS loop streams all of W_hh
@@ -2108,7 +2108,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // 8427; B = 32, H = 1024 11712 / 7723; B = 64, H = 256 9367 / 6525 (the wait and gather
 // 11238 / 5258 at B = 64, H = 1024).
 // Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
-// x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles.
+// x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles (MT = 1
+// at B <= 16, where it takes only 16-bit H = 1024 from B = 10: cluster_forward_applies).
 // float32: with TF32, m16n8k8 on TF32 operands, h exchanged as TF32 values; without it (kX3), h
 // exchanged whole and each product as three TF32 MMAs on split operands (W_hh's two parts
 // resident), at float32's accuracy. float32 has no H = 1024 instance: W_hh's slice and the A tile
@@ -2839,9 +2840,18 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
 
-// SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps 16 < B <= 64 on the general forward kernel:
-// a diagnostic switch, like SEQKERNELS_LSTM_PERSISTENT_DIRECT.
-bool cluster_forward_enabled() { return switch_on("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD"); }
+// The diagnostic switches with three settings: -1 unset (the heuristic), 0 for "0" (never), else 1
+// (wherever the kernel can run).
+int diagnostic_mode(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || env[0] == '\0') return -1;
+  return std::string(env) == "0" ? 0 : 1;
+}
+
+// SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD (diagnostic): unset, the cluster forward kernel where
+// cluster_forward_applies; 0, never (the direct kernel at B <= 16, else the general kernel); 1,
+// wherever it fits (tests reach its one-tile instances at any B <= 16 with it).
+int cluster_forward_mode() { return diagnostic_mode("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD"); }
 
 // The cluster forward kernel (bf16 / fp16, or float32 with or without TF32: kX3) where one of its
 // instances takes the call (cluster_forward_applies), its vector accesses aligned (8-byte rows of
@@ -2852,8 +2862,10 @@ template <class scalar_t, bool kTraining, bool kX3>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like) {
   constexpr bool kFloat = std::is_same_v<scalar_t, float>;
-  if (!cluster_forward_applies(s, prop.major, prop.multiProcessorCount, sizeof(scalar_t)) ||
-      !cluster_forward_enabled()) {
+  const int mode = cluster_forward_mode();
+  const int sms = prop.multiProcessorCount;
+  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, sizeof(scalar_t))
+                               : cluster_forward_applies(s, prop.major, sms, sizeof(scalar_t)))) {
     return false;
   }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
@@ -2867,7 +2879,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     if constexpr (kFloat && HC > 512) {
       return false;  // float32: W_hh's slice and the A tile (128 KB each at H = 1024) do not fit one SM
     } else {
-      if (s.H != HC || (s.B > 32 ? 4 : 2) != MT) return false;
+      if (s.H != HC || (s.B > 32 ? 4 : s.B > 16 ? 2 : 1) != MT) return false;
       auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kX3>;
       const void* fn = reinterpret_cast<const void*>(kernel);
       if (!ptx_at_least(fn, 90)) return false;
@@ -2891,9 +2903,10 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       return launch_with_exchange(kernel, args, args.xbuf, like);
     }
   };
-  return try_instance(IntConst<2>{}, IntConst<256>{}) || try_instance(IntConst<4>{}, IntConst<256>{}) ||
-         try_instance(IntConst<2>{}, IntConst<512>{}) || try_instance(IntConst<4>{}, IntConst<512>{}) ||
-         try_instance(IntConst<2>{}, IntConst<1024>{}) || try_instance(IntConst<4>{}, IntConst<1024>{});
+  auto try_tiles = [&](auto hc_c) {  // 1, 2 or 4 m16 tiles of rows
+    return try_instance(IntConst<1>{}, hc_c) || try_instance(IntConst<2>{}, hc_c) || try_instance(IntConst<4>{}, hc_c);
+  };
+  return try_tiles(IntConst<256>{}) || try_tiles(IntConst<512>{}) || try_tiles(IntConst<1024>{});
 }
 
 template <class scalar_t, Path P, bool kTraining>
@@ -2921,11 +2934,7 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
 // SEQKERNELS_LSTM_PERSISTENT_SPLIT (diagnostic, like SEQKERNELS_LSTM_PERSISTENT_DIRECT for the
 // forward): unset, the split backward kernel where split_is_faster; 0, never; 1, wherever it can
 // run (tests reach its code paths at any shape with it).
-int split_backward_mode() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT");
-  if (env == nullptr || env[0] == '\0') return -1;
-  return std::string(env) == "0" ? 0 : 1;
-}
+int split_backward_mode() { return diagnostic_mode("SEQKERNELS_LSTM_PERSISTENT_SPLIT"); }
 
 // Whether the split backward kernel runs in clusters of cl blocks where they fit: on sm_90 and
 // later, cl = 8 or 4 (8 first), from B = kSplitClusterMinBatch. SEQKERNELS_LSTM_PERSISTENT_CLUSTER
