@@ -35,13 +35,15 @@ CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 # cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
-# (16-bit; float32 with or without TF32 up to H = 512) at 16 < B <= 64, these H, equal batch
-# sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks); 16-bit at H = 1024 also from
-# kClusterForwardMinBatchOneTile to B = 16 (one m16 tile), where the direct kernel runs otherwise
+# (16-bit; float32 with or without TF32 up to H = 512, with TF32 at H = 1024 up to B = 32) at
+# 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks); 16-bit
+# at H = 1024 also from kClusterForwardMinBatchOneTile to B = 16 (one m16 tile), where the direct
+# kernel runs otherwise
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
 CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 10
 CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
 CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
+CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024 = 32
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
@@ -170,16 +172,20 @@ def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_s
     return loop, why
 
 
-def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool) -> str | None:
-    """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) on the shape: why the forward's
-    cluster kernel takes the call (16-bit types, or float32 with or without TF32), or None."""
-    hiddens = {2: CUDA_CLUSTER_FORWARD_HIDDEN, 4: CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32}.get(elem, ())
-    if not (clusters and CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH
-            and hidden in hiddens):
+def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
+    """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) at B > 16: why the forward's cluster
+    kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None."""
+    if not (clusters and CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH):
         return None
-    return (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = "
-            f"{hidden} in {{{', '.join(map(str, hiddens))}}} (the cluster forward kernel: sm_90 with >= 128 SMs, "
-            "equal batch sizes)")
+    hiddens = {2: CUDA_CLUSTER_FORWARD_HIDDEN, 4: CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32}.get(elem, ())
+    why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = "
+           f"{hidden} in {{{', '.join(map(str, hiddens))}}}")
+    if elem == 4 and not x3 and hidden == 1024 and batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024:
+        why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024} "
+               "and H = 1024 with TF32")
+    elif hidden not in hiddens:
+        return None
+    return f"{why} (the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes)"
 
 
 def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
@@ -210,7 +216,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
             return "cublas", f"{what}: neither the persistent nor the fused backward's bounds"
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:
             return "persistent", f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}"
-        if (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
+        if (why := _cluster_forward(batch, hidden, elem, clusters, x3=True)) is not None:
             return "persistent", f"{what}: {why}"
         if hidden <= CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 and bh <= CUDA_FUSED_MAX_FORWARD_BH:
             return "fused", (f"{what}: B > {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}, H = {hidden} <= "

@@ -94,7 +94,7 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (5, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: split kernel (B <= 5 at H > 896)
     (6, 1024, torch.float32, True, "persistent", "fused"),  # the fused backward from B = 6 at H > 896
     (16, 896, torch.float32, True, "persistent", "persistent"),  # backward: B <= 16 up to H = 896
-    (17, 1024, torch.float32, True, "fused", "cublas"),  # backward: B > 16
+    (17, 1024, torch.float32, True, "persistent", "cublas"),  # forward: the cluster kernel; backward: B > 16
     (4, 768, torch.float32, True, "persistent", "persistent"),  # the same rule
     (8, 768, torch.float32, True, "persistent", "persistent"),  # the same rule (in clusters)
     (16, 256, torch.float32, True, "persistent", "persistent"),  # the same rule, 16 KiB
@@ -107,7 +107,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (64, 256, torch.float32, True, "persistent", "cublas"),  # the same forward; backward B*H = 16384 > 8192
     (64, 512, torch.float32, True, "persistent", "cublas"),  # the same forward (TF32: H <= 512); backward B*H > 8192
     (40, 384, torch.float32, True, "fused", "cublas"),  # forward: H = 384 not the cluster kernel's, B*H <= 32768
-    (32, 1024, torch.float32, True, "fused", "cublas"),  # forward B*H = 32768
+    (32, 1024, torch.float32, True, "persistent", "cublas"),  # forward: the cluster kernel (TF32 H = 1024, B <= 32)
+    (40, 1024, torch.float32, True, "cublas", "cublas"),  # forward: not the cluster kernel's (B > 32), B*H > 32768
     (64, 1024, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
     (256, 256, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
     (32, 2048, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536, H > 1024

@@ -428,6 +428,7 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     (test_layer_matches_reference and the rest run whichever applies)."""
     dtype = DTYPE[precision_name]
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")  # (it takes tf32 B = 17, H = 1024)
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
@@ -665,15 +666,17 @@ def test_clustered_split_backward_in_cuda_graph(monkeypatch, precision_name):
         check_cuda_graph_replays(model, static_x)
 
 
-# (precision, B, H, reverse, bias): the cluster forward kernel's instances (2 and 4 m16 tiles,
-# H = 256 / 512 / 1024), a partly empty last m16 tile (B = 17, 24, 33, 40), both directions,
+# (precision, B, H, reverse, bias): the cluster forward kernel's instances at B > 16 (2 and 4 m16
+# tiles, H = 256 / 512 / 1024), a partly empty last m16 tile (B = 17, 24, 33, 40), both directions,
 # with and without bias.
 _CLUSTER_FORWARD_CASES = [
     ("bfloat16", 64, 1024, False, True), ("float16", 64, 1024, True, True), ("bfloat16", 32, 1024, True, False),
     ("bfloat16", 33, 512, True, True), ("float16", 40, 512, False, True), ("bfloat16", 64, 512, False, False),
     ("bfloat16", 17, 256, False, True), ("float16", 24, 256, True, True), ("bfloat16", 64, 256, True, True),
-    # float32 with TF32 (m16n8k8, h exchanged as TF32 values; H <= 512)
+    # float32 with TF32 (m16n8k8, h exchanged as TF32 values; H <= 512, and H = 1024 up to B = 32
+    # with half of W_hh's slice in shared memory)
     ("tf32", 64, 512, False, True), ("tf32", 33, 256, True, True), ("tf32", 24, 512, True, False),
+    ("tf32", 32, 1024, True, True), ("tf32", 20, 1024, False, True),
     # float32 without TF32 (three TF32 MMAs per product, h exchanged whole; float32's 3e-5 bound)
     ("float32", 64, 512, False, True), ("float32", 33, 256, True, True), ("float32", 20, 512, True, False),
 ]
@@ -683,8 +686,9 @@ _CLUSTER_FORWARD_CASES = [
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_CASES)
 def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
     """The persistent forward at 16 < B <= 64 (bf16 / fp16 with H in {256, 512, 1024}, float32 with
-    or without TF32 with H in {256, 512}; equal batch sizes) runs its cluster kernel (64 clusters of two blocks, each
-    block half of K, partial sums added by the owner block in distributed shared memory): which
+    or without TF32 with H in {256, 512}, with TF32 also at H = 1024 up to B = 32; equal batch
+    sizes) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
+    added by the owner block in distributed shared memory): which
     kernel ran, and the outputs and every gradient (the backward reads the gates and cells the
     forward saved) against the float64 reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0
     keeps the general kernel (where it applies: U * B <= 256) or the cuBLAS loop."""
@@ -701,17 +705,19 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
 
 
 # (precision, B, H, reverse, bias): the one-m16-tile instances (B <= 16), forced at every H and
-# type; bf16 / fp16 at H = 1024 from B = 10 without forcing.
-_CLUSTER_FORWARD_ONE_TILE_CASES = [
+# type (float32 with TF32 at H = 1024: half of W_hh's slice in shared memory); bf16 / fp16 at
+# H = 1024 from B = 10 without forcing.
+_CLUSTER_FORWARD_FORCED_CASES = [
     ("bfloat16", 16, 1024, False, True), ("float16", 12, 1024, True, False), ("bfloat16", 1, 512, True, True),
     ("float16", 7, 256, False, True), ("tf32", 16, 512, True, True), ("tf32", 3, 256, False, True),
     ("float32", 16, 256, False, True), ("float32", 9, 512, True, True),
+    ("tf32", 16, 1024, False, True), ("tf32", 5, 1024, True, False),
 ]
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_ONE_TILE_CASES)
-def test_cluster_forward_one_tile_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
+@pytest.mark.parametrize("precision_name,B,H,reverse,bias", _CLUSTER_FORWARD_FORCED_CASES)
+def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
     """The cluster kernel's one-m16-tile instances at B <= 16 (rows B..15 of the tile zero),
     forced with SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=1: which kernel ran, and the outputs and
     every gradient against the float64 reference. Unset, it runs only 16-bit types at H = 1024
@@ -722,11 +728,11 @@ def test_cluster_forward_one_tile_matches_reference(monkeypatch, precision_name,
         run = _train_call(dtype, B, H, T=3)
         run()
         auto = precision_name in ("bfloat16", "float16") and H == 1024 and B >= 10
-        assert _persistent_variants(run, "forward", "cluster") == ({"cluster"} if auto else set())
+        assert ("cluster" in _persistent_variants(run, "forward", "cluster")) == auto
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
         assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
         compare_layer([B] * 6, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H,
-                      what="cluster forward, one m16 tile")
+                      what="cluster forward, forced")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

@@ -131,11 +131,13 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    and 5 < B <= 16 at 896 < H <= 1024, above); else cuBLAS.
 //    Since 2026-11-27 the 16-bit and the TF32 forward are also persistent wherever its cluster
 //    kernel applies (`cluster_forward`, lstm_persistent.cuh's cluster_forward_applies:
-//    16 < B <= 64, H in {256, 512, 1024} (TF32: {256, 512}), equal batch sizes, sm_90 with
-//    >= 128 SMs): every loop forced on an H200 (`infer`, docs/benchmarks.md), bf16 B = 32 / 64,
-//    H = 256 0.92 / 1.08 ms against the fused loop's 1.06 / 1.20; H = 512 1.01 / 1.33 against
-//    1.18 / 1.57; H = 1024 1.38 / 2.20 against 1.91 fused and 2.12 / 2.26 on cuBLAS; TF32
-//    H = 256 1.05 / 1.29 against 1.28 / 1.66, H = 512 1.09 / 1.64 against 1.58 / 2.18.
+//    16 < B <= 64, H in {256, 512, 1024} (TF32: {256, 512}, and 1024 up to B = 32 since the
+//    eleventh session), equal batch sizes, sm_90 with >= 128 SMs): every loop forced on an H200
+//    (`infer`, docs/benchmarks.md), bf16 B = 32 / 64, H = 256 0.92 / 1.08 ms against the fused
+//    loop's 1.06 / 1.20; H = 512 1.01 / 1.33 against 1.18 / 1.57; H = 1024 1.38 / 2.20 against
+//    1.91 fused and 2.12 / 2.26 on cuBLAS; TF32 H = 256 1.05 / 1.29 against 1.28 / 1.66, H = 512
+//    1.09 / 1.64 against 1.58 / 2.18; TF32 H = 1024, B = 24 / 32, 1.89 / 1.97 against the fused
+//    loop's 2.97 / 3.08.
 //    The backward rules beyond the 8 KiB state are from training calls under each loop and
 //    persistent kernel (scripts/lstm_backend_grid.py --mode train, H200, 2026-11-26,
 //    docs/kernels.md): e.g. TF32 B = 16, H = 768: persistent (clustered split) 3.93 ms, fused

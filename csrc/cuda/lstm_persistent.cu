@@ -2112,13 +2112,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 // at B <= 16, where it takes only 16-bit H = 1024 from B = 10: cluster_forward_applies).
 // float32: with TF32, m16n8k8 on TF32 operands, h exchanged as TF32 values; without it (kX3), h
 // exchanged whole and each product as three TF32 MMAs on split operands (W_hh's two parts
-// resident), at float32's accuracy. float32 has no H = 1024 instance: W_hh's slice and the A tile
-// take 128 KB each.
+// resident), at float32's accuracy. At H = 1024 float32's W_hh slice takes 128 KB: with TF32 half
+// of it stays in shared memory (cluster_forward_reg_ksteps) and B <= 32 (the A tile 66 KB, the
+// partials 80 KB); x3 (twice the fragments) has no H = 1024 instance.
 // Limits: H in {256, 512, 1024} (HC, a template argument: every index is a constant), equal
 // batch sizes at every step (no ragged PackedSequence), sm_90 (clusters). 128 blocks in
 // clusters of two fit an H200 at one block per SM (the occupancy API: 66 clusters); in
 // clusters of four only 30 would.
 constexpr int kClusterForwardSlots = 8;  // partials per column: 2 blocks x 4 K quarters
+
+// Of a warp's KSW k-steps, those whose W_hh fragments stay in registers: all, but for float32 with
+// TF32 at H = 1024, whose 128 KB slice per block would leave too few registers (the 16-bit slice
+// is 64 KB): half of it there, the other half in shared memory ([warp][n8 tile][k-step][lane]
+// pairs, read once per step).
+constexpr int cluster_forward_reg_ksteps(int ksw, bool tf32, int hc) { return tf32 && hc == 1024 ? ksw / 2 : ksw; }
 
 // Row stride (floats) of the partials for a block's `cols` owned columns: 8 mod 32 (or 24), so
 // that a half-warp's 8-byte stores of rows gq = 0..3 cover 32 distinct banks.
@@ -2201,6 +2208,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kX3 || kTf32, "cluster forward kernel: x3 products are float32's");
   constexpr int ES = sizeof(scalar_t), kStep = kTf32 ? 8 : 16;  // element bytes, k per MMA
   constexpr int H = HC, UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = KQ / 4 / kStep;
+  constexpr int KSR = cluster_forward_reg_ksteps(KSW, kTf32, HC), KSS = KSW - KSR;  // k-steps in registers / shared
+  static_assert(!kX3 || KSS == 0, "cluster forward kernel: x3 keeps both parts of W_hh in registers");
   constexpr int LDX = KQ + 16 / ES;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
   constexpr int OC = 4 * UO, LDP = cluster_forward_ldp(OC), ROWS = 16 * MT, PAIRS = UO / 2;
   constexpr int kRowWords = H * ES / 4;  // 32-bit words of a row of h (unit pairs, or units for float)
@@ -2212,6 +2221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);              // [ROWS][LDX]: h_{t-1}, K half `rank`
   float* const recv = reinterpret_cast<float*>(smem + g.off_part);    // [2][slots][ROWS][LDP], by step parity
+  uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w);         // [warp][NTW][KSS][32]: W_hh's k-steps KSR..
   const int B = g.B, T = g.T;
   const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -2224,7 +2234,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // unit cluster * UC + owner * UO + cc % UO), k16 steps [kquarter * KSW, ...) of K half `rank`.
   // kX3: bsm holds the TF32 values of W_hh's remainders (tf32_part 1; an inf gives NaN there, as
   // in the direct kernel's x3 products).
-  uint32_t bfr[NTW][KSW][2], bsm[kX3 ? NTW : 1][kX3 ? KSW : 1][2];
+  // k-steps from KSR on (float32 with TF32 at H = 1024) go to this warp's part of wsm instead.
+  uint32_t bfr[NTW][KSR][2], bsm[kX3 ? NTW : 1][kX3 ? KSW : 1][2];
+  uint2* const wsm_warp = wsm + warp * (NTW * KSS * 32) + lane;
 #pragma unroll
   for (int nt = 0; nt < NTW; ++nt) {
     const int cc = nt * 8 + gq;
@@ -2232,16 +2244,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int f = 0; f < KSW; ++f) {
       const int k0 = rank * KQ + (kquarter * KSW + f) * kStep;
+      uint32_t b0, b1;
       if constexpr (kTf32) {  // b0 = B[tq][gq], b1 = B[tq + 4][gq]
-        bfr[nt][f][0] = to_tf32(wr[k0 + tq]);
-        bfr[nt][f][1] = to_tf32(wr[k0 + tq + 4]);
+        b0 = to_tf32(wr[k0 + tq]);
+        b1 = to_tf32(wr[k0 + tq + 4]);
         if constexpr (kX3) {
           bsm[nt][f][0] = tf32_part(wr[k0 + tq], 1);
           bsm[nt][f][1] = tf32_part(wr[k0 + tq + 4], 1);
         }
       } else {  // b0 = B[2tq, 2tq + 1][gq], b1 = B[2tq + 8, 2tq + 9][gq]
-        bfr[nt][f][0] = pack2(wr[k0 + 2 * tq], wr[k0 + 2 * tq + 1]);
-        bfr[nt][f][1] = pack2(wr[k0 + 2 * tq + 8], wr[k0 + 2 * tq + 9]);
+        b0 = pack2(wr[k0 + 2 * tq], wr[k0 + 2 * tq + 1]);
+        b1 = pack2(wr[k0 + 2 * tq + 8], wr[k0 + 2 * tq + 9]);
+      }
+      if (f < KSR) {
+        bfr[nt][f < KSR ? f : 0][0] = b0;
+        bfr[nt][f < KSR ? f : 0][1] = b1;
+      } else {
+        wsm_warp[(nt * KSS + f - KSR) * 32] = make_uint2(b0, b1);
       }
     }
   }
@@ -2392,7 +2411,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         } else {
 #pragma unroll
-          for (int nt = 0; nt < NTW; ++nt) MmaInst<scalar_t>::run(acc[mt][nt], af[mt], bfr[nt][f][0], bfr[nt][f][1]);
+          for (int nt = 0; nt < NTW; ++nt) {
+            if (f < KSR) {
+              MmaInst<scalar_t>::run(acc[mt][nt], af[mt], bfr[nt][f < KSR ? f : 0][0], bfr[nt][f < KSR ? f : 0][1]);
+            } else {
+              const uint2 w = wsm_warp[(nt * KSS + f - KSR) * 32];
+              MmaInst<scalar_t>::run(acc[mt][nt], af[mt], w.x, w.y);
+            }
+          }
         }
       }
     }
@@ -2864,8 +2890,8 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   constexpr bool kFloat = std::is_same_v<scalar_t, float>;
   const int mode = cluster_forward_mode();
   const int sms = prop.multiProcessorCount;
-  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, sizeof(scalar_t))
-                               : cluster_forward_applies(s, prop.major, sms, sizeof(scalar_t)))) {
+  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, sizeof(scalar_t), kX3)
+                               : cluster_forward_applies(s, prop.major, sms, sizeof(scalar_t), kX3))) {
     return false;
   }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
@@ -2876,8 +2902,10 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   }
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
-    if constexpr (kFloat && HC > 512) {
-      return false;  // float32: W_hh's slice and the A tile (128 KB each at H = 1024) do not fit one SM
+    if constexpr (kFloat && HC > 512 && (kX3 || MT > 2)) {
+      // float32 at H = 1024: with TF32 up to 2 m16 tiles (W_hh's 128 KB slice half in shared
+      // memory beside a 66 KB A tile and 80 KB of partials); x3 keeps twice the fragments.
+      return false;
     } else {
       if (s.H != HC || (s.B > 32 ? 4 : s.B > 16 ? 2 : 1) != MT) return false;
       auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kX3>;
@@ -2897,8 +2925,11 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       // 32-bit words of a row of h. launch_with_exchange allocates 2 B row_words 8-byte words:
       // both parities' rows, and room for the 128 step flags after them.
       g.row_words = HC * static_cast<int>(sizeof(scalar_t)) / 4;
+      constexpr int kStep = kFloat ? 8 : 16, KSW = HC / 8 / kStep;
+      constexpr int kWsmBytes = 8 * (HC / 256) * (KSW - cluster_forward_reg_ksteps(KSW, kFloat, HC)) * 32 * 8;
       g.off_part = static_cast<int>(align16(kTileBytes));
-      g.smem = g.off_part + kPartialBytes + 2 * 8;  // and the two mbarriers
+      g.off_w = static_cast<int>(align16(g.off_part + kPartialBytes + 2 * 8));  // after the two mbarriers
+      g.smem = g.off_w + kWsmBytes;
       if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
       return launch_with_exchange(kernel, args, args.xbuf, like);
     }

@@ -27,24 +27,26 @@ constexpr int64_t kPersistentMaxHiddenMma = 1024;
 
 // The forward's cluster kernel (lstm_persistent.cu: 64 clusters of two blocks, one block per SM)
 // runs B <= 64 at H in {256, 512, 1024} for 16-bit types (elem_size 2) and H in {256, 512} for
-// float32 (4: with TF32, or without it as three TF32 MMAs per product), with equal batch sizes at
-// every step (no ragged PackedSequence), no projection, on a GPU with thread-block clusters
-// (sm_90) and at least kClusterForwardBlocks SMs.
+// float32 (4: with TF32, or without it, `x3`, as three TF32 MMAs per product), and float32 with
+// TF32 at H = 1024 up to B = 32, with equal batch sizes at every step (no ragged PackedSequence),
+// no projection, on a GPU with thread-block clusters (sm_90) and at least kClusterForwardBlocks SMs.
 constexpr int kClusterForwardBlocks = 128;
-inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size) {
+inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size, bool x3) {
+  const bool hidden = s.H == 256 || s.H == 512 || (s.H == 1024 && (elem_size == 2 || (!x3 && s.B <= 32)));
   return (elem_size == 2 || elem_size == 4) && sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 &&
-         s.B >= 1 && s.B <= 64 && (s.H == 256 || s.H == 512 || (s.H == 1024 && elem_size == 2)) &&
-         all_steps_full(s);
+         s.B >= 1 && s.B <= 64 && hidden && all_steps_full(s);
 }
-// Where it takes the call: 16 < B <= 64 (lstm_loop.cuh's rule chooses the persistent loop there),
-// and at B <= 16, where the direct kernel runs otherwise, 16-bit types at H = 1024 from
-// kClusterForwardMinBatchOneTile (one m16 tile). Both forced on an H200 (`infer`, T = 256,
+// Where it takes the call: wherever it fits at B > 16 (lstm_loop.cuh's rule chooses the persistent
+// loop there), and at B <= 16, where the direct kernel runs otherwise, 16-bit types at H = 1024
+// from kClusterForwardMinBatchOneTile (one m16 tile). Both forced on an H200 (`infer`, T = 256,
 // docs/benchmarks.md), direct over cluster at H = 1024, B = 8 / 10 / 12 / 14 / 16: bf16 0.98 /
-// 1.06 / 1.06 / 1.14 / 1.13, fp16 1.00 / 1.04 / 1.06 / 1.17 / 1.13 (`train` calls 0.99-1.04); at
-// H <= 512 and in float32 (H <= 512) the direct kernel was 1.2-1.5x faster at B = 8 and 16.
+// 1.06 / 1.06 / 1.14 / 1.13, fp16 1.00 / 1.04 / 1.06 / 1.17 / 1.13 (`train` calls 0.99-1.04),
+// TF32 B = 8 / 12 / 16 0.89 / 1.02 / 1.03; at H <= 512 and in float32 without TF32 the direct
+// kernel was 1.2-1.5x faster at B = 8 and 16. TF32 at H = 1024, B = 24 / 32: 1.89 / 1.97 ms
+// against `auto`'s 2.97 / 3.08 before it took the cluster kernel there (the fused loop).
 constexpr int64_t kClusterForwardMinBatchOneTile = 10;
-inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size) {
-  return cluster_forward_fits(s, sm_major, sm_count, elem_size) &&
+inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size, bool x3) {
+  return cluster_forward_fits(s, sm_major, sm_count, elem_size, x3) &&
          (s.B > 16 || (elem_size == 2 && s.H == 1024 && s.B >= kClusterForwardMinBatchOneTile));
 }
 
