@@ -178,12 +178,13 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
     if not (clusters and CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH):
         return None
     hiddens = {2: CUDA_CLUSTER_FORWARD_HIDDEN, 4: CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32}.get(elem, ())
-    why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = "
-           f"{hidden} in {{{', '.join(map(str, hiddens))}}}")
-    if elem == 4 and not x3 and hidden == 1024 and batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024:
+    if hidden in hiddens:
+        why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = "
+               f"{hidden} in {{{', '.join(map(str, hiddens))}}}")
+    elif elem == 4 and not x3 and hidden == 1024 and batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024:
         why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024} "
                "and H = 1024 with TF32")
-    elif hidden not in hiddens:
+    else:
         return None
     return f"{why} (the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes)"
 
