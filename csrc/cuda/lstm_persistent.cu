@@ -2131,6 +2131,23 @@ constexpr int cluster_forward_reg_ksteps(int ksw, bool tf32, int hc) { return tf
 // that a half-warp's 8-byte stores of rows gq = 0..3 cover 32 distinct banks.
 constexpr int cluster_forward_ldp(int cols) { return cols == 32 ? 40 : cols == 16 ? 24 : 8; }
 
+// The cluster forward kernel's compile-time shape and shared-memory layout for (scalar_t, MT, HC):
+// the kernel indexes with it and run_cluster_forward sizes the launch from it.
+template <class scalar_t, int MT, int HC>
+struct ClusterForwardLayout {
+  static constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+  static constexpr int ES = sizeof(scalar_t), kStep = kFloat ? 8 : 16;  // element bytes, k per MMA
+  static constexpr int UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = KQ / 4 / kStep;
+  static constexpr int KSR = cluster_forward_reg_ksteps(KSW, kFloat, HC), KSS = KSW - KSR;  // k-steps in registers / shared
+  static constexpr int LDX = KQ + 16 / ES;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
+  static constexpr int OC = 4 * UO, LDP = cluster_forward_ldp(OC), ROWS = 16 * MT, PAIRS = UO / 2;
+  static constexpr int kRowWords = HC * ES / 4;  // 32-bit words of a row of h (unit pairs, or units for float)
+  static constexpr int kSlotFloats = ROWS * LDP, kParityFloats = kClusterForwardSlots * kSlotFloats;
+  // Shared memory: the A tile, the partials of both parities, two mbarriers, W_hh's k-steps KSR..
+  static constexpr int kTileBytes = ROWS * LDX * ES, kPartialBytes = 2 * kParityFloats * 4;
+  static constexpr int kWsmBytes = kThreads / 32 * NTW * KSS * 32 * 8;
+};
+
 // A 16x16 tile of 16-bit values from shared memory as the A fragments of mma.m16n8k16 (lane l
 // gives the address of row l % 16, columns 8 (l / 16) ...).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -2206,15 +2223,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kTf32 = std::is_same_v<scalar_t, float>;
   static_assert(sizeof(scalar_t) == 2 || kTf32, "cluster forward kernel: 16-bit types or float32 (TF32)");
   static_assert(!kX3 || kTf32, "cluster forward kernel: x3 products are float32's");
-  constexpr int ES = sizeof(scalar_t), kStep = kTf32 ? 8 : 16;  // element bytes, k per MMA
-  constexpr int H = HC, UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = KQ / 4 / kStep;
-  constexpr int KSR = cluster_forward_reg_ksteps(KSW, kTf32, HC), KSS = KSW - KSR;  // k-steps in registers / shared
+  using L = ClusterForwardLayout<scalar_t, MT, HC>;
+  constexpr int ES = L::ES, kStep = L::kStep, H = HC, UC = L::UC, UO = L::UO, NTW = L::NTW, KQ = L::KQ;
+  constexpr int KSW = L::KSW, KSR = L::KSR, KSS = L::KSS, LDX = L::LDX, OC = L::OC, LDP = L::LDP;
+  constexpr int ROWS = L::ROWS, PAIRS = L::PAIRS, kRowWords = L::kRowWords;
+  constexpr int kSlotFloats = L::kSlotFloats, kParityFloats = L::kParityFloats;
   static_assert(!kX3 || KSS == 0, "cluster forward kernel: x3 keeps both parts of W_hh in registers");
-  constexpr int LDX = KQ + 16 / ES;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
-  constexpr int OC = 4 * UO, LDP = cluster_forward_ldp(OC), ROWS = 16 * MT, PAIRS = UO / 2;
-  constexpr int kRowWords = H * ES / 4;  // 32-bit words of a row of h (unit pairs, or units for float)
   static_assert((KQ * ES) % 128 == 0, "cluster forward kernel: A tile rows of 16 mod 128 bytes");
-  constexpr int kSlotFloats = ROWS * LDP, kParityFloats = kClusterForwardSlots * kSlotFloats;
   static_assert(NTW >= 1 && KSW >= 1 && OC == 8 * NTW, "cluster forward kernel instance");
   static_assert(PAIRS * ROWS <= kThreads, "one unit pair of one row per thread");
   const Geometry& g = a.g;
@@ -2911,8 +2926,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kX3>;
       const void* fn = reinterpret_cast<const void*>(kernel);
       if (!ptx_at_least(fn, 90)) return false;
-      constexpr int kTileBytes = 16 * MT * (HC / 2 + 16 / sizeof(scalar_t)) * sizeof(scalar_t);
-      constexpr int kPartialBytes = 2 * kClusterForwardSlots * 16 * MT * cluster_forward_ldp(HC / 32) * sizeof(float);
+      using L = ClusterForwardLayout<scalar_t, MT, HC>;
       Geometry& g = args.g;
       g = Geometry{};
       g.T = static_cast<int>(s.T);
@@ -2924,12 +2938,10 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       g.nch = 1;
       // 32-bit words of a row of h. launch_with_exchange allocates 2 B row_words 8-byte words:
       // both parities' rows, and room for the 128 step flags after them.
-      g.row_words = HC * static_cast<int>(sizeof(scalar_t)) / 4;
-      constexpr int kStep = kFloat ? 8 : 16, KSW = HC / 8 / kStep;
-      constexpr int kWsmBytes = 8 * (HC / 256) * (KSW - cluster_forward_reg_ksteps(KSW, kFloat, HC)) * 32 * 8;
-      g.off_part = static_cast<int>(align16(kTileBytes));
-      g.off_w = static_cast<int>(align16(g.off_part + kPartialBytes + 2 * 8));  // after the two mbarriers
-      g.smem = g.off_w + kWsmBytes;
+      g.row_words = L::kRowWords;
+      g.off_part = static_cast<int>(align16(L::kTileBytes));
+      g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8));  // after the two mbarriers
+      g.smem = g.off_w + L::kWsmBytes;
       if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
       return launch_with_exchange(kernel, args, args.xbuf, like);
     }
