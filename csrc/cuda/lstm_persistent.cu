@@ -2101,12 +2101,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 // step, bf16 B = 64, two H200s, cluster barrier / st.async: H = 1024 13513 / 13239, H = 512 8394 /
 // 7921, H = 256 6533 / 6271; B = 32, H = 1024 7699 / 7728.)
 // The exchange between clusters is flagged, not LL: raw 16-bit pairs, then per block a step flag
-// (thread 0's fence and store after a block barrier), which a consumer's warp 0 polls for the 64
-// producers of its K half before the block loads their pairs with plain 16-byte loads. Half the
-// bytes of LL words and no polling of every word: SEQKERNELS_LSTM_TRACE cycles per step (H200,
-// bf16 `infer`, T = 256), LL / flagged: B = 64, H = 1024 17468 / 13576; B = 64, H = 512 11893 /
-// 8427; B = 32, H = 1024 11712 / 7723; B = 64, H = 256 9367 / 6525 (the wait and gather
-// 11238 / 5258 at B = 64, H = 1024).
+// (thread 0's store after a block barrier), which a consumer's warp 0 polls for the 64 producers
+// of its K half before the block loads their pairs with plain 16-byte loads. Half the bytes of
+// LL words and no polling of every word: SEQKERNELS_LSTM_TRACE cycles per step (H200, bf16
+// `infer`, T = 256), LL / flagged: B = 64, H = 1024 17468 / 13576; B = 64, H = 512 11893 / 8427;
+// B = 32, H = 1024 11712 / 7723; B = 64, H = 256 9367 / 6525 (the wait and gather 11238 / 5258
+// at B = 64, H = 1024). The flag is a hint: the pairs are poisoned until written (the kernel's
+// "exchange" comment below), so no fence sits between a block's pairs and its flag. With thread
+// 0's fence there (until 2026-11-27), A/B on an H200, CUDA-graph replays of 256-step `infer`
+// calls, ms, fenced / poisoned: bf16 B = 16, H = 1024 0.923 / 0.844, B = 32, H = 512 0.873 /
+// 0.819, B = 64, H = 512 1.190 / 1.162, H = 1024 unchanged (2.09, bound by the gather's bytes);
+// TF32 B = 32, H = 1024 1.703 / 1.599, B = 64, H = 512 1.546 / 1.494.
 // Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
 // x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles (MT = 1
 // at B <= 16, where it takes only 16-bit H = 1024 from B = 10: cluster_forward_applies).
@@ -2156,13 +2161,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
-// The cluster forward kernel's exchange: step flags (acquire loads) and raw 16-bit pairs
-// (relaxed, at GPU scope: never a stale L1 line from the buffer's use two steps earlier).
-__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+// The cluster forward kernel's exchange: step flags and raw 16-bit pairs (relaxed, at GPU scope:
+// never a stale L1 line from the buffer's use four steps earlier).
 __device__ __forceinline__ uint4 ld_relaxed_v4(const uint32_t* p) {
   uint4 v;
   asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -2171,11 +2171,39 @@ __device__ __forceinline__ uint4 ld_relaxed_v4(const uint32_t* p) {
                : "memory");
   return v;
 }
+__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_relaxed_u32(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ void st_relaxed_u32x2(uint32_t* p, uint32_t v0, uint32_t v1) {
   asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v0), "r"(v1) : "memory");
+}
+
+// The cluster forward kernel's exchange buffers hold this word until a step's h arrives: two
+// 16-bit values 0xffff (a negative NaN with every payload bit set, which no conversion of a
+// float32 gives: a NaN converts to the positive canonical one) or float bits 0xffffffff (the same
+// for float32, whose arithmetic gives the canonical NaN 0x7fffffff; TF32 values have their low
+// 13 bits clear).
+constexpr uint32_t kClusterPoison = 0xffffffffu;
+constexpr int kClusterBuffers = 4;  // exchange buffers of h, by step % 4
+// A published word, never the poison (which would only be such a NaN: then its positive twin).
+__device__ __forceinline__ uint32_t unpoisoned(uint32_t w) { return w == kClusterPoison ? 0x7fffffffu : w; }
+__device__ __forceinline__ bool poisoned(uint4 v) {
+  return v.x == kClusterPoison || v.y == kClusterPoison || v.z == kClusterPoison || v.w == kClusterPoison;
+}
+// Re-reads the 16 bytes at p until none of their words is the poison (the slow path of the
+// cluster forward kernel's gather: the data of a producer whose step flag arrived first).
+__device__ __noinline__ uint4 wait_unpoisoned(const uint32_t* p, unsigned step) {
+  const long long t0 = clock64();
+  while (true) {
+    const uint4 v = ld_relaxed_v4(p);
+    if (!poisoned(v)) return v;
+    check_spin_timeout(t0, step);
+  }
 }
 
 // Two adjacent elements (p 4-byte aligned for 16-bit types, 8-byte for float) in one store.
@@ -2329,12 +2357,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbarrier_init(&bars[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // The exchange: h_t as raw 16-bit pairs, [2][B][H / 2] words by step parity, then one step
-  // flag per block (the last step it published), which a consumer polls for its K half's 64
-  // producers (blocks [64 rank, 64 rank + 64)) before it loads their pairs.
+  // The exchange: h_t as raw 16-bit pairs (float: TF32 or whole values), [4][B][kRowWords] words
+  // by step % 4, poisoned (kClusterPoison) until written, then one step flag per block (the last
+  // step it published) after a block barrier, which a consumer polls for its K half's 64
+  // producers (blocks [64 rank, 64 rank + 64)) before it loads their pairs. The flag is only a
+  // hint, stored without a fence: a word is h_t when it is not the poison. A producer poisons
+  // step s + 2's words at step s (their step s - 2 values were read by then: every block has
+  // published h_{s-1}, after reading h_{s-2}, before this block's gate math of step s), and one
+  // fence after that step's block barrier orders the poison before its h_{s+1}, which every
+  // reader of those words reads at step s + 2, before it reads them at step s + 3. So a
+  // consumer sees the poison or h_{s+2} there, never h_{s-2}, and no fence delays a flag.
   const int64_t buf_words = static_cast<int64_t>(B) * kRowWords;
   uint32_t* const hx = reinterpret_cast<uint32_t*>(a.xbuf);
-  uint32_t* const flags = hx + 2 * buf_words;
+  uint32_t* const flags = hx + kClusterBuffers * buf_words;
   PhaseTrace trace;
   trace.start(a.trace);
   // Both blocks of the cluster have started before either writes the other's shared memory.
@@ -2366,7 +2401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (warp == 0) {
         const uint32_t* fl = flags + rank * 64 + lane;
         const long long t0 = clock64();
-        while (ld_acquire_u32(fl) < static_cast<uint32_t>(s) || ld_acquire_u32(fl + 32) < static_cast<uint32_t>(s)) {
+        while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s) || ld_relaxed_u32(fl + 32) < static_cast<uint32_t>(s)) {
           check_spin_timeout(t0, static_cast<unsigned>(s));
         }
       }
@@ -2374,7 +2409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 16-byte loads (8 units, or 4 for float), in batches of 8 per thread (registers: W_hh's
       // fragments stay live).
       constexpr int kVecUnits = 16 / ES, kVecPerRow = KQ / kVecUnits, kVecs = ROWS * kVecPerRow / kThreads;
-      const uint32_t* src = hx + ((s - 1) & 1) * buf_words + rank * (KQ * ES / 4);
+      const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + rank * (KQ * ES / 4);
 #pragma unroll
       for (int b0 = 0; b0 < kVecs; b0 += 8) {
         uint4 v[8];
@@ -2386,7 +2421,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int idx = threadIdx.x + (b0 + e) * kThreads, r = idx / kVecPerRow;
-          if (b0 + e < kVecs && r < B) *reinterpret_cast<uint4*>(xt + r * LDX + (idx % kVecPerRow) * kVecUnits) = v[e];
+          if (b0 + e < kVecs && r < B) {
+            if (poisoned(v[e])) v[e] = wait_unpoisoned(src + r * kRowWords + (idx % kVecPerRow) * 4, s);
+            *reinterpret_cast<uint4*>(xt + r * LDX + (idx % kVecPerRow) * kVecUnits) = v[e];
+          }
         }
       }
     }
@@ -2455,8 +2493,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     trace.mark(1);
     // The partner reuses this parity's slots and mbarrier phase at step s + 2 only after every
-    // block has published h_s (its step s + 2 waits for flags that need them), so after this
-    // block's gate math of step s has read them.
+    // block has published h_s (its step s + 2 waits for pairs of h_{s+1}, which need them), so
+    // after this block's gate math of step s has read them.
     const uint32_t send = send0 + (s & 1) * kParityFloats * 4;
     if (own_owner) {
 #pragma unroll
@@ -2524,23 +2562,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     trace.mark(2);
-    // 4. Publish h_t (flag s + 1; float: its TF32 values), then the outputs.
+    // 4. Publish h_t (flag s + 1; float: its TF32 values) and poison step s + 2's words, then
+    // the outputs.
     if (s + 1 < T) {
-      uint32_t* pub = hx + (s & 1) * buf_words + n * kRowWords + j * ES / 4;
+      const int64_t at = n * kRowWords + j * ES / 4;
+      uint32_t* pub = hx + (s % kClusterBuffers) * buf_words + at;
+      uint32_t* ahead = hx + ((s + 2) % kClusterBuffers) * buf_words + at;
       if constexpr (kX3) {
-        if (active) st_relaxed_u32x2(pub, __float_as_uint(h[0]), __float_as_uint(h[1]));
+        if (active) st_relaxed_u32x2(pub, unpoisoned(__float_as_uint(h[0])), unpoisoned(__float_as_uint(h[1])));
       } else if constexpr (kTf32) {
         if (active) st_relaxed_u32x2(pub, to_tf32(h[0]), to_tf32(h[1]));
       } else {
-        if (active) st_relaxed_u32(pub, static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[1].x) << 16));
+        if (active) st_relaxed_u32(pub, unpoisoned(static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[1].x) << 16)));
       }
-      // Every thread's pairs are stored before thread 0's fence and flag (the release pattern of
-      // a grid barrier).
+      if constexpr (kTf32) {
+        if (active) st_relaxed_u32x2(ahead, kClusterPoison, kClusterPoison);
+      } else {
+        if (active) st_relaxed_u32(ahead, kClusterPoison);
+      }
+      // Every thread's pairs are stored before thread 0's flag, so that they are mostly there when
+      // it arrives; the last warp's fence (the release pattern of a grid barrier, off the path of
+      // the flag: that warp only waits for the next step's gather after it) orders the poison
+      // before the next step's pairs.
       __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();
-        st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
-      }
+      if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
+      if (threadIdx.x == kThreads - 32) __threadfence();
     }
     if (active) {
       const int64_t row = static_cast<int64_t>(t) * B + n;
@@ -2820,13 +2866,16 @@ bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop) {
   return s.P == 0 && s.B >= 1 && s.B <= kMaxBatch && s.H >= 1 && prop.cooperativeLaunch;
 }
 
-// The LL exchange buffer ([2, B, row_words] words, flags zeroed on the current stream) and the
-// cooperative launch of a planned kernel.
+// The LL exchange buffer ([2, B, row_words] words, flags zeroed on the current stream; its first
+// poison_bytes set to 0xff instead) and the cooperative launch of a planned kernel.
 template <class Kernel, class Args>
-bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Tensor& like) {
+bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Tensor& like, size_t poison_bytes = 0) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor buf = at::empty({2 * static_cast<int64_t>(args.g.B) * args.g.row_words}, like.options().dtype(at::kLong));
-  C10_CUDA_CHECK(cudaMemsetAsync(buf.data_ptr(), 0, buf.nbytes(), stream));
+  TORCH_CHECK(poison_bytes <= buf.nbytes(), "seqkernels: exchange buffer smaller than its poisoned part");
+  unsigned char* const bytes = static_cast<unsigned char*>(buf.data_ptr());
+  if (poison_bytes > 0) C10_CUDA_CHECK(cudaMemsetAsync(bytes, 0xff, poison_bytes, stream));
+  C10_CUDA_CHECK(cudaMemsetAsync(bytes + poison_bytes, 0, buf.nbytes() - poison_bytes, stream));
   buffer = reinterpret_cast<u64*>(buf.data_ptr());
   return launch_cooperative(kernel, args, stream);
 }
@@ -2936,14 +2985,15 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       g.nblocks = kClusterForwardBlocks;
       g.cl = 2;
       g.nch = 1;
-      // 32-bit words of a row of h. launch_with_exchange allocates 2 B row_words 8-byte words:
-      // both parities' rows, and room for the 128 step flags after them.
-      g.row_words = L::kRowWords;
+      // launch_with_exchange allocates 2 B row_words 8-byte words: the kClusterBuffers buffers'
+      // rows of h (kRowWords 32-bit words each), poisoned, and the 128 step flags after them.
+      g.row_words = L::kRowWords + ceil_div(kClusterForwardBlocks, 4 * g.B);
+      static_assert(kClusterBuffers == 4, "four buffers of h: 4 B kRowWords 32-bit words");
       g.off_part = static_cast<int>(align16(L::kTileBytes));
       g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8));  // after the two mbarriers
       g.smem = g.off_w + L::kWsmBytes;
       if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
-      return launch_with_exchange(kernel, args, args.xbuf, like);
+      return launch_with_exchange(kernel, args, args.xbuf, like, static_cast<size_t>(kClusterBuffers) * g.B * L::kRowWords * 4);
     }
   };
   auto try_tiles = [&](auto hc_c) {  // 1, 2 or 4 m16 tiles of rows
