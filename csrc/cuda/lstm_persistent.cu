@@ -2365,8 +2365,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // step s + 2's words at step s (their step s - 2 values were read by then: every block has
   // published h_{s-1}, after reading h_{s-2}, before this block's gate math of step s), and one
   // fence after that step's block barrier orders the poison before its h_{s+1}, which every
-  // reader of those words reads at step s + 2, before it reads them at step s + 3. So a
-  // consumer sees the poison or h_{s+2} there, never h_{s-2}, and no fence delays a flag.
+  // reader of those words reads at step s + 2, before it reads them at step s + 3; the reader's
+  // own fence of step s + 2 (every block publishes too) lies between those reads. So a consumer
+  // sees the poison or h_{s+2} there, never h_{s-2}, and no fence delays a flag.
   const int64_t buf_words = static_cast<int64_t>(B) * kRowWords;
   uint32_t* const hx = reinterpret_cast<uint32_t*>(a.xbuf);
   uint32_t* const flags = hx + kClusterBuffers * buf_words;
