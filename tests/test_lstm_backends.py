@@ -736,6 +736,22 @@ def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 16, 1024), ("float16", 40, 256), ("tf32", 24, 1024)])
+def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_name, B, H):
+    """67 steps on the cluster kernel, whose exchange cycles through four buffers of h (each
+    poisoned two steps before it is written again, the step flags only hints) 16 times: the
+    outputs and every gradient against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
+    with _Precision(precision_name):
+        run = _train_call(DTYPE[precision_name], B, H, T=3)
+        run()
+        assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
+        compare_layer([B] * 67, 5, H, reverse=False, bias=True, precision=precision_name, seed=67 + B,
+                      what="cluster forward, 67 steps")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
     """float32 without TF32 on the cluster kernel: an inf in h0 reaches the first step's
     pre-activations as a float32 GEMM gives it (the row's gates saturate, its outputs stay
