@@ -2867,12 +2867,15 @@ bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop) {
   return s.P == 0 && s.B >= 1 && s.B <= kMaxBatch && s.H >= 1 && prop.cooperativeLaunch;
 }
 
-// The LL exchange buffer ([2, B, row_words] words, flags zeroed on the current stream; its first
-// poison_bytes set to 0xff instead) and the cooperative launch of a planned kernel.
+// The exchange buffer and the cooperative launch of a planned kernel. The buffer has `words`
+// 8-byte words (0: the LL buffer's [2, B, row_words]); its first poison_bytes are set to 0xff,
+// the rest (flags) zeroed, on the current stream.
 template <class Kernel, class Args>
-bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Tensor& like, size_t poison_bytes = 0) {
+bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Tensor& like, int64_t words = 0,
+                          size_t poison_bytes = 0) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor buf = at::empty({2 * static_cast<int64_t>(args.g.B) * args.g.row_words}, like.options().dtype(at::kLong));
+  if (words == 0) words = 2 * static_cast<int64_t>(args.g.B) * args.g.row_words;
+  at::Tensor buf = at::empty({words}, like.options().dtype(at::kLong));
   TORCH_CHECK(poison_bytes <= buf.nbytes(), "seqkernels: exchange buffer smaller than its poisoned part");
   unsigned char* const bytes = static_cast<unsigned char*>(buf.data_ptr());
   if (poison_bytes > 0) C10_CUDA_CHECK(cudaMemsetAsync(bytes, 0xff, poison_bytes, stream));
@@ -2986,15 +2989,16 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       g.nblocks = kClusterForwardBlocks;
       g.cl = 2;
       g.nch = 1;
-      // launch_with_exchange allocates 2 B row_words 8-byte words: the kClusterBuffers buffers'
-      // rows of h (kRowWords 32-bit words each), poisoned, and the 128 step flags after them.
-      g.row_words = L::kRowWords + ceil_div(kClusterForwardBlocks, 4 * g.B);
-      static_assert(kClusterBuffers == 4, "four buffers of h: 4 B kRowWords 32-bit words");
+      g.row_words = L::kRowWords;
       g.off_part = static_cast<int>(align16(L::kTileBytes));
       g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8));  // after the two mbarriers
       g.smem = g.off_w + L::kWsmBytes;
       if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
-      return launch_with_exchange(kernel, args, args.xbuf, like, static_cast<size_t>(kClusterBuffers) * g.B * L::kRowWords * 4);
+      // The exchange: kClusterBuffers buffers of h ([B][kRowWords] 32-bit words each), poisoned,
+      // then the kClusterForwardBlocks step flags.
+      const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
+      return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
+                                  static_cast<size_t>(h_words) * 4);
     }
   };
   auto try_tiles = [&](auto hc_c) {  // 1, 2 or 4 m16 tiles of rows
