@@ -183,8 +183,9 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         big = [([17, 17, 9, 3], 8, 64, dt, tf32) for dt, tf32 in
                [(torch.bfloat16, True), (torch.float32, True), (torch.float32, False), (torch.float64, True)]]
         # The direct forward kernel's polling instances: rows gq and gq + 8 branch-free (TF32, B = 16),
-        # row gq (B = 5), the per-word loop (bf16 B = 12 at H = 1024).
-        big += [([16, 16], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),
+        # row gq (B = 5), the per-word loop (bf16 B = 12 at H = 1024); ragged where the cluster
+        # kernel would take equal batch sizes (TF32 B = 16 at H = 1024).
+        big += [([16, 16, 9], 8, 1024, torch.float32, True), ([16, 16], 8, 1024, torch.float32, False),
                 ([5, 5], 8, 1024, torch.bfloat16, True), ([5, 5], 8, 1024, torch.float32, True),
                 ([12, 12, 9], 8, 1024, torch.bfloat16, True)]
         # float32 without TF32 on the direct kernel (h as 30-bit values, split by the consumer):
@@ -198,11 +199,12 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         big += [([9, 9, 7, 4], 8, 286, torch.bfloat16, True), ([9, 9, 7, 4], 8, 286, torch.float32, True)]
         # The forward's cluster kernel (16-bit, float32 with and without TF32; 16 < B <= 64, equal
         # batch sizes, sm_90: 64 clusters of two blocks, partial sums in distributed shared memory,
-        # step flags between them); its one-m16-tile instance (16-bit, H = 1024, B = 10..16) and
-        # TF32 at H = 1024 (half of W_hh's fragments in shared memory).
+        # step flags between them); its one-m16-tile instances (H = 1024: 16-bit from B = 6, TF32
+        # from B = 8) and TF32 at H = 1024 (half of W_hh's fragments in shared memory).
         big += [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
                 ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),
-                ([12, 12], 8, 1024, torch.bfloat16, True), ([20, 20], 8, 1024, torch.float32, True)]
+                ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),
+                ([8, 8], 8, 1024, torch.float32, True), ([20, 20], 8, 1024, torch.float32, True)]
         for batch_sizes, I, H, dtype, tf32 in big:
             for reverse in (False, True):
                 with rnn_tf32(tf32):

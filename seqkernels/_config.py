@@ -37,10 +37,11 @@ CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHal
 # cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
 # (16-bit; float32 with or without TF32 up to H = 512, with TF32 at H = 1024 up to B = 32) at
 # 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks); 16-bit
-# at H = 1024 also from kClusterForwardMinBatchOneTile to B = 16 (one m16 tile), where the direct
-# kernel runs otherwise
+# at H = 1024 also from kClusterForwardMinBatchOneTile (16-bit) or kClusterForwardMinBatchOneTileTf32
+# (TF32) to B = 16 (one m16 tile), where the direct kernel runs otherwise
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
-CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 10
+CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 6
+CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32 = 8
 CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
 CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024 = 32
@@ -189,6 +190,17 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
     return f"{why} (the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes)"
 
 
+def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters: bool) -> str:
+    """The persistent forward's kernel at B <= 16 with tensor cores (cluster_forward_applies,
+    csrc/cuda/lstm_persistent.cuh): the cluster kernel in one m16 tile at H = 1024 from its
+    threshold (16-bit, or TF32), else the direct kernel."""
+    min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if elem == 2 else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
+    if clusters and hidden == 1024 and batch >= min_batch:
+        return (f"the cluster forward kernel in one m16 tile: H = 1024 and B >= {min_batch}, equal batch sizes, "
+                "sm_90 with >= 128 SMs")
+    return "the direct forward kernel"
+
+
 def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
                       backend: str, clusters: bool) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, with the reason."""
@@ -235,17 +247,15 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     elif not half and not backward:
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
             return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and {kib} "
-                                  f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB")
+                                  f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB "
+                                  f"({_forward_kernel_at_small_batch(batch, hidden, elem, clusters)})")
         if (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
             return "persistent", f"auto: TF32, {why}"
     elif (half and not backward and batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
           and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
-        kernel = ("the cluster forward kernel in one m16 tile: H = 1024 and B >= "
-                  f"{CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE}, equal batch sizes, sm_90 with >= 128 SMs"
-                  if clusters and hidden == 1024 and batch >= CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE
-                  else "the direct forward kernel")
         return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "
-                              f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} ({kernel})")
+                              f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} "
+                              f"({_forward_kernel_at_small_batch(batch, hidden, elem, clusters)})")
     elif half and not backward and (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
         return "persistent", f"auto: {why}"
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:

@@ -388,7 +388,7 @@ def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_na
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
     except 16-bit types at H > 768 from B = 6: the per-word loop (0). (Not the cluster kernel, which
-    takes 16-bit H = 1024 from B = 10.)"""
+    takes H = 1024 from B = 6 in 16-bit types, from B = 8 with TF32.)"""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
     with _Precision(precision_name):
@@ -450,6 +450,7 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     ("bfloat16", [2, 2, 1, 1], 48), ("tf32", [4, 3, 1], 604), ("float16", [1, 1, 1], 1024),
     ("bfloat16", [4, 4, 2], 1024), ("bfloat16", [8, 8, 6, 3, 1], 300), ("tf32", [8, 7, 5, 2], 1024),
     ("float16", [12, 12, 9, 4, 1], 640), ("bfloat16", [12, 12, 9, 4, 1], 1024), ("float16", [7, 7, 5, 2, 2, 1], 900),
+    ("tf32", [16, 16, 12, 5, 1], 1024),  # (ragged: equal batch sizes take the cluster kernel there)
     # float32 with TF32 off (h as 30-bit values split into big and small TF32 values, three MMAs
     # per product; float32's 3e-5 bound): 4 units per block with 2 and 4 k-steps per warp, a
     # padded last block (H = 300, 75 blocks), B <= 8 and B > 8.
@@ -705,13 +706,14 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
 
 
 # (precision, B, H, reverse, bias): the one-m16-tile instances (B <= 16), forced at every H and
-# type (float32 with TF32 at H = 1024: half of W_hh's slice in shared memory); bf16 / fp16 at
-# H = 1024 from B = 10 without forcing.
+# type (float32 with TF32 at H = 1024: half of W_hh's slice in shared memory); at H = 1024 from
+# B = 6 (bf16 / fp16) or B = 8 (TF32) without forcing.
 _CLUSTER_FORWARD_FORCED_CASES = [
     ("bfloat16", 16, 1024, False, True), ("float16", 12, 1024, True, False), ("bfloat16", 1, 512, True, True),
     ("float16", 7, 256, False, True), ("tf32", 16, 512, True, True), ("tf32", 3, 256, False, True),
     ("float32", 16, 256, False, True), ("float32", 9, 512, True, True),
-    ("tf32", 16, 1024, False, True), ("tf32", 5, 1024, True, False),
+    ("tf32", 16, 1024, False, True), ("tf32", 7, 1024, True, False), ("tf32", 8, 1024, False, True),
+    ("bfloat16", 6, 1024, True, True), ("float16", 5, 1024, False, True),
 ]
 
 
@@ -720,14 +722,14 @@ _CLUSTER_FORWARD_FORCED_CASES = [
 def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
     """The cluster kernel's one-m16-tile instances at B <= 16 (rows B..15 of the tile zero),
     forced with SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=1: which kernel ran, and the outputs and
-    every gradient against the float64 reference. Unset, it runs only 16-bit types at H = 1024
-    from B = 10 (the direct kernel elsewhere at B <= 16)."""
+    every gradient against the float64 reference. Unset, it runs only at H = 1024, 16-bit types
+    from B = 6 and TF32 from B = 8 (the direct kernel elsewhere at B <= 16)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
-        auto = precision_name in ("bfloat16", "float16") and H == 1024 and B >= 10
+        auto = H == 1024 and B >= {"bfloat16": 6, "float16": 6, "tf32": 8}.get(precision_name, 17)
         assert ("cluster" in _persistent_variants(run, "forward", "cluster")) == auto
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
         assert _persistent_variants(run, "forward", "cluster") == {"cluster"}

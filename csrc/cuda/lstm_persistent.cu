@@ -2114,7 +2114,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // TF32 B = 32, H = 1024 1.703 / 1.599, B = 64, H = 512 1.546 / 1.494.
 // Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
 // x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles (MT = 1
-// at B <= 16, where it takes only 16-bit H = 1024 from B = 10: cluster_forward_applies).
+// at B <= 16, where it takes only H = 1024, 16-bit from B = 6 and TF32 from B = 8:
+// cluster_forward_applies).
 // float32: with TF32, m16n8k8 on TF32 operands, h exchanged as TF32 values; without it (kX3), h
 // exchanged whole and each product as three TF32 MMAs on split operands (W_hh's two parts
 // resident), at float32's accuracy. At H = 1024 float32's W_hh slice takes 128 KB: with TF32 half

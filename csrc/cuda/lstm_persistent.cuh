@@ -37,17 +37,24 @@ inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count,
          s.B >= 1 && s.B <= 64 && hidden && all_steps_full(s);
 }
 // Where it takes the call: wherever it fits at B > 16 (lstm_loop.cuh's rule chooses the persistent
-// loop there), and at B <= 16, where the direct kernel runs otherwise, 16-bit types at H = 1024
-// from kClusterForwardMinBatchOneTile (one m16 tile). Both forced on an H200 (`infer`, T = 256,
-// docs/benchmarks.md), direct over cluster at H = 1024, B = 8 / 10 / 12 / 14 / 16: bf16 0.98 /
-// 1.06 / 1.06 / 1.14 / 1.13, fp16 1.00 / 1.04 / 1.06 / 1.17 / 1.13 (`train` calls 0.99-1.04),
-// TF32 B = 8 / 12 / 16 0.89 / 1.02 / 1.03; at H <= 512 and in float32 without TF32 the direct
-// kernel was 1.2-1.5x faster at B = 8 and 16. TF32 at H = 1024, B = 24 / 32: 1.89 / 1.97 ms
-// against `auto`'s 2.97 / 3.08 before it took the cluster kernel there (the fused loop).
-constexpr int64_t kClusterForwardMinBatchOneTile = 10;
+// loop there), and at B <= 16, where the direct kernel runs otherwise, at H = 1024 in one m16 tile:
+// 16-bit types from kClusterForwardMinBatchOneTile, float32 with TF32 from
+// kClusterForwardMinBatchOneTileTf32. Both kernels forced on an H200 (2026-11-27, the cluster kernel
+// with poisoned h; `infer`, T = 256, CUDA-graph replays, ms, direct / cluster; docs/benchmarks.md):
+// bf16 B = 4 / 6 / 8 / 10 / 16 0.658 / 0.711, 0.813 / 0.740, 0.818 / 0.769, 0.918 / 0.793,
+// 1.010 / 0.843 (fp16 alike; `train` B = 8 3.11 / 3.01); TF32 B = 6 / 8 / 9 / 12 / 16 0.830 / 0.904,
+// 0.962 / 0.945, 1.046 / 0.961, 1.140 / 0.985, 1.194 / 1.077 (eager calls at B = 8 1.25 / 1.19,
+// `train` 3.95 / 3.86). At H <= 512 and in float32 without TF32 the direct kernel stays faster
+// (bf16 B = 8 / 16, H = 512: 0.468 / 0.610, 0.581 / 0.640). TF32 at H = 1024, B = 24 / 32: 1.89 /
+// 1.97 ms against `auto`'s 2.97 / 3.08 before it took the cluster kernel there (the fused loop).
+constexpr int64_t kClusterForwardMinBatchOneTile = 6;
+constexpr int64_t kClusterForwardMinBatchOneTileTf32 = 8;
 inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size, bool x3) {
+  // (cluster_forward_fits has no float32 H = 1024 instance without TF32.)
+  const int64_t one_tile_min_batch =
+      elem_size == 2 ? kClusterForwardMinBatchOneTile : kClusterForwardMinBatchOneTileTf32;
   return cluster_forward_fits(s, sm_major, sm_count, elem_size, x3) &&
-         (s.B > 16 || (elem_size == 2 && s.H == 1024 && s.B >= kClusterForwardMinBatchOneTile));
+         (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
 }
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved
