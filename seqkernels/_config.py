@@ -36,8 +36,8 @@ CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 # cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
 # (16-bit; float32 with or without TF32 up to H = 512, with TF32 at H = 1024 up to B = 32) at
-# 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks); 16-bit
-# at H = 1024 also from kClusterForwardMinBatchOneTile (16-bit) or kClusterForwardMinBatchOneTileTf32
+# 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks); at
+# H = 1024 also from kClusterForwardMinBatchOneTile (16-bit) or kClusterForwardMinBatchOneTileTf32
 # (TF32) to B = 16 (one m16 tile), where the direct kernel runs otherwise
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
 CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 6
