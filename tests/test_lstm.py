@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pack_sequence
 
-from _helpers import max_abs
+from _helpers import cpu_has_amx, max_abs
 
 import seqkernels
 from seqkernels import LSTM, LSTMCell, lstm_layer, replace_lstm
@@ -753,11 +753,12 @@ def test_inference_and_noncontiguous_input(device):
 
 
 # The loops a test forces per device (SEQKERNELS_LSTM_BACKEND); "persistent-avx2": the CPU's
-# AVX2 kernels on an AVX-512 machine too (SEQKERNELS_CPU_AVX512=0).
-LOOPS = {"cpu": ("persistent", "gemm", "persistent-avx2"), "cuda": ("persistent", "fused", "cublas")}
+# AVX2 kernels on an AVX-512 machine too (SEQKERNELS_CPU_AVX512=0); "persistent-amx": its
+# products on AMX tiles at any batch (SEQKERNELS_CPU_AMX=1; skipped without AMX).
+LOOPS = {"cpu": ("persistent", "gemm", "persistent-avx2", "persistent-amx"), "cuda": ("persistent", "fused", "cublas")}
 
 
-@pytest.mark.parametrize("loop_index", [0, 1, 2])
+@pytest.mark.parametrize("loop_index", [0, 1, 2, 3])
 @pytest.mark.parametrize("precision", ["float32", "tf32", "bfloat16"])
 @pytest.mark.parametrize("batch, hidden", [(3, 16), (12, 64), (12, 600)])
 def test_nan_in_the_input_propagates_like_nn_lstm(device, monkeypatch, loop_index, precision, batch, hidden):
@@ -766,9 +767,16 @@ def test_nan_in_the_input_propagates_like_nn_lstm(device, monkeypatch, loop_inde
     (activation approximations, TF32 / 16-bit conversions, the persistent kernels' exchange
     formats: on CUDA B = 12 runs the direct kernel with two rows per lane, float32 without TF32
     with h as 30-bit values). The CPU's vectorised exp once clamped NaN to a finite value."""
+    if loop_index >= len(LOOPS[device]):
+        pytest.skip(f"{device} has {len(LOOPS[device])} loops to force")
     loop = LOOPS[device][loop_index]
     if loop == "persistent-avx2":
         monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")
+        loop = "persistent"
+    if loop == "persistent-amx":
+        if not cpu_has_amx():
+            pytest.skip("this CPU has no AMX-BF16")
+        monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1")
         loop = "persistent"
     if precision == "tf32":
         if device == "cpu":

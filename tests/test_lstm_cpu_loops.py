@@ -1,7 +1,8 @@
 """The CPU time loops of the LSTM (csrc/cpu/lstm.cpp), each forced: the persistent loop with
-its AVX-512 kernels and with its AVX2 kernels (SEQKERNELS_CPU_AVX512=0), and the BLAS loop
-(SEQKERNELS_LSTM_BACKEND=gemm). float32 only: the other dtypes and projection always take
-the BLAS loop (tests/test_lstm.py covers them).
+its products on AMX tiles (SEQKERNELS_CPU_AMX=1, where the CPU has AMX), with its AVX-512
+kernels (SEQKERNELS_CPU_AMX=0) and with its AVX2 kernels (SEQKERNELS_CPU_AVX512=0), and the
+BLAS loop (SEQKERNELS_LSTM_BACKEND=gemm). float32 only: the other dtypes and projection always
+take the BLAS loop (tests/test_lstm.py covers them).
 
 Ground truth: seqkernels.reference in float64 with the same inputs; outputs and every
 gradient within 3e-5 of max(1, max|expected|).
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _helpers import cpu_has_amx
 from seqkernels import lstm_layer
 from test_lstm_backends import _reference, layer_case, run_layer
 
@@ -45,16 +47,24 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["persistent-avx512", "persistent-avx2", "gemm"])
-def cpu_loop(request, monkeypatch):
-    loop, _, kernels = request.param.partition("-")
+def use_cpu_kernels(monkeypatch, kernels: str) -> None:
+    """Force the persistent loop's kernels: "amx" (skips without AMX), "avx512" or "avx2"."""
+    if kernels == "amx" and not cpu_has_amx():
+        pytest.skip("this CPU has no AMX-BF16")
     if kernels == "avx512" and not cpu_flags(["avx512f"]):
         pytest.skip("this CPU has no AVX-512")
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1" if kernels == "amx" else "0")
     if kernels == "avx2":
         monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")
     else:
         monkeypatch.delenv("SEQKERNELS_CPU_AVX512", raising=False)
+
+
+@pytest.fixture(params=["persistent-amx", "persistent-avx512", "persistent-avx2", "gemm"])
+def cpu_loop(request, monkeypatch):
+    loop, _, kernels = request.param.partition("-")
+    use_cpu_kernels(monkeypatch, kernels or "avx512")
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
     return request.param
 
 
@@ -74,3 +84,33 @@ def test_loop_matches_reference(cpu_loop, batch_sizes, I, H, reverse, bias):
         bound = TOL * max(1.0, expected.abs().max().item())
         assert err <= bound, f"{cpu_loop} {key}: error {err:.3g} > {bound:.3g} (B={batch_sizes[0]} H={H})"
 
+
+
+@pytest.mark.parametrize("where", ["h0", "x"])
+def test_amx_products_keep_inf_and_nan_as_float32(monkeypatch, where):
+    """On AMX a float32 operand is split into three bfloat16 parts (amx_x3.h). A non-finite
+    value must be its first part alone: an inf whose second part were inf - inf would turn its
+    row NaN where a float32 product keeps it inf (the gates saturate, the row stays finite). The
+    NaN of another row stays in that row. Against the float64 reference: the same NaN pattern,
+    and float32's bound elsewhere."""
+    use_cpu_kernels(monkeypatch, "amx")
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    batch_sizes, I, H = [18] * 5, 24, 40
+    t, _ = layer_case(batch_sizes, I, H, bias=True, seed=17)
+    if where == "h0":
+        t["h0"][1, 5] = float("inf")
+        t["h0"][2, 7] = float("-inf")
+    else:
+        t["x"][1, 7] = float("inf")  # step 0, row 1
+        t["x"][18 + 3, 11] = float("nan")  # step 1, row 3
+    bs = torch.tensor(batch_sizes)
+    args = [t[k] for k in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
+    ref = _reference(args[0], bs, *args[1:], reverse=False)
+    with torch.no_grad():
+        got = lstm_layer(args[0].float(), bs, *[a.float() for a in args[1:]], reverse=False)
+    for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
+        g, r = g.double(), r.double()
+        assert torch.equal(torch.isnan(g), torch.isnan(r)), f"{name}: NaN where the reference has none, or not"
+        ok = ~torch.isnan(r)
+        err = (g[ok] - r[ok]).abs().max().item()
+        assert err <= TOL * max(1.0, r[ok].abs().max().item()), f"{name}: error {err:.3g}"

@@ -219,6 +219,14 @@ struct LoopProjection {
   const float* bias;      // [G] b_ih + b_hh, or null
   int64_t I;
 };
+// The recurrent products on AMX (amx_products): W_hh packed by amx_pack_gate_weights, and
+// h_{t-1} as A parts ([3][B][ld] bfloat16, ld = amx::a_row_stride(H)) in two buffers by step
+// parity: each part splits its own units of h_t after its gate pass, for the next step.
+struct AmxRecurrence {
+  const uint16_t* w_packed;
+  uint16_t* h_split[2];
+  int64_t ld, part;  // row stride; elements per A part (B * ld)
+};
 
 // Forward time loop of the persistent path. h ping-pongs between hb[0] and hb[1] so that
 // a part can write h_t while others still read h_{t-1}; rows b >= bt are carried over.
@@ -227,10 +235,11 @@ struct LoopProjection {
 //   pre: [N, G] with the input projection, or with `proj`, [B, G] scratch of row stride
 //   fused_pre_stride(G)
 //   hb0/hb1 [B, H] (hb0 = h0); cbuf [B, H] (= c0); y [N, H]; gates [N, G] / cells [N, H] when training
+//   amx: the recurrent products on AMX instead (w_packed unused), or null
 template <bool kTraining>
 float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, const float* w_packed,
-                          const LoopProjection* proj, float* pre, float* hb0, float* hb1, float* cbuf, float* y,
-                          float* gates, float* cells) {
+                          const LoopProjection* proj, const AmxRecurrence* amx, float* pre, float* hb0, float* hb1,
+                          float* cbuf, float* y, float* gates, float* cells) {
   const int64_t H = s.H, G = s.G, B = s.B;
   const int64_t tile = unit_tile(kernels);
   const int64_t parts = persistent_parts(H, tile, s.B);
@@ -250,7 +259,14 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
       part_product(kernels, H, proj->I, bt, j0, j1, proj->x + off * proj->I, proj->I, proj->w_packed, pre_t, ldp,
                    AccStart::kBias, proj->bias);
     }
-    part_product(kernels, H, H, bt, j0, j1, hin, H, w_packed, pre_t, ldp);
+#if defined(SEQKERNELS_HAVE_AMX)
+    if (amx) {
+      amx_units_product(H, H, amx->h_split[step & 1], amx->part, bt, j0, j1, amx->w_packed, pre_t, ldp, nullptr);
+    } else
+#endif
+    {
+      part_product(kernels, H, H, bt, j0, j1, hin, H, w_packed, pre_t, ldp);
+    }
     float* y_t = y + off * H;
     float* gates_t = kTraining ? gates + off * G : nullptr;
     float* cells_t = kTraining ? cells + off * H : nullptr;
@@ -269,6 +285,16 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
     }
     const size_t bytes = sizeof(float) * (j1 - j0);
     for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * H + j0, hin + b * H + j0, bytes);
+#if defined(SEQKERNELS_HAVE_AMX)
+    // The next step's A parts of these units, every row: in the reverse direction a step may
+    // have more rows than the one before (the carried rows: h0 of sequences that start late).
+    if (amx) {
+      for (int64_t j = j0; j < j1; j += amx::kTileCols) {
+        amx::split_columns(hout, H, B, j, std::min(amx::kTileCols, j1 - j), amx->ld, amx->part,
+                           amx->h_split[(step + 1) & 1]);
+      }
+    }
+#endif
   });
   return hb[s.T & 1];
 }
@@ -278,14 +304,30 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
 // every part's dpre_t: hence after the barrier), then runs the gate backward of step s.
 //   w_hh [G, H]; gates [N, G]; cells [N, H]; c0 [B, H]; grad_y [N, H]
 //   dh [B, H] (= grad_h_n in, grad_h0 out); dc [B, H] (= grad_c_n in, grad_c0 out); dpre [N, G]
+//   amx: dL/dh_{t-1} on AMX (amx_products; implies the AVX-512 kernels): W_hh packed by
+//   amx_pack_columns, and each step's dpre as A parts ([3][B][a_row_stride(G)] bfloat16, two
+//   buffers by step parity), each part splitting its own gate columns after its gate pass.
 void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, const float* gates, const float* cells,
-                         const float* c0, const float* grad_y, float* dh, float* dc, float* dpre) {
+                         const float* c0, const float* grad_y, float* dh, float* dc, float* dpre, bool amx) {
   const int64_t H = s.H, G = s.G;
   const CpuKernels kernels = cpu_kernels();
   const int64_t tile = backward_unit_tile(kernels);
   const int64_t parts = persistent_parts(H, tile, s.B);
-  const Tensor w_grad_packed = recurrent_grad_weights(kernels, w_hh, H);
-  const float* w_grad = w_grad_packed.const_data_ptr<float>();
+  Tensor w_grad_packed, d_split;
+  uint16_t* d_parts[2] = {nullptr, nullptr};
+  const int64_t d_ld = amx ? amx::a_row_stride(G) : 0, d_part = s.B * d_ld;
+#if defined(SEQKERNELS_HAVE_AMX)
+  if (amx) {
+    w_grad_packed = amx_pack_columns(w_hh, H, G, H);
+    d_split = at::zeros({2 * amx::kSplitParts * d_part}, at::kBFloat16);  // the padding stays zero
+    d_parts[0] = reinterpret_cast<uint16_t*>(d_split.data_ptr());
+    d_parts[1] = d_parts[0] + amx::kSplitParts * d_part;
+  } else
+#endif
+  {
+    w_grad_packed = recurrent_grad_weights(kernels, w_hh, H);
+  }
+  const float* w_grad = amx ? nullptr : w_grad_packed.const_data_ptr<float>();
   auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
   run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
     const UnitRange units = part_units(part, parts, H, tile);
@@ -293,7 +335,15 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
     if (j0 >= j1) return;
     if (step > 0) {
       const int64_t tp = step_time(step - 1);
-      part_recurrent_grad(kernels, s.batch_sizes[tp], H, j0, j1, dpre + s.offsets[tp] * G, w_grad, dh);
+#if defined(SEQKERNELS_HAVE_AMX)
+      if (amx) {
+        amx_columns_product(G, H, d_parts[(step - 1) & 1], d_part, s.batch_sizes[tp], j0, j1,
+                            reinterpret_cast<const uint16_t*>(w_grad_packed.const_data_ptr()), dh, H);
+      } else
+#endif
+      {
+        part_recurrent_grad(kernels, s.batch_sizes[tp], H, j0, j1, dpre + s.offsets[tp] * G, w_grad, dh);
+      }
     }
     if (step == s.T) return;
     const int64_t t = step_time(step);
@@ -306,6 +356,17 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
     if (kernels == CpuKernels::kAvx512) {
       avx512::backward_gate_rows(bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
                                  grad_y + off * H, dc, dpre + off * G);
+#if defined(SEQKERNELS_HAVE_AMX)
+      // The next step's A parts of this part's gate columns.
+      if (amx) {
+        for (int64_t g = 0; g < 4; ++g) {
+          for (int64_t j = j0; j < j1; j += amx::kTileCols) {
+            amx::split_columns(dpre + off * G, G, bt, g * H + j, std::min(amx::kTileCols, j1 - j), d_ld, d_part,
+                               d_parts[step & 1]);
+          }
+        }
+      }
+#endif
       return;
     }
 #endif
@@ -354,10 +415,30 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   if (persistent) {  // implies float32, no projection
     const CpuKernels kernels = cpu_kernels();
     const int64_t tile = unit_tile(kernels);
-    const bool fused_projection = fuse_projection(s, persistent_parts(s.H, tile, s.B));
+    // AMX (its gate passes are the AVX-512 ones): the input projection before the loop, on AMX too.
+    const bool amx = kernels == CpuKernels::kAvx512 && amx_products(s.B);
+    const bool fused_projection = !amx && fuse_projection(s, persistent_parts(s.H, tile, s.B));
     Tensor pre, gates;
-    Tensor w_ih_packed;
+    Tensor w_ih_packed, w_hh_packed, h_split;
     LoopProjection proj{};
+    AmxRecurrence amx_recurrence{};
+#if defined(SEQKERNELS_HAVE_AMX)
+    if (amx) {
+      pre = on_huge_pages(at::empty({s.N, s.G}, opts));
+      w_ih_packed = amx_pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I);
+      amx_input_projection(x.const_data_ptr<float>(), s.N, s.I, s.H,
+                           reinterpret_cast<const uint16_t*>(w_ih_packed.const_data_ptr()),
+                           s.has_bias ? bias.const_data_ptr<float>() : nullptr, pre.data_ptr<float>());
+      gates = training ? pre : at::empty({0, s.G}, opts);  // as below: the saved gates take pre's place
+      w_hh_packed = amx_pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H);
+      const int64_t ld = amx::a_row_stride(s.H), part = s.B * ld;
+      h_split = at::zeros({2 * amx::kSplitParts * part}, opts.dtype(at::kBFloat16));  // the padding stays zero
+      uint16_t* split = reinterpret_cast<uint16_t*>(h_split.data_ptr());
+      amx::split_rows(hbuf.const_data_ptr<float>(), s.H, s.B, s.H, split);
+      amx_recurrence = {reinterpret_cast<const uint16_t*>(w_hh_packed.const_data_ptr()),
+                        {split, split + amx::kSplitParts * part}, ld, part};
+    } else
+#endif
     if (fused_projection) {
       pre = at::empty({s.B, fused_pre_stride(s.G)}, opts);
       w_ih_packed = at::empty({packed_gate_weights_numel(s.H, s.I, tile)}, opts);
@@ -372,14 +453,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
       // Saves an [N, G] buffer's memory and first-touch page faults per training call.
       gates = training ? pre : at::empty({0, s.G}, opts);
     }
-    Tensor w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.H, tile)}, opts);
-    pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, w_hh_packed.data_ptr<float>());
+    if (!amx) {
+      w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.H, tile)}, opts);
+      pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, w_hh_packed.data_ptr<float>());
+    }
     Tensor hb1 = at::empty_like(hbuf);
     float* gates_p = training ? gates.data_ptr<float>() : nullptr;
     float* cells_p = training ? cells.data_ptr<float>() : nullptr;
     auto run = training ? &forward_persistent<true> : &forward_persistent<false>;
-    float* h_n = run(s, reverse, kernels, w_hh_packed.const_data_ptr<float>(), fused_projection ? &proj : nullptr,
-                     pre.data_ptr<float>(), hbuf.data_ptr<float>(), hb1.data_ptr<float>(), cbuf.data_ptr<float>(),
+    float* h_n = run(s, reverse, kernels, amx ? nullptr : w_hh_packed.const_data_ptr<float>(),
+                     fused_projection ? &proj : nullptr, amx ? &amx_recurrence : nullptr, pre.data_ptr<float>(),
+                     hbuf.data_ptr<float>(), hb1.data_ptr<float>(), cbuf.data_ptr<float>(),
                      y.data_ptr<float>(), gates_p, cells_p);
     if (h_n != hbuf.data_ptr<float>()) hbuf = hb1;
     return {y, hbuf, cbuf.to(x.scalar_type()), gates, cells};
@@ -518,10 +602,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   Tensor dw_hh = at::empty({G, Hout}, opts.dtype(acc));
   Tensor dw_hr = at::empty({P, P > 0 ? H : 0}, opts.dtype(acc));
 
+  // The products on AMX (amx_products; with the AVX-512 kernels): dL/dh_{t-1} in the loop and dx.
+  const bool amx = persistent && cpu_kernels() == CpuKernels::kAvx512 && amx_products(s.B);
   if (persistent) {  // implies float32
     backward_persistent(s, reverse, w_hh.const_data_ptr<float>(), gates.const_data_ptr<float>(),
                         cells.const_data_ptr<float>(), c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(),
-                        dhbuf.data_ptr<float>(), dcbuf.data_ptr<float>(), dpre.data_ptr<float>());
+                        dhbuf.data_ptr<float>(), dcbuf.data_ptr<float>(), dpre.data_ptr<float>(), amx);
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "seqkernels_lstm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -537,8 +623,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     }
 
     // Whole-sequence products after the loop.
-    gemm(Trans::No, Trans::No, N, I, G, dpre_p, G, w_ih.const_data_ptr<scalar_t>(), I, acc_t(0),
-         dx.data_ptr<acc_t>(), I);
+#if defined(SEQKERNELS_HAVE_AMX)
+    if (amx) {  // float32
+      const Tensor w_ih_packed = amx_pack_columns(w_ih.const_data_ptr<float>(), I, G, I);
+      amx_input_grad(dpre.const_data_ptr<float>(), N, G, I,
+                     reinterpret_cast<const uint16_t*>(w_ih_packed.const_data_ptr()), dx.data_ptr<float>());
+    } else
+#endif
+    {
+      gemm(Trans::No, Trans::No, N, I, G, dpre_p, G, w_ih.const_data_ptr<scalar_t>(), I, acc_t(0),
+           dx.data_ptr<acc_t>(), I);
+    }
     gemm(Trans::Yes, Trans::No, G, I, N, dpre_p, G, x.const_data_ptr<scalar_t>(), I, acc_t(0),
          dw_ih.data_ptr<acc_t>(), I);
     weight_grad_hh<scalar_t>(s, reverse, dpre_p, y.const_data_ptr<scalar_t>(), h0.const_data_ptr<scalar_t>(),

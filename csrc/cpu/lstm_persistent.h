@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "amx_x3.h"
 #include "seqkernels/lstm_cell.h"
 #include "vec_math.h"
 
@@ -944,5 +945,173 @@ inline void part_recurrent_grad(CpuKernels kernels, int64_t bt, int64_t H, int64
 #endif
   recurrent_grad_units_avx2(bt, H, k0, k1, dpre, w, dh);
 }
+
+// ---------------------------------------------------------------------------------------
+// float32 products on AMX tiles (amx_x3.h: six bfloat16 partial products, float32's error
+// class). Where they run (amx_products), the forward's input projection is one AMX product
+// before the loop and each step's recurrent product another, both over W packed once per call,
+// and the backward's dh = dG·W_hh per step and dx = dG·W_ih after the loop; the gate passes stay
+// the AVX-512 ones (every AMX CPU has AVX-512), the weight gradients MKL's.
+
+// Batch from which `auto` runs the products on AMX, where the CPU has it. On the 2-core Xeon
+// (docs/benchmarks.md, alternating calls) AMX won from B = 16 (H = 512: `infer` 1.19-1.24x
+// nn.LSTM against 0.93x with AVX-512 at B = 16-32) and lost at B = 8, where a tile's 8 rows
+// leave it half used (H = 512: 1.05x against 1.20x); at H = 256 the two were within noise.
+constexpr int64_t kAmxMinBatch = 16;
+
+// SEQKERNELS_CPU_AMX (diagnostic): unset, AMX where the CPU has it and B >= kAmxMinBatch; "0"
+// never; anything else wherever the CPU has it (the tests reach every row count with it).
+inline bool amx_products(int64_t B) {
+  if (!amx::hardware_available()) return false;
+  const char* env = std::getenv("SEQKERNELS_CPU_AMX");
+  if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
+  return B >= kAmxMinBatch;
+}
+
+#if defined(SEQKERNELS_HAVE_AMX)
+// W [G, K] (W_ih with K = I, W_hh with K = H) packed for AMX: group u = units [16 u, 16 u + 16),
+// tile g = gate g; units past H zero. In a tensor of bfloat16 storage.
+inline at::Tensor amx_pack_gate_weights(const float* w, int64_t H, int64_t K) {
+  const int64_t groups = (H + amx::kTileCols - 1) / amx::kTileCols;
+  at::Tensor packed = at::empty({amx::packed_numel(groups, K)}, at::kBFloat16);
+  amx::pack_rows_major(w, K, K, groups,
+                       [H](int64_t u, int64_t g, int64_t n) {
+                         const int64_t j = u * amx::kTileCols + n;
+                         return j < H ? g * H + j : int64_t{-1};
+                       },
+                       reinterpret_cast<uint16_t*>(packed.data_ptr()));
+  return packed;
+}
+
+// One row block of one packed group on AMX: out tile t = (in ? in tile t : 0) + A·B_t for the
+// m rows of the configured tiles, tile t at column t * tile_stride of out / in; the first valid[t]
+// columns of tile t exist. Whole tiles load and store out / in directly (no epilogue); a group
+// with a partial tile goes through a local block, so that it writes no column past valid[t].
+//   a: A parts at the block's row 0 (part stride a_part, row stride a_ld, Kp columns); out, in:
+//   row strides ldo / in_ld floats (in_ld = 0: one row for every row, e.g. a bias)
+SEQKERNELS_AMX_TARGET inline void amx_block(const uint16_t* a, int64_t a_part, int64_t a_ld, int64_t Kp,
+                                            const uint16_t* group, int64_t m, float* out, int64_t ldo,
+                                            int64_t tile_stride, const int64_t (&valid)[4], const float* in,
+                                            int64_t in_ld) {
+  if (valid[0] == 16 && valid[1] == 16 && valid[2] == 16 && valid[3] == 16) {
+    amx::group_product(a, a_part, a_ld, Kp, group, {in, in_ld, out, ldo, tile_stride});
+    return;
+  }
+  alignas(64) float partial[amx::kGroupTiles][16][16];  // [tile][row][column]
+  amx::group_product(a, a_part, a_ld, Kp, group, {nullptr, 0, &partial[0][0][0], 16, 256});
+  for (int64_t t = 0; t < 4; ++t) {
+    const __mmask16 mask = amx::lanes16(valid[t]);
+    for (int64_t r = 0; r < m; ++r) {
+      float* dst = out + r * ldo + t * tile_stride;
+      const __m512 base = in ? _mm512_maskz_loadu_ps(mask, in + r * in_ld + t * tile_stride) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(dst, mask, _mm512_add_ps(base, _mm512_load_ps(partial[t][r])));
+    }
+  }
+}
+
+// W [K, N] (row stride ldw) packed for amx_columns_product, in a tensor of bfloat16 storage.
+inline at::Tensor amx_pack_columns(const float* w, int64_t ldw, int64_t K, int64_t N) {
+  const int64_t group_cols = amx::kGroupTiles * amx::kTileCols;
+  at::Tensor packed = at::empty({amx::packed_numel((N + group_cols - 1) / group_cols, K)}, at::kBFloat16);
+  amx::pack_cols_major(w, ldw, K, N, reinterpret_cast<uint16_t*>(packed.data_ptr()));
+  return packed;
+}
+
+// pre[r, g*H + j] = (bias ? bias[g*H + j] : pre[r, g*H + j]) + Σ_k a[r, k]·W[g*H + j, k] for
+// rows [0, bt) and the units j in [j0, j1) (j0 a multiple of 16), rows in blocks of 16.
+//   a: A parts [3][.][a_row_stride(K)] (part stride a_part) at row 0; w_packed:
+//   amx_pack_gate_weights(W, H, K); pre: [bt, G] row stride ldp
+SEQKERNELS_AMX_TARGET inline void amx_units_product(int64_t H, int64_t K, const uint16_t* a, int64_t a_part,
+                                                    int64_t bt, int64_t j0, int64_t j1, const uint16_t* w_packed,
+                                                    float* pre, int64_t ldp, const float* bias) {
+  const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K);
+  const int64_t group_numel = Kp / amx::kTileK * amx::kSplitParts * amx::kGroupTiles * amx::kTileElems;
+  int64_t configured = 0;
+  for (int64_t j = j0; j < j1; j += amx::kTileCols) {
+    const int64_t nj = std::min(amx::kTileCols, j1 - j);
+    const int64_t valid[4] = {nj, nj, nj, nj};
+    const uint16_t* group = w_packed + (j / amx::kTileCols) * group_numel;
+    for (int64_t b = 0; b < bt; b += amx::kTileRows) {
+      const int64_t m = std::min(amx::kTileRows, bt - b);
+      if (m != configured) {
+        amx::configure(m);
+        configured = m;
+      }
+      float* rows = pre + b * ldp + j;
+      amx_block(a + b * a_ld, a_part, a_ld, Kp, group, m, rows, ldp, H, valid, bias ? bias + j : rows, bias ? 0 : ldp);
+    }
+  }
+  if (configured) amx::release();
+}
+
+// c[r, n] = Σ_k a[r, k]·W[k, n] for rows [0, rows) and the columns n in [n0, n1) (n0 a multiple
+// of 64) of a W packed by amx::pack_cols_major (groups of 64 columns), rows in blocks of 16: the
+// backward's dh = dG·W_hh (K = G, N = H) and dx = dG·W_ih (N = I).
+//   a: A parts [3][.][a_row_stride(K)] (part stride a_part) at row 0; c: [rows, N] row stride ldc
+SEQKERNELS_AMX_TARGET inline void amx_columns_product(int64_t K, int64_t N, const uint16_t* a, int64_t a_part,
+                                                      int64_t rows, int64_t n0, int64_t n1,
+                                                      const uint16_t* w_packed, float* c, int64_t ldc) {
+  const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K), cols = amx::kGroupTiles * amx::kTileCols;
+  const int64_t group_numel = Kp / amx::kTileK * amx::kSplitParts * amx::kGroupTiles * amx::kTileElems;
+  int64_t configured = 0;
+  for (int64_t n = n0; n < n1; n += cols) {
+    int64_t valid[4];
+    for (int64_t t = 0; t < 4; ++t) valid[t] = std::clamp<int64_t>(n1 - n - 16 * t, 0, 16);
+    const uint16_t* group = w_packed + (n / cols) * group_numel;
+    for (int64_t b = 0; b < rows; b += amx::kTileRows) {
+      const int64_t m = std::min(amx::kTileRows, rows - b);
+      if (m != configured) {
+        amx::configure(m);
+        configured = m;
+      }
+      amx_block(a + b * a_ld, a_part, a_ld, Kp, group, m, c + b * ldc + n, ldc, amx::kTileCols, valid, nullptr, 0);
+    }
+  }
+  if (configured) amx::release();
+}
+
+// Rows of a float32 matrix split per thread at a time in the whole-sequence AMX products: the
+// panel's three parts (panel x Kp x 6 bytes, 768 KB at K = 512) and a group of W stay in L2
+// while every row block of the panel passes over the group.
+constexpr int64_t kAmxPanelRows = 256;
+
+// Calls panel_fn(parts, a_part, r0, rows) for panels of kAmxPanelRows rows of a ([M, K], row
+// stride lda), in parallel, each panel split into a per-thread buffer first (a tensor: 64-byte
+// aligned, amx_x3.h).
+template <class PanelFn>
+SEQKERNELS_AMX_TARGET void amx_for_panels(const float* a, int64_t lda, int64_t M, int64_t K, const PanelFn& panel_fn) {
+  const int64_t ld = amx::a_row_stride(K), panels = (M + kAmxPanelRows - 1) / kAmxPanelRows;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) SEQKERNELS_AMX_TARGET {
+    at::Tensor split = at::empty({amx::kSplitParts * kAmxPanelRows * ld}, at::kBFloat16);
+    uint16_t* parts = reinterpret_cast<uint16_t*>(split.data_ptr());
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t r0 = p * kAmxPanelRows, rows = std::min(kAmxPanelRows, M - r0);
+      amx::split_rows(a + r0 * lda, lda, rows, K, parts);
+      panel_fn(parts, rows * ld, r0, rows);
+    }
+  });
+}
+
+// pre [N, G] = bias + x·W_ihᵀ for all N rows on AMX.
+//   x: [N, I]; w_packed: amx_pack_gate_weights(W_ih); bias: [G] or null
+SEQKERNELS_AMX_TARGET inline void amx_input_projection(const float* x, int64_t N, int64_t I, int64_t H,
+                                                       const uint16_t* w_packed, const float* bias, float* pre) {
+  const int64_t G = 4 * H;
+  std::vector<float> zero_bias(bias ? 0 : G, 0.f);
+  const float* start = bias ? bias : zero_bias.data();
+  amx_for_panels(x, I, N, I, [&](const uint16_t* parts, int64_t a_part, int64_t r0, int64_t rows) {
+    amx_units_product(H, I, parts, a_part, rows, 0, H, w_packed, pre + r0 * G, G, start);
+  });
+}
+
+// dx [N, I] = dG·W_ih for all N rows on AMX.
+//   dpre: [N, G]; w_packed: amx::pack_cols_major(W_ih, I, G, I)
+SEQKERNELS_AMX_TARGET inline void amx_input_grad(const float* dpre, int64_t N, int64_t G, int64_t I,
+                                                 const uint16_t* w_packed, float* dx) {
+  amx_for_panels(dpre, G, N, G, [&](const uint16_t* parts, int64_t a_part, int64_t r0, int64_t rows) {
+    amx_columns_product(G, I, parts, a_part, rows, 0, I, w_packed, dx + r0 * I, I);
+  });
+}
+#endif  // SEQKERNELS_HAVE_AMX
 
 }  // namespace seqkernels::cpu
