@@ -1,7 +1,7 @@
 """The CPU time loops of the LSTM (csrc/cpu/lstm.cpp), each forced: the persistent loop with
-its products on AMX tiles (SEQKERNELS_CPU_AMX=1, where the CPU has AMX), with its AVX-512
-kernels (SEQKERNELS_CPU_AMX=0) and with its AVX2 kernels (SEQKERNELS_CPU_AVX512=0), and the
-BLAS loop (SEQKERNELS_LSTM_BACKEND=gemm). float32 only: the other dtypes and projection always
+the kernels its rule picks on this CPU, with its products on AMX tiles (SEQKERNELS_CPU_AMX=1,
+where the CPU has AMX), with its AVX-512 kernels (SEQKERNELS_CPU_AMX=0) and with its AVX2
+kernels (SEQKERNELS_CPU_AVX512=0), and the BLAS loop (SEQKERNELS_LSTM_BACKEND=gemm). float32 only: the other dtypes and projection always
 take the BLAS loop (tests/test_lstm.py covers them).
 
 Ground truth: seqkernels.reference in float64 with the same inputs; outputs and every
@@ -44,11 +44,19 @@ CASES = [
     # rows on the four-gate kernel) and a hidden size with a partial 16-unit backward block.
     ([14, 13, 9, 8, 7, 6, 5, 4, 3, 2, 1], 12, 44, False, True),
     ([15, 15, 12, 11, 10], 9, 24, True, True),
+    # N = 1090 rows at B = 8: under `auto` on an AMX CPU the whole-sequence products (input
+    # projection, dx) run on AMX and the step products on AVX-512 (amx_sequence_products).
+    ([8] * 130 + [5] * 10, 20, 36, True, True),
 ]
 
 
 def use_cpu_kernels(monkeypatch, kernels: str) -> None:
-    """Force the persistent loop's kernels: "amx" (skips without AMX), "avx512" or "avx2"."""
+    """Force the persistent loop's kernels: "amx" (skips without AMX), "avx512" or "avx2"; or
+    "auto", the ones the rule picks on this CPU."""
+    if kernels == "auto":
+        monkeypatch.delenv("SEQKERNELS_CPU_AMX", raising=False)
+        monkeypatch.delenv("SEQKERNELS_CPU_AVX512", raising=False)
+        return
     if kernels == "amx" and not cpu_has_amx():
         pytest.skip("this CPU has no AMX-BF16")
     if kernels == "avx512" and not cpu_flags(["avx512f"]):
@@ -60,10 +68,10 @@ def use_cpu_kernels(monkeypatch, kernels: str) -> None:
         monkeypatch.delenv("SEQKERNELS_CPU_AVX512", raising=False)
 
 
-@pytest.fixture(params=["persistent-amx", "persistent-avx512", "persistent-avx2", "gemm"])
+@pytest.fixture(params=["persistent-auto", "persistent-amx", "persistent-avx512", "persistent-avx2", "gemm"])
 def cpu_loop(request, monkeypatch):
     loop, _, kernels = request.param.partition("-")
-    use_cpu_kernels(monkeypatch, kernels or "avx512")
+    use_cpu_kernels(monkeypatch, kernels or "auto")
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
     return request.param
 
@@ -114,3 +122,21 @@ def test_amx_products_keep_inf_and_nan_as_float32(monkeypatch, where):
         ok = ~torch.isnan(r)
         err = (g[ok] - r[ok]).abs().max().item()
         assert err <= TOL * max(1.0, r[ok].abs().max().item()), f"{name}: error {err:.3g}"
+
+
+def test_amx_products_keep_float32_accuracy(monkeypatch):
+    """Three bfloat16 parts per operand reach float32's accuracy: the AMX loop's outputs and
+    gradients are within 3x the AVX-512 float32 loop's error of the float64 reference (plus
+    1e-7). Two parts would leave ~2^-17 of every product, ~1e-5 here: 30x float32's."""
+    batch_sizes, I, H = [16] * 24, 256, 256
+    t, up = layer_case(batch_sizes, I, H, bias=True, seed=23)
+    ref = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    errors = {}
+    for kernels in ("amx", "avx512"):
+        use_cpu_kernels(monkeypatch, kernels)
+        monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+        got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cpu")
+        errors[kernels] = {k: (got[k].double() - e).abs().max().item() for k, e in ref.items()}
+    for key, err in errors["amx"].items():
+        bound = 3 * errors["avx512"][key] + 1e-7
+        assert err <= bound, f"{key}: AMX error {err:.3g} > {bound:.3g} (float32 loop: {errors['avx512'][key]:.3g})"

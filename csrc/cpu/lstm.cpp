@@ -393,6 +393,19 @@ Tensor input_projection(const LstmSizes& s, const Tensor& x, const Tensor& w_ih,
   return pre;
 }
 
+// input_projection's pre [N, G] on AMX (float32; amx_sequence_products).
+Tensor amx_input_projection_tensor(const LstmSizes& s, const Tensor& x, const Tensor& w_ih, const Tensor& bias) {
+  Tensor pre = on_huge_pages(at::empty({s.N, s.G}, x.options()));
+#if defined(SEQKERNELS_HAVE_AMX)
+  const Tensor packed = amx_pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I);
+  amx_input_projection(x.const_data_ptr<float>(), s.N, s.I, s.H, reinterpret_cast<const uint16_t*>(packed.const_data_ptr()),
+                       bias.defined() ? bias.const_data_ptr<float>() : nullptr, pre.data_ptr<float>());
+#else
+  TORCH_CHECK(false, "seqkernels: built without AMX support");
+#endif
+  return pre;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     const Tensor& x, const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
     const Tensor& w_hh, const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh,
@@ -415,30 +428,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   if (persistent) {  // implies float32, no projection
     const CpuKernels kernels = cpu_kernels();
     const int64_t tile = unit_tile(kernels);
-    // AMX (its gate passes are the AVX-512 ones): the input projection before the loop, on AMX too.
-    const bool amx = kernels == CpuKernels::kAvx512 && amx_products(s.B);
+    // AMX (amx_x3.h; its gate passes are the AVX-512 ones): the whole-sequence input projection
+    // wherever the CPU has it, the step products from kAmxMinBatch (amx_products).
+    const bool amx_sequence = kernels == CpuKernels::kAvx512 && amx_sequence_products(s.N);
+    const bool amx = amx_sequence && amx_products(s.B);
     const bool fused_projection = !amx && fuse_projection(s, persistent_parts(s.H, tile, s.B));
     Tensor pre, gates;
     Tensor w_ih_packed, w_hh_packed, h_split;
     LoopProjection proj{};
     AmxRecurrence amx_recurrence{};
-#if defined(SEQKERNELS_HAVE_AMX)
-    if (amx) {
-      pre = on_huge_pages(at::empty({s.N, s.G}, opts));
-      w_ih_packed = amx_pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I);
-      amx_input_projection(x.const_data_ptr<float>(), s.N, s.I, s.H,
-                           reinterpret_cast<const uint16_t*>(w_ih_packed.const_data_ptr()),
-                           s.has_bias ? bias.const_data_ptr<float>() : nullptr, pre.data_ptr<float>());
-      gates = training ? pre : at::empty({0, s.G}, opts);  // as below: the saved gates take pre's place
-      w_hh_packed = amx_pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H);
-      const int64_t ld = amx::a_row_stride(s.H), part = s.B * ld;
-      h_split = at::zeros({2 * amx::kSplitParts * part}, opts.dtype(at::kBFloat16));  // the padding stays zero
-      uint16_t* split = reinterpret_cast<uint16_t*>(h_split.data_ptr());
-      amx::split_rows(hbuf.const_data_ptr<float>(), s.H, s.B, s.H, split);
-      amx_recurrence = {reinterpret_cast<const uint16_t*>(w_hh_packed.const_data_ptr()),
-                        {split, split + amx::kSplitParts * part}, ld, part};
-    } else
-#endif
     if (fused_projection) {
       pre = at::empty({s.B, fused_pre_stride(s.G)}, opts);
       w_ih_packed = at::empty({packed_gate_weights_numel(s.H, s.I, tile)}, opts);
@@ -447,12 +445,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
               s.has_bias ? bias.const_data_ptr<float>() : nullptr, s.I};
       gates = on_huge_pages(at::empty({saved, s.G}, opts));
     } else {
-      pre = input_projection<float>(s, x, w_ih, bias);
+      pre = amx_sequence ? amx_input_projection_tensor(s, x, w_ih, bias) : input_projection<float>(s, x, w_ih, bias);
       // The saved gates take pre's place: a step's gate pass reads its pre rows and writes
       // the activations over them, all four gates of a unit before any store (gate_rows).
       // Saves an [N, G] buffer's memory and first-touch page faults per training call.
       gates = training ? pre : at::empty({0, s.G}, opts);
     }
+#if defined(SEQKERNELS_HAVE_AMX)
+    if (amx) {
+      w_hh_packed = amx_pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H);
+      const int64_t ld = amx::a_row_stride(s.H), part = s.B * ld;
+      h_split = at::zeros({2 * amx::kSplitParts * part}, opts.dtype(at::kBFloat16));  // the padding stays zero
+      uint16_t* split = reinterpret_cast<uint16_t*>(h_split.data_ptr());
+      amx::split_rows(hbuf.const_data_ptr<float>(), s.H, s.B, s.H, split);
+      amx_recurrence = {reinterpret_cast<const uint16_t*>(w_hh_packed.const_data_ptr()),
+                        {split, split + amx::kSplitParts * part}, ld, part};
+    }
+#endif
     if (!amx) {
       w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.H, tile)}, opts);
       pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, w_hh_packed.data_ptr<float>());
@@ -602,8 +611,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   Tensor dw_hh = at::empty({G, Hout}, opts.dtype(acc));
   Tensor dw_hr = at::empty({P, P > 0 ? H : 0}, opts.dtype(acc));
 
-  // The products on AMX (amx_products; with the AVX-512 kernels): dL/dh_{t-1} in the loop and dx.
-  const bool amx = persistent && cpu_kernels() == CpuKernels::kAvx512 && amx_products(s.B);
+  // On AMX (with the AVX-512 kernels): dx wherever the CPU has it (amx_sequence_products),
+  // dL/dh_{t-1} in the loop from kAmxMinBatch (amx_products).
+  const bool amx_sequence = persistent && cpu_kernels() == CpuKernels::kAvx512 && amx_sequence_products(N);
+  const bool amx = amx_sequence && amx_products(s.B);
   if (persistent) {  // implies float32
     backward_persistent(s, reverse, w_hh.const_data_ptr<float>(), gates.const_data_ptr<float>(),
                         cells.const_data_ptr<float>(), c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(),
@@ -624,7 +635,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 
     // Whole-sequence products after the loop.
 #if defined(SEQKERNELS_HAVE_AMX)
-    if (amx) {  // float32
+    if (amx_sequence) {  // float32
       const Tensor w_ih_packed = amx_pack_columns(w_ih.const_data_ptr<float>(), I, G, I);
       amx_input_grad(dpre.const_data_ptr<float>(), N, G, I,
                      reinterpret_cast<const uint16_t*>(w_ih_packed.const_data_ptr()), dx.data_ptr<float>());

@@ -967,6 +967,18 @@ inline bool amx_products(int64_t B) {
   if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
   return B >= kAmxMinBatch;
 }
+// The whole-sequence products of N = T·B rows (the input projection where it is not fused into
+// the loop, dx) on AMX: from kAmxMinSequenceRows rows, where the AMX product's gain pays for
+// packing W in its layout (~1.5 ms at H = 512 on the 2-core Xeon, against ~0.5 ms for the
+// AVX-512 layout; at B = 1, N = 256 the call was slower: H = 512 `infer` 14.6 against 13.2 ms).
+// SEQKERNELS_CPU_AMX as amx_products.
+constexpr int64_t kAmxMinSequenceRows = 1024;
+inline bool amx_sequence_products(int64_t N) {
+  if (!amx::hardware_available()) return false;
+  const char* env = std::getenv("SEQKERNELS_CPU_AMX");
+  if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
+  return N >= kAmxMinSequenceRows;
+}
 
 #if defined(SEQKERNELS_HAVE_AMX)
 // W [G, K] (W_ih with K = I, W_hh with K = H) packed for AMX: group u = units [16 u, 16 u + 16),
