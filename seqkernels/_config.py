@@ -19,6 +19,11 @@ CPU_PERSISTENT_MAX_BATCH = 256  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.
 CPU_PERSISTENT_MIN_STEPS = 4  # kPersistentMinSteps, csrc/cpu/lstm.cpp
 CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH = 8  # kPersistentMinStepsSmallBatch, B < kPersistentSmallBatch
 CPU_PERSISTENT_SMALL_BATCH = 8  # kPersistentSmallBatch
+CPU_AMX_MIN_BATCH = 16  # kAmxMinBatch, csrc/cpu/lstm_persistent.h
+CPU_AMX_MIN_SEQUENCE_ROWS = 1024  # kAmxMinSequenceRows
+# What the CPU's AMX products need (csrc/cpu/amx_x3.h's hardware_available, less the OS's
+# permission, which Linux kernels that list these flags grant).
+CPU_AMX_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
@@ -117,7 +122,8 @@ def config() -> dict:
         info["GPU"] = f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs)"
         info["cuDNN RNN may use TF32 (float32 follows it)"] = _rnn_tf32_allowed()
     info["LSTM time loops"] = {
-        "cpu": "persistent (float32, no proj_size, B <= 256 and T >= 4, or T >= 8 below B = 8, under auto) or gemm (BLAS)",
+        "cpu": "persistent (float32, no proj_size, B <= 256 and T >= 4, or T >= 8 below B = 8, under auto; its "
+        "products on AMX tiles from B = 16 where the CPU has AMX-BF16) or gemm (BLAS)",
         "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "
         "fp16, float32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
         "picks" if torch.cuda.is_available() else "no GPU here",
@@ -313,6 +319,38 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH} or H = {hidden} > {max_hidden}"
 
 
+def _cpu_flags() -> set[str]:
+    """The ISA flags /proc/cpuinfo lists (empty off x86 Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_products(batch: int, steps: int = 256) -> str:
+    """Which kernels the persistent CPU loop's products run on for B = batch and T = steps, on
+    this CPU and under SEQKERNELS_CPU_AVX512 / SEQKERNELS_CPU_AMX. Mirrors cpu_kernels,
+    amx_products and amx_sequence_products (csrc/cpu/lstm_persistent.h) and their use in
+    csrc/cpu/lstm.cpp."""
+    flags = _cpu_flags()
+    if "avx512f" not in flags or os.environ.get("SEQKERNELS_CPU_AVX512") == "0":
+        return "AVX2"
+    amx_env = os.environ.get("SEQKERNELS_CPU_AMX", "")
+    if not set(CPU_AMX_FLAGS) <= flags or amx_env == "0":
+        return "AVX-512"
+    forced = amx_env != ""
+    sequence = forced or batch * steps >= CPU_AMX_MIN_SEQUENCE_ROWS
+    if sequence and (forced or batch >= CPU_AMX_MIN_BATCH):
+        return "AMX tiles"
+    if sequence:
+        return f"AVX-512, the whole-sequence products on AMX tiles (T*B >= {CPU_AMX_MIN_SEQUENCE_ROWS} rows)"
+    return "AVX-512"
+
+
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
                      device: str = "cpu", backend: str | None = None, tf32: bool | None = None,
                      steps: int = 256, clusters: bool | None = None) -> dict:
@@ -323,7 +361,8 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
       CPU:  use_persistent_loop, csrc/cpu/lstm.cpp, with kPersistentMaxBatch
             (csrc/cpu/lstm_persistent.h): persistent for float32 without projection;
             under auto only while B <= 256 and the sequence has at least 4 steps (8 below
-            B = 8). Forward and backward decide alike.
+            B = 8). Forward and backward decide alike. The reason names the kernels of its
+            products (cpu_products).
       CUDA: choose_loop, csrc/cuda/lstm_loop.cuh: persistent, fused (one kernel per step) or
             cublas, by dtype, B, H and the state size B * H * sizeof(dtype); forward and backward
             separately. What the chosen loop checks at launch is not mirrored: the persistent
@@ -362,6 +401,8 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
             else:
                 choice = ("persistent", f"auto: float32, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, "
                                         f"T = {steps} >= {min_steps}")
+        if choice[0] == "persistent":
+            choice = (choice[0], f"{choice[1]}; products on {cpu_products(batch, steps)}")
         return {"forward": choice, "backward": choice}
     if device != "cuda":
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")

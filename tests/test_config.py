@@ -48,6 +48,34 @@ def test_cpu_choice_mirrors_use_persistent_loop(monkeypatch, batch, dtype, proj,
     assert choice["forward"][0] == choice["backward"][0] == loop
 
 
+def test_cpu_products_name_the_kernels(monkeypatch):
+    """cpu_products mirrors amx_products / amx_sequence_products: AMX tiles from B = 16 (and
+    T*B >= 1024 rows), the whole-sequence products alone from 1024 rows, AVX-512 below, and the
+    switches SEQKERNELS_CPU_AMX / SEQKERNELS_CPU_AVX512 - on whatever this CPU has."""
+    from seqkernels._config import CPU_AMX_FLAGS, _cpu_flags, cpu_products
+
+    monkeypatch.delenv("SEQKERNELS_CPU_AMX", raising=False)
+    monkeypatch.delenv("SEQKERNELS_CPU_AVX512", raising=False)
+    flags = _cpu_flags()
+    if "avx512f" not in flags:
+        assert cpu_products(64) == "AVX2"
+        return
+    monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")
+    assert cpu_products(64) == "AVX2"
+    monkeypatch.delenv("SEQKERNELS_CPU_AVX512")
+    if not set(CPU_AMX_FLAGS) <= flags:
+        assert cpu_products(64) == "AVX-512"
+        return
+    assert cpu_products(16) == "AMX tiles"
+    assert cpu_products(16, steps=63) == "AVX-512"  # T*B < 1024 rows
+    assert cpu_products(8).startswith("AVX-512, the whole-sequence products on AMX tiles")
+    assert cpu_products(1) == "AVX-512"  # N = 256 rows
+    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1")
+    assert cpu_products(1, steps=1) == "AMX tiles"
+    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "0")
+    assert cpu_products(64) == "AVX-512"
+
+
 def test_cpu_choice_follows_the_environment(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     assert lstm_loop_choice(64, 256)["forward"][0] == "persistent"
@@ -182,7 +210,7 @@ def test_cli_prints_the_choice_and_why():
     out = run_cli("--batch", "16", "--hidden", "512", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     assert "LSTM time loop for T=256, B=16, H=512, float32, proj_size=0 on cpu" in out.stdout
-    assert "forward: persistent (auto: float32, no projection, B = 16 <= 256, T = 256 >= 4)" in out.stdout
+    assert "forward: persistent (auto: float32, no projection, B = 16 <= 256, T = 256 >= 4; products on" in out.stdout
     out = run_cli("--batch", "1", "--hidden", "512", "--steps", "1", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     assert "forward: gemm (auto: T = 1 < 8 steps at B = 1" in out.stdout
