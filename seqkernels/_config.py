@@ -92,9 +92,12 @@ def _build_config() -> dict:
 
 
 def _registered(op: str, key: str) -> bool:
+    """Whether the op runs on dispatch key ``key``: a kernel for that key, or one for every key
+    (CompositeImplicitAutograd: what a schema defined with its function gets, e.g.
+    release_step_graphs, which takes no tensor)."""
     name = f"seqkernels::{op}"
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+        return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in (key, "CompositeImplicitAutograd"))
     except RuntimeError:  # the schema itself is missing
         return False
 
