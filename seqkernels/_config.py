@@ -19,7 +19,8 @@ CPU_PERSISTENT_MAX_BATCH = 256  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.
 CPU_PERSISTENT_MIN_STEPS = 4  # kPersistentMinSteps, csrc/cpu/lstm.cpp
 CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH = 8  # kPersistentMinStepsSmallBatch, B < kPersistentSmallBatch
 CPU_PERSISTENT_SMALL_BATCH = 8  # kPersistentSmallBatch
-CPU_AMX_MIN_BATCH = 16  # kAmxMinBatch, csrc/cpu/lstm_persistent.h
+CPU_AMX_MIN_HIDDEN = 384  # kAmxMinHidden, csrc/cpu/lstm_persistent.h
+CPU_AMX_MIN_BATCH = 16  # kAmxMinBatch
 CPU_AMX_MIN_SEQUENCE_ROWS = 1024  # kAmxMinSequenceRows
 # What the CPU's AMX products need (csrc/cpu/amx_x3.h's hardware_available, less the OS's
 # permission, which Linux kernels that list these flags grant).
@@ -126,7 +127,7 @@ def config() -> dict:
         info["cuDNN RNN may use TF32 (float32 follows it)"] = _rnn_tf32_allowed()
     info["LSTM time loops"] = {
         "cpu": "persistent (float32, no proj_size, B <= 256 and T >= 4, or T >= 8 below B = 8, under auto; its "
-        "products on AMX tiles from B = 16 where the CPU has AMX-BF16) or gemm (BLAS)",
+        "products on AMX tiles from B = 16 and H = 384 where the CPU has AMX-BF16) or gemm (BLAS)",
         "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "
         "fp16, float32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
         "picks" if torch.cuda.is_available() else "no GPU here",
@@ -334,11 +335,11 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def cpu_products(batch: int, steps: int = 256) -> str:
-    """Which kernels the persistent CPU loop's products run on for B = batch and T = steps, on
-    this CPU and under SEQKERNELS_CPU_AVX512 / SEQKERNELS_CPU_AMX. Mirrors cpu_kernels,
-    amx_products and amx_sequence_products (csrc/cpu/lstm_persistent.h) and their use in
-    csrc/cpu/lstm.cpp."""
+def cpu_products(batch: int, hidden: int, steps: int = 256) -> str:
+    """Which kernels the persistent CPU loop's products run on for B = batch, H = hidden and
+    T = steps, on this CPU and under SEQKERNELS_CPU_AVX512 / SEQKERNELS_CPU_AMX. Mirrors
+    cpu_kernels, amx_products and amx_sequence_products (csrc/cpu/lstm_persistent.h) and their
+    use in csrc/cpu/lstm.cpp."""
     flags = _cpu_flags()
     if "avx512f" not in flags or os.environ.get("SEQKERNELS_CPU_AVX512") == "0":
         return "AVX2"
@@ -346,7 +347,7 @@ def cpu_products(batch: int, steps: int = 256) -> str:
     if not set(CPU_AMX_FLAGS) <= flags or amx_env == "0":
         return "AVX-512"
     forced = amx_env != ""
-    sequence = forced or batch * steps >= CPU_AMX_MIN_SEQUENCE_ROWS
+    sequence = forced or (batch * steps >= CPU_AMX_MIN_SEQUENCE_ROWS and hidden >= CPU_AMX_MIN_HIDDEN)
     if sequence and (forced or batch >= CPU_AMX_MIN_BATCH):
         return "AMX tiles"
     if sequence:
@@ -405,7 +406,7 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
                 choice = ("persistent", f"auto: float32, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, "
                                         f"T = {steps} >= {min_steps}")
         if choice[0] == "persistent":
-            choice = (choice[0], f"{choice[1]}; products on {cpu_products(batch, steps)}")
+            choice = (choice[0], f"{choice[1]}; products on {cpu_products(batch, hidden, steps)}")
         return {"forward": choice, "backward": choice}
     if device != "cuda":
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")

@@ -49,31 +49,33 @@ def test_cpu_choice_mirrors_use_persistent_loop(monkeypatch, batch, dtype, proj,
 
 
 def test_cpu_products_name_the_kernels(monkeypatch):
-    """cpu_products mirrors amx_products / amx_sequence_products: AMX tiles from B = 16 (and
-    T*B >= 1024 rows), the whole-sequence products alone from 1024 rows, AVX-512 below, and the
-    switches SEQKERNELS_CPU_AMX / SEQKERNELS_CPU_AVX512 - on whatever this CPU has."""
+    """cpu_products mirrors amx_products / amx_sequence_products: AMX tiles from B = 16 and
+    H = 384 (and T*B >= 1024 rows), the whole-sequence products alone from 1024 rows, AVX-512
+    below, and the switches SEQKERNELS_CPU_AMX / SEQKERNELS_CPU_AVX512 - on whatever this CPU
+    has."""
     from seqkernels._config import CPU_AMX_FLAGS, _cpu_flags, cpu_products
 
     monkeypatch.delenv("SEQKERNELS_CPU_AMX", raising=False)
     monkeypatch.delenv("SEQKERNELS_CPU_AVX512", raising=False)
     flags = _cpu_flags()
     if "avx512f" not in flags:
-        assert cpu_products(64) == "AVX2"
+        assert cpu_products(64, 512) == "AVX2"
         return
     monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")
-    assert cpu_products(64) == "AVX2"
+    assert cpu_products(64, 512) == "AVX2"
     monkeypatch.delenv("SEQKERNELS_CPU_AVX512")
     if not set(CPU_AMX_FLAGS) <= flags:
-        assert cpu_products(64) == "AVX-512"
+        assert cpu_products(64, 512) == "AVX-512"
         return
-    assert cpu_products(16) == "AMX tiles"
-    assert cpu_products(16, steps=63) == "AVX-512"  # T*B < 1024 rows
-    assert cpu_products(8).startswith("AVX-512, the whole-sequence products on AMX tiles")
-    assert cpu_products(1) == "AVX-512"  # N = 256 rows
+    assert cpu_products(16, 384) == "AMX tiles"
+    assert cpu_products(64, 383) == "AVX-512"  # H < 384
+    assert cpu_products(16, 512, steps=63) == "AVX-512"  # T*B < 1024 rows
+    assert cpu_products(8, 512).startswith("AVX-512, the whole-sequence products on AMX tiles")
+    assert cpu_products(1, 512) == "AVX-512"  # N = 256 rows
     monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1")
-    assert cpu_products(1, steps=1) == "AMX tiles"
+    assert cpu_products(1, 16, steps=1) == "AMX tiles"
     monkeypatch.setenv("SEQKERNELS_CPU_AMX", "0")
-    assert cpu_products(64) == "AVX-512"
+    assert cpu_products(64, 512) == "AVX-512"
 
 
 def test_cpu_choice_follows_the_environment(monkeypatch):

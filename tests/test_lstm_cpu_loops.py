@@ -44,9 +44,10 @@ CASES = [
     # rows on the four-gate kernel) and a hidden size with a partial 16-unit backward block.
     ([14, 13, 9, 8, 7, 6, 5, 4, 3, 2, 1], 12, 44, False, True),
     ([15, 15, 12, 11, 10], 9, 24, True, True),
-    # N = 1090 rows at B = 8: under `auto` on an AMX CPU the whole-sequence products (input
-    # projection, dx) run on AMX and the step products on AVX-512 (amx_sequence_products).
-    ([8] * 130 + [5] * 10, 20, 36, True, True),
+    # N = 1090 rows at B = 8, H = 392 (no multiple of 16): under `auto` on an AMX CPU the
+    # whole-sequence products (input projection, dx) run on AMX and the step products on
+    # AVX-512 (amx_sequence_products).
+    ([8] * 130 + [5] * 10, 20, 392, True, True),
 ]
 
 

@@ -429,9 +429,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     const CpuKernels kernels = cpu_kernels();
     const int64_t tile = unit_tile(kernels);
     // AMX (amx_x3.h; its gate passes are the AVX-512 ones): the whole-sequence input projection
-    // wherever the CPU has it, the step products from kAmxMinBatch (amx_products).
-    const bool amx_sequence = kernels == CpuKernels::kAvx512 && amx_sequence_products(s.N);
-    const bool amx = amx_sequence && amx_products(s.B);
+    // (amx_sequence_products) and the step products (amx_products).
+    const bool amx_sequence = kernels == CpuKernels::kAvx512 && amx_sequence_products(s.N, s.H);
+    const bool amx = amx_sequence && amx_products(s.B, s.H);
     const bool fused_projection = !amx && fuse_projection(s, persistent_parts(s.H, tile, s.B));
     Tensor pre, gates;
     Tensor w_ih_packed, w_hh_packed, h_split;
@@ -611,10 +611,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   Tensor dw_hh = at::empty({G, Hout}, opts.dtype(acc));
   Tensor dw_hr = at::empty({P, P > 0 ? H : 0}, opts.dtype(acc));
 
-  // On AMX (with the AVX-512 kernels): dx wherever the CPU has it (amx_sequence_products),
-  // dL/dh_{t-1} in the loop from kAmxMinBatch (amx_products).
-  const bool amx_sequence = persistent && cpu_kernels() == CpuKernels::kAvx512 && amx_sequence_products(N);
-  const bool amx = amx_sequence && amx_products(s.B);
+  // On AMX (with the AVX-512 kernels): dx (amx_sequence_products) and dL/dh_{t-1} in the loop
+  // (amx_products).
+  const bool amx_sequence = persistent && cpu_kernels() == CpuKernels::kAvx512 && amx_sequence_products(N, H);
+  const bool amx = amx_sequence && amx_products(s.B, H);
   if (persistent) {  // implies float32
     backward_persistent(s, reverse, w_hh.const_data_ptr<float>(), gates.const_data_ptr<float>(),
                         cells.const_data_ptr<float>(), c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(),

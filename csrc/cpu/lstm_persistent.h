@@ -948,36 +948,45 @@ inline void part_recurrent_grad(CpuKernels kernels, int64_t bt, int64_t H, int64
 
 // ---------------------------------------------------------------------------------------
 // float32 products on AMX tiles (amx_x3.h: six bfloat16 partial products, float32's error
-// class). Where they run (amx_products), the forward's input projection is one AMX product
+// class). Where they run (amx_products, amx_sequence_products), the forward's input projection is one AMX product
 // before the loop and each step's recurrent product another, both over W packed once per call,
 // and the backward's dh = dG·W_hh per step and dx = dG·W_ih after the loop; the gate passes stay
 // the AVX-512 ones (every AMX CPU has AVX-512), the weight gradients MKL's.
 
-// Batch from which `auto` runs the products on AMX, where the CPU has it. On the 2-core Xeon
-// (docs/benchmarks.md, alternating calls) AMX won from B = 16 (H = 512: `infer` 1.19-1.24x
-// nn.LSTM against 0.93x with AVX-512 at B = 16-32) and lost at B = 8, where a tile's 8 rows
-// leave it half used (H = 512: 1.05x against 1.20x); at H = 256 the two were within noise.
+// Where `auto` runs products on AMX, on a CPU that has it: from kAmxMinHidden hidden units, the
+// step products from kAmxMinBatch rows, the whole-sequence ones from kAmxMinSequenceRows.
+// Measured (docs/benchmarks.md, speed-up against nn.LSTM, AVX-512 -> AMX): the 2-core Xeon of
+// development, H = 512, B = 16 / 32 / 64 `infer` 0.93 / 0.89 / 0.96x -> 1.40 / 1.24 / 1.22x;
+// H = 384, B = 16 / 64 0.94 / 1.00x -> 1.47 / 1.22x (alternating calls); at B = 8 AMX lost,
+// a tile product of 8 rows taking ~60 % of one of 16 (H = 512 1.20x -> 1.05x). At H = 256 the
+// AVX-512 loop's weights fit each core's L2 and the two were even there, but on the GPU host's
+// Xeon (2 of 16 threads) AMX lost: B = 16 / 64 `infer` 1.07 / 1.10x -> 0.85 / 0.81x, while H = 512
+// won there too (B = 16 0.94x -> 1.25x, B = 64 1.02x -> 1.07x).
+constexpr int64_t kAmxMinHidden = 384;
 constexpr int64_t kAmxMinBatch = 16;
-
-// SEQKERNELS_CPU_AMX (diagnostic): unset, AMX where the CPU has it and B >= kAmxMinBatch; "0"
-// never; anything else wherever the CPU has it (the tests reach every row count with it).
-inline bool amx_products(int64_t B) {
-  if (!amx::hardware_available()) return false;
-  const char* env = std::getenv("SEQKERNELS_CPU_AMX");
-  if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
-  return B >= kAmxMinBatch;
-}
 // The whole-sequence products of N = T·B rows (the input projection where it is not fused into
-// the loop, dx) on AMX: from kAmxMinSequenceRows rows, where the AMX product's gain pays for
-// packing W in its layout (~1.5 ms at H = 512 on the 2-core Xeon, against ~0.5 ms for the
-// AVX-512 layout; at B = 1, N = 256 the call was slower: H = 512 `infer` 14.6 against 13.2 ms).
-// SEQKERNELS_CPU_AMX as amx_products.
+// the loop, dx): the AMX product's gain must pay for packing W in its layout (~1.5 ms at
+// H = 512 on the 2-core Xeon, against ~0.5 ms for the AVX-512 layout; at B = 1, N = 256 the call
+// was slower: H = 512 `infer` 14.6 against 13.2 ms).
 constexpr int64_t kAmxMinSequenceRows = 1024;
-inline bool amx_sequence_products(int64_t N) {
-  if (!amx::hardware_available()) return false;
+
+// SEQKERNELS_CPU_AMX (diagnostic): unset, the rule above; "0" never; anything else wherever the
+// CPU has AMX (the tests reach every row count with it). -1: unset, 0 / 1: forced.
+inline int amx_mode() {
+  if (!amx::hardware_available()) return 0;
   const char* env = std::getenv("SEQKERNELS_CPU_AMX");
-  if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
-  return N >= kAmxMinSequenceRows;
+  if (env == nullptr || env[0] == '\0') return -1;
+  return std::strcmp(env, "0") != 0 ? 1 : 0;
+}
+// The step products of a loop with B rows and H units.
+inline bool amx_products(int64_t B, int64_t H) {
+  const int mode = amx_mode();
+  return mode == -1 ? B >= kAmxMinBatch && H >= kAmxMinHidden : mode == 1;
+}
+// The whole-sequence products of N rows for H units.
+inline bool amx_sequence_products(int64_t N, int64_t H) {
+  const int mode = amx_mode();
+  return mode == -1 ? N >= kAmxMinSequenceRows && H >= kAmxMinHidden : mode == 1;
 }
 
 #if defined(SEQKERNELS_HAVE_AMX)
