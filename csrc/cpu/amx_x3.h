@@ -7,14 +7,15 @@
 // nearest of what the parts before it left), and a product a·b is the six partial products
 // a0b0 + a1b0 + a2b0 + a0b1 + a1b1 + a0b2; the three left out are below 2^-23 |ab| together.
 // That is the error class of the GPU's three-TF32 products (docs/kernels.md), a few float32
-// roundings. On a 2-core Xeon (AMX, 2 MB L2 a core) a chunk of 32 k x 64 columns took 98 ns at
-// 8 rows and 139 ns at 16 rows (the six products, B tiles from L2), against ~170 / ~340 ns for
-// the same float32 products at the two FMA pipes' peak.
+// roundings. On the 2-core development Xeon (AMX, 2 MB L2 a core) group_product takes ~195 ns a
+// chunk of 32 k x 64 columns at 16 rows (W from L2; its 24 tile products alone ~115 ns), against
+// ~340 ns for the same float32 products at the two FMA pipes' peak; at 8 rows ~190 ns against
+// ~170, no gain (docs/kernels.md).
 //
 // Operand layouts (Kp = K rounded up to kTileK, zero-padded):
-//   A, split: [3 parts][rows][Kp] bfloat16, row stride a_ld = a_row_stride(K) (split_rows, or
-//   written by the caller), 64-byte aligned: a tile row that straddles two cache lines costs two
-//   (a group's products ran ~1.5x longer from misaligned buffers)
+//   A, split: [3 parts][rows][a_ld] bfloat16, a_ld = a_row_stride(K) (split_rows, or written by
+//   the caller), 64-byte aligned: a tile row that straddles two cache lines costs two (a group's
+//   products ran ~1.5x longer from misaligned buffers)
 //   B, packed in groups of kGroupTiles column tiles of 16: [group][K chunk of 32][3 parts]
 //     [tile][16 k pairs][16 columns][2] bfloat16, the VNNI layout TDPBF16PS reads (a tile row
 //     holds the k pairs of 16 columns)
@@ -26,9 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 11))
 #define SEQKERNELS_HAVE_AMX 1
@@ -150,8 +148,8 @@ SEQKERNELS_AMX_TARGET inline void split_columns(const float* h, int64_t ldh, int
 
 // B packed from a matrix whose columns are contiguous rows of memory (w[n * ldw + k]: W_ih /
 // W_hh for the LSTM's forward, gate column n = g * H + j): group u, tile t holds the columns
-// column(u, t, 0..16), columns past `valid` (column(...) < 0) zero. A tile's 16 columns x 32
-// k are split and transposed through a [16][16] block of 32-bit k pairs.
+// column(u, t, 0..16), zero where that is < 0 (units past H). A tile's 16 columns x 32 k are
+// split and transposed through a [16][16] block of 32-bit k pairs.
 template <class Column>
 SEQKERNELS_AMX_TARGET void pack_rows_major(const float* w, int64_t ldw, int64_t K, int64_t groups, const Column& column,
                                            uint16_t* packed) {

@@ -959,9 +959,10 @@ inline void part_recurrent_grad(CpuKernels kernels, int64_t bt, int64_t H, int64
 // development, H = 512, B = 16 / 32 / 64 `infer` 0.93 / 0.89 / 0.96x -> 1.40 / 1.24 / 1.22x;
 // H = 384, B = 16 / 64 0.94 / 1.00x -> 1.47 / 1.22x (alternating calls); at B = 8 AMX lost,
 // a tile product of 8 rows taking ~60 % of one of 16 (H = 512 1.20x -> 1.05x). At H = 256 the
-// AVX-512 loop's weights fit each core's L2 and the two were even there, but on the GPU host's
-// Xeon (2 of 16 threads) AMX lost: B = 16 / 64 `infer` 1.07 / 1.10x -> 0.85 / 0.81x, while H = 512
-// won there too (B = 16 0.94x -> 1.25x, B = 64 1.02x -> 1.07x).
+// AVX-512 loop's weights fit each core's L2: the two were even there, and on the GPU machine's
+// Xeon (2 of its 16 threads) AMX lost (B = 16 / 64 `infer` 1.07 / 1.10x -> 0.85 / 0.81x). That
+// Xeon was mixed at H = 384 and 512 too (docs/kernels.md): this rule is the development
+// machine's.
 constexpr int64_t kAmxMinHidden = 384;
 constexpr int64_t kAmxMinBatch = 16;
 // The whole-sequence products of N = T·B rows (the input projection where it is not fused into
