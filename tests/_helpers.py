@@ -6,21 +6,11 @@ import copy
 
 import torch
 
-# What the CPU's AMX products need (csrc/cpu/amx_x3.h's hardware_available, less the OS's
-# permission, which Linux kernels that list these flags grant).
-AMX_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
-
-
 def cpu_has_amx() -> bool:
-    """Whether /proc/cpuinfo lists every flag of AMX_FLAGS (False off x86 Linux)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(AMX_FLAGS) <= set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return False
+    """Whether this CPU lists every flag the CPU LSTM's AMX products need (False off x86 Linux)."""
+    from seqkernels._config import CPU_AMX_FLAGS, _cpu_flags
+
+    return set(CPU_AMX_FLAGS) <= _cpu_flags()
 
 
 def check_cuda_graph_replays(model: torch.nn.Module, static_x: torch.Tensor) -> None:
