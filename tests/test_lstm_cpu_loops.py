@@ -18,18 +18,13 @@ Shape legend: T steps, B batch, I input, H hidden, N packed rows.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from _helpers import cpu_has_amx
 from seqkernels import lstm_layer
+from seqkernels._config import _cpu_flags
 from test_lstm_backends import _reference, layer_case, run_layer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from harness import cpu_flags  # noqa: E402
 
 TOL = 3e-5
 
@@ -60,7 +55,7 @@ def use_cpu_kernels(monkeypatch, kernels: str) -> None:
         return
     if kernels == "amx" and not cpu_has_amx():
         pytest.skip("this CPU has no AMX-BF16")
-    if kernels == "avx512" and not cpu_flags(["avx512f"]):
+    if kernels == "avx512" and "avx512f" not in _cpu_flags():
         pytest.skip("this CPU has no AVX-512")
     monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1" if kernels == "amx" else "0")
     if kernels == "avx2":

@@ -220,12 +220,11 @@ struct LoopProjection {
   int64_t I;
 };
 // The recurrent products on AMX (amx_products): W_hh packed by amx_pack_gate_weights, and
-// h_{t-1} as A parts ([3][B][ld] bfloat16, ld = amx::a_row_stride(H)) in two buffers by step
-// parity: each part splits its own units of h_t after its gate pass, for the next step.
+// h_{t-1} as A parts ([3][B][amx::a_row_stride(H)] bfloat16) in two buffers by step parity: each
+// part splits its own units of h_t after its gate pass, for the next step.
 struct AmxRecurrence {
   const uint16_t* w_packed;
   uint16_t* h_split[2];
-  int64_t ld, part;  // row stride; elements per A part (B * ld)
 };
 
 // Forward time loop of the persistent path. h ping-pongs between hb[0] and hb[1] so that
@@ -243,6 +242,7 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
   const int64_t H = s.H, G = s.G, B = s.B;
   const int64_t tile = unit_tile(kernels);
   const int64_t parts = persistent_parts(H, tile, s.B);
+  [[maybe_unused]] const int64_t a_ld = amx::a_row_stride(H), a_part = B * a_ld;  // amx's A parts
   float* hb[2] = {hb0, hb1};
   run_steps(parts, s.T, [&](int64_t part, int64_t step) {
     const UnitRange units = part_units(part, parts, H, tile);
@@ -261,7 +261,7 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
     }
 #if defined(SEQKERNELS_HAVE_AMX)
     if (amx) {
-      amx_units_product(H, H, amx->h_split[step & 1], amx->part, bt, j0, j1, amx->w_packed, pre_t, ldp, nullptr);
+      amx_units_product(H, H, amx->h_split[step & 1], a_part, bt, j0, j1, amx->w_packed, pre_t, ldp, nullptr);
     } else
 #endif
     {
@@ -290,7 +290,7 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
     // have more rows than the one before (the carried rows: h0 of sequences that start late).
     if (amx) {
       for (int64_t j = j0; j < j1; j += amx::kTileCols) {
-        amx::split_columns(hout, H, B, j, std::min(amx::kTileCols, j1 - j), amx->ld, amx->part,
+        amx::split_columns(hout, H, B, j, std::min(amx::kTileCols, j1 - j), a_ld, a_part,
                            amx->h_split[(step + 1) & 1]);
       }
     }
@@ -459,7 +459,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
       uint16_t* split = reinterpret_cast<uint16_t*>(h_split.data_ptr());
       amx::split_rows(hbuf.const_data_ptr<float>(), s.H, s.B, s.H, split);
       amx_recurrence = {reinterpret_cast<const uint16_t*>(w_hh_packed.const_data_ptr()),
-                        {split, split + amx::kSplitParts * part}, ld, part};
+                        {split, split + amx::kSplitParts * part}};
     }
 #endif
     if (!amx) {
