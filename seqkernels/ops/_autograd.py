@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad as _forward_ad
 
 
 def records_grad(*args) -> bool:
@@ -11,8 +12,44 @@ def records_grad(*args) -> bool:
     return torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
 
 
-# op -> the autograd.Function that eager calls of the functionals record (register_autograd).
+# op -> the autograd.Function that eager calls of the functionals record (register_autograd,
+# forbid_double_backward).
 _EAGER_FUNCTIONS: dict = {}
+
+
+def _op_function(op, label: str, backward, setup_context) -> type:
+    """An ``autograd.Function`` running ``op`` below autograd, with ``backward`` and
+    ``setup_context`` as its formula. Written with a separate ``setup_context`` (not
+    ``forward(ctx, ...)``) so that torch.func transforms accept it: ``grad``, ``vjp`` and
+    ``jacrev`` through its backward, ``vmap`` through a generated rule (the op's own batching
+    fallback, one sample at a time), while ``jvp`` and forward-mode AD raise: the ops have no
+    forward-mode formula, and without this Function a ``torch.func.jvp`` reached the op's
+    torch.library kernel, which dropped the tangents (a zero derivative, silently)."""
+
+    def forward(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(f"{label}: forward-mode AD (torch.func.jvp, forward_ad) is not supported")
+
+    name = op.name().replace("::", "_")
+    return type(
+        f"{name}_function",
+        (torch.autograd.Function,),
+        {
+            "forward": staticmethod(forward),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward),
+            "jvp": staticmethod(jvp),
+            "generate_vmap_rule": True,
+        },
+    )
+
+
+def _label(op) -> str:
+    """"seqkernels::lstm_forward" -> "seqkernels.lstm", the prefix of the ops' messages."""
+    return op.name().replace("::", ".").rsplit("_", 1)[0]
 
 
 def register_autograd(op, backward, setup_context) -> None:
@@ -20,54 +57,49 @@ def register_autograd(op, backward, setup_context) -> None:
     OpOverload) twice, with the same two functions:
 
     - ``torch.library.register_autograd``: the op's autograd formula, used by direct calls of
-      the op, torch.compile and torch.func transforms;
-    - an ``autograd.Function`` that the functionals take for eager calls that autograd records
-      (``call_op``). torch.library's autograd kernel re-binds every argument against the schema
-      in Python on each call (``fill_defaults``, which rebuilds the argument list per argument)
-      and redispatches the op from Python: about 40 us of host time per recorded call on a 2-core
-      x86 host, which precedes the kernels' launch on the GPU. The Function calls the op below
-      autograd directly."""
+      the op and by torch.compile;
+    - an ``autograd.Function`` (``_op_function``) that the functionals take for eager calls that
+      autograd records and under torch.func transforms (``call_op``). torch.library's autograd
+      kernel re-binds every argument against the schema in Python on each call
+      (``fill_defaults``, which rebuilds the argument list per argument) and redispatches the op
+      from Python: about 40 us of host time per recorded call on a 2-core x86 host, which
+      precedes the kernels' launch on the GPU. The Function calls the op below autograd
+      directly. (torch.library's kernel also fails under ``torch.func.grad``: its Function
+      has no separate ``setup_context``.)"""
     torch.library.register_autograd(op, backward, setup_context=setup_context)
+    _EAGER_FUNCTIONS[op] = _op_function(op, _label(op), backward, setup_context)
 
-    def forward(ctx, *args):
-        with torch._C._AutoDispatchBelowAutograd():
-            output = op(*args)
-        setup_context(ctx, args, output)
-        return output
 
-    name = op.name().replace("::", "_")
-    _EAGER_FUNCTIONS[op] = type(
-        f"{name}_eager", (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)}
-    )
+def _transformed() -> bool:
+    """A torch.func transform, or a forward-mode AD level, is active."""
+    return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
 
 def call_op(op, recording: bool, *args):
     """``op(*args)`` as autograd sees it, with as little host time as possible:
 
-    - autograd records (``recording``) in an eager call: the op's eager autograd.Function
-      (``register_autograd``), which runs the same formula as the op's registered one;
+    - torch.compile tracing: the registered op as is;
+    - autograd records (``recording``) in an eager call, a torch.func transform is active, or a
+      forward-mode AD level is open: the op's ``autograd.Function`` (``register_autograd``,
+      ``forbid_double_backward``), which runs the same formula as the op's registered one;
     - autograd records nothing (grad mode off, or no input requires grad): the op below
       autograd, where its autograd kernel would only redispatch (a few microseconds per call,
       a measurable share of a small op on a GPU: a ConvRNN of the template's shape runs in
-      ~30 us);
-    - torch.compile tracing or a torch.func transform active: the registered op as is."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+      ~30 us)."""
+    if torch.compiler.is_compiling():
         return op(*args)
-    if recording:
-        # An op without an eager Function (the backward ops, recorded only by a double backward,
-        # whose formula raises) records through its registered formula.
-        eager = _EAGER_FUNCTIONS.get(op)
-        return op(*args) if eager is None else eager.apply(*args)
+    if recording or _transformed():
+        return _EAGER_FUNCTIONS[op].apply(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
 
 
 def call_backward_op(op, *args):
     """A ``<cell>_backward`` op called from an autograd formula: below autograd, unless a
-    double backward is being recorded (create_graph=True and an argument requires grad),
-    where the op's own formula (``forbid_double_backward``) must run and raise. Going below
-    autograd skips that formula's Python wrapper, a sizeable share of a small training call's
-    host time."""
+    double backward is being recorded (create_graph=True and an argument requires grad, or a
+    nested torch.func transform), where its Function's formula (``forbid_double_backward``)
+    raises. Going below autograd skips that formula's Python wrapper, a sizeable share of a
+    small training call's host time."""
     return call_op(op, records_grad(*args), *args)
 
 
@@ -88,8 +120,10 @@ def mark_saved_outputs(ctx, *saved: Tensor) -> None:
 
 def forbid_double_backward(backward_op: str, label: str) -> None:
     """Register an autograd formula for ``backward_op`` ("seqkernels::<cell>_backward") that
-    raises: without one, autograd would treat the backward op's outputs as constants and a
-    second backward (create_graph=True) would silently return wrong gradients."""
+    raises, on the op (torch.library) and on its Function (``call_backward_op``): without one,
+    autograd would treat the backward op's outputs as constants and a second backward
+    (create_graph=True, or torch.func.grad of torch.func.grad) would silently return wrong
+    gradients."""
 
     def _not_differentiable(ctx, *grads):
         raise NotImplementedError(f"{label}: double backward (differentiating the gradient) is not supported")
@@ -98,3 +132,5 @@ def forbid_double_backward(backward_op: str, label: str) -> None:
         pass
 
     torch.library.register_autograd(backward_op, _not_differentiable, setup_context=_setup_context)
+    op = getattr(torch.ops.seqkernels, backward_op.split("::")[1]).default
+    _EAGER_FUNCTIONS[op] = _op_function(op, label, _not_differentiable, _setup_context)

@@ -1,0 +1,159 @@
+"""The ops under torch.func transforms and forward-mode AD, for the three cells.
+
+torch.func.grad, vjp and jacrev differentiate through each op's backward; vmap runs the op
+one sample at a time (PyTorch's batching fallback: the ops have no batching rule); jvp and
+forward-mode AD have no formula and must raise, never return a zero tangent (they did through
+the ops' torch.library kernels before). Expected values come from the pure-PyTorch references
+in seqkernels.reference under the same transform, in float64.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
+
+import seqkernels
+from seqkernels.ops.convlstm import convlstm
+from seqkernels.ops.convrnn import convrnn
+from seqkernels.reference import convlstm_reference, convrnn_reference, lstm_reference
+
+TOL = dict(rtol=1e-10, atol=1e-12)  # float64 against float64
+
+
+@pytest.fixture(autouse=True)
+def _quiet_batching_fallback():
+    # vmap warns that the ops run through the per-sample batching fallback.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*batching rule.*")
+        yield
+
+
+def _lstm_pair(device, bidirectional: bool = False, num_layers: int = 1):
+    torch.manual_seed(0)
+    module = seqkernels.LSTM(3, 5, num_layers=num_layers, bidirectional=bidirectional, dtype=torch.float64,
+                             device=device)
+    flags = dict(num_layers=num_layers, bidirectional=bidirectional)
+
+    def reference(params: dict, x, hx=None):
+        flat = [params[name] for name in module._flat_weights_names]
+        return lstm_reference(x, hx, flat, **flags)
+
+    return module, reference
+
+
+def _x(device, *shape):
+    return torch.randn(*shape, dtype=torch.float64, device=device)
+
+
+@pytest.mark.parametrize("bidirectional,num_layers", [(False, 1), (True, 2)])
+def test_lstm_grad_of_input_and_parameters(device, bidirectional, num_layers):
+    module, reference = _lstm_pair(device, bidirectional, num_layers)
+    params = {k: v.detach() for k, v in module.named_parameters()}
+    x = _x(device, 6, 4, 3)
+    layers = num_layers * (2 if bidirectional else 1)
+    h0, c0 = _x(device, layers, 4, 5), _x(device, layers, 4, 5)
+
+    def loss(p, xx, h, c, fn):
+        y, (h_n, c_n) = fn(p, xx, (h, c))
+        return (y.sin().sum() + h_n.square().sum() + c_n.cos().sum())
+
+    ours = grad(loss, argnums=(0, 1, 2, 3))(params, x, h0, c0, lambda p, xx, hx: functional_call(module, p, (xx, hx)))
+    ref = grad(loss, argnums=(0, 1, 2, 3))(params, x, h0, c0, reference)
+    for name in params:
+        torch.testing.assert_close(ours[0][name], ref[0][name], **TOL, msg=lambda m: f"{name}: {m}")
+    for got, want in zip(ours[1:], ref[1:]):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_lstm_per_sample_gradients_vmap_of_grad(device):
+    module, reference = _lstm_pair(device)
+    params = {k: v.detach() for k, v in module.named_parameters()}
+    x = _x(device, 5, 3, 3)  # [T, B, I]: vmap over the batch, one sequence per sample
+
+    def loss(p, x_b, fn):
+        return fn(p, x_b.unsqueeze(1)).square().sum()
+
+    ours = vmap(grad(loss), in_dims=(None, 1, None))(params, x, lambda p, xx: functional_call(module, p, (xx,))[0])
+    for b in range(x.shape[1]):
+        want = grad(loss)(params, x[:, b], lambda p, xx: reference(p, xx)[0])
+        for name in params:
+            torch.testing.assert_close(ours[name][b], want[name], **TOL, msg=lambda m: f"{name}, sample {b}: {m}")
+
+
+def test_lstm_jacrev_vjp_and_vmap(device):
+    module, reference = _lstm_pair(device)
+    params = {k: v.detach() for k, v in module.named_parameters()}
+    x = _x(device, 4, 2, 3)
+    ours = lambda xx: functional_call(module, params, (xx,))[0]  # noqa: E731
+    ref = lambda xx: reference(params, xx)[0]  # noqa: E731
+    torch.testing.assert_close(jacrev(ours)(x), jacrev(ref)(x), **TOL)
+    cotangent = _x(device, 4, 2, 5)
+    torch.testing.assert_close(vjp(ours, x)[1](cotangent)[0], vjp(ref, x)[1](cotangent)[0], **TOL)
+    xs = _x(device, 3, 4, 2, 3)
+    torch.testing.assert_close(vmap(ours)(xs), torch.stack([ref(xs[i]) for i in range(3)]), **TOL)
+
+
+def test_lstm_forward_mode_ad_raises(device):
+    module, _ = _lstm_pair(device)
+    x = _x(device, 4, 2, 3)
+    with pytest.raises(NotImplementedError, match="seqkernels.lstm: forward-mode AD"):
+        jvp(lambda xx: module(xx)[0], (x,), (torch.ones_like(x),))
+    # Parameters that do not require grad: autograd would record nothing, and the call must
+    # still see the dual input.
+    module.requires_grad_(False)
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="seqkernels.lstm: forward-mode AD"):
+        module(fwAD.make_dual(x, torch.ones_like(x)))
+
+
+def test_lstm_grad_of_grad_raises(device):
+    module, _ = _lstm_pair(device)
+    x = _x(device, 4, 2, 3)
+    inner = grad(lambda xx: module(xx)[0].sum())
+    with pytest.raises(NotImplementedError, match="double backward"):
+        grad(lambda xx: inner(xx).sum())(x)
+
+
+def test_convrnn_grad_vmap_and_jvp(device):
+    torch.manual_seed(1)
+    x, weight, h0, bias = _x(device, 2, 5, 2, 7), _x(device, 2, 2, 3) * 0.5, _x(device, 2, 2, 7), _x(device, 2)
+
+    def loss(fn, xx, w, h, b):
+        y, h_T = fn(xx, w, h, b)
+        return y.sin().sum() + h_T.square().sum()
+
+    ours = grad(lambda *a: loss(convrnn, *a), argnums=(0, 1, 2, 3))(x, weight, h0, bias)
+    ref = grad(lambda *a: loss(convrnn_reference, *a), argnums=(0, 1, 2, 3))(x, weight, h0, bias)
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got, want, **TOL)
+    per_sample = vmap(grad(lambda w, xx: convrnn(xx.unsqueeze(0), w)[0].square().sum()), in_dims=(None, 0))(weight, x)
+    for b in range(2):
+        want = grad(lambda w: convrnn_reference(x[b:b + 1], w)[0].square().sum())(weight)
+        torch.testing.assert_close(per_sample[b], want, **TOL)
+    with pytest.raises(NotImplementedError, match="seqkernels.convrnn: forward-mode AD"):
+        jvp(lambda xx: convrnn(xx, weight)[0], (x,), (torch.ones_like(x),))
+
+
+def test_convlstm_grad_vmap_and_jvp(device):
+    torch.manual_seed(2)
+    T, B, Ci, C, H, W = 3, 2, 2, 3, 4, 5
+    x, h0, c0 = _x(device, T, B, Ci, H, W), _x(device, B, C, H, W), _x(device, B, C, H, W)
+    w_ih, w_hh = _x(device, 4 * C, Ci, 3, 3) * 0.3, _x(device, 4 * C, C, 3, 3) * 0.3
+    b_ih, b_hh = _x(device, 4 * C), _x(device, 4 * C)
+
+    def loss(fn, xx, wi, wh):
+        y, (h_T, c_T) = fn(xx, h0, c0, wi, wh, b_ih, b_hh)
+        return y.sin().sum() + h_T.square().sum() + c_T.cos().sum()
+
+    ours = grad(lambda *a: loss(convlstm, *a), argnums=(0, 1, 2))(x, w_ih, w_hh)
+    ref = grad(lambda *a: loss(convlstm_reference, *a), argnums=(0, 1, 2))(x, w_ih, w_hh)
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got, want, **TOL)
+    xs = _x(device, 2, T, B, Ci, H, W)
+    got = vmap(lambda xx: convlstm(xx, h0, c0, w_ih, w_hh, b_ih, b_hh)[0])(xs)
+    want = torch.stack([convlstm_reference(xs[i], h0, c0, w_ih, w_hh, b_ih, b_hh)[0] for i in range(2)])
+    torch.testing.assert_close(got, want, **TOL)
+    with pytest.raises(NotImplementedError, match="seqkernels.convlstm: forward-mode AD"):
+        jvp(lambda xx: convlstm(xx, h0, c0, w_ih, w_hh, b_ih, b_hh)[0], (x,), (torch.ones_like(x),))
