@@ -1225,6 +1225,9 @@ LSTM_FORWARD_ERRORS = {
     "hx-stacked-4d-tensor": ({}, lambda m: m(_rand(5, 2, 3), _rand(2, 2, 2, 4)), False),
     "hx-dtype": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4, dtype=torch.float64), _rand(2, 2, 4))), False),
     "cx-dtype": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4), _rand(2, 2, 4, dtype=torch.float64))), False),
+    # A meta tensor beside CPU ones: the op's Meta kernel (its fake function) must check devices.
+    "input-meta-device": ({}, lambda m: m(_rand(5, 2, 3).to("meta")), False),
+    "h0-meta-device": ({}, lambda m: m(_rand(5, 2, 3), (_rand(2, 2, 4).to("meta"), _rand(2, 2, 4))), False),
     "packed-features": ({}, lambda m: m(pack_sequence([_rand(3, 5), _rand(2, 5)])), False),
     "packed-dtype": ({}, lambda m: m(pack_sequence([_rand(3, 3), _rand(2, 3)]).double()), False),
     "packed-h0-batch": (

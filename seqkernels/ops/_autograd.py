@@ -103,6 +103,17 @@ def call_backward_op(op, *args):
     return call_op(op, records_grad(*args), *args)
 
 
+def check_same_device(label: str, x: Tensor, **tensors: Tensor | None) -> None:
+    """In a forward op's fake function: every tensor on x's device, as the kernels check
+    (lstm_checks.cpp and the conv ops' checks, with their messages). The fake function is
+    also the op's Meta kernel, which the dispatcher picks whenever one argument is on the meta
+    device: without this a meta input beside real weights returned a meta output instead of
+    nn.LSTM's RuntimeError."""
+    for name, t in tensors.items():
+        if t is not None:
+            torch._check(t.device == x.device, lambda: f"{label}: {name} is on {t.device} but x is on {x.device}")
+
+
 def dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
     """Autograd hands over None for unused outputs and expanded (stride-0) gradients for
     sums; kernels that take dense, contiguous gradients get zeros or a contiguous copy."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
+from ._autograd import call_backward_op, call_op, check_same_device, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
 
 __all__ = ["convlstm", "release_step_graphs"]
 
@@ -141,6 +141,7 @@ def convlstm(
 def _convlstm_forward_fake(x, h0, c0, w_ih, w_hh, bias, peephole, training):
     torch._check(x.dim() == 5, lambda: "seqkernels.convlstm: x must be 5-D [T, B, Ci, H, W]")
     torch._check(w_hh.dim() == 4, lambda: "seqkernels.convlstm: w_hh must be 4-D [G, C, KH, KW]")
+    check_same_device("seqkernels.convlstm", x, h0=h0, c0=c0, w_ih=w_ih, w_hh=w_hh, bias=bias, peephole=peephole)
     T, B, _, H, W = x.shape
     G, C = w_hh.shape[0], w_hh.shape[1]
     # Saved for backward in the kernels' channels-last layout: gates [T, B, H, W, G], cells [T, B, H, W, C].

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, forbid_double_backward, records_grad, register_autograd
+from ._autograd import call_backward_op, call_op, check_same_device, forbid_double_backward, records_grad, register_autograd
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
 
@@ -129,6 +129,7 @@ def _convrnn_forward_fake(x, weight, bias, h0, padding_mode, nonlinearity):
     torch._check(x.dim() == 4, lambda: "seqkernels.convrnn: x must be 4-D [B, T, C, N]")
     torch._check(weight.dim() == 3, lambda: "seqkernels.convrnn: weight must be 3-D [C, C, K]")
     torch._check(h0.dim() == 3, lambda: "seqkernels.convrnn: h0 must be 3-D [B, C, N]")
+    check_same_device("seqkernels.convrnn", x, weight=weight, bias=bias, h0=h0)
     B, T, C, N = x.shape
     return x.new_empty(B, T, C, N), h0.new_empty(B, C, N)
 

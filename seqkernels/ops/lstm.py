@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, dense_grad, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
+from ._autograd import call_backward_op, call_op, check_same_device, dense_grad, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
@@ -58,6 +58,7 @@ def lstm_layer(
 @torch.library.register_fake("seqkernels::lstm_forward")
 def _lstm_forward_fake(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, training):
     torch._check(x.dim() == 2, lambda: "seqkernels.lstm: x must be 2-D [N, I]")
+    check_same_device("seqkernels.lstm", x, h0=h0, c0=c0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh, w_hr=w_hr)
     n, g, hout, b = x.shape[0], w_ih.shape[0], w_hh.shape[1], h0.shape[0]
     h = g // 4
     saved = n if training else 0
