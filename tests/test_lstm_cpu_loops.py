@@ -9,8 +9,9 @@ gradient within 3e-5 of max(1, max|expected|).
 
 The cases reach each blocking edge of the kernels: B = 1 (the input projection as one GEMM
 before the loop, one row per tile pass), B >= 4 (the projection inside the loop), B = 67
-(AVX-512: 16 blocks of 4 rows and a block of 3), every row count from 1 to 15 (AVX2: blocks
-of 6 rows, remainders rebalanced), hidden sizes that are no multiple of the 16- or 8-unit
+(AVX-512: 8 blocks of 8 rows on the gate-pair kernel and 3 rows on the four-gate kernel),
+every row count from 1 to 15 (AVX-512: blocks of 8 while 5 or more rows remain, 1-4 rows on
+the four-gate kernel; AVX2: blocks of 6 rows, remainders rebalanced), hidden sizes that are no multiple of the 16- or 8-unit
 tiles (36, 80, 130, 44) or of the backward's 16- and 64-unit blocks, and packed sequences
 that end at different steps, in both directions.
 

@@ -440,7 +440,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     if (fused_projection) {
       pre = at::empty({s.B, fused_pre_stride(s.G)}, opts);
       w_ih_packed = at::empty({packed_gate_weights_numel(s.H, s.I, tile)}, opts);
-      pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I, tile, w_ih_packed.data_ptr<float>());
+      pack_gate_weights(w_ih.const_data_ptr<float>(), s.H, s.I, tile, packs_gate_pairs(kernels),
+                        w_ih_packed.data_ptr<float>());
       proj = {x.const_data_ptr<float>(), w_ih_packed.const_data_ptr<float>(),
               s.has_bias ? bias.const_data_ptr<float>() : nullptr, s.I};
       gates = on_huge_pages(at::empty({saved, s.G}, opts));
@@ -464,7 +465,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
 #endif
     if (!amx) {
       w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.H, tile)}, opts);
-      pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, w_hh_packed.data_ptr<float>());
+      pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, packs_gate_pairs(kernels),
+                        w_hh_packed.data_ptr<float>());
     }
     Tensor hb1 = at::empty_like(hbuf);
     float* gates_p = training ? gates.data_ptr<float>() : nullptr;

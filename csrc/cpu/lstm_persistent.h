@@ -75,6 +75,8 @@ inline CpuKernels cpu_kernels() {
 
 // Hidden units per packed tile: one vector register per gate.
 inline int64_t unit_tile(CpuKernels kernels) { return kernels == CpuKernels::kAvx512 ? 16 : kUnitTile; }
+// Whether pack_gate_weights lays out the forward's W for `kernels` in gate pairs (AVX-512).
+inline bool packs_gate_pairs(CpuKernels kernels) { return kernels == CpuKernels::kAvx512; }
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -167,31 +169,36 @@ inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd)
 #endif
 }
 
-// w [G, K] (W_hh with K = H, W_ih with K = I) -> packed [tiles, K, 4 gates, tile units]:
-// the forward kernels then stream one contiguous row of four gate vectors per k. Units
-// past H are zero. It runs on every call, so it must cost about one pass over W: the source
-// is read 8 rows at a time, each row's cache line consumed whole (16 k) by two 8 x 8
-// transposes. Gathering one k of 64 rows at a time instead (the first version) touched rows
-// K floats apart, which at K = 512 or 1024 share one L1 set: a miss per element, 1.4 ms per
-// call at H = 512 and 7 ms at H = 1024, more than an LSTMCell step.
-inline void pack_gate_weights(const float* w, int64_t H, int64_t K, int64_t tile, float* packed) {
+// w [G, K] (W_hh with K = H, W_ih with K = I) -> packed, per tile of `tile` units, as
+// [K, 4 gates, tile] (the AVX2 kernels) or, with `gate_pairs`, as [2 gate pairs, K, 2 gates,
+// tile] (the AVX-512 kernels: avx512::tile_rows_pair streams one pair's 128-byte rows, and
+// avx512::tile_rows reads the two pairs' rows of a k side by side). Units past H are zero.
+// It runs on every call, so it must cost about one pass over W: the source is read 8 rows at
+// a time, each row's cache line consumed whole (16 k) by two 8 x 8 transposes. Gathering one
+// k of 64 rows at a time instead (the first version) touched rows K floats apart, which at
+// K = 512 or 1024 share one L1 set: a miss per element, 1.4 ms per call at H = 512 and 7 ms at
+// H = 1024, more than an LSTMCell step.
+inline void pack_gate_weights(const float* w, int64_t H, int64_t K, int64_t tile, bool gate_pairs, float* packed) {
   const int64_t tiles = (H + tile - 1) / tile;
+  const int64_t per_row = gate_pairs ? 2 : 4;  // gates in one packed row (one k)
   at::parallel_for(0, tiles, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
-      float* dst = packed + u * K * 4 * tile;
       for (int64_t g = 0; g < 4; ++g) {
+        // Gate g's rows: row k at dst + k * ld.
+        float* dst = packed + u * K * 4 * tile + (g / per_row) * K * per_row * tile + (g % per_row) * tile;
+        const int64_t ld = per_row * tile;
         for (int64_t l0 = 0; l0 < tile; l0 += 8) {
           const int64_t j0 = u * tile + l0;
           const int64_t k_fast = j0 + 8 <= H ? K / 16 * 16 : 0;  // whole 8-unit groups, 16-k blocks
           const float* src = w + (g * H + j0) * K;
           for (int64_t k = 0; k < k_fast; k += 16) {
-            transpose8x8(src + k, K, dst + (k * 4 + g) * tile + l0, 4 * tile);
-            transpose8x8(src + k + 8, K, dst + ((k + 8) * 4 + g) * tile + l0, 4 * tile);
+            transpose8x8(src + k, K, dst + k * ld + l0, ld);
+            transpose8x8(src + k + 8, K, dst + (k + 8) * ld + l0, ld);
           }
           for (int64_t k = k_fast; k < K; ++k)
             for (int64_t l = l0; l < l0 + 8; ++l) {
               const int64_t j = u * tile + l;
-              dst[(k * 4 + g) * tile + l] = j < H ? w[(g * H + j) * K + k] : 0.f;
+              dst[k * ld + l] = j < H ? w[(g * H + j) * K + k] : 0.f;
             }
         }
       }
@@ -666,14 +673,15 @@ SEQKERNELS_AVX512 inline void for_row_blocks(int64_t bt, const Block& block) {
 // pre[r, g*H + j .. +16) += a[r, k0:k1]·W[g*H + j .. +16, k0:k1]ᵀ for R rows of one tile
 // (W = W_hh or W_ih, as tile_product); `mask` keeps the lanes of units that exist (a
 // last tile of an H that is no multiple of 16).
-//   pre: [R, G] row stride ldp, offset to unit j; a: [R, K] row stride lda; w_tile: packed [K, 4, 16]
+//   pre: [R, G] row stride ldp, offset to unit j; a: [R, K] row stride lda; w_tile: packed
+//   [2 gate pairs, K, 2, 16] (pack_gate_weights with gate_pairs), the pairs `pair_stride` floats apart
 // An FMA has a latency of ~4 cycles, so a core needs >= 4-8 independent accumulators:
 // R rows x 4 gates, and for R = 1 two interleaved k-streams.
 //   start: kPre adds to pre; kBias starts from bias[g*H + j] (bias offset to unit j), kZero from 0
 template <int R>
 SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, int64_t k1, const float* a,
-                                        int64_t lda, const float* w_tile, float* pre, int64_t ldp, AccStart start,
-                                        const float* bias) {
+                                        int64_t lda, const float* w_tile, int64_t pair_stride, float* pre,
+                                        int64_t ldp, AccStart start, const float* bias) {
   constexpr int S = R == 1 ? 2 : 1;
   __m512 acc[S][R][4];
   for (int r = 0; r < R; ++r)
@@ -683,12 +691,14 @@ SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, i
                                                 : _mm512_setzero_ps();
       for (int st = 1; st < S; ++st) acc[st][r][g] = _mm512_setzero_ps();
     }
+  const float* w_pair1 = w_tile + pair_stride;
   int64_t k = k0;
   for (; k + S <= k1; k += S) {
     for (int st = 0; st < S; ++st) {
-      const float* w = w_tile + (k + st) * 4 * kTile;
-      const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
-                   w3 = _mm512_loadu_ps(w + 48);
+      const float* w = w_tile + (k + st) * 2 * kTile;
+      const float* v = w_pair1 + (k + st) * 2 * kTile;
+      const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(v),
+                   w3 = _mm512_loadu_ps(v + 16);
       for (int r = 0; r < R; ++r) {
         const __m512 hk = _mm512_set1_ps(a[r * lda + k + st]);
         acc[st][r][0] = _mm512_fmadd_ps(hk, w0, acc[st][r][0]);
@@ -699,10 +709,12 @@ SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, i
     }
   }
   for (; k < k1; ++k) {
-    const float* w = w_tile + k * 4 * kTile;
+    const float* w = w_tile + k * 2 * kTile;
+    const float* v = w_pair1 + k * 2 * kTile;
+    const __m512 wg[4] = {_mm512_loadu_ps(w), _mm512_loadu_ps(w + 16), _mm512_loadu_ps(v), _mm512_loadu_ps(v + 16)};
     for (int r = 0; r < R; ++r) {
       const __m512 hk = _mm512_set1_ps(a[r * lda + k]);
-      for (int g = 0; g < 4; ++g) acc[0][r][g] = _mm512_fmadd_ps(hk, _mm512_loadu_ps(w + 16 * g), acc[0][r][g]);
+      for (int g = 0; g < 4; ++g) acc[0][r][g] = _mm512_fmadd_ps(hk, wg[g], acc[0][r][g]);
     }
   }
   for (int st = 1; st < S; ++st)
@@ -712,22 +724,93 @@ SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, i
     for (int g = 0; g < 4; ++g) _mm512_mask_storeu_ps(pre + r * ldp + g * H, mask, acc[0][r][g]);
 }
 
-// A part's product, as units_product_avx2 with 16-unit tiles.
-//   a: [bt, K] row stride lda; w_packed: pack_gate_weights layout with kTile; pre: [bt, G] row stride ldp
+// Bytes ahead of its loads that tile_rows_pair prefetches W (32 k of one gate pair). Measured on
+// the 2-core Xeon, B = 8, one part's product alone: H = 512 (2 MB of W, mostly from L3) 72.7
+// -> 51.7-55.8 us with 2-12 KB, 59.1 with 16 KB; H = 256 (512 KB, from L2) 11.8 -> 11.4.
+constexpr int kPairPrefetchBytes = 4096;
+
+// The product of tile_rows for R = 5..8 rows, over all of K, two gates at a time (gate pair gp:
+// gates 2gp and 2gp + 1): R x 2 accumulators, 2 W vectors per k for 2R FMAs. Where tile_rows
+// covers 8 rows as two blocks of 4, the first block's loads of W (from L2, or L3 when a part's
+// W outgrows L2) come at 256 bytes per 16 FMAs and stall on it, and the second block's hit L1;
+// here every k-step needs 128 bytes per 16 FMAs, which the caches (and the prefetch) keep up
+// with. 2-core Xeon, B = 8, one part's product alone (the old kernel / this): H = 512 73.9 /
+// 53.9 us (53 / 73 % of the FMA peak), H = 256 12.4 / 11.4; B = 16, H = 256 (two blocks of 8)
+// 23.6 / 20.6; B = 32 and 64 alike.
+//   w_pair: the pair's rows [K, 2, 16] (pack_gate_weights with gate_pairs); other arguments as
+//   tile_rows, pre and bias offset to unit j
+template <int R>
+SEQKERNELS_AVX512 inline void tile_rows_pair(int64_t H, __mmask16 mask, int gp, int64_t K, const float* a,
+                                             int64_t lda, const float* w_pair, float* pre, int64_t ldp,
+                                             AccStart start, const float* bias) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < 2; ++g) {
+      const int64_t col = (2 * gp + g) * H;
+      acc[r][g] = start == AccStart::kPre    ? _mm512_maskz_loadu_ps(mask, pre + r * ldp + col)
+                  : start == AccStart::kBias ? _mm512_maskz_loadu_ps(mask, bias + col)
+                                             : _mm512_setzero_ps();
+    }
+  const float* w = w_pair;
+  for (int64_t k = 0; k < K; ++k, w += 2 * kTile) {
+    // Prefetching past the end of W is harmless: a prefetch never faults.
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes + 64, _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 hk = _mm512_set1_ps(a[r * lda + k]);
+      acc[r][0] = _mm512_fmadd_ps(hk, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(hk, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < 2; ++g) _mm512_mask_storeu_ps(pre + r * ldp + (2 * gp + g) * H, mask, acc[r][g]);
+}
+
+// Calls block(rows, b) for the row blocks of units_product's gate-pair kernel: blocks of 8
+// rows while at least 5 remain (the last of them 5-8 rows); returns the first row left
+// (0-4 rows remain for tile_rows).
+template <class Block>
+SEQKERNELS_AVX512 inline int64_t for_pair_row_blocks(int64_t bt, const Block& block) {
+  int64_t b = 0;
+  for (; bt - b >= 5; b += 8) {
+    switch (std::min<int64_t>(bt - b, 8)) {
+      case 5: block(std::integral_constant<int, 5>{}, b); break;
+      case 6: block(std::integral_constant<int, 6>{}, b); break;
+      case 7: block(std::integral_constant<int, 7>{}, b); break;
+      default: block(std::integral_constant<int, 8>{}, b); break;
+    }
+  }
+  return std::min(b, bt);
+}
+
+// A part's product, as units_product_avx2 with 16-unit tiles: rows in blocks of 5-8 on
+// tile_rows_pair, the 1-4 rows left (all of them below B = 5) on tile_rows in k-chunks.
+//   a: [bt, K] row stride lda; w_packed: pack_gate_weights layout with kTile and gate pairs;
+//   pre: [bt, G] row stride ldp
 SEQKERNELS_AVX512 inline void units_product(int64_t H, int64_t K, int64_t bt, int64_t j0, int64_t j1, const float* a,
                                             int64_t lda, const float* w_packed, float* pre, int64_t ldp,
                                             AccStart start, const float* bias) {
+  const int64_t pair_stride = K * 2 * kTile;
   for (int64_t j = j0; j < j1; j += kTile) {
     const __mmask16 mask = lanes(j1 - j);
     const float* w_tile = w_packed + (j / kTile) * K * 4 * kTile;
+    const float* bias_j = bias ? bias + j : nullptr;
+    const int64_t rest = K == 0 ? 0 : for_pair_row_blocks(bt, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
+      for (int gp = 0; gp < 2; ++gp) {
+        tile_rows_pair<decltype(rows)::value>(H, mask, gp, K, a + b * lda, lda, w_tile + gp * pair_stride,
+                                              pre + b * ldp + j, ldp, start, bias_j);
+      }
+    });
+    if (rest == bt) continue;
     // K = 0 still runs one empty chunk, so that the start values reach pre.
     const int64_t chunk_k = forward_chunk_k();
     for (int64_t k0 = 0; k0 < std::max<int64_t>(K, 1); k0 += chunk_k) {
       const int64_t k1 = std::min(K, k0 + chunk_k);
       const AccStart chunk_start = k0 == 0 ? start : AccStart::kPre;
-      for_row_blocks(bt, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
-        tile_rows<decltype(rows)::value>(H, mask, k0, k1, a + b * lda, lda, w_tile, pre + b * ldp + j, ldp,
-                                         chunk_start, bias ? bias + j : nullptr);
+      for_row_blocks(bt - rest, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
+        tile_rows<decltype(rows)::value>(H, mask, k0, k1, a + (rest + b) * lda, lda, w_tile, pair_stride,
+                                         pre + (rest + b) * ldp + j, ldp, chunk_start, bias_j);
       });
     }
   }
