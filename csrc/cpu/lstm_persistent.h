@@ -519,21 +519,27 @@ __attribute__((flatten)) inline void backward_gate_rows_avx2(int64_t bt, int64_t
 #define SEQKERNELS_AVX2_GATES 1
 #endif  // __AVX2__ && __FMA__
 
-// W_hh [G, H] -> [column blocks of `block` units, G, block]: the backward's products then
-// read each chunk of gate rows as one contiguous block. In W_hh itself consecutive gate rows
-// of a block lie H floats apart, so at H = 256 a 16 KB chunk would fall into a quarter of the
-// L1 sets and not stay resident (AVX-512, B = 8, H = 256 `train`: 59.6 -> 43.2 ms; AVX2 on
-// the 2-core AVX2 EPYC: docs/kernels.md). Units past H are zero.
+// W_hh [G, H] -> [column blocks of `block` units, G, block], or with `halves`
+// [column blocks, 2 halves, G, block / 2] (AVX-512: avx512::grad_rows_half streams one half's
+// 128-byte rows, avx512::grad_rows reads both halves' rows of a gate row): the backward's
+// products then read each chunk of gate rows as one contiguous block. In W_hh itself
+// consecutive gate rows of a block lie H floats apart, so at H = 256 a 16 KB chunk would fall
+// into a quarter of the L1 sets and not stay resident (AVX-512, B = 8, H = 256 `train`: 59.6
+// -> 43.2 ms; AVX2 on the 2-core AVX2 EPYC: docs/kernels.md). Units past H are zero.
 inline int64_t packed_w_hh_columns_numel(int64_t H, int64_t block) { return (H + block - 1) / block * 4 * H * block; }
-inline void pack_w_hh_columns(const float* w_hh, int64_t H, int64_t block, float* packed) {
+inline void pack_w_hh_columns(const float* w_hh, int64_t H, int64_t block, bool halves, float* packed) {
   const int64_t G = 4 * H, blocks = (H + block - 1) / block;
+  const int64_t parts = halves ? 2 : 1, width = block / parts;
   at::parallel_for(0, blocks * G, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t blk = i / G, g = i % G;
-      float* dst = packed + i * block;
-      const int64_t k0 = blk * block, n = std::min(block, H - k0);  // the last block may be partial
-      std::memcpy(dst, w_hh + g * H + k0, sizeof(float) * n);
-      std::fill(dst + n, dst + block, 0.f);
+      for (int64_t p = 0; p < parts; ++p) {
+        float* dst = packed + blk * G * block + p * G * width + g * width;
+        const int64_t k0 = blk * block + p * width;
+        const int64_t n = std::clamp<int64_t>(H - k0, 0, width);  // the last block may be partial
+        std::memcpy(dst, w_hh + g * H + k0, sizeof(float) * n);
+        std::fill(dst + n, dst + width, 0.f);
+      }
     }
   });
 }
@@ -724,10 +730,13 @@ SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, i
     for (int g = 0; g < 4; ++g) _mm512_mask_storeu_ps(pre + r * ldp + g * H, mask, acc[0][r][g]);
 }
 
-// Bytes ahead of its loads that tile_rows_pair prefetches W (32 k of one gate pair). Measured on
-// the 2-core Xeon, B = 8, one part's product alone: H = 512 (2 MB of W, mostly from L3) 72.7
-// -> 51.7-55.8 us with 2-12 KB, 59.1 with 16 KB; H = 256 (512 KB, from L2) 11.8 -> 11.4.
-constexpr int kPairPrefetchBytes = 4096;
+// Bytes ahead of its loads that tile_rows_pair and grad_rows_half prefetch W (16 rows of 128
+// bytes). Measured on the 2-core Xeon, B = 8, one part's product alone, 1 / 2 / 4 KB ahead
+// (none: the first row of each): forward H = 512 (2 MB of W, mostly from L3) 56.6 / 54.3 /
+// 63.8 us (72.7), B = 6 49.6 / 43.9 / 54.9, H = 256 (512 KB, from L2) 11.0 / 11.0 / 11.6 (11.8);
+// backward H = 512 57.6 / 52.9 / 66.1 (65.8), B = 6 47.2 / 51.4 / 52.6 (59.3), H = 256 11.3 /
+// 11.1 / 11.7 (11.8).
+constexpr int kPairPrefetchBytes = 2048;
 
 // The product of tile_rows for R = 5..8 rows, over all of K, two gates at a time (gate pair gp:
 // gates 2gp and 2gp + 1): R x 2 accumulators, 2 W vectors per k for 2R FMAs. Where tile_rows
@@ -932,7 +941,8 @@ constexpr int64_t kGradBlock = 4 * kTile;  // units per packed column block of W
 // dh[r, k0 .. k0 + 64) (+)= dpre[r, g0:g1]·W_hh[g0:g1, k0 .. k0 + 64) for R rows: the first
 // chunk of gate rows writes, later ones add (a fixed order: deterministic). mask[v] keeps
 // the units of vector v that exist.
-//   dpre: [R, G] row stride G; w_block: packed [G, 64] of the block at k0; dh: [R, H] row stride H
+//   dpre: [R, G] row stride G; w_block: packed [2 halves, G, 32] of the block at k0 (pack_w_hh_columns
+//   with halves); dh: [R, H] row stride H
 template <int R>
 SEQKERNELS_AVX512 inline void grad_rows(int64_t H, int64_t k0, const __mmask16 (&mask)[4], int64_t g0, int64_t g1,
                                         const float* dpre, const float* w_block, float* dh) {
@@ -941,10 +951,12 @@ SEQKERNELS_AVX512 inline void grad_rows(int64_t H, int64_t k0, const __mmask16 (
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v)
       acc[r][v] = g0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], dh + r * H + k0 + 16 * v);
+  const float* w_half1 = w_block + G * kGradBlock / 2;
   for (int64_t g = g0; g < g1; ++g) {
-    const float* w = w_block + g * kGradBlock;
-    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
-                 w3 = _mm512_loadu_ps(w + 48);
+    const float* w = w_block + g * kGradBlock / 2;
+    const float* u = w_half1 + g * kGradBlock / 2;
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(u),
+                 w3 = _mm512_loadu_ps(u + 16);
     for (int r = 0; r < R; ++r) {
       const __m512 d = _mm512_set1_ps(dpre[r * G + g]);
       acc[r][0] = _mm512_fmadd_ps(d, w0, acc[r][0]);
@@ -957,10 +969,39 @@ SEQKERNELS_AVX512 inline void grad_rows(int64_t H, int64_t k0, const __mmask16 (
     for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(dh + r * H + k0 + 16 * v, mask[v], acc[r][v]);
 }
 
+// grad_rows for R = 5..8 rows, half `hf` of the block (its units 32 hf .. 32 hf + 32), over all
+// G gate rows at once: the forward's tile_rows_pair for the backward (same reasons, same
+// prefetch). One part's product alone on the 2-core Xeon, grad_rows in row blocks of 4 / this:
+// B = 8, H = 512 75.2 / 52.9 us; B = 6, H = 512 65.5 / 51.4; B = 8, H = 256 12.9 / 11.1;
+// B = 16, H = 256 (two blocks of 8) 26.5 / 24.1 (with 4 KB of prefetch).
+//   w_half: that half's rows [G, 32]; other arguments as grad_rows
+template <int R>
+SEQKERNELS_AVX512 inline void grad_rows_half(int64_t H, int64_t k0, const __mmask16 (&mask)[4], int hf,
+                                             const float* dpre, const float* w_half, float* dh) {
+  const int64_t G = 4 * H;
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const float* w = w_half;
+  for (int64_t g = 0; g < G; ++g, w += kGradBlock / 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes + 64, _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 d = _mm512_set1_ps(dpre[r * G + g]);
+      acc[r][0] = _mm512_fmadd_ps(d, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(d, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 2; ++v)
+      _mm512_mask_storeu_ps(dh + r * H + k0 + 32 * hf + 16 * v, mask[2 * hf + v], acc[r][v]);
+}
+
 // dh[:bt, k] = dpre[:bt, :]·W_hh[:, k] for the units k in [k0, k1) (k0 a multiple of 64), in
-// blocks of 64 units and chunks of kChunkG gate rows (each chunk stays in L1 over all row
-// blocks).
-//   w_packed: pack_w_hh_columns layout
+// blocks of 64 units: rows in blocks of 5-8 on grad_rows_half over all gate rows, the 1-4 rows
+// left (all of them below B = 5) on grad_rows in chunks of kChunkG gate rows (each chunk stays
+// in L1 over those rows' blocks).
+//   w_packed: pack_w_hh_columns layout with halves
 SEQKERNELS_AVX512 inline void recurrent_grad_units(int64_t bt, int64_t H, int64_t k0, int64_t k1, const float* dpre,
                                                    const float* w_packed, float* dh) {
   const int64_t G = 4 * H;
@@ -968,10 +1009,17 @@ SEQKERNELS_AVX512 inline void recurrent_grad_units(int64_t bt, int64_t H, int64_
     __mmask16 mask[4];
     for (int v = 0; v < 4; ++v) mask[v] = lanes(std::max<int64_t>(0, k1 - kb - 16 * v));
     const float* w_block = w_packed + (kb / kGradBlock) * G * kGradBlock;
+    const int64_t rest = for_pair_row_blocks(bt, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
+      for (int hf = 0; hf < 2; ++hf) {
+        grad_rows_half<decltype(rows)::value>(H, kb, mask, hf, dpre + b * G, w_block + hf * G * kGradBlock / 2,
+                                              dh + b * H);
+      }
+    });
+    if (rest == bt) continue;
     for (int64_t g0 = 0; g0 < G; g0 += kChunkG) {
       const int64_t g1 = std::min(G, g0 + kChunkG);
-      for_row_blocks(bt, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
-        grad_rows<decltype(rows)::value>(H, kb, mask, g0, g1, dpre + b * G, w_block, dh + b * H);
+      for_row_blocks(bt - rest, [&](auto rows, int64_t b) SEQKERNELS_AVX512 {
+        grad_rows<decltype(rows)::value>(H, kb, mask, g0, g1, dpre + (rest + b) * G, w_block, dh + (rest + b) * H);
       });
     }
   }
@@ -1015,7 +1063,7 @@ inline at::Tensor recurrent_grad_weights(CpuKernels kernels, const float* w_hh, 
   if (kernels == CpuKernels::kAvx512) block = avx512::kGradBlock;
 #endif
   at::Tensor packed = at::empty({packed_w_hh_columns_numel(H, block)}, at::kFloat);
-  pack_w_hh_columns(w_hh, H, block, packed.data_ptr<float>());
+  pack_w_hh_columns(w_hh, H, block, /*halves=*/kernels == CpuKernels::kAvx512, packed.data_ptr<float>());
   return packed;
 }
 
