@@ -939,6 +939,18 @@ def test_step_k_parts_match_reference(monkeypatch, parts, precision_name, x3):
                           seed=call + len(parts) * 7, what=f"K parts {parts}, call {call}")
 
 
+@pytest.mark.parametrize("batch", [2, 8])
+def test_tf32_forward_parts_rule_matches_reference(monkeypatch, batch):
+    """The rule's own split (step_k_parts, no override): the TF32 forward in 2 parts at H = 512,
+    2 <= B <= 8, captured then replayed, outputs and gradients against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.delenv("SEQKERNELS_LSTM_K_PARTS", raising=False)
+    with _Precision("tf32"):
+        for call in range(2):
+            compare_layer([batch] * REPLAY_T, 5, 512, reverse=False, bias=True, precision="tf32", seed=call + batch,
+                          what=f"TF32 forward parts, call {call}")
+
+
 def test_step_k_parts_setting_is_read(monkeypatch):
     """The diagnostic switch reaches the replayed loop's choice: a malformed value is an error
     naming it."""

@@ -718,10 +718,19 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
 //    5.63 → 5.39;
 //  - the x3 forward (float32 without TF32) in 2 parts at B >= 64: `infer` B = 64, H = 1024
 //    6.08 → 5.54, but B = 32 4.41 → 4.65.
-// Not taken: the forward's GEMM without x3 in parts (0–19 % slower: cuBLASLt fills the GPU
-// there), two backward parts in float32 (TF32 B = 64, H = 1024 `train` 9.66 against 8.42), the
-// float32 backward without TF32 in 8 (no faster). 1 where the parts would break 16-byte alignment.
+//  - the TF32 forward in 2 parts at H = 512, 2 <= B <= 8 (fifteenth session): cuBLASLt's first
+//    choice for [B, 512]·[512, 2048] there is a CUTLASS TF32 kernel of few CTAs (the step ~9.5 µs
+//    against ~7.5 at B = 12), and two K halves run in ~7.5. The loop forced, `infer` ms, 1 / 2 / 4
+//    parts (H200, 25 alternating calls): B = 2 2.474 / 2.097 / 1.964, B = 4 2.488 / 2.008 / 2.171,
+//    B = 6 2.514 / 2.024 / 1.937, B = 8 2.504 / 2.038 / 1.945; at B = 12 1.904 / 2.077 / 1.977,
+//    and at H = 256 and 768 (B = 2-12) one part was the fastest by 6-20 %.
+// Not taken: the forward's GEMM without x3 in parts elsewhere (0–19 % slower: cuBLASLt fills the
+// GPU there), two backward parts in float32 (TF32 B = 64, H = 1024 `train` 9.66 against 8.42),
+// the float32 backward without TF32 in 8 (no faster). 1 where the parts would break 16-byte
+// alignment.
 // SEQKERNELS_LSTM_K_PARTS (diagnostic): "F,B", the forward's and the backward's parts.
+constexpr int64_t kTf32ForwardPartsHidden = 512;  // the TF32 forward in 2 parts: H = 512 and ...
+constexpr int64_t kTf32ForwardPartsMaxBatch = 8;   // ... 2 <= B <= 8 (above)
 template <class scalar_t>
 int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
   int parts = 1;
@@ -735,6 +744,9 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
     if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 8) parts = 8;
     if (cuda::kHalfType<scalar_t> && s.B >= 8) parts = 4;
   } else if (x3 && s.B >= 64) {
+    parts = 2;
+  } else if (std::is_same_v<scalar_t, float> && tf32 && !x3 && s.H == kTf32ForwardPartsHidden && s.B >= 2 &&
+             s.B <= kTf32ForwardPartsMaxBatch) {
     parts = 2;
   }
   const int64_t K = backward ? s.G : (x3 ? 2 * s.H : s.H);
