@@ -719,11 +719,12 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
 //  - the x3 forward (float32 without TF32) in 2 parts at B >= 64: `infer` B = 64, H = 1024
 //    6.08 → 5.54, but B = 32 4.41 → 4.65.
 //  - the TF32 forward in 2 parts at H = 512, 2 <= B <= 8 (fifteenth session): cuBLASLt's first
-//    choice for [B, 512]·[512, 2048] there is a CUTLASS TF32 kernel of few CTAs (the step ~9.5 µs
-//    against ~7.5 at B = 12), and two K halves run in ~7.5. The loop forced, `infer` ms, 1 / 2 / 4
-//    parts (H200, 25 alternating calls): B = 2 2.474 / 2.097 / 1.964, B = 4 2.488 / 2.008 / 2.171,
-//    B = 6 2.514 / 2.024 / 1.937, B = 8 2.504 / 2.038 / 1.945; at B = 12 1.904 / 2.077 / 1.977,
-//    and at H = 256 and 768 (B = 2-12) one part was the fastest by 6-20 %.
+//    choice for [B, 512]·[512, 2048] there is a CUTLASS TF32 kernel (`cutlass_80` s1688), slower
+//    than its choice at B = 12 (a call ~2.5 against ~1.9 ms); as two K halves the call takes
+//    ~2.0. The loop forced, `infer` ms, 1 / 2 / 4 parts (H200, 25 alternating calls): B = 2
+//    2.474 / 2.097 / 1.964, B = 4 2.488 / 2.008 / 2.171, B = 6 2.514 / 2.024 / 1.937, B = 8
+//    2.504 / 2.038 / 1.945; at B = 12 1.904 / 2.077 / 1.977, and at H = 256 and 768 (B = 2-12)
+//    one part was the fastest by 6-16 %. Two, not four: within 0.1 ms of the best at each B.
 // Not taken: the forward's GEMM without x3 in parts elsewhere (0–19 % slower: cuBLASLt fills the
 // GPU there), two backward parts in float32 (TF32 B = 64, H = 1024 `train` 9.66 against 8.42),
 // the float32 backward without TF32 in 8 (no faster). 1 where the parts would break 16-byte
