@@ -738,6 +738,24 @@ SEQKERNELS_AVX512 inline void tile_rows(int64_t H, __mmask16 mask, int64_t k0, i
 // 11.1 / 11.7 (11.8).
 constexpr int kPairPrefetchBytes = 2048;
 
+// acc[r][v] += Σ_k a[r * lda + k] · w[k * 32 + 16 v .. +16) for R rows over n rows of w, each
+// row two vectors (32 floats), prefetched kPairPrefetchBytes ahead (past the end of w is
+// harmless: a prefetch never faults). The inner loop of tile_rows_pair and grad_rows_half.
+template <int R>
+SEQKERNELS_AVX512 inline void rows_times_two_vectors(int64_t n, const float* a, int64_t lda, const float* w,
+                                                     __m512 (&acc)[R][2]) {
+  for (int64_t k = 0; k < n; ++k, w += 2 * kTile) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes + 64, _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 ak = _mm512_set1_ps(a[r * lda + k]);
+      acc[r][0] = _mm512_fmadd_ps(ak, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(ak, w1, acc[r][1]);
+    }
+  }
+}
+
 // The product of tile_rows for R = 5..8 rows, over all of K, two gates at a time (gate pair gp:
 // gates 2gp and 2gp + 1): R x 2 accumulators, 2 W vectors per k for 2R FMAs. Where tile_rows
 // covers 8 rows as two blocks of 4, the first block's loads of W (from L2, or L3 when a part's
@@ -760,18 +778,7 @@ SEQKERNELS_AVX512 inline void tile_rows_pair(int64_t H, __mmask16 mask, int gp, 
                   : start == AccStart::kBias ? _mm512_maskz_loadu_ps(mask, bias + col)
                                              : _mm512_setzero_ps();
     }
-  const float* w = w_pair;
-  for (int64_t k = 0; k < K; ++k, w += 2 * kTile) {
-    // Prefetching past the end of W is harmless: a prefetch never faults.
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes + 64, _MM_HINT_T0);
-    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512 hk = _mm512_set1_ps(a[r * lda + k]);
-      acc[r][0] = _mm512_fmadd_ps(hk, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(hk, w1, acc[r][1]);
-    }
-  }
+  rows_times_two_vectors<R>(K, a, lda, w_pair, acc);
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < 2; ++g) _mm512_mask_storeu_ps(pre + r * ldp + (2 * gp + g) * H, mask, acc[r][g]);
 }
@@ -981,17 +988,8 @@ SEQKERNELS_AVX512 inline void grad_rows_half(int64_t H, int64_t k0, const __mmas
   const int64_t G = 4 * H;
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  const float* w = w_half;
-  for (int64_t g = 0; g < G; ++g, w += kGradBlock / 2) {
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPairPrefetchBytes + 64, _MM_HINT_T0);
-    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512 d = _mm512_set1_ps(dpre[r * G + g]);
-      acc[r][0] = _mm512_fmadd_ps(d, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(d, w1, acc[r][1]);
-    }
-  }
+  static_assert(kGradBlock / 2 == 2 * kTile, "a half's rows are two vectors");
+  rows_times_two_vectors<R>(G, dpre, G, w_half, acc);
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 2; ++v)
       _mm512_mask_storeu_ps(dh + r * H + k0 + 32 * hf + 16 * v, mask[2 * hf + v], acc[r][v]);
