@@ -1,7 +1,8 @@
 """The ops under torch.func transforms and forward-mode AD, for the three cells.
 
-torch.func.grad, vjp and jacrev differentiate through each op's backward; vmap runs the op
-one sample at a time (PyTorch's batching fallback: the ops have no batching rule); jvp and
+torch.func.grad, vjp and jacrev differentiate through each op's backward; vmap runs the
+LSTM's forward op through its vmap rule (the samples folded into the batch) and the other ops
+one sample at a time (PyTorch's batching fallback); jvp and
 forward-mode AD have no formula and must raise, never return a zero tangent (they did through
 the ops' torch.library kernels before). Expected values come from the pure-PyTorch references
 in seqkernels.reference under the same transform, in float64.
@@ -13,6 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+from torch.nn.utils.rnn import PackedSequence
 from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
 
 import seqkernels
@@ -94,6 +96,53 @@ def test_lstm_jacrev_vjp_and_vmap(device):
     torch.testing.assert_close(vjp(ours, x)[1](cotangent)[0], vjp(ref, x)[1](cotangent)[0], **TOL)
     xs = _x(device, 3, 4, 2, 3)
     torch.testing.assert_close(vmap(ours)(xs), torch.stack([ref(xs[i]) for i in range(3)]), **TOL)
+
+
+def test_lstm_vmap_folds_samples_into_the_batch(device):
+    """The forward op's vmap rule (ops/lstm.py): samples that share the weights run as one call
+    (no per-sample fallback, so no fallback warning), with x, the initial state or both
+    vmapped, padded or packed (ragged) input, one layer or two bidirectional ones; per-sample
+    weights take one call per sample. Each output against the reference, sample by sample."""
+    module, reference = _lstm_pair(device)
+    params = {k: v.detach() for k, v in module.named_parameters()}
+    ours = lambda xx, hx=None: functional_call(module, params, (xx, hx))  # noqa: E731
+    V = 3
+    xs, hs, cs = _x(device, V, 5, 2, 3), _x(device, V, 1, 2, 5), _x(device, V, 1, 2, 5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got_x = vmap(lambda xx: ours(xx)[0])(xs)
+        got_all = vmap(lambda xx, h, c: ours(xx, (h, c)))(xs, hs, cs)
+        got_h = vmap(lambda h: ours(xs[0], (h, cs[0]))[1][1])(hs)
+    assert not [w for w in caught if "seqkernels::lstm_forward" in str(w.message)]
+    for v in range(V):
+        torch.testing.assert_close(got_x[v], reference(params, xs[v])[0], **TOL)
+        y, (h_n, c_n) = reference(params, xs[v], (hs[v], cs[v]))
+        torch.testing.assert_close(got_all[0][v], y, **TOL)
+        torch.testing.assert_close(got_all[1][0][v], h_n, **TOL)
+        torch.testing.assert_close(got_all[1][1][v], c_n, **TOL)
+        torch.testing.assert_close(got_h[v], reference(params, xs[0], (hs[v], cs[0]))[1][1], **TOL)
+
+    # Packed, ragged: the samples share batch_sizes.
+    packed = torch.nn.utils.rnn.pack_sequence([_x(device, 5, 3), _x(device, 3, 3), _x(device, 2, 3)])
+    datas = _x(device, V, *packed.data.shape)
+    wrap = lambda d: PackedSequence(d, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)  # noqa: E731
+    got_packed = vmap(lambda d: ours(wrap(d))[0].data)(datas)
+    for v in range(V):
+        flat = [params[name] for name in module._flat_weights_names]
+        want = lstm_reference(datas[v], None, flat, batch_sizes=packed.batch_sizes)[0]
+        torch.testing.assert_close(got_packed[v], want, **TOL)
+
+    # Per-sample weights: one call per sample.
+    w_hh = _x(device, V, 20, 5) * 0.3
+    got_w = vmap(lambda w, xx: functional_call(module, {**params, "weight_hh_l0": w}, (xx,))[0])(w_hh, xs)
+    for v in range(V):
+        torch.testing.assert_close(got_w[v], reference({**params, "weight_hh_l0": w_hh[v]}, xs[v])[0], **TOL)
+
+    deep, deep_reference = _lstm_pair(device, bidirectional=True, num_layers=2)
+    deep_params = {k: v.detach() for k, v in deep.named_parameters()}
+    got_deep = vmap(lambda xx: functional_call(deep, deep_params, (xx,))[0])(xs)
+    for v in range(V):
+        torch.testing.assert_close(got_deep[v], deep_reference(deep_params, xs[v])[0], **TOL)
 
 
 def test_lstm_forward_mode_ad_raises(device):

@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, check_same_device, forbid_double_backward, mark_saved_outputs, records_grad, register_autograd
+from ._autograd import (
+    call_backward_op, call_op, check_same_device, forbid_double_backward, mark_saved_outputs, records_grad,
+    register_autograd,
+)
 
 __all__ = ["convlstm", "release_step_graphs"]
 

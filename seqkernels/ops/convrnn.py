@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autograd import call_backward_op, call_op, check_same_device, forbid_double_backward, records_grad, register_autograd
+from ._autograd import (
+    call_backward_op, call_op, check_same_device, forbid_double_backward, records_grad, register_autograd,
+)
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
 
