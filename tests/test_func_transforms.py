@@ -1,7 +1,7 @@
 """The ops under torch.func transforms and forward-mode AD, for the three cells.
 
 torch.func.grad, vjp and jacrev differentiate through each op's backward; vmap runs the
-LSTM's forward op through its vmap rule (the samples folded into the batch) and the other ops
+forward ops through their vmap rules (the samples folded into the batch) and the backward ops
 one sample at a time (PyTorch's batching fallback); jvp and
 forward-mode AD have no formula and must raise, never return a zero tangent (they did through
 the ops' torch.library kernels before). Expected values come from the pure-PyTorch references
@@ -181,6 +181,19 @@ def test_convrnn_grad_vmap_and_jvp(device):
     for b in range(2):
         want = grad(lambda w: convrnn_reference(x[b:b + 1], w)[0].square().sum())(weight)
         torch.testing.assert_close(per_sample[b], want, **TOL)
+    # The forward op's vmap rule: x and h0 vmapped (one call, no fallback warning), or per-sample
+    # weights (one call per sample).
+    xs, hs, ws = _x(device, 3, *x.shape), _x(device, 3, *h0.shape), _x(device, 3, *weight.shape) * 0.5
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = vmap(lambda xx, h: convrnn(xx, weight, h, bias))(xs, hs)
+    assert not [w for w in caught if "seqkernels::convrnn_forward" in str(w.message)]
+    got_w = vmap(lambda w, xx: convrnn(xx, w, h0, bias)[0])(ws, xs)
+    for v in range(3):
+        want = convrnn_reference(xs[v], weight, hs[v], bias)
+        torch.testing.assert_close(got[0][v], want[0], **TOL)
+        torch.testing.assert_close(got[1][v], want[1], **TOL)
+        torch.testing.assert_close(got_w[v], convrnn_reference(xs[v], ws[v], h0, bias)[0], **TOL)
     with pytest.raises(NotImplementedError, match="seqkernels.convrnn: forward-mode AD"):
         jvp(lambda xx: convrnn(xx, weight)[0], (x,), (torch.ones_like(x),))
 
@@ -200,9 +213,19 @@ def test_convlstm_grad_vmap_and_jvp(device):
     ref = grad(lambda *a: loss(convlstm_reference, *a), argnums=(0, 1, 2))(x, w_ih, w_hh)
     for got, want in zip(ours, ref):
         torch.testing.assert_close(got, want, **TOL)
-    xs = _x(device, 2, T, B, Ci, H, W)
-    got = vmap(lambda xx: convlstm(xx, h0, c0, w_ih, w_hh, b_ih, b_hh)[0])(xs)
-    want = torch.stack([convlstm_reference(xs[i], h0, c0, w_ih, w_hh, b_ih, b_hh)[0] for i in range(2)])
-    torch.testing.assert_close(got, want, **TOL)
+    # The forward op's vmap rule: x and c0 vmapped (one call, no fallback warning), or per-sample
+    # weights (one call per sample).
+    xs, cs, ws = _x(device, 2, T, B, Ci, H, W), _x(device, 2, B, C, H, W), _x(device, 2, 4 * C, C, 3, 3) * 0.3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = vmap(lambda xx, c: convlstm(xx, h0, c, w_ih, w_hh, b_ih, b_hh))(xs, cs)
+    assert not [w for w in caught if "seqkernels::convlstm_forward" in str(w.message)]
+    got_w = vmap(lambda w, xx: convlstm(xx, h0, c0, w_ih, w, b_ih, b_hh)[0])(ws, xs)
+    for v in range(2):
+        y, (h_T, c_T) = convlstm_reference(xs[v], h0, cs[v], w_ih, w_hh, b_ih, b_hh)
+        torch.testing.assert_close(got[0][v], y, **TOL)
+        torch.testing.assert_close(got[1][0][v], h_T, **TOL)
+        torch.testing.assert_close(got[1][1][v], c_T, **TOL)
+        torch.testing.assert_close(got_w[v], convlstm_reference(xs[v], h0, c0, w_ih, ws[v], b_ih, b_hh)[0], **TOL)
     with pytest.raises(NotImplementedError, match="seqkernels.convlstm: forward-mode AD"):
         jvp(lambda xx: convlstm(xx, h0, c0, w_ih, w_hh, b_ih, b_hh)[0], (x,), (torch.ones_like(x),))

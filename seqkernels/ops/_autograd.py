@@ -103,6 +103,36 @@ def call_backward_op(op, *args):
     return call_op(op, records_grad(*args), *args)
 
 
+def vmap_fold(t: Tensor, in_dim: int | None, V: int, dim: int) -> Tensor:
+    """In a vmap rule: t's vmapped dimension (in_dim; None: t is shared, so repeated V times)
+    merged into its batch dimension `dim`, sample v of batch entry b at b·V + v, contiguous.
+    That order keeps a packed sequence's layout (the LSTM's rows: each sample's rows of a
+    step stay the first ones of the step when the samples share batch_sizes)."""
+    if in_dim is None:
+        t = t.unsqueeze(dim + 1).expand(*t.shape[: dim + 1], V, *t.shape[dim + 1 :])
+    else:
+        t = t.movedim(in_dim, dim + 1)
+    return t.reshape(*t.shape[:dim], t.shape[dim] * V, *t.shape[dim + 2 :]).contiguous()
+
+
+def vmap_unfold(t: Tensor, V: int, dim: int) -> Tensor:
+    """vmap_fold's inverse for an output whose batch dimension `dim` holds V samples: the
+    vmapped dimension first, each sample contiguous (the backward ops, which vmap runs one
+    sample at a time, take saved outputs only contiguous). A 1-D empty output (nothing
+    saved) becomes [V, 0]."""
+    if t.dim() == 1 and t.numel() == 0:
+        return t.new_empty(V, 0)
+    t = t.reshape(*t.shape[:dim], t.shape[dim] // V, V, *t.shape[dim + 1 :])
+    return t.movedim(dim + 1, 0).contiguous()
+
+
+def vmap_per_sample(op, V: int, in_dims, args) -> tuple:
+    """In a vmap rule: op called once per sample (for arguments no rule can fold, such as
+    per-sample weights), its outputs stacked, the vmapped dimension first."""
+    calls = [op(*(a.select(d, v) if d is not None else a for a, d in zip(args, in_dims))) for v in range(V)]
+    return tuple(torch.stack(outs) for outs in zip(*calls)), (0,) * len(calls[0])
+
+
 def check_same_device(label: str, x: Tensor, **tensors: Tensor | None) -> None:
     """In a forward op's fake function: every tensor on x's device, as the kernels check
     (lstm_checks.cpp and the conv ops' checks, with their messages). The fake function is

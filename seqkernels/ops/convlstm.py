@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ._autograd import (
     call_backward_op, call_op, check_same_device, forbid_double_backward, mark_saved_outputs, records_grad,
-    register_autograd,
+    register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 __all__ = ["convlstm", "release_step_graphs"]
@@ -150,6 +150,24 @@ def _convlstm_forward_fake(x, h0, c0, w_ih, w_hh, bias, peephole, training):
     # Saved for backward in the kernels' channels-last layout: gates [T, B, H, W, G], cells [T, B, H, W, C].
     saved = (x.new_empty(T, B, H, W, G), x.new_empty(T, B, H, W, C)) if training else (x.new_empty(0), x.new_empty(0))
     return x.new_empty(T, B, C, H, W), x.new_empty(B, C, H, W), x.new_empty(B, C, H, W), *saved
+
+
+@torch.library.register_vmap("seqkernels::convlstm_forward")
+def _convlstm_forward_vmap(info, in_dims, x, h0, c0, w_ih, w_hh, bias, peephole, training):
+    """torch.vmap over the forward op: V samples that share the weights run as one call of V·B
+    sequences (vmap_fold into x's dimension 1 and the states' 0); per-sample weights take one
+    call per sample."""
+    V = info.batch_size
+    args = (x, h0, c0, w_ih, w_hh, bias, peephole, training)
+    if any(d is not None for d in in_dims[3:7]):
+        return vmap_per_sample(_forward, V, in_dims, args)
+    y, h_n, c_n, gates, cells = _forward(
+        vmap_fold(x, in_dims[0], V, 1), vmap_fold(h0, in_dims[1], V, 0), vmap_fold(c0, in_dims[2], V, 0), w_ih, w_hh,
+        bias, peephole, training,
+    )
+    outputs = (vmap_unfold(y, V, 1), vmap_unfold(h_n, V, 0), vmap_unfold(c_n, V, 0), vmap_unfold(gates, V, 1),
+               vmap_unfold(cells, V, 1))
+    return outputs, (0,) * 5
 
 
 @torch.library.register_fake("seqkernels::convlstm_backward")

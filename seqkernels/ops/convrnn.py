@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ._autograd import (
     call_backward_op, call_op, check_same_device, forbid_double_backward, records_grad, register_autograd,
+    vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
@@ -134,6 +135,19 @@ def _convrnn_forward_fake(x, weight, bias, h0, padding_mode, nonlinearity):
     check_same_device("seqkernels.convrnn", x, weight=weight, bias=bias, h0=h0)
     B, T, C, N = x.shape
     return x.new_empty(B, T, C, N), h0.new_empty(B, C, N)
+
+
+@torch.library.register_vmap("seqkernels::convrnn_forward")
+def _convrnn_forward_vmap(info, in_dims, x, weight, bias, h0, padding_mode, nonlinearity):
+    """torch.vmap over the forward op: V samples that share the weights run as one call of V·B
+    rings (vmap_fold); per-sample weights take one call per sample."""
+    V = info.batch_size
+    args = (x, weight, bias, h0, padding_mode, nonlinearity)
+    if in_dims[1] is not None or in_dims[2] is not None:
+        return vmap_per_sample(_forward, V, in_dims, args)
+    y, h_T = _forward(vmap_fold(x, in_dims[0], V, 0), weight, bias, vmap_fold(h0, in_dims[3], V, 0), padding_mode,
+                      nonlinearity)
+    return (vmap_unfold(y, V, 0), vmap_unfold(h_T, V, 0)), (0, 0)
 
 
 @torch.library.register_fake("seqkernels::convrnn_backward")

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ._autograd import (
     call_backward_op, call_op, check_same_device, dense_grad, forbid_double_backward, mark_saved_outputs,
-    records_grad, register_autograd,
+    records_grad, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 _forward = torch.ops.seqkernels.lstm_forward.default
@@ -92,35 +92,19 @@ def _lstm_backward_fake(
 
 @torch.library.register_vmap("seqkernels::lstm_forward")
 def _lstm_forward_vmap(info, in_dims, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, training):
-    """torch.vmap over the forward op: V independent samples that share the weights and
-    batch_sizes run as one call of V·B sequences. Row n of sample v becomes row n·V + v (the
-    sequences ordered by their position in the sample, then by sample), which keeps the packed
-    layout: every sample has the same batch_sizes, so at each step the rows that go on are
-    the first V·batch_sizes[t+1]. Batched weights or batch_sizes (per-sample models) fall back
-    to one call per sample."""
+    """torch.vmap over the forward op: V samples that share the weights and batch_sizes run as
+    one call of V·B sequences (vmap_fold: row n of sample v at n·V + v, which keeps the packed
+    layout, as every sample has the same batch_sizes). Batched weights or batch_sizes
+    (per-sample models) take one call per sample."""
     V = info.batch_size
-    shared_dims = (in_dims[1],) + tuple(in_dims[4:9])
-    if any(d is not None for d in shared_dims):
-        args = (x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, training)
-        per_sample = [
-            _forward(*(a.select(d, v) if d is not None else a for a, d in zip(args, in_dims))) for v in range(V)
-        ]
-        return tuple(torch.stack(outs) for outs in zip(*per_sample)), (0,) * 5
-
-    def interleave(t, dim):  # [.., rows, ..] of V samples -> [rows * V, ...], row n of sample v at n·V + v
-        t = t.movedim(dim, 1) if dim is not None else t.unsqueeze(1).expand(t.shape[0], V, *t.shape[1:])
-        return t.reshape(t.shape[0] * V, *t.shape[2:]).contiguous()
-
-    y, h_n, c_n, gates, cells = _forward(
-        interleave(x, in_dims[0]), batch_sizes * V, interleave(h0, in_dims[2]), interleave(c0, in_dims[3]), w_ih,
-        w_hh, b_ih, b_hh, w_hr, reverse, training,
+    args = (x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, training)
+    if any(d is not None for d in (in_dims[1],) + tuple(in_dims[4:9])):
+        return vmap_per_sample(_forward, V, in_dims, args)
+    outputs = _forward(
+        vmap_fold(x, in_dims[0], V, 0), batch_sizes * V, vmap_fold(h0, in_dims[2], V, 0),
+        vmap_fold(c0, in_dims[3], V, 0), w_ih, w_hh, b_ih, b_hh, w_hr, reverse, training,
     )
-    # Each sample's outputs contiguous (vmapped dimension first): the backward op, which vmap
-    # runs one sample at a time, takes the saved y, gates and cells only contiguous.
-    outputs = tuple(
-        t.view(t.shape[0] // V, V, *t.shape[1:]).transpose(0, 1).contiguous() for t in (y, h_n, c_n, gates, cells)
-    )
-    return outputs, (0,) * 5
+    return tuple(vmap_unfold(t, V, 0) for t in outputs), (0,) * 5
 
 
 def _setup_context(ctx, inputs, output):
