@@ -241,6 +241,26 @@ inline void configure(int64_t rows) {
 // Hands the tile state back (TILERELEASE): a thread holding none does not make the OS save and
 // restore 8 KB of tile data on every switch.
 inline void release() { asm volatile("tilerelease" ::); }
+// The tile configuration of a run of row blocks: configured again only when a block's row count
+// changes (a last, shorter block), released at the end of the run.
+class TileRows {
+ public:
+  TileRows() = default;
+  TileRows(const TileRows&) = delete;
+  TileRows& operator=(const TileRows&) = delete;
+  ~TileRows() {
+    if (rows_ != 0) release();
+  }
+  void use(int64_t rows) {
+    if (rows != rows_) {
+      configure(rows);
+      rows_ = rows;
+    }
+  }
+
+ private:
+  int64_t rows_ = 0;
+};
 
 // Where a group's accumulators start and end: tile t from c_in + t * gate (row stride in_ld
 // floats; in_ld = 0 repeats one row, e.g. a bias) or zero (c_in null), stored to c_out + t * gate

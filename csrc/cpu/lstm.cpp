@@ -430,8 +430,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
     const int64_t tile = unit_tile(kernels);
     // AMX (amx_x3.h; its gate passes are the AVX-512 ones): the whole-sequence input projection
     // (amx_sequence_products) and the step products (amx_products).
-    const bool amx_sequence = kernels == CpuKernels::kAvx512 && amx_sequence_products(s.N, s.H);
-    const bool amx = amx_sequence && amx_products(s.B, s.H);
+    const AmxUse amx_choice = amx_use(kernels, s.N, s.B, s.H);
+    const bool amx_sequence = amx_choice.sequence, amx = amx_choice.steps;
     const bool fused_projection = !amx && fuse_projection(s, persistent_parts(s.H, tile, s.B));
     Tensor pre, gates;
     Tensor w_ih_packed, w_hh_packed, h_split;
@@ -615,8 +615,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 
   // On AMX (with the AVX-512 kernels): dx (amx_sequence_products) and dL/dh_{t-1} in the loop
   // (amx_products).
-  const bool amx_sequence = persistent && cpu_kernels() == CpuKernels::kAvx512 && amx_sequence_products(N, H);
-  const bool amx = amx_sequence && amx_products(s.B, H);
+  const AmxUse amx_choice = persistent ? amx_use(cpu_kernels(), N, s.B, H) : AmxUse{false, false};
+  const bool amx_sequence = amx_choice.sequence, amx = amx_choice.steps;
   if (persistent) {  // implies float32
     backward_persistent(s, reverse, w_hh.const_data_ptr<float>(), gates.const_data_ptr<float>(),
                         cells.const_data_ptr<float>(), c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(),

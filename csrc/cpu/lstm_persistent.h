@@ -1118,6 +1118,16 @@ inline bool amx_sequence_products(int64_t N, int64_t H) {
   const int mode = amx_mode();
   return mode == -1 ? N >= kAmxMinSequenceRows && H >= kAmxMinHidden : mode == 1;
 }
+// Which of a persistent loop's products run on AMX (the forward's and the backward's alike; AMX
+// implies the AVX-512 kernels, whose gate passes it keeps): the whole-sequence ones (input
+// projection, dx) and, with them, the step ones.
+struct AmxUse {
+  bool sequence, steps;
+};
+inline AmxUse amx_use(CpuKernels kernels, int64_t N, int64_t B, int64_t H) {
+  const bool sequence = kernels == CpuKernels::kAvx512 && amx_sequence_products(N, H);
+  return {sequence, sequence && amx_products(B, H)};
+}
 
 #if defined(SEQKERNELS_HAVE_AMX)
 // W [G, K] (W_ih with K = I, W_hh with K = H) packed for AMX: group u = units [16 u, 16 u + 16),
@@ -1175,24 +1185,19 @@ inline at::Tensor amx_pack_columns(const float* w, int64_t ldw, int64_t K, int64
 SEQKERNELS_AMX_TARGET inline void amx_units_product(int64_t H, int64_t K, const uint16_t* a, int64_t a_part,
                                                     int64_t bt, int64_t j0, int64_t j1, const uint16_t* w_packed,
                                                     float* pre, int64_t ldp, const float* bias) {
-  const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K);
-  const int64_t group_numel = Kp / amx::kTileK * amx::kSplitParts * amx::kGroupTiles * amx::kTileElems;
-  int64_t configured = 0;
+  const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K), group_numel = amx::packed_numel(1, K);
+  amx::TileRows tiles;
   for (int64_t j = j0; j < j1; j += amx::kTileCols) {
     const int64_t nj = std::min(amx::kTileCols, j1 - j);
     const int64_t valid[4] = {nj, nj, nj, nj};
     const uint16_t* group = w_packed + (j / amx::kTileCols) * group_numel;
     for (int64_t b = 0; b < bt; b += amx::kTileRows) {
       const int64_t m = std::min(amx::kTileRows, bt - b);
-      if (m != configured) {
-        amx::configure(m);
-        configured = m;
-      }
+      tiles.use(m);
       float* rows = pre + b * ldp + j;
       amx_block(a + b * a_ld, a_part, a_ld, Kp, group, m, rows, ldp, H, valid, bias ? bias + j : rows, bias ? 0 : ldp);
     }
   }
-  if (configured) amx::release();
 }
 
 // c[r, n] = Σ_k a[r, k]·W[k, n] for rows [0, rows) and the columns n in [n0, n1) (n0 a multiple
@@ -1203,22 +1208,18 @@ SEQKERNELS_AMX_TARGET inline void amx_columns_product(int64_t K, int64_t N, cons
                                                       int64_t rows, int64_t n0, int64_t n1,
                                                       const uint16_t* w_packed, float* c, int64_t ldc) {
   const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K), cols = amx::kGroupTiles * amx::kTileCols;
-  const int64_t group_numel = Kp / amx::kTileK * amx::kSplitParts * amx::kGroupTiles * amx::kTileElems;
-  int64_t configured = 0;
+  const int64_t group_numel = amx::packed_numel(1, K);
+  amx::TileRows tiles;
   for (int64_t n = n0; n < n1; n += cols) {
     int64_t valid[4];
     for (int64_t t = 0; t < 4; ++t) valid[t] = std::clamp<int64_t>(n1 - n - 16 * t, 0, 16);
     const uint16_t* group = w_packed + (n / cols) * group_numel;
     for (int64_t b = 0; b < rows; b += amx::kTileRows) {
       const int64_t m = std::min(amx::kTileRows, rows - b);
-      if (m != configured) {
-        amx::configure(m);
-        configured = m;
-      }
+      tiles.use(m);
       amx_block(a + b * a_ld, a_part, a_ld, Kp, group, m, c + b * ldc + n, ldc, amx::kTileCols, valid, nullptr, 0);
     }
   }
-  if (configured) amx::release();
 }
 
 // Rows of a float32 matrix split per thread at a time in the whole-sequence AMX products: the
