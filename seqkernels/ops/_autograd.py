@@ -48,7 +48,8 @@ def _op_function(op, label: str, backward, setup_context) -> type:
 
 
 def _label(op) -> str:
-    """"seqkernels::lstm_forward" -> "seqkernels.lstm", the prefix of the ops' messages."""
+    """"seqkernels::lstm_forward" (or _backward) -> "seqkernels.lstm", the prefix of the ops'
+    messages."""
     return op.name().replace("::", ".").rsplit("_", 1)[0]
 
 
@@ -159,12 +160,15 @@ def mark_saved_outputs(ctx, *saved: Tensor) -> None:
     ctx.set_materialize_grads(False)
 
 
-def forbid_double_backward(backward_op: str, label: str) -> None:
+def forbid_double_backward(backward_op: str) -> None:
     """Register an autograd formula for ``backward_op`` ("seqkernels::<cell>_backward") that
     raises, on the op (torch.library) and on its Function (``call_backward_op``): without one,
     autograd would treat the backward op's outputs as constants and a second backward
     (create_graph=True, or torch.func.grad of torch.func.grad) would silently return wrong
     gradients."""
+
+    op = getattr(torch.ops.seqkernels, backward_op.split("::")[1]).default
+    label = _label(op)
 
     def _not_differentiable(ctx, *grads):
         raise NotImplementedError(f"{label}: double backward (differentiating the gradient) is not supported")
@@ -173,5 +177,4 @@ def forbid_double_backward(backward_op: str, label: str) -> None:
         pass
 
     torch.library.register_autograd(backward_op, _not_differentiable, setup_context=_setup_context)
-    op = getattr(torch.ops.seqkernels, backward_op.split("::")[1]).default
     _EAGER_FUNCTIONS[op] = _op_function(op, label, _not_differentiable, _setup_context)

@@ -225,4 +225,4 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
 register_autograd(_forward, _convlstm_backward, _setup_context)
 
 
-forbid_double_backward("seqkernels::convlstm_backward", "seqkernels.convlstm")
+forbid_double_backward("seqkernels::convlstm_backward")

@@ -195,4 +195,4 @@ def _convrnn_backward(ctx, grad_y, grad_h_T):
 register_autograd(_forward, _convrnn_backward, _setup_context)
 
 
-forbid_double_backward("seqkernels::convrnn_backward", "seqkernels.convrnn")
+forbid_double_backward("seqkernels::convrnn_backward")

@@ -143,4 +143,4 @@ def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
 register_autograd(_forward, _lstm_backward, _setup_context)
 
 
-forbid_double_backward("seqkernels::lstm_backward", "seqkernels.lstm")
+forbid_double_backward("seqkernels::lstm_backward")
