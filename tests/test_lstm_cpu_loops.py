@@ -1,8 +1,9 @@
 """The CPU time loops of the LSTM (csrc/cpu/lstm.cpp), each forced: the persistent loop with
 the kernels its rule picks on this CPU, with its products on AMX tiles (SEQKERNELS_CPU_AMX=1,
 where the CPU has AMX), with its AVX-512 kernels (SEQKERNELS_CPU_AMX=0) and with its AVX2
-kernels (SEQKERNELS_CPU_AVX512=0), and the BLAS loop (SEQKERNELS_LSTM_BACKEND=gemm). float32 only: the other dtypes and projection always
-take the BLAS loop (tests/test_lstm.py covers them).
+kernels (SEQKERNELS_CPU_AVX512=0), and the BLAS loop (SEQKERNELS_LSTM_BACKEND=gemm), in float32;
+and the bfloat16 loops on AMX (test_bf16_amx_loop_matches_reference). float64, float16 and
+projection always take the BLAS loop (tests/test_lstm.py covers them).
 
 Ground truth: seqkernels.reference in float64 with the same inputs; outputs and every
 gradient within 3e-5 of max(1, max|expected|).
@@ -137,3 +138,48 @@ def test_amx_products_keep_float32_accuracy(monkeypatch):
     for key, err in errors["amx"].items():
         bound = 3 * errors["avx512"][key] + 1e-7
         assert err <= bound, f"{key}: AMX error {err:.3g} > {bound:.3g} (float32 loop: {errors['avx512'][key]:.3g})"
+
+
+# bfloat16 on AMX (csrc/cpu/lstm.cpp, amx_bf16_loop_applies): the forward's loop where H is a
+# multiple of 16, the backward's where it is a multiple of 64. (batch sizes per step, I, H,
+# reverse, bias): H = 16 (the forward on AMX, the backward on the BLAS loop), 64 (both on AMX),
+# 128 (two parts of 64 units on two threads); B = 33 (row blocks of 16, 16 and 1); I = 20 and
+# 40 (no multiple of the tiles' 32 k: zero-padded); sequences that end at different steps.
+BF16_CASES = [
+    ([5] * 12, 20, 16, False, True),
+    ([33, 33, 30, 17, 16, 9, 1, 1], 40, 64, True, True),
+    ([8] * 20 + [3] * 4, 24, 128, False, False),
+    ([2] * 10, 64, 64, True, True),
+]
+
+
+@pytest.mark.parametrize("batch_sizes,I,H,reverse,bias", BF16_CASES)
+def test_bf16_amx_loop_matches_reference(monkeypatch, batch_sizes, I, H, reverse, bias):
+    """The bfloat16 loops on AMX against the float64 reference by the low-precision rule of
+    tests/test_lstm.py (error at most twice that of the reference run in bfloat16 or of the BLAS
+    loop, plus two units of bfloat16), outputs and every gradient, and the inference forward.
+    The profiler shows which loops ran (their RecordFunction scopes)."""
+    if not cpu_has_amx():
+        pytest.skip("this CPU has no AMX-BF16")
+    from test_lstm import compare_low_precision
+
+    t, up = layer_case(batch_sizes, I, H, bias, seed=H * 100 + len(batch_sizes))
+    ref64 = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
+    ref_bf16 = run_layer(_reference, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "0")
+    blas = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
+    monkeypatch.delenv("SEQKERNELS_CPU_AMX")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
+    ran = {e.name for e in prof.events()}
+    assert "seqkernels::lstm_forward_amx_bf16" in ran, "the forward did not run on the AMX loop"
+    assert ("seqkernels::lstm_backward_amx_bf16" in ran) == (H % 64 == 0), "the backward's loop is not the rule's"
+    compare_low_precision(got, ref64, [ref_bf16, blas], torch.bfloat16, f"AMX bf16 loop H={H}")
+    with torch.no_grad():
+        args = {k: v.bfloat16() for k, v in t.items()}
+        y, h, c = lstm_layer(args["x"], torch.tensor(batch_sizes), args["h0"], args["c0"], args["w_ih"], args["w_hh"],
+                             args.get("b_ih"), args.get("b_hh"), reverse=reverse)
+    inference = {"y": y, "h_n": h, "c_n": c}
+    compare_low_precision(inference, {k: ref64[k] for k in inference}, [ref_bf16, blas], torch.bfloat16,
+                          f"AMX bf16 loop (no grad) H={H}")

@@ -12,6 +12,9 @@
 // ~340 ns for the same float32 products at the two FMA pipes' peak; at 8 rows ~190 ns against
 // ~170, no gain (docs/kernels.md).
 //
+// A bfloat16 LSTM's operands need no split: its products are one tile product per chunk and
+// tile (group_product_bf16, on W packed as part 0 alone), at the end of this file.
+//
 // Operand layouts (Kp = K rounded up to kTileK, zero-padded):
 //   A, split: [3 parts][rows][a_ld] bfloat16, a_ld = a_row_stride(K) (split_rows, or written by
 //   the caller), 64-byte aligned: a tile row that straddles two cache lines costs two (a group's
@@ -27,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 11))
 #define SEQKERNELS_HAVE_AMX 1
@@ -224,17 +228,18 @@ SEQKERNELS_AMX_TARGET inline void pack_cols_major(const float* w, int64_t ldw, i
 
 // The tile configuration: accumulators 0-3 and A parts 4-6 of `rows` rows, the B tile 7 of 16
 // k pairs; every row 64 bytes.
+// With b_tiles = 2 (group_product_bf16): A tiles 4-5 and B tiles 6-7.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
-inline void configure(int64_t rows) {
+inline void configure(int64_t rows, int b_tiles = 1) {
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) {
     cfg.colsb[i] = 64;
-    cfg.rows[i] = static_cast<uint8_t>(i == 7 ? 16 : rows);
+    cfg.rows[i] = static_cast<uint8_t>(i >= 8 - b_tiles ? 16 : rows);
   }
   asm volatile("ldtilecfg %0" ::"m"(cfg));
 }
@@ -245,7 +250,7 @@ inline void release() { asm volatile("tilerelease" ::); }
 // changes (a last, shorter block), released at the end of the run.
 class TileRows {
  public:
-  TileRows() = default;
+  explicit TileRows(int b_tiles = 1) : b_tiles_(b_tiles) {}
   TileRows(const TileRows&) = delete;
   TileRows& operator=(const TileRows&) = delete;
   ~TileRows() {
@@ -253,12 +258,13 @@ class TileRows {
   }
   void use(int64_t rows) {
     if (rows != rows_) {
-      configure(rows);
+      configure(rows, b_tiles_);
       rows_ = rows;
     }
   }
 
  private:
+  int b_tiles_;
   int64_t rows_ = 0;
 };
 
@@ -332,6 +338,150 @@ inline void group_product(const uint16_t* a, int64_t a_part, int64_t a_ld, int64
 #undef SEQKERNELS_AMX_PART1
 #undef SEQKERNELS_AMX_PART2
   }
+  const int64_t out_bytes = acc.out_ld * 4;
+  SEQKERNELS_TILE_STORE(0, acc.c_out, out_bytes);
+  SEQKERNELS_TILE_STORE(1, acc.c_out + acc.gate, out_bytes);
+  SEQKERNELS_TILE_STORE(2, acc.c_out + 2 * acc.gate, out_bytes);
+  SEQKERNELS_TILE_STORE(3, acc.c_out + 3 * acc.gate, out_bytes);
+}
+
+// ---------------------------------------------------------------------------------------
+// bfloat16 operands: one part. A bfloat16 LSTM's operands are bfloat16 already, so each chunk
+// is one tile product per accumulator instead of six, over B tiles of half the bytes.
+//   A: [rows][a_ld] bfloat16 (a_ld = a_row_stride(K), zero past K), as for the split parts
+//   B, packed in groups of kGroupTiles column tiles: [group][K chunk of 32][tile][16 k pairs]
+//     [16 columns][2] bfloat16 (the split layout's part 0 alone)
+
+// bfloat16 elements of a one-part packed B with `groups` groups over a reduction of K.
+inline int64_t packed_numel_bf16(int64_t groups, int64_t K) {
+  return groups * (padded_k(K) / kTileK) * kGroupTiles * kTileElems;
+}
+
+// out[p] = lane p of every in[n] (a 16 x 16 transpose of 32-bit lanes): in[n] holds column n's
+// 16 k pairs, out[p] k pair p of the 16 columns, a tile row.
+SEQKERNELS_AMX_TARGET inline void transpose16x16_epi32(const __m512i (&in)[16], __m512i (&out)[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // b[4i + j], 128-bit lane L: rows 4i..4i+3 of lane 4L + j
+    b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i e0 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x44), e1 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xEE);
+    const __m512i f0 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0x44), f1 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0xEE);
+    out[j] = _mm512_shuffle_i32x4(e0, f0, 0x88);
+    out[4 + j] = _mm512_shuffle_i32x4(e0, f0, 0xDD);
+    out[8 + j] = _mm512_shuffle_i32x4(e1, f1, 0x88);
+    out[12 + j] = _mm512_shuffle_i32x4(e1, f1, 0xDD);
+  }
+}
+
+// B packed from a bfloat16 matrix whose columns are contiguous rows of memory (w[n * ldw + k],
+// as pack_rows_major): group u, tile t holds the columns column(u, t, 0..16), zero where that
+// is < 0 and for k >= K. A tile is 16 columns' 64-byte runs of k, transposed as k pairs.
+template <class Column>
+SEQKERNELS_AMX_TARGET void pack_rows_major_bf16(const uint16_t* w, int64_t ldw, int64_t K, int64_t groups,
+                                                const Column& column, uint16_t* packed) {
+  const int64_t chunks = padded_k(K) / kTileK;
+  at::parallel_for(0, groups * kGroupTiles, 1, [&](int64_t i0, int64_t i1) SEQKERNELS_AMX_TARGET {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t u = i / kGroupTiles, t = i % kGroupTiles;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t left = K - c * kTileK;
+        const __mmask32 ks = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << left) - 1);
+        __m512i cols[16], rows[16];
+        for (int64_t n = 0; n < kTileCols; ++n) {
+          const int64_t col = column(u, t, n);
+          cols[n] = col < 0 ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi16(ks, w + col * ldw + c * kTileK);
+        }
+        transpose16x16_epi32(cols, rows);
+        uint16_t* tile = packed + ((u * chunks + c) * kGroupTiles + t) * kTileElems;  // [k pair][column][2]
+        for (int p = 0; p < 16; ++p) _mm512_storeu_si512(tile + p * 2 * kTileCols, rows[p]);
+      }
+    }
+  });
+}
+
+// B packed from a bfloat16 matrix whose rows of memory run along the columns (w[k * ldw + n], as
+// pack_cols_major): group u holds columns [64 u, 64 u + 64), zero from column N and for k >= K.
+// Two k rows interleave into a tile row of 16 k pairs.
+SEQKERNELS_AMX_TARGET inline void pack_cols_major_bf16(const uint16_t* w, int64_t ldw, int64_t K, int64_t N,
+                                                       uint16_t* packed) {
+  const int64_t chunks = padded_k(K) / kTileK;
+  const int64_t groups = (N + kGroupTiles * kTileCols - 1) / (kGroupTiles * kTileCols);
+  at::parallel_for(0, groups * chunks, 1, [&](int64_t i0, int64_t i1) SEQKERNELS_AMX_TARGET {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t u = i / chunks, c = i % chunks;
+      uint16_t* dst = packed + i * kGroupTiles * kTileElems;
+      for (int64_t t = 0; t < kGroupTiles; ++t) {
+        const int64_t n0 = (u * kGroupTiles + t) * kTileCols;
+        const __mmask16 mask = lanes16(N - n0);
+        for (int64_t kk = 0; kk < kTileK / 2; ++kk) {
+          const int64_t k = c * kTileK + 2 * kk;
+          auto row = [&](int64_t r) SEQKERNELS_AMX_TARGET {
+            return r < K ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, w + r * ldw + n0)) : _mm512_setzero_si512();
+          };
+          const __m512i pairs = _mm512_or_si512(row(k), _mm512_slli_epi32(row(k + 1), 16));
+          _mm512_storeu_si512(dst + t * kTileElems + kk * 2 * kTileCols, pairs);
+        }
+      }
+    }
+  });
+}
+
+// Columns [0, n) of rows [0, rows) of a bfloat16 matrix (row stride lda) copied to out (row
+// stride ld): into an A operand, whose columns that no copy writes are zero from its allocation.
+inline void copy_rows_bf16(const uint16_t* a, int64_t lda, int64_t rows, int64_t n, uint16_t* out, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * ld, a + r * lda, sizeof(uint16_t) * n);
+}
+
+// c_out tile t = c_in tile t + A[r, :]·B[:, tile t of the group] for t < 4 and the rows of the
+// configured A tiles (configure(rows, 2)): one tile product per tile and chunk. A chunk's two
+// A tiles alternate (4, 5) so that the next chunk's A loads while this one's products run, and
+// so do its B tiles (6, 7): a B tile is reloaded only after the product before last read it.
+//   a: A at row 0 (row stride a_ld, Kp columns); b_group: a one-part packed group
+inline void group_product_bf16(const uint16_t* a, int64_t a_ld, int64_t Kp, const uint16_t* b_group,
+                               const Accumulators& acc) {
+  const int64_t lda = a_ld * 2, chunks = Kp / kTileK;
+  if (acc.c_in != nullptr) {
+    const int64_t in_bytes = acc.in_ld * 4;
+    SEQKERNELS_TILE_LOAD(0, acc.c_in, in_bytes);
+    SEQKERNELS_TILE_LOAD(1, acc.c_in + acc.gate, in_bytes);
+    SEQKERNELS_TILE_LOAD(2, acc.c_in + 2 * acc.gate, in_bytes);
+    SEQKERNELS_TILE_LOAD(3, acc.c_in + 3 * acc.gate, in_bytes);
+  } else {
+    SEQKERNELS_TILE_ZERO(0);
+    SEQKERNELS_TILE_ZERO(1);
+    SEQKERNELS_TILE_ZERO(2);
+    SEQKERNELS_TILE_ZERO(3);
+  }
+  SEQKERNELS_TILE_LOAD(4, a, lda);
+#define SEQKERNELS_AMX_BF16_CHUNK(A, A_NEXT)                                    \
+  {                                                                             \
+    const uint16_t* b = b_group + ch * kGroupTiles * kTileElems;               \
+    SEQKERNELS_TILE_LOAD(6, b, 64);                                             \
+    SEQKERNELS_TILE_LOAD(7, b + kTileElems, 64);                                \
+    if (ch + 1 < chunks) SEQKERNELS_TILE_LOAD(A_NEXT, a + (ch + 1) * kTileK, lda); \
+    SEQKERNELS_TILE_DPBF16PS(0, A, 6);                                          \
+    SEQKERNELS_TILE_LOAD(6, b + 2 * kTileElems, 64);                            \
+    SEQKERNELS_TILE_DPBF16PS(1, A, 7);                                          \
+    SEQKERNELS_TILE_LOAD(7, b + 3 * kTileElems, 64);                            \
+    SEQKERNELS_TILE_DPBF16PS(2, A, 6);                                          \
+    SEQKERNELS_TILE_DPBF16PS(3, A, 7);                                          \
+  }
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    if ((ch & 1) == 0) {
+      SEQKERNELS_AMX_BF16_CHUNK(4, 5)
+    } else {
+      SEQKERNELS_AMX_BF16_CHUNK(5, 4)
+    }
+  }
+#undef SEQKERNELS_AMX_BF16_CHUNK
   const int64_t out_bytes = acc.out_ld * 4;
   SEQKERNELS_TILE_STORE(0, acc.c_out, out_bytes);
   SEQKERNELS_TILE_STORE(1, acc.c_out + acc.gate, out_bytes);

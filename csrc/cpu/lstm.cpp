@@ -16,10 +16,12 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "cpu_checks.h"
 #include "blas.h"
@@ -166,9 +168,10 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
 constexpr int64_t kPersistentMinSteps = 4;
 constexpr int64_t kPersistentMinStepsSmallBatch = 8;  // B < kPersistentSmallBatch
 constexpr int64_t kPersistentSmallBatch = 8;
-bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
+// Whether a persistent loop that can run this call (`supported`) does: forced, or under auto
+// where it pays (above).
+bool persistent_loop_wanted(const LstmSizes& s, bool supported) {
   const LstmBackend backend = lstm_backend_from_env();
-  const bool supported = dtype == at::kFloat && s.P == 0;
   if (backend == LstmBackend::kPersistent) return supported;
   if (backend == LstmBackend::kAuto) {
     const int64_t min_steps = s.B < kPersistentSmallBatch ? kPersistentMinStepsSmallBatch : kPersistentMinSteps;
@@ -176,6 +179,26 @@ bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
   }
   return false;
 }
+bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
+  return persistent_loop_wanted(s, dtype == at::kFloat && s.P == 0);
+}
+#if defined(SEQKERNELS_HAVE_AMX)
+// The bfloat16 forward's persistent loop on AMX (lstm_persistent.h, "bfloat16 on AMX"): no
+// projection, whole groups of 16 units, a CPU with AMX (and AVX-512, whose gate math it uses),
+// unless SEQKERNELS_CPU_AMX=0. Both forwards save the same tensors (y, the activations and c in
+// bfloat16), so either backward can follow either forward.
+bool amx_bf16_loop_applies(const LstmSizes& s, at::ScalarType dtype) {
+  const bool supported = dtype == at::kBFloat16 && s.P == 0 && s.H % amx::kTileCols == 0 &&
+                         cpu_kernels() == CpuKernels::kAvx512 && amx_mode() != 0;
+  return persistent_loop_wanted(s, supported);
+}
+// Its backward on AMX as well (backward_persistent_bf16), where the hidden units come in whole
+// blocks of 64 (the column groups of amx_bf16_columns_product); else the BLAS loop's.
+constexpr int64_t kAmxBf16BackwardUnits = amx::kGroupTiles * amx::kTileCols;
+bool amx_bf16_backward_applies(const LstmSizes& s, at::ScalarType dtype) {
+  return s.H % kAmxBf16BackwardUnits == 0 && amx_bf16_loop_applies(s, dtype);
+}
+#endif
 
 // Parts of the persistent loop: one per thread, or kPartsPerThread per thread from
 // kSplitPartsBatch rows, so that a thread done with its own parts of a step can take another
@@ -204,11 +227,14 @@ int64_t persistent_parts(int64_t H, int64_t tile, int64_t B) {
 // 124.5 / 119.4, B = 64 251 / 228; H = 256 (1 MB per part) B = 8 7.7 / 7.6.
 constexpr int64_t kFuseProjectionMinBatch = 4;
 constexpr int64_t kFuseProjectionStreamBatch = 32;
-bool fuse_projection(const LstmSizes& s, int64_t parts) {
+// (elem_bytes: the packed weights' element size, 2 for the bfloat16 loop; same rule, measured
+// there on the same Xeon: B = 8, H = 512, 2 MB per part, `infer` 12.7 ms before the loop /
+// 14.5 ms inside it; H = 256 (512 KB) 3.5 / 2.8; B = 64, H = 256 24.0 / 16.7.)
+bool fuse_projection(const LstmSizes& s, int64_t parts, int64_t elem_bytes = sizeof(float)) {
   if (s.B < kFuseProjectionMinBatch) return false;
   if (s.B >= kFuseProjectionStreamBatch) return true;
   const int64_t units = (s.H + parts - 1) / parts;
-  return (s.I + s.H) * 4 * units * int64_t(sizeof(float)) <= l2_cache_bytes();
+  return (s.I + s.H) * 4 * units * elem_bytes < l2_cache_bytes();  // with room for the rest of the step
 }
 // The scratch rows are padded by one cache line: with G a multiple of 1024 floats, the
 // rows and gates of a block of accumulators otherwise fall in the same few L1 sets.
@@ -298,6 +324,162 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
   });
   return hb[s.T & 1];
 }
+
+#if defined(SEQKERNELS_HAVE_AMX)
+// The A operands of the bfloat16 loop's step products, two buffers by step parity, rows of
+// a_row_stride(K) bfloat16 (zero where nothing is written): h_{t-1} at column h_col, and with
+// the input projection inside the loop (x non-null) x_t in columns [0, I) and h from column
+// h_col = padded_k(I), the product then running over K = h_col + H against [W_ih | 0 | W_hh].
+// A bfloat16 tensor's data as the raw 16-bit words the AMX helpers take.
+const uint16_t* bf16_bits(const Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr()); }
+uint16_t* bf16_bits(Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+struct Bf16Operands {
+  uint16_t* buf[2];
+  int64_t ld, K, h_col;
+  const uint16_t* x;  // [N, I], or null: the input projection already in pre
+  int64_t I;
+};
+
+// Forward time loop of the bfloat16 persistent path on AMX (lstm_persistent.h, "bfloat16 on
+// AMX"), as forward_persistent: each part owns whole groups of 16 units, computes its columns
+// of the step's pre-activations (from the input projection in pre, or from the bias with x_t
+// in the product), then runs their gate pass, which writes h_t into the next step's A operand.
+// Rows b >= bt are carried over. Returns the buffer that holds h_n (at column ops.h_col).
+//   w_packed: amx_pack_gate_weights_bf16 of W_hh (K = H) or of [W_ih | 0 | W_hh] (x in the loop)
+//   pre: [N, G] float32 with the input projection, or with x, [B, ldp] scratch; bias: [G] (x
+//   in the loop: zero if the layer has none); cbuf [B, H] float32 (= c0); y [N, H]; gates
+//   [N, G] / cells [N, H] when training
+template <bool kTraining>
+uint16_t* forward_persistent_bf16(const LstmSizes& s, bool reverse, const uint16_t* w_packed, const Bf16Operands& ops,
+                                  float* pre, int64_t ldp, const float* bias, float* cbuf, uint16_t* y,
+                                  uint16_t* gates, uint16_t* cells) {
+  const int64_t H = s.H, G = s.G, B = s.B, ld = ops.ld;
+  const int64_t parts = persistent_parts(H, amx::kTileCols, B);
+  auto step_time = [&](int64_t step) { return reverse ? s.T - 1 - step : step; };
+  run_steps(parts, s.T, [&](int64_t part, int64_t step) {
+    const UnitRange units = part_units(part, parts, H, amx::kTileCols);
+    const int64_t j0 = units.j0, j1 = units.j1;
+    if (j0 >= j1) return;
+    const int64_t t = step_time(step);
+    const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+    const uint16_t* hin = ops.buf[step & 1];
+    uint16_t* hout = ops.buf[(step + 1) & 1];
+    float* pre_t = ops.x ? pre : pre + off * G;
+    if (ops.x) {
+      amx_bf16_units_product(H, ops.K, hin, bt, j0, j1, w_packed, bias, 0, pre_t, ldp);
+      // The next step's x rows, by the part of the first units (no other part reads hout now).
+      if (j0 == 0 && step + 1 < s.T) {
+        const int64_t tn = step_time(step + 1);
+        amx::copy_rows_bf16(ops.x + s.offsets[tn] * ops.I, ops.I, s.batch_sizes[tn], ops.I, hout, ld);
+      }
+    } else {
+      amx_bf16_units_product(H, ops.K, hin, bt, j0, j1, w_packed, pre_t, ldp, pre_t, ldp);
+    }
+    gate_rows_bf16<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, y + off * H, kTraining ? gates + off * G : nullptr,
+                              kTraining ? cells + off * H : nullptr, hout + ops.h_col, ld);
+    const size_t bytes = sizeof(uint16_t) * (j1 - j0);
+    for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * ld + ops.h_col + j0, hin + b * ld + ops.h_col + j0, bytes);
+  });
+  return ops.buf[s.T & 1];
+}
+
+// lstm_forward_cpu on the bfloat16 persistent path (amx_bf16_loop_applies). Where
+// fuse_projection says so (as for the float32 loop) the input projection runs inside the loop:
+// no [N, G] float32 buffer (64 MB at T = 256, B = 64, H = 256) to write, page-fault in and read
+// back; else one product over all N rows before the loop.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_amx_bf16(
+    const LstmSizes& s, const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+    const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh, bool reverse, bool training) {
+  // Named for the profiler (tests check which loop ran).
+  RECORD_FUNCTION("seqkernels::lstm_forward_amx_bf16", std::vector<c10::IValue>());
+  const auto opts = x.options();
+  const int64_t saved = training ? s.N : 0;
+  const bool fused = fuse_projection(s, persistent_parts(s.H, amx::kTileCols, s.B), sizeof(c10::BFloat16));
+  Tensor y = on_huge_pages(at::empty({s.N, s.H}, opts));
+  Tensor cbuf = c0.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  Tensor gates = on_huge_pages(at::empty({saved, s.G}, opts));
+  Tensor cells = on_huge_pages(at::empty({saved, s.H}, opts));
+  Tensor bias = s.has_bias ? b_ih->to(at::kFloat) + b_hh->to(at::kFloat) : at::zeros({s.G}, opts.dtype(at::kFloat));
+  Tensor pre, w_packed;
+  Bf16Operands ops{};
+  int64_t ldp = s.G;
+  if (fused) {
+    const int64_t h_col = amx::padded_k(s.I);
+    ops.K = h_col + s.H;
+    ops.h_col = h_col;
+    ops.x = bf16_bits(x);
+    ops.I = s.I;
+    const Tensor w_cat = at::cat({w_ih, at::zeros({s.G, h_col - s.I}, opts), w_hh}, 1);
+    w_packed = amx_pack_gate_weights_bf16(w_cat.const_data_ptr<c10::BFloat16>(), s.H, ops.K);
+    ldp = fused_pre_stride(s.G);
+    pre = at::empty({s.B, ldp}, opts.dtype(at::kFloat));
+  } else {
+    ops.K = s.H;
+    pre = on_huge_pages(at::empty({s.N, s.G}, opts.dtype(at::kFloat)));
+    const Tensor w_ih_packed = amx_pack_gate_weights_bf16(w_ih.const_data_ptr<c10::BFloat16>(), s.H, s.I);
+    amx_bf16_input_projection(x.const_data_ptr<c10::BFloat16>(), s.N, s.I, s.H, bf16_bits(w_ih_packed),
+                              bias.const_data_ptr<float>(), pre.data_ptr<float>());
+    w_packed = amx_pack_gate_weights_bf16(w_hh.const_data_ptr<c10::BFloat16>(), s.H, s.H);
+  }
+  ops.ld = amx::a_row_stride(ops.K);
+  Tensor hb = at::zeros({2, s.B, ops.ld}, opts);  // what nothing writes stays zero
+  ops.buf[0] = bf16_bits(hb);
+  ops.buf[1] = ops.buf[0] + s.B * ops.ld;
+  amx::copy_rows_bf16(bf16_bits(h0), s.H, s.B, s.H, ops.buf[0] + ops.h_col, ops.ld);
+  if (fused) {
+    const int64_t t0 = reverse ? s.T - 1 : 0;
+    amx::copy_rows_bf16(ops.x + s.offsets[t0] * s.I, s.I, s.batch_sizes[t0], s.I, ops.buf[0], ops.ld);
+  }
+  auto run = training ? &forward_persistent_bf16<true> : &forward_persistent_bf16<false>;
+  const uint16_t* h_last =
+      run(s, reverse, bf16_bits(w_packed), ops, pre.data_ptr<float>(), ldp, bias.const_data_ptr<float>(),
+          cbuf.data_ptr<float>(), bf16_bits(y), training ? bf16_bits(gates) : nullptr,
+          training ? bf16_bits(cells) : nullptr);
+  Tensor h_n = hb.select(0, h_last == ops.buf[0] ? 0 : 1).narrow(1, ops.h_col, s.H).contiguous();
+  return {y, h_n, cbuf.to(at::kBFloat16), gates, cells};
+}
+
+// Backward time loop of the bfloat16 persistent path on AMX, as backward_persistent: step s
+// first finishes step s - 1 (dL/dh_{t-1} = dG_t·W_hh for the part's own units, which needs
+// every part's dG_t), then runs the gate backward of step s. dG goes to dpre and, for the next
+// step's product, to A layout in two buffers by step parity. Parts own whole blocks of 64 units.
+//   w_hh [G, H]; gates [N, G]; cells [N, H]; c0 [B, H]; grad_y [N, H] (bfloat16)
+//   dh [B, H] (= grad_h_n in, grad_h0 out); dc [B, H] (= grad_c_n in, grad_c0 out) (float32)
+//   dpre [N, G] bfloat16 out
+void backward_persistent_bf16(const LstmSizes& s, bool reverse, const uint16_t* w_hh, const uint16_t* gates,
+                              const uint16_t* cells, const uint16_t* c0, const uint16_t* grad_y, float* dh, float* dc,
+                              uint16_t* dpre) {
+  RECORD_FUNCTION("seqkernels::lstm_backward_amx_bf16", std::vector<c10::IValue>());
+  const int64_t H = s.H, G = s.G, d_ld = amx::a_row_stride(G);
+  const int64_t parts = persistent_parts(H, kAmxBf16BackwardUnits, s.B);
+  at::Tensor w_packed = at::empty({amx::packed_numel_bf16(H / kAmxBf16BackwardUnits, G)}, at::kBFloat16);
+  amx::pack_cols_major_bf16(w_hh, H, G, H, bf16_bits(w_packed));
+  const uint16_t* w = bf16_bits(std::as_const(w_packed));
+  at::Tensor d_split = at::zeros({2, s.B, d_ld}, at::kBFloat16);  // the padding past G stays zero
+  uint16_t* d_parts[2] = {bf16_bits(d_split), nullptr};
+  d_parts[1] = d_parts[0] + s.B * d_ld;
+  auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
+  run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
+    const UnitRange units = part_units(part, parts, H, kAmxBf16BackwardUnits);
+    const int64_t j0 = units.j0, j1 = units.j1;
+    if (j0 >= j1) return;
+    if (step > 0) {
+      amx_bf16_columns_product(G, d_parts[(step - 1) & 1], s.batch_sizes[step_time(step - 1)], j0, j1, w, dh, H);
+    }
+    if (step == s.T) return;
+    const int64_t t = step_time(step);
+    const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+    const int64_t src_t = reverse ? t + 1 : t - 1;
+    const bool has_src = src_t >= 0 && src_t < s.T;
+    const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
+    const uint16_t* prev_cells = has_src ? cells + s.offsets[src_t] * H : c0;
+    backward_gate_rows_bf16(bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+                            grad_y + off * H, dc, dpre + off * G, d_parts[step & 1], d_ld);
+  });
+}
+
+#endif  // SEQKERNELS_HAVE_AMX
 
 // Backward time loop of the persistent path. Step s of run_steps first finishes
 // processing step s - 1 (dL/dh_{t-1} = dpre_t·W_hh for the part's own units, which needs
@@ -416,6 +598,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   const auto opts = x.options();
   const int64_t saved = training ? s.N : 0;
   const bool persistent = use_persistent_loop(s, x.scalar_type());
+#if defined(SEQKERNELS_HAVE_AMX)
+  if (amx_bf16_loop_applies(s, x.scalar_type())) {
+    return lstm_forward_amx_bf16(s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, training);
+  }
+#endif
 
   // Buffers, all allocated before the time loop.
   // The [N, ...] buffers on huge pages where the OS offers them (huge_pages.h).
@@ -617,6 +804,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   // (amx_products).
   const AmxUse amx_choice = persistent ? amx_use(cpu_kernels(), N, s.B, H) : AmxUse{false, false};
   const bool amx_sequence = amx_choice.sequence, amx = amx_choice.steps;
+#if defined(SEQKERNELS_HAVE_AMX)
+  const bool amx_bf16 = amx_bf16_backward_applies(s, dtype);
+  if (amx_bf16) {
+    backward_persistent_bf16(s, reverse, bf16_bits(w_hh), bf16_bits(gates), bf16_bits(cells), bf16_bits(c0),
+                             bf16_bits(grad_y), dhbuf.data_ptr<float>(), dcbuf.data_ptr<float>(), bf16_bits(dpre));
+  }
+#else
+  const bool amx_bf16 = false;
+#endif
   if (persistent) {  // implies float32
     backward_persistent(s, reverse, w_hh.const_data_ptr<float>(), gates.const_data_ptr<float>(),
                         cells.const_data_ptr<float>(), c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(),
@@ -627,7 +823,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     scalar_t* dpre_p = dpre.data_ptr<scalar_t>();
     scalar_t* dh_all_p = P > 0 ? dh_all.data_ptr<scalar_t>() : nullptr;
     scalar_t* m_all_p = P > 0 ? m_all.data_ptr<scalar_t>() : nullptr;
-    if (!persistent) {
+    if (!persistent && !amx_bf16) {
       backward_loop<scalar_t>(s, reverse, w_hh.const_data_ptr<scalar_t>(),
                               P > 0 ? w_hr->const_data_ptr<scalar_t>() : nullptr, gates.const_data_ptr<scalar_t>(),
                               cells.const_data_ptr<scalar_t>(), c0.const_data_ptr<scalar_t>(),

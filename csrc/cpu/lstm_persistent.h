@@ -1264,6 +1264,162 @@ SEQKERNELS_AMX_TARGET inline void amx_input_grad(const float* dpre, int64_t N, i
     amx_columns_product(G, I, parts, a_part, rows, 0, I, w_packed, dx + r0 * I, I);
   });
 }
+
+// ---------------------------------------------------------------------------------------
+// bfloat16 on AMX: the persistent loop of a bfloat16 LSTM (no projection, H a multiple of 16)
+// runs its products as one bfloat16 tile product per chunk (amx_x3.h, group_product_bf16) on
+// the operands as they are: the input projection before the loop, h_{t-1}·W_hhᵀ in it. The
+// arithmetic is the BLAS loop's (bfloat16 products, float32 sums, gate math in float32, c
+// kept in float32, h rounded to bfloat16 for y and for the next step); only the order of the
+// sums differs. Where it applies: amx_bf16_loop_applies (lstm.cpp).
+// (LstmGates<__m512> drops __m512's alignment attribute, as in the AVX-512 kernels above.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+
+// W [G, K] bfloat16 (W_ih with K = I, W_hh with K = H) packed for group_product_bf16: group u =
+// units [16 u, 16 u + 16), tile g = gate g.
+inline at::Tensor amx_pack_gate_weights_bf16(const c10::BFloat16* w, int64_t H, int64_t K) {
+  const int64_t groups = (H + amx::kTileCols - 1) / amx::kTileCols;
+  at::Tensor packed = at::empty({amx::packed_numel_bf16(groups, K)}, at::kBFloat16);
+  amx::pack_rows_major_bf16(reinterpret_cast<const uint16_t*>(w), K, K, groups,
+                            [H](int64_t u, int64_t g, int64_t n) {
+                              const int64_t j = u * amx::kTileCols + n;
+                              return j < H ? g * H + j : int64_t{-1};
+                            },
+                            reinterpret_cast<uint16_t*>(packed.data_ptr()));
+  return packed;
+}
+
+// pre[r, g*H + j] (+)= a[r, :]·W[g*H + j, :]ᵀ for rows [0, bt) and the units j in [j0, j1) (j0,
+// j1 multiples of 16), rows in blocks of 16, each group's accumulators starting from `start`
+// (row stride start_ld; 0: one row for every row, a bias) and stored to pre.
+//   a: A layout ([.][a_row_stride(K)] bfloat16) at row 0; w_packed: amx_pack_gate_weights_bf16
+//   (W, H, K); pre: [bt, G] row stride ldp
+inline void amx_bf16_units_product(int64_t H, int64_t K, const uint16_t* a, int64_t bt, int64_t j0, int64_t j1,
+                                   const uint16_t* w_packed, const float* start, int64_t start_ld, float* pre,
+                                   int64_t ldp) {
+  const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K), group_numel = amx::packed_numel_bf16(1, K);
+  amx::TileRows tiles(/*b_tiles=*/2);
+  for (int64_t j = j0; j < j1; j += amx::kTileCols) {
+    const uint16_t* group = w_packed + (j / amx::kTileCols) * group_numel;
+    for (int64_t b = 0; b < bt; b += amx::kTileRows) {
+      tiles.use(std::min(amx::kTileRows, bt - b));
+      amx::group_product_bf16(a + b * a_ld, a_ld, Kp, group,
+                              {start + b * start_ld + j, start_ld, pre + b * ldp + j, ldp, H});
+    }
+  }
+}
+
+// pre [N, G] = bias + x·W_ihᵀ for all N rows on AMX, x in panels of kAmxPanelRows rows copied
+// into A layout per thread.
+//   x: [N, I] bfloat16; w_packed: amx_pack_gate_weights_bf16(W_ih, H, I); bias: [G] or null
+inline void amx_bf16_input_projection(const c10::BFloat16* x, int64_t N, int64_t I, int64_t H,
+                                      const uint16_t* w_packed, const float* bias, float* pre) {
+  const int64_t G = 4 * H, ld = amx::a_row_stride(I), panels = (N + kAmxPanelRows - 1) / kAmxPanelRows;
+  std::vector<float> zero_bias(bias ? 0 : G, 0.f);
+  const float* start = bias ? bias : zero_bias.data();
+  const uint16_t* x16 = reinterpret_cast<const uint16_t*>(x);
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    at::Tensor panel = at::zeros({kAmxPanelRows * ld}, at::kBFloat16);  // the padding past I stays zero
+    uint16_t* a = reinterpret_cast<uint16_t*>(panel.data_ptr());
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t r0 = p * kAmxPanelRows, rows = std::min(kAmxPanelRows, N - r0);
+      amx::copy_rows_bf16(x16 + r0 * I, I, rows, I, a, ld);
+      amx_bf16_units_product(H, I, a, rows, 0, H, w_packed, start, 0, pre + r0 * G, G);
+    }
+  });
+}
+
+// forward_gate_rows (lstm.cpp) for bfloat16 on 16 units at a time: batch rows [0, bt), hidden
+// units [j0, j1) (multiples of 16). pre [bt, G] row stride ldp and cbuf [B, H] in float32; m_out
+// [bt, H], gates [bt, G] / cells [bt, H] when training, in bfloat16 (rounded to nearest even, as
+// static_cast<c10::BFloat16>); h_next ([bt][ld_next], A layout) gets m_out again.
+template <bool kTraining>
+SEQKERNELS_AMX_TARGET __attribute__((flatten)) inline void gate_rows_bf16(int64_t bt, int64_t j0, int64_t j1, int64_t H,
+                                                                          const float* pre, int64_t ldp, float* cbuf,
+                                                                          uint16_t* m_out, uint16_t* gates,
+                                                                          uint16_t* cells, uint16_t* h_next,
+                                                                          int64_t ld_next) {
+  const int64_t G = 4 * H;
+  auto to_bf16 = [](__m512 v) SEQKERNELS_AMX_TARGET { return (__m256i)_mm512_cvtneps_pbh(v); };
+  for (int64_t b = 0; b < bt; ++b) {
+    const float* p = pre + b * ldp;
+    for (int64_t j = j0; j < j1; j += avx512::kTile) {
+      const LstmGates<__m512> pre_j{_mm512_loadu_ps(p + j), _mm512_loadu_ps(p + H + j),
+                                    _mm512_loadu_ps(p + 2 * H + j), _mm512_loadu_ps(p + 3 * H + j)};
+      LstmGates<__m512> act;
+      __m512 c_new, m_new;
+      lstm_cell_forward<avx512::Avx512Math>(pre_j, _mm512_loadu_ps(cbuf + b * H + j), act, c_new, m_new);
+      _mm512_storeu_ps(cbuf + b * H + j, c_new);
+      const __m256i m16 = to_bf16(m_new);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(m_out + b * H + j), m16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(h_next + b * ld_next + j), m16);
+      if constexpr (kTraining) {
+        uint16_t* gs = gates + b * G + j;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs), to_bf16(act.i));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs + H), to_bf16(act.f));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs + 2 * H), to_bf16(act.g));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs + 3 * H), to_bf16(act.o));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(cells + b * H + j), to_bf16(c_new));
+      }
+    }
+  }
+}
+
+// c[r, n] = Σ_k a[r, k]·W[k, n] for rows [0, rows) and the columns n in [n0, n1) (multiples of
+// 64) of a W packed by amx::pack_cols_major_bf16, rows in blocks of 16: the bfloat16
+// backward's dh = dG·W_hh (K = G, N = H).
+//   a: A layout ([.][a_row_stride(K)] bfloat16) at row 0; c: [rows, N] row stride ldc
+inline void amx_bf16_columns_product(int64_t K, const uint16_t* a, int64_t rows, int64_t n0, int64_t n1,
+                                     const uint16_t* w_packed, float* c, int64_t ldc) {
+  const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K), cols = amx::kGroupTiles * amx::kTileCols;
+  const int64_t group_numel = amx::packed_numel_bf16(1, K);
+  amx::TileRows tiles(/*b_tiles=*/2);
+  for (int64_t n = n0; n < n1; n += cols) {
+    const uint16_t* group = w_packed + (n / cols) * group_numel;
+    for (int64_t b = 0; b < rows; b += amx::kTileRows) {
+      tiles.use(std::min(amx::kTileRows, rows - b));
+      amx::group_product_bf16(a + b * a_ld, a_ld, Kp, group, {nullptr, 0, c + b * ldc + n, ldc, amx::kTileCols});
+    }
+  }
+}
+
+// backward_gate_rows (lstm.cpp, no projection) for bfloat16 on 16 units at a time: batch rows
+// [0, bt), hidden units [j0, j1) (multiples of 16), dL/dh_t = dh + grad_y summed in registers.
+// gates [bt, G], cells [bt, H], prev_cells / c0 [.., H] (rows b < n_prev from prev_cells) and
+// grad_y [bt, H] in bfloat16; dh [bt, H] and dcbuf [B, H] (dL/dc_t in, dL/dc_{t-1} out) in
+// float32; dpre [bt, G] bfloat16 out, and again into d_next ([bt][ld_next], A layout).
+SEQKERNELS_AMX_TARGET __attribute__((flatten)) inline void backward_gate_rows_bf16(
+    int64_t bt, int64_t j0, int64_t j1, int64_t H, const uint16_t* gates, const uint16_t* cells,
+    const uint16_t* prev_cells, int64_t n_prev, const uint16_t* c0, const float* dh, const uint16_t* grad_y,
+    float* dcbuf, uint16_t* dpre, uint16_t* d_next, int64_t ld_next) {
+  const int64_t G = 4 * H;
+  auto load = [](const uint16_t* p) SEQKERNELS_AMX_TARGET {
+    return amx::widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  };
+  auto store = [](uint16_t* p, __m512 v) SEQKERNELS_AMX_TARGET {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+  };
+  for (int64_t b = 0; b < bt; ++b) {
+    const uint16_t* a = gates + b * G;
+    const uint16_t* cp = b < n_prev ? prev_cells + b * H : c0 + b * H;
+    for (int64_t j = j0; j < j1; j += avx512::kTile) {
+      const LstmGates<__m512> act{load(a + j), load(a + H + j), load(a + 2 * H + j), load(a + 3 * H + j)};
+      const __m512 dm = _mm512_add_ps(_mm512_loadu_ps(dh + b * H + j), load(grad_y + b * H + j));
+      LstmGates<__m512> d;
+      __m512 dc_prev, m;
+      lstm_cell_backward<avx512::Avx512Math>(act, load(cells + b * H + j), load(cp + j), dm,
+                                             _mm512_loadu_ps(dcbuf + b * H + j), d, dc_prev, m);
+      _mm512_storeu_ps(dcbuf + b * H + j, dc_prev);
+      const __m512 dg[4] = {d.i, d.f, d.g, d.o};
+      for (int g = 0; g < 4; ++g) {
+        store(dpre + b * G + g * H + j, dg[g]);
+        store(d_next + b * ld_next + g * H + j, dg[g]);
+      }
+    }
+  }
+}
+#pragma GCC diagnostic pop
 #endif  // SEQKERNELS_HAVE_AMX
 
 }  // namespace seqkernels::cpu
