@@ -93,6 +93,14 @@ SEQKERNELS_AMX_TARGET inline __mmask16 lanes16(int64_t n) {
 SEQKERNELS_AMX_TARGET inline __m512 widen(__m256i b) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
+// 16 bfloat16 from / to memory as float32 (the store rounds to nearest even, as
+// static_cast<c10::BFloat16>).
+SEQKERNELS_AMX_TARGET inline __m512 load_bf16(const uint16_t* p) {
+  return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+SEQKERNELS_AMX_TARGET inline void store_bf16(uint16_t* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
 
 // x = p0 + p1 + p2 (+ below 2^-24 |x|), each part the round-to-nearest bfloat16 of what the
 // parts before it left; a finite x whose rounding overflows (|x| above bfloat16's largest finite

@@ -1268,7 +1268,8 @@ SEQKERNELS_AMX_TARGET inline void amx_input_grad(const float* dpre, int64_t N, i
 // ---------------------------------------------------------------------------------------
 // bfloat16 on AMX: the persistent loop of a bfloat16 LSTM (no projection, H a multiple of 16)
 // runs its products as one bfloat16 tile product per chunk (amx_x3.h, group_product_bf16) on
-// the operands as they are: the input projection before the loop, h_{t-1}·W_hhᵀ in it. The
+// the operands as they are: h_{t-1}·W_hhᵀ in the loop, the input projection before it or, where
+// fuse_projection says so, in the same product (lstm.cpp, forward_persistent_bf16). The
 // arithmetic is the BLAS loop's (bfloat16 products, float32 sums, gate math in float32, c
 // kept in float32, h rounded to bfloat16 for y and for the next step); only the order of the
 // sums differs. Where it applies: amx_bf16_loop_applies (lstm.cpp).
@@ -1341,7 +1342,6 @@ SEQKERNELS_AMX_TARGET __attribute__((flatten)) inline void gate_rows_bf16(int64_
                                                                           uint16_t* cells, uint16_t* h_next,
                                                                           int64_t ld_next) {
   const int64_t G = 4 * H;
-  auto to_bf16 = [](__m512 v) SEQKERNELS_AMX_TARGET { return (__m256i)_mm512_cvtneps_pbh(v); };
   for (int64_t b = 0; b < bt; ++b) {
     const float* p = pre + b * ldp;
     for (int64_t j = j0; j < j1; j += avx512::kTile) {
@@ -1351,16 +1351,15 @@ SEQKERNELS_AMX_TARGET __attribute__((flatten)) inline void gate_rows_bf16(int64_
       __m512 c_new, m_new;
       lstm_cell_forward<avx512::Avx512Math>(pre_j, _mm512_loadu_ps(cbuf + b * H + j), act, c_new, m_new);
       _mm512_storeu_ps(cbuf + b * H + j, c_new);
-      const __m256i m16 = to_bf16(m_new);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(m_out + b * H + j), m16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(h_next + b * ld_next + j), m16);
+      amx::store_bf16(m_out + b * H + j, m_new);
+      amx::store_bf16(h_next + b * ld_next + j, m_new);
       if constexpr (kTraining) {
         uint16_t* gs = gates + b * G + j;
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs), to_bf16(act.i));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs + H), to_bf16(act.f));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs + 2 * H), to_bf16(act.g));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(gs + 3 * H), to_bf16(act.o));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(cells + b * H + j), to_bf16(c_new));
+        amx::store_bf16(gs, act.i);
+        amx::store_bf16(gs + H, act.f);
+        amx::store_bf16(gs + 2 * H, act.g);
+        amx::store_bf16(gs + 3 * H, act.o);
+        amx::store_bf16(cells + b * H + j, c_new);
       }
     }
   }
@@ -1394,27 +1393,23 @@ SEQKERNELS_AMX_TARGET __attribute__((flatten)) inline void backward_gate_rows_bf
     const uint16_t* prev_cells, int64_t n_prev, const uint16_t* c0, const float* dh, const uint16_t* grad_y,
     float* dcbuf, uint16_t* dpre, uint16_t* d_next, int64_t ld_next) {
   const int64_t G = 4 * H;
-  auto load = [](const uint16_t* p) SEQKERNELS_AMX_TARGET {
-    return amx::widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  };
-  auto store = [](uint16_t* p, __m512 v) SEQKERNELS_AMX_TARGET {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
-  };
+  using amx::load_bf16;
   for (int64_t b = 0; b < bt; ++b) {
     const uint16_t* a = gates + b * G;
     const uint16_t* cp = b < n_prev ? prev_cells + b * H : c0 + b * H;
     for (int64_t j = j0; j < j1; j += avx512::kTile) {
-      const LstmGates<__m512> act{load(a + j), load(a + H + j), load(a + 2 * H + j), load(a + 3 * H + j)};
-      const __m512 dm = _mm512_add_ps(_mm512_loadu_ps(dh + b * H + j), load(grad_y + b * H + j));
+      const LstmGates<__m512> act{load_bf16(a + j), load_bf16(a + H + j), load_bf16(a + 2 * H + j),
+                                  load_bf16(a + 3 * H + j)};
+      const __m512 dm = _mm512_add_ps(_mm512_loadu_ps(dh + b * H + j), load_bf16(grad_y + b * H + j));
       LstmGates<__m512> d;
       __m512 dc_prev, m;
-      lstm_cell_backward<avx512::Avx512Math>(act, load(cells + b * H + j), load(cp + j), dm,
+      lstm_cell_backward<avx512::Avx512Math>(act, load_bf16(cells + b * H + j), load_bf16(cp + j), dm,
                                              _mm512_loadu_ps(dcbuf + b * H + j), d, dc_prev, m);
       _mm512_storeu_ps(dcbuf + b * H + j, dc_prev);
       const __m512 dg[4] = {d.i, d.f, d.g, d.o};
       for (int g = 0; g < 4; ++g) {
-        store(dpre + b * G + g * H + j, dg[g]);
-        store(d_next + b * ld_next + g * H + j, dg[g]);
+        amx::store_bf16(dpre + b * G + g * H + j, dg[g]);
+        amx::store_bf16(d_next + b * ld_next + g * H + j, dg[g]);
       }
     }
   }
