@@ -187,9 +187,16 @@ bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
 // projection, whole groups of 16 units, a CPU with AMX (and AVX-512, whose gate math it uses),
 // unless SEQKERNELS_CPU_AMX=0. Both forwards save the same tensors (y, the activations and c in
 // bfloat16), so either backward can follow either forward.
+// Under auto a single row needs kAmxBf16MinStepsOneRow steps: MKL's bfloat16 matrix-vector
+// product is fast, and the loop's fixed cost (packing both weights) takes that long to repay
+// (2-core Xeon, `infer` ms, BLAS loop / AMX loop: H = 512, T = 8 0.45 / 0.62, T = 16 0.61 / 0.71,
+// T = 32 0.99 / 1.00, T = 256 5.5 / 4.0; H = 256, T = 16 0.22 / 0.24, T = 32 0.34 / 0.33; at B = 2
+// the AMX loop already won at T = 8, 0.32 / 0.24).
+constexpr int64_t kAmxBf16MinStepsOneRow = 32;
 bool amx_bf16_loop_applies(const LstmSizes& s, at::ScalarType dtype) {
   const bool supported = dtype == at::kBFloat16 && s.P == 0 && s.H % amx::kTileCols == 0 &&
                          cpu_kernels() == CpuKernels::kAvx512 && amx_mode() != 0;
+  if (lstm_backend_from_env() == LstmBackend::kAuto && s.B == 1 && s.T < kAmxBf16MinStepsOneRow) return false;
   return persistent_loop_wanted(s, supported);
 }
 // Its backward on AMX as well (backward_persistent_bf16), where the hidden units come in whole
