@@ -2,8 +2,9 @@
 the kernels its rule picks on this CPU, with its products on AMX tiles (SEQKERNELS_CPU_AMX=1,
 where the CPU has AMX), with its AVX-512 kernels (SEQKERNELS_CPU_AMX=0) and with its AVX2
 kernels (SEQKERNELS_CPU_AVX512=0), and the BLAS loop (SEQKERNELS_LSTM_BACKEND=gemm), in float32;
-and the bfloat16 loops on AMX (test_bf16_amx_loop_matches_reference). float64, float16 and
-projection always take the BLAS loop (tests/test_lstm.py covers them).
+the bfloat16 loops on AMX (test_bf16_amx_loop_matches_reference), and float16 and bfloat16 on the
+float32 loop (test_half_types_on_float_loop_match_reference). float64 and projection always take
+the BLAS loop (tests/test_lstm.py covers them).
 
 Ground truth: seqkernels.reference in float64 with the same inputs; outputs and every
 gradient within 3e-5 of max(1, max|expected|).
@@ -183,3 +184,42 @@ def test_bf16_amx_loop_matches_reference(monkeypatch, batch_sizes, I, H, reverse
     inference = {"y": y, "h_n": h, "c_n": c}
     compare_low_precision(inference, {k: ref64[k] for k in inference}, [ref_bf16, blas], torch.bfloat16,
                           f"AMX bf16 loop (no grad) H={H}")
+
+
+# Half types on the float32 persistent loop (lstm.cpp, half_via_float_loop): float16 always,
+# bfloat16 where the AMX loop does not apply (H no multiple of 16, or SEQKERNELS_CPU_AMX=0).
+HALF_CASES = [
+    (torch.float16, [5] * 12, 20, 36, False, True),
+    (torch.float16, [33, 33, 30, 17, 16, 9, 1, 1], 40, 64, True, True),
+    (torch.bfloat16, [8] * 10 + [3] * 4, 24, 40, False, False),
+    (torch.bfloat16, [2] * 10, 16, 64, True, True),
+]
+
+
+@pytest.mark.parametrize("dtype,batch_sizes,I,H,reverse,bias", HALF_CASES)
+def test_half_types_on_float_loop_match_reference(monkeypatch, dtype, batch_sizes, I, H, reverse, bias):
+    """float16 and bfloat16 on the float32 loop against the float64 reference by the low-precision
+    rule of tests/test_lstm.py (error at most twice that of the reference run in the half type or
+    of the BLAS loop, plus two units), outputs and every gradient, and the inference forward; the
+    profiler shows the path ran."""
+    from test_lstm import compare_low_precision
+
+    t, up = layer_case(batch_sizes, I, H, bias, seed=H * 10 + len(batch_sizes))
+    ref64 = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
+    ref_lp = run_layer(_reference, t, up, batch_sizes, reverse, dtype, "cpu")
+    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "gemm")
+    blas = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cpu")
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cpu")
+    ran = {e.name for e in prof.events()}
+    assert {"seqkernels::lstm_forward_half_via_float", "seqkernels::lstm_backward_half_via_float"} <= ran
+    compare_low_precision(got, ref64, [ref_lp, blas], dtype, f"{dtype} on the float32 loop H={H}")
+    with torch.no_grad():
+        args = {k: v.to(dtype) for k, v in t.items()}
+        y, h, c = lstm_layer(args["x"], torch.tensor(batch_sizes), args["h0"], args["c0"], args["w_ih"], args["w_hh"],
+                             args.get("b_ih"), args.get("b_hh"), reverse=reverse)
+    inference = {"y": y, "h_n": h, "c_n": c}
+    compare_low_precision(inference, {k: ref64[k] for k in inference}, [ref_lp, blas], dtype,
+                          f"{dtype} on the float32 loop (no grad) H={H}")
