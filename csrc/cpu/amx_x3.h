@@ -287,13 +287,8 @@ struct Accumulators {
   int64_t out_ld, gate;
 };
 
-// c_out tile t = c_in tile t + A[r, :]·B[:, tile t of the group] for t < 4 and the rows of the
-// configured A tiles (configure(rows)): the six partial products per chunk of 32 k.
-//   a: the A parts at row 0 (part stride a_part, row stride a_ld, Kp columns); b_group: a packed
-//   group
-inline void group_product(const uint16_t* a, int64_t a_part, int64_t a_ld, int64_t Kp, const uint16_t* b_group,
-                          const Accumulators& acc) {
-  const int64_t lda = a_ld * 2, chunks = Kp / kTileK;
+// Accumulator tiles 0-3 from acc.c_in (or zero), and back to acc.c_out.
+inline void start_accumulators(const Accumulators& acc) {
   if (acc.c_in != nullptr) {
     const int64_t in_bytes = acc.in_ld * 4;
     SEQKERNELS_TILE_LOAD(0, acc.c_in, in_bytes);
@@ -306,6 +301,23 @@ inline void group_product(const uint16_t* a, int64_t a_part, int64_t a_ld, int64
     SEQKERNELS_TILE_ZERO(2);
     SEQKERNELS_TILE_ZERO(3);
   }
+}
+inline void store_accumulators(const Accumulators& acc) {
+  const int64_t out_bytes = acc.out_ld * 4;
+  SEQKERNELS_TILE_STORE(0, acc.c_out, out_bytes);
+  SEQKERNELS_TILE_STORE(1, acc.c_out + acc.gate, out_bytes);
+  SEQKERNELS_TILE_STORE(2, acc.c_out + 2 * acc.gate, out_bytes);
+  SEQKERNELS_TILE_STORE(3, acc.c_out + 3 * acc.gate, out_bytes);
+}
+
+// c_out tile t = c_in tile t + A[r, :]·B[:, tile t of the group] for t < 4 and the rows of the
+// configured A tiles (configure(rows)): the six partial products per chunk of 32 k.
+//   a: the A parts at row 0 (part stride a_part, row stride a_ld, Kp columns); b_group: a packed
+//   group
+inline void group_product(const uint16_t* a, int64_t a_part, int64_t a_ld, int64_t Kp, const uint16_t* b_group,
+                          const Accumulators& acc) {
+  const int64_t lda = a_ld * 2, chunks = Kp / kTileK;
+  start_accumulators(acc);
   // The A parts of a chunk are loaded while the chunk before it finishes: its products run by B
   // part, so that A part 2 is free after the first 12, part 1 after the next 8 (a tile that is
   // reloaded must first be read by every product before it).
@@ -346,11 +358,7 @@ inline void group_product(const uint16_t* a, int64_t a_part, int64_t a_ld, int64
 #undef SEQKERNELS_AMX_PART1
 #undef SEQKERNELS_AMX_PART2
   }
-  const int64_t out_bytes = acc.out_ld * 4;
-  SEQKERNELS_TILE_STORE(0, acc.c_out, out_bytes);
-  SEQKERNELS_TILE_STORE(1, acc.c_out + acc.gate, out_bytes);
-  SEQKERNELS_TILE_STORE(2, acc.c_out + 2 * acc.gate, out_bytes);
-  SEQKERNELS_TILE_STORE(3, acc.c_out + 3 * acc.gate, out_bytes);
+  store_accumulators(acc);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -456,18 +464,7 @@ inline void copy_rows_bf16(const uint16_t* a, int64_t lda, int64_t rows, int64_t
 inline void group_product_bf16(const uint16_t* a, int64_t a_ld, int64_t Kp, const uint16_t* b_group,
                                const Accumulators& acc) {
   const int64_t lda = a_ld * 2, chunks = Kp / kTileK;
-  if (acc.c_in != nullptr) {
-    const int64_t in_bytes = acc.in_ld * 4;
-    SEQKERNELS_TILE_LOAD(0, acc.c_in, in_bytes);
-    SEQKERNELS_TILE_LOAD(1, acc.c_in + acc.gate, in_bytes);
-    SEQKERNELS_TILE_LOAD(2, acc.c_in + 2 * acc.gate, in_bytes);
-    SEQKERNELS_TILE_LOAD(3, acc.c_in + 3 * acc.gate, in_bytes);
-  } else {
-    SEQKERNELS_TILE_ZERO(0);
-    SEQKERNELS_TILE_ZERO(1);
-    SEQKERNELS_TILE_ZERO(2);
-    SEQKERNELS_TILE_ZERO(3);
-  }
+  start_accumulators(acc);
   SEQKERNELS_TILE_LOAD(4, a, lda);
 #define SEQKERNELS_AMX_BF16_CHUNK(A, A_NEXT)                                    \
   {                                                                             \
@@ -490,11 +487,7 @@ inline void group_product_bf16(const uint16_t* a, int64_t a_ld, int64_t Kp, cons
     }
   }
 #undef SEQKERNELS_AMX_BF16_CHUNK
-  const int64_t out_bytes = acc.out_ld * 4;
-  SEQKERNELS_TILE_STORE(0, acc.c_out, out_bytes);
-  SEQKERNELS_TILE_STORE(1, acc.c_out + acc.gate, out_bytes);
-  SEQKERNELS_TILE_STORE(2, acc.c_out + 2 * acc.gate, out_bytes);
-  SEQKERNELS_TILE_STORE(3, acc.c_out + 3 * acc.gate, out_bytes);
+  store_accumulators(acc);
 }
 
 #pragma GCC diagnostic pop

@@ -168,6 +168,20 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
 constexpr int64_t kPersistentMinSteps = 4;
 constexpr int64_t kPersistentMinStepsSmallBatch = 8;  // B < kPersistentSmallBatch
 constexpr int64_t kPersistentSmallBatch = 8;
+// Where step t's c_{t-1} lives (the backward's gate passes): rows b < n of the neighbouring step's
+// saved cells (`rows`, row stride H), the other rows (sequences that start at t) in c0.
+template <class T>
+struct PrevCells {
+  const T* rows;
+  int64_t n;
+};
+template <class T>
+PrevCells<T> prev_cells(const LstmSizes& s, bool reverse, int64_t t, const T* cells, const T* c0) {
+  const int64_t src_t = reverse ? t + 1 : t - 1;
+  if (src_t < 0 || src_t >= s.T) return {c0, 0};
+  return {cells + s.offsets[src_t] * s.H, std::min(s.batch_sizes[t], s.batch_sizes[src_t])};
+}
+
 // Whether a persistent loop that can run this call (`supported`) does: forced, or under auto
 // where it pays (above).
 bool persistent_loop_wanted(const LstmSizes& s, bool supported) {
@@ -218,6 +232,16 @@ bool amx_bf16_backward_applies(const LstmSizes& s, at::ScalarType dtype) {
   return s.H % kAmxBf16BackwardUnits == 0 && amx_bf16_loop_applies(s, dtype);
 }
 #endif
+
+// run_steps over parts that own hidden units: fn(j0, j1, step) for each part's units [j0, j1)
+// (part_units in tiles of `tile`), parts without units skipped.
+template <class Fn>
+void run_unit_steps(int64_t parts, int64_t steps, int64_t H, int64_t tile, const Fn& fn) {
+  run_steps(parts, steps, [&](int64_t part, int64_t step) {
+    const UnitRange units = part_units(part, parts, H, tile);
+    if (units.j0 < units.j1) fn(units.j0, units.j1, step);
+  });
+}
 
 // Parts of the persistent loop: one per thread, or kPartsPerThread per thread from
 // kSplitPartsBatch rows, so that a thread done with its own parts of a step can take another
@@ -289,10 +313,7 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
   const int64_t parts = persistent_parts(H, tile, s.B);
   [[maybe_unused]] const int64_t a_ld = amx::a_row_stride(H), a_part = B * a_ld;  // amx's A parts
   float* hb[2] = {hb0, hb1};
-  run_steps(parts, s.T, [&](int64_t part, int64_t step) {
-    const UnitRange units = part_units(part, parts, H, tile);
-    const int64_t j0 = units.j0, j1 = units.j1;
-    if (j0 >= j1) return;
+  run_unit_steps(parts, s.T, H, tile, [&](int64_t j0, int64_t j1, int64_t step) {
     const int64_t t = reverse ? s.T - 1 - step : step;
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
     const float* hin = hb[step & 1];
@@ -376,10 +397,7 @@ uint16_t* forward_persistent_bf16(const LstmSizes& s, bool reverse, const uint16
   const int64_t H = s.H, G = s.G, B = s.B, ld = ops.ld;
   const int64_t parts = persistent_parts(H, amx::kTileCols, B);
   auto step_time = [&](int64_t step) { return reverse ? s.T - 1 - step : step; };
-  run_steps(parts, s.T, [&](int64_t part, int64_t step) {
-    const UnitRange units = part_units(part, parts, H, amx::kTileCols);
-    const int64_t j0 = units.j0, j1 = units.j1;
-    if (j0 >= j1) return;
+  run_unit_steps(parts, s.T, H, amx::kTileCols, [&](int64_t j0, int64_t j1, int64_t step) {
     const int64_t t = step_time(step);
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
     const uint16_t* hin = ops.buf[step & 1];
@@ -479,21 +497,15 @@ void backward_persistent_bf16(const LstmSizes& s, bool reverse, const uint16_t* 
   uint16_t* d_parts[2] = {bf16_bits(d_split), nullptr};
   d_parts[1] = d_parts[0] + s.B * d_ld;
   auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
-  run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
-    const UnitRange units = part_units(part, parts, H, kAmxBf16BackwardUnits);
-    const int64_t j0 = units.j0, j1 = units.j1;
-    if (j0 >= j1) return;
+  run_unit_steps(parts, s.T + 1, H, kAmxBf16BackwardUnits, [&](int64_t j0, int64_t j1, int64_t step) {
     if (step > 0) {
       amx_bf16_columns_product(G, d_parts[(step - 1) & 1], s.batch_sizes[step_time(step - 1)], j0, j1, w, dh, H);
     }
     if (step == s.T) return;
     const int64_t t = step_time(step);
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
-    const int64_t src_t = reverse ? t + 1 : t - 1;
-    const bool has_src = src_t >= 0 && src_t < s.T;
-    const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
-    const uint16_t* prev_cells = has_src ? cells + s.offsets[src_t] * H : c0;
-    backward_gate_rows_bf16(bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+    const PrevCells<uint16_t> prev = prev_cells(s, reverse, t, cells, c0);
+    backward_gate_rows_bf16(bt, j0, j1, H, gates + off * G, cells + off * H, prev.rows, prev.n, c0, dh,
                             grad_y + off * H, dc, dpre + off * G, d_parts[step & 1], d_ld);
   });
 }
@@ -530,10 +542,7 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
   }
   const float* w_grad = amx ? nullptr : w_grad_packed.const_data_ptr<float>();
   auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
-  run_steps(parts, s.T + 1, [&](int64_t part, int64_t step) {
-    const UnitRange units = part_units(part, parts, H, tile);
-    const int64_t j0 = units.j0, j1 = units.j1;
-    if (j0 >= j1) return;
+  run_unit_steps(parts, s.T + 1, H, tile, [&](int64_t j0, int64_t j1, int64_t step) {
     if (step > 0) {
       const int64_t tp = step_time(step - 1);
 #if defined(SEQKERNELS_HAVE_AMX)
@@ -549,13 +558,12 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
     if (step == s.T) return;
     const int64_t t = step_time(step);
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
-    const int64_t src_t = reverse ? t + 1 : t - 1;
-    const bool has_src = src_t >= 0 && src_t < s.T;
-    const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
-    const float* prev_cells = has_src ? cells + s.offsets[src_t] * H : c0;
+    const PrevCells<float> prev = prev_cells(s, reverse, t, cells, c0);
+    const float* prev_rows = prev.rows;
+    const int64_t n_prev = prev.n;
 #if defined(__x86_64__) || defined(_M_X64)
     if (kernels == CpuKernels::kAvx512) {
-      avx512::backward_gate_rows(bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+      avx512::backward_gate_rows(bt, j0, j1, H, gates + off * G, cells + off * H, prev_rows, n_prev, c0, dh,
                                  grad_y + off * H, dc, dpre + off * G);
 #if defined(SEQKERNELS_HAVE_AMX)
       // The next step's A parts of this part's gate columns.
@@ -572,12 +580,12 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
     }
 #endif
 #if defined(SEQKERNELS_AVX2_GATES)
-    backward_gate_rows_avx2(bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+    backward_gate_rows_avx2(bt, j0, j1, H, gates + off * G, cells + off * H, prev_rows, n_prev, c0, dh,
                             grad_y + off * H, dc, dpre + off * G);
 #else
     for (int64_t b = 0; b < bt; ++b)
       for (int64_t j = j0; j < j1; ++j) dh[b * H + j] += grad_y[(off + b) * H + j];
-    backward_gate_rows<float, false>(0, bt, j0, j1, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0, dh,
+    backward_gate_rows<float, false>(0, bt, j0, j1, H, gates + off * G, cells + off * H, prev_rows, n_prev, c0, dh,
                                      dc, dpre + off * G, nullptr);
 #endif
   });
@@ -787,18 +795,16 @@ void backward_loop(const LstmSizes& s, bool reverse, const scalar_t* w_hh, const
       gemm(Trans::No, Trans::No, bt, H, P, dh_t, P, w_hr, H, acc_t(0), dm_buf, H);
       dm = dm_buf;
     }
-    // Where c_{t-1} lives: the neighbouring step's saved cells, or c0 for sequences starting at t.
-    const int64_t src_t = reverse ? t + 1 : t - 1;
-    const bool has_src = src_t >= 0 && src_t < s.T;
-    const int64_t n_prev = has_src ? std::min(bt, s.batch_sizes[src_t]) : 0;
-    const scalar_t* prev_cells = has_src ? cells + s.offsets[src_t] * H : c0;
+    const PrevCells<scalar_t> prev = prev_cells(s, reverse, t, cells, c0);
+    const scalar_t* prev_rows = prev.rows;
+    const int64_t n_prev = prev.n;
     scalar_t* dpre_t = dpre + off * G;
     for_rows(bt, G, [&](int64_t b0, int64_t b1) {
       if (P > 0) {
-        backward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0,
+        backward_gate_rows<scalar_t, true>(b0, b1, 0, H, H, gates + off * G, cells + off * H, prev_rows, n_prev, c0,
                                            dm, dc, dpre_t, m_all + off * H);
       } else {
-        backward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, gates + off * G, cells + off * H, prev_cells, n_prev, c0,
+        backward_gate_rows<scalar_t, false>(b0, b1, 0, H, H, gates + off * G, cells + off * H, prev_rows, n_prev, c0,
                                             dm, dc, dpre_t, nullptr);
       }
     });
