@@ -366,14 +366,14 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
 }
 
 #if defined(SEQKERNELS_HAVE_AMX)
-// The A operands of the bfloat16 loop's step products, two buffers by step parity, rows of
-// a_row_stride(K) bfloat16 (zero where nothing is written): h_{t-1} at column h_col, and with
-// the input projection inside the loop (x non-null) x_t in columns [0, I) and h from column
-// h_col = padded_k(I), the product then running over K = h_col + H against [W_ih | 0 | W_hh].
 // A bfloat16 tensor's data as the raw 16-bit words the AMX helpers take.
 const uint16_t* bf16_bits(const Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr()); }
 uint16_t* bf16_bits(Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
 
+// The A operands of the bfloat16 loop's step products, two buffers by step parity, rows of
+// a_row_stride(K) bfloat16 (zero where nothing is written): h_{t-1} at column h_col, and with
+// the input projection inside the loop (x non-null) x_t in columns [0, I) and h from column
+// h_col = padded_k(I), the product then running over K = h_col + H against [W_ih | 0 | W_hh].
 struct Bf16Operands {
   uint16_t* buf[2];
   int64_t ld, K, h_col;
