@@ -160,8 +160,7 @@ def test_bf16_amx_loop_matches_reference(monkeypatch, batch_sizes, I, H, reverse
     tests/test_lstm.py (error at most twice that of the reference run in bfloat16 or of the BLAS
     loop, plus two units of bfloat16), outputs and every gradient, and the inference forward.
     The profiler shows which loops ran (their RecordFunction scopes)."""
-    if not cpu_has_amx():
-        pytest.skip("this CPU has no AMX-BF16")
+    use_cpu_kernels(monkeypatch, "amx")  # skips without AMX
     from test_lstm import compare_low_precision
 
     t, up = layer_case(batch_sizes, I, H, bias, seed=H * 100 + len(batch_sizes))
@@ -170,7 +169,7 @@ def test_bf16_amx_loop_matches_reference(monkeypatch, batch_sizes, I, H, reverse
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_CPU_AMX", "0")
     blas = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
-    monkeypatch.delenv("SEQKERNELS_CPU_AMX")
+    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         got = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
     ran = {e.name for e in prof.events()}
