@@ -428,17 +428,22 @@ def test_opcheck_lstm_forward(device, sizes, input_size, hidden, proj, bias, rev
     torch.library.opcheck(_forward_op.default, args)
 
 
-@pytest.mark.parametrize("sizes, input_size, hidden, proj, bias, reverse", OPCHECK_CASES)
-def test_opcheck_lstm_backward(device, sizes, input_size, hidden, proj, bias, reverse):
-    torch.manual_seed(3)
-    args = _forward_args(sizes, input_size, hidden, proj, bias, reverse, True, torch.float32, device, False)
-    x, batch_sizes, h0, c0, w_ih, w_hh, _, _, w_hr = args[:9]
-    y, h_n, c_n, gates, cells = _forward_op(*args)
+def opcheck_backward(forward_args: tuple, reverse: bool, bias: bool) -> None:
+    """opcheck of the backward op on what the forward op saves for these (training) arguments."""
+    x, batch_sizes, h0, c0, w_ih, w_hh, _, _, w_hr = forward_args[:9]
+    y, h_n, c_n, gates, cells = _forward_op(*forward_args)
     backward_args = (
         torch.randn_like(y), torch.randn_like(h_n), torch.randn_like(c_n),
         x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse, bias,
     )  # fmt: skip
     torch.library.opcheck(_backward_op.default, backward_args)
+
+
+@pytest.mark.parametrize("sizes, input_size, hidden, proj, bias, reverse", OPCHECK_CASES)
+def test_opcheck_lstm_backward(device, sizes, input_size, hidden, proj, bias, reverse):
+    torch.manual_seed(3)
+    opcheck_backward(_forward_args(sizes, input_size, hidden, proj, bias, reverse, True, torch.float32, device, False),
+                     reverse, bias)
 
 
 def test_forward_op_outputs(device):

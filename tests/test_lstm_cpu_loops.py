@@ -230,20 +230,12 @@ def test_opcheck_half_type_loops(monkeypatch, dtype, reverse):
     """torch.library.opcheck of the forward (training and not) and backward ops on the half-type
     loops (bfloat16: the AMX loops where the CPU has AMX, H = 64 taking both; float16: the float32
     loop), forced: fake tensors, schema and autograd registration agree with what they return."""
-    from test_lstm import _forward_args
+    from test_lstm import _forward_args, opcheck_backward
 
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    op, backward_op = torch.ops.seqkernels.lstm_forward, torch.ops.seqkernels.lstm_backward
     sizes, I, H = [5, 5, 4, 2, 2, 1], 12, 64
     torch.manual_seed(4)
     for training in (True, False):
         args = _forward_args(sizes, I, H, 0, True, reverse, training, dtype, "cpu", training)
-        torch.library.opcheck(op.default, args)
-    args = _forward_args(sizes, I, H, 0, True, reverse, True, dtype, "cpu", False)
-    x, batch_sizes, h0, c0, w_ih, w_hh = args[:6]
-    y, h_n, c_n, gates, cells = op(*args)
-    backward_args = (
-        torch.randn_like(y), torch.randn_like(h_n), torch.randn_like(c_n),
-        x, batch_sizes, h0, c0, w_ih, w_hh, None, y, gates, cells, reverse, True,
-    )  # fmt: skip
-    torch.library.opcheck(backward_op.default, backward_args)
+        torch.library.opcheck(torch.ops.seqkernels.lstm_forward.default, args)
+    opcheck_backward(_forward_args(sizes, I, H, 0, True, reverse, True, dtype, "cpu", False), reverse, True)
