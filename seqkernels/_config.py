@@ -25,6 +25,9 @@ CPU_AMX_MIN_SEQUENCE_ROWS = 1024  # kAmxMinSequenceRows
 # What the CPU's AMX products need (csrc/cpu/amx_x3.h's hardware_available, less the OS's
 # permission, which Linux kernels that list these flags grant).
 CPU_AMX_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
+CPU_AMX_BF16_UNITS = 16  # amx::kTileCols: the bfloat16 AMX loop's H granule (amx_bf16_supported)
+CPU_AMX_BF16_BACKWARD_UNITS = 64  # kAmxBf16BackwardUnits, csrc/cpu/lstm.cpp
+CPU_AMX_BF16_MIN_STEPS_ONE_ROW = 32  # kAmxBf16MinStepsOneRow
 CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
@@ -126,8 +129,9 @@ def config() -> dict:
         info["GPU"] = f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs)"
         info["cuDNN RNN may use TF32 (float32 follows it)"] = _rnn_tf32_allowed()
     info["LSTM time loops"] = {
-        "cpu": "persistent (float32, no proj_size, B <= 256 and T >= 4, or T >= 8 below B = 8, under auto; its "
-        "products on AMX tiles from B = 16 and H = 384 where the CPU has AMX-BF16) or gemm (BLAS)",
+        "cpu": "persistent (float32, bfloat16, float16; no proj_size, B <= 256 and T >= 4, or T >= 8 below B = 8, "
+        "under auto; float32 products on AMX tiles from B = 16 and H = 384 where the CPU has AMX-BF16, bfloat16 on "
+        "AMX tiles where H % 16 == 0, float16 on the float32 loop) or gemm (BLAS)",
         "cuda": "persistent (no proj_size, B <= 64, B <= 32 at H = 1024), fused (one kernel per step: bf16, "
         "fp16, float32; no proj_size) or cublas; `python -m seqkernels --batch B --hidden H` tells which auto "
         "picks" if torch.cuda.is_available() else "no GPU here",
@@ -355,6 +359,56 @@ def cpu_products(batch: int, hidden: int, steps: int = 256) -> str:
     return "AVX-512"
 
 
+def _cpu_amx(flags: set[str]) -> bool:
+    """Whether the CPU's products may run on AMX tiles here (amx_mode() != 0 with the AVX-512 kernels)."""
+    return ("avx512f" in flags and os.environ.get("SEQKERNELS_CPU_AVX512") != "0"
+            and set(CPU_AMX_FLAGS) <= flags and os.environ.get("SEQKERNELS_CPU_AMX", "") != "0")
+
+
+def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, backend: str, steps: int) -> dict:
+    """lstm_loop_choice on the CPU: use_persistent_loop, amx_bf16_loop_applies,
+    amx_bf16_backward_applies and half_via_float_loop (csrc/cpu/lstm.cpp)."""
+    dtype_name = str(dtype).replace("torch.", "")
+    if backend in ("gemm", "fused"):
+        choice = ("gemm", f"SEQKERNELS_LSTM_BACKEND={backend}: the BLAS loop (the CPU has no fused-step loop)")
+        return {"forward": choice, "backward": choice}
+    if dtype == torch.float64:
+        choice = ("gemm", "float64 takes the BLAS loop (the persistent CPU loops are float32, bfloat16, float16)")
+        return {"forward": choice, "backward": choice}
+    if proj_size > 0:
+        choice = ("gemm", "the persistent CPU loops have no projection (proj_size > 0 takes the BLAS loop)")
+        return {"forward": choice, "backward": choice}
+    # persistent_loop_wanted
+    if backend == "persistent":
+        why = f"SEQKERNELS_LSTM_BACKEND=persistent, and it applies ({dtype_name}, no projection)"
+    elif batch > CPU_PERSISTENT_MAX_BATCH:
+        choice = ("gemm", f"auto: B = {batch} > {CPU_PERSISTENT_MAX_BATCH}, where the BLAS loop is faster")
+        return {"forward": choice, "backward": choice}
+    else:
+        min_steps = CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH if batch < CPU_PERSISTENT_SMALL_BATCH else CPU_PERSISTENT_MIN_STEPS
+        if steps < min_steps:
+            choice = ("gemm", f"auto: T = {steps} < {min_steps} steps at B = {batch}: too few to pay for packing "
+                              "the weights (the persistent loop packs them on every call)")
+            return {"forward": choice, "backward": choice}
+        why = f"auto: {dtype_name}, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, T = {steps} >= {min_steps}"
+    if dtype == torch.float32:
+        choice = ("persistent", f"{why}; products on {cpu_products(batch, hidden, steps)}")
+        return {"forward": choice, "backward": choice}
+    if dtype == torch.bfloat16 and _cpu_amx(_cpu_flags()) and hidden % CPU_AMX_BF16_UNITS == 0:
+        if backend != "persistent" and batch == 1 and steps < CPU_AMX_BF16_MIN_STEPS_ONE_ROW:
+            choice = ("gemm", f"auto: one sequence of T = {steps} < {CPU_AMX_BF16_MIN_STEPS_ONE_ROW} steps: MKL's "
+                              "bfloat16 matrix-vector products beat the AMX loop's packing")
+            return {"forward": choice, "backward": choice}
+        forward = ("persistent", f"{why}; bfloat16 on AMX tiles")
+        if hidden % CPU_AMX_BF16_BACKWARD_UNITS == 0:
+            return {"forward": forward, "backward": forward}
+        return {"forward": forward, "backward": ("gemm", f"the AMX backward needs H % {CPU_AMX_BF16_BACKWARD_UNITS} "
+                                                         f"== 0 (H = {hidden}): the BLAS loop")}
+    choice = ("persistent", f"{why}; {dtype_name} on the float32 loop (operands converted), products on "
+                            f"{cpu_products(batch, hidden, steps)}")
+    return {"forward": choice, "backward": choice}
+
+
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
                      device: str = "cpu", backend: str | None = None, tf32: bool | None = None,
                      steps: int = 256, clusters: bool | None = None) -> dict:
@@ -362,10 +416,13 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     backward op: a dict ``{"forward": (loop, reason), "backward": (loop, reason)}``.
 
     Mirrors the C++ selection exactly (change both together):
-      CPU:  use_persistent_loop, csrc/cpu/lstm.cpp, with kPersistentMaxBatch
-            (csrc/cpu/lstm_persistent.h): persistent for float32 without projection;
-            under auto only while B <= 256 and the sequence has at least 4 steps (8 below
-            B = 8). Forward and backward decide alike. The reason names the kernels of its
+      CPU:  use_persistent_loop, amx_bf16_loop_applies, amx_bf16_backward_applies and
+            half_via_float_loop, csrc/cpu/lstm.cpp, with kPersistentMaxBatch
+            (csrc/cpu/lstm_persistent.h): persistent without projection for float32, bfloat16
+            (on AMX tiles where the CPU has them and H % 16 == 0, the backward H % 64 == 0;
+            one sequence from T = 32) and float16 (and bfloat16 off the tiles: the float32 loop
+            on converted operands); under auto only while B <= 256 and the sequence has at
+            least 4 steps (8 below B = 8). The reason names the kernels of the float32 loop's
             products (cpu_products).
       CUDA: choose_loop, csrc/cuda/lstm_loop.cuh: persistent, fused (one kernel per step) or
             cublas, by dtype, B, H and the state size B * H * sizeof(dtype); forward and backward
@@ -385,29 +442,8 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
     if batch < 1 or hidden < 1 or steps < 1:
         raise ValueError(f"batch, hidden and steps must be >= 1, got batch={batch}, hidden={hidden}, steps={steps}")
-    dtype_name = str(dtype).replace("torch.", "")
     if device == "cpu":
-        if backend == "gemm" or backend == "fused":
-            choice = ("gemm", f"SEQKERNELS_LSTM_BACKEND={backend}: the BLAS loop (the CPU has no fused-step loop)")
-        elif dtype != torch.float32:
-            choice = ("gemm", f"the persistent CPU loop is float32 only ({dtype_name} takes the BLAS loop)")
-        elif proj_size > 0:
-            choice = ("gemm", "the persistent CPU loop has no projection (proj_size > 0 takes the BLAS loop)")
-        elif backend == "persistent":
-            choice = ("persistent", "SEQKERNELS_LSTM_BACKEND=persistent, and it applies (float32, no projection)")
-        elif batch > CPU_PERSISTENT_MAX_BATCH:
-            choice = ("gemm", f"auto: B = {batch} > {CPU_PERSISTENT_MAX_BATCH}, where the BLAS loop is faster")
-        else:
-            min_steps = CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH if batch < CPU_PERSISTENT_SMALL_BATCH else CPU_PERSISTENT_MIN_STEPS
-            if steps < min_steps:
-                choice = ("gemm", f"auto: T = {steps} < {min_steps} steps at B = {batch}: too few to pay for packing "
-                                  "the weights (the persistent loop packs them on every call)")
-            else:
-                choice = ("persistent", f"auto: float32, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, "
-                                        f"T = {steps} >= {min_steps}")
-        if choice[0] == "persistent":
-            choice = (choice[0], f"{choice[1]}; products on {cpu_products(batch, hidden, steps)}")
-        return {"forward": choice, "backward": choice}
+        return _cpu_choice(batch, hidden, dtype, proj_size, backend, steps)
     if device != "cuda":
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     elem = torch.empty((), dtype=dtype).element_size()

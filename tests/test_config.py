@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import seqkernels
 from seqkernels._config import lstm_loop_choice, ops
 
 
@@ -46,6 +47,46 @@ def test_cpu_choice_mirrors_use_persistent_loop(monkeypatch, batch, dtype, proj,
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     choice = lstm_loop_choice(batch, 256, dtype, proj, "cpu", steps=steps)
     assert choice["forward"][0] == choice["backward"][0] == loop
+
+
+@pytest.mark.parametrize("amx", ["1", "0"])
+def test_cpu_choice_mirrors_the_half_type_rules(monkeypatch, amx):
+    """bfloat16 on AMX tiles where the CPU has them (H % 16 == 0; the backward H % 64 == 0; one
+    sequence from T = 32), else on the float32 loop like float16 (amx_bf16_loop_applies,
+    amx_bf16_backward_applies, half_via_float_loop in csrc/cpu/lstm.cpp); the profiler shows the
+    op ran the loop the report names."""
+    from _helpers import cpu_has_amx
+
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    monkeypatch.delenv("SEQKERNELS_CPU_AVX512", raising=False)
+    monkeypatch.setenv("SEQKERNELS_CPU_AMX", amx)
+    tiles = amx == "1" and cpu_has_amx()
+    cases = [  # (B, H, T, dtype)
+        (8, 64, 16, torch.bfloat16), (8, 48, 16, torch.bfloat16), (8, 40, 16, torch.bfloat16),
+        (1, 64, 16, torch.bfloat16), (1, 64, 32, torch.bfloat16), (8, 64, 16, torch.float16), (8, 64, 3, torch.float16),
+    ]
+    for B, H, T, dtype in cases:
+        choice = lstm_loop_choice(B, H, dtype, 0, "cpu", steps=T)
+        if T < 4:
+            expected = ("gemm", "gemm")
+        elif dtype == torch.bfloat16 and tiles and H % 16 == 0:
+            expected = ("gemm", "gemm") if B == 1 and T < 32 else ("persistent", "persistent" if H % 64 == 0 else "gemm")
+        else:
+            expected = ("persistent", "persistent")
+        assert (choice["forward"][0], choice["backward"][0]) == expected, (B, H, T, dtype, choice)
+        on_tiles = "bfloat16 on AMX tiles" in choice["forward"][1]
+        assert on_tiles == (expected[0] == "persistent" and dtype == torch.bfloat16 and tiles and H % 16 == 0)
+        # What the op runs (RecordFunction scopes): the report's loop.
+        x = torch.randn(T, B, H).to(dtype)
+        model = seqkernels.LSTM(H, H).to(dtype)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            model(x.requires_grad_())[0].float().sum().backward()
+        ran = {e.name for e in prof.events()}
+        fwd = ("seqkernels::lstm_forward_amx_bf16" if on_tiles else "seqkernels::lstm_forward_half_via_float"
+               if expected[0] == "persistent" else None)
+        assert fwd is None or fwd in ran, (B, H, T, dtype, sorted(n for n in ran if "seqkernels" in n))
+        if expected[0] == "gemm":
+            assert not any("amx_bf16" in n or "half_via_float" in n for n in ran)
 
 
 def test_cpu_products_name_the_kernels(monkeypatch):

@@ -196,8 +196,14 @@ bool persistent_loop_wanted(const LstmSizes& s, bool supported) {
 bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
   return persistent_loop_wanted(s, dtype == at::kFloat && s.P == 0);
 }
-// bfloat16 and float16 layers that no loop of their own runs (float16 always; bfloat16 where
-// the AMX loop does not apply) take the float32 persistent loop on float32 copies of their
+// Whether the bfloat16 loop on AMX (below) can run this layer: no projection, whole groups of 16
+// units, a CPU with AMX (and AVX-512, whose gate math it uses), SEQKERNELS_CPU_AMX not 0.
+bool amx_bf16_supported(const LstmSizes& s, at::ScalarType dtype) {
+  return dtype == at::kBFloat16 && s.P == 0 && s.H % amx::kTileCols == 0 && cpu_kernels() == CpuKernels::kAvx512 &&
+         amx_mode() != 0;
+}
+// bfloat16 and float16 layers that no loop of their own runs (float16 always; bfloat16 that
+// the AMX loop does not support) take the float32 persistent loop on float32 copies of their
 // operands wherever that loop would run a float32 layer: the conversions are exact, each
 // product of two half values is exact in float32, and the loop keeps h in float32 between steps
 // where the BLAS loop rounds it to the half type, so the results are as close to float64 or
@@ -205,25 +211,27 @@ bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
 // scalar gate math: 2-core Xeon, B = 8, H = 256 `infer`, float16 23.9 ms against 8.1 this way
 // (nn.LSTM 17.6).
 bool half_via_float_loop(const LstmSizes& s, at::ScalarType dtype) {
-  return (dtype == at::kHalf || dtype == at::kBFloat16) && persistent_loop_wanted(s, s.P == 0);
+  const bool half = dtype == at::kHalf || (dtype == at::kBFloat16 && !amx_bf16_supported(s, dtype));
+  return half && persistent_loop_wanted(s, s.P == 0);
 }
 
 #if defined(SEQKERNELS_HAVE_AMX)
-// The bfloat16 forward's persistent loop on AMX (lstm_persistent.h, "bfloat16 on AMX"): no
-// projection, whole groups of 16 units, a CPU with AMX (and AVX-512, whose gate math it uses),
-// unless SEQKERNELS_CPU_AMX=0. Both forwards save the same tensors (y, the activations and c in
-// bfloat16), so either backward can follow either forward.
+// The bfloat16 forward's persistent loop on AMX (lstm_persistent.h, "bfloat16 on AMX") where it
+// is supported (amx_bf16_supported) and the persistent loops' rule applies. Both forwards save
+// the same tensors (y, the activations and c in bfloat16), so either backward can follow either
+// forward.
 // Under auto a single row needs kAmxBf16MinStepsOneRow steps: MKL's bfloat16 matrix-vector
 // product is fast, and the loop's fixed cost (packing both weights) takes that long to repay
 // (2-core Xeon, `infer` ms, BLAS loop / AMX loop: H = 512, T = 8 0.45 / 0.62, T = 16 0.61 / 0.71,
 // T = 32 0.99 / 1.00, T = 256 5.5 / 4.0; H = 256, T = 16 0.22 / 0.24, T = 32 0.34 / 0.33; at B = 2
 // the AMX loop already won at T = 8, 0.32 / 0.24).
+// (Such a single short sequence takes the BLAS loop, not the float32 loop: half_via_float_loop
+// leaves every layer the AMX loop supports to it or to the BLAS loop; on the float32 loop it ran
+// 2-3x slower than on the BLAS loop, H = 512, T = 8 1.46 against 0.54 ms.)
 constexpr int64_t kAmxBf16MinStepsOneRow = 32;
 bool amx_bf16_loop_applies(const LstmSizes& s, at::ScalarType dtype) {
-  const bool supported = dtype == at::kBFloat16 && s.P == 0 && s.H % amx::kTileCols == 0 &&
-                         cpu_kernels() == CpuKernels::kAvx512 && amx_mode() != 0;
   if (lstm_backend_from_env() == LstmBackend::kAuto && s.B == 1 && s.T < kAmxBf16MinStepsOneRow) return false;
-  return persistent_loop_wanted(s, supported);
+  return persistent_loop_wanted(s, amx_bf16_supported(s, dtype));
 }
 // Its backward on AMX as well (backward_persistent_bf16), where the hidden units come in whole
 // blocks of 64 (the column groups of amx_bf16_columns_product); else the BLAS loop's.
