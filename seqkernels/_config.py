@@ -339,6 +339,12 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _cpu_amx(flags: set[str]) -> bool:
+    """Whether the CPU's products may run on AMX tiles here (amx_mode() != 0 with the AVX-512 kernels)."""
+    return ("avx512f" in flags and os.environ.get("SEQKERNELS_CPU_AVX512") != "0"
+            and set(CPU_AMX_FLAGS) <= flags and os.environ.get("SEQKERNELS_CPU_AMX", "") != "0")
+
+
 def cpu_products(batch: int, hidden: int, steps: int = 256) -> str:
     """Which kernels the persistent CPU loop's products run on for B = batch, H = hidden and
     T = steps, on this CPU and under SEQKERNELS_CPU_AVX512 / SEQKERNELS_CPU_AMX. Mirrors
@@ -347,22 +353,15 @@ def cpu_products(batch: int, hidden: int, steps: int = 256) -> str:
     flags = _cpu_flags()
     if "avx512f" not in flags or os.environ.get("SEQKERNELS_CPU_AVX512") == "0":
         return "AVX2"
-    amx_env = os.environ.get("SEQKERNELS_CPU_AMX", "")
-    if not set(CPU_AMX_FLAGS) <= flags or amx_env == "0":
+    if not _cpu_amx(flags):
         return "AVX-512"
-    forced = amx_env != ""
+    forced = os.environ.get("SEQKERNELS_CPU_AMX", "") != ""
     sequence = forced or (batch * steps >= CPU_AMX_MIN_SEQUENCE_ROWS and hidden >= CPU_AMX_MIN_HIDDEN)
     if sequence and (forced or batch >= CPU_AMX_MIN_BATCH):
         return "AMX tiles"
     if sequence:
         return f"AVX-512, the whole-sequence products on AMX tiles (T*B >= {CPU_AMX_MIN_SEQUENCE_ROWS} rows)"
     return "AVX-512"
-
-
-def _cpu_amx(flags: set[str]) -> bool:
-    """Whether the CPU's products may run on AMX tiles here (amx_mode() != 0 with the AVX-512 kernels)."""
-    return ("avx512f" in flags and os.environ.get("SEQKERNELS_CPU_AVX512") != "0"
-            and set(CPU_AMX_FLAGS) <= flags and os.environ.get("SEQKERNELS_CPU_AMX", "") != "0")
 
 
 def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, backend: str, steps: int) -> dict:

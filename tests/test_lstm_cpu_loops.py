@@ -154,35 +154,46 @@ BF16_CASES = [
 ]
 
 
-@pytest.mark.parametrize("batch_sizes,I,H,reverse,bias", BF16_CASES)
-def test_bf16_amx_loop_matches_reference(monkeypatch, batch_sizes, I, H, reverse, bias):
-    """The bfloat16 loops on AMX against the float64 reference by the low-precision rule of
-    tests/test_lstm.py (error at most twice that of the reference run in bfloat16 or of the BLAS
-    loop, plus two units of bfloat16), outputs and every gradient, and the inference forward.
-    The profiler shows which loops ran (their RecordFunction scopes)."""
-    use_cpu_kernels(monkeypatch, "amx")  # skips without AMX
+def check_half_loop(monkeypatch, dtype, batch_sizes, I, H, reverse, bias, seed, blas_env, loop_env, scopes, what):
+    """A half-type loop (the environment `loop_env`) against the float64 reference by the
+    low-precision rule of tests/test_lstm.py (error at most twice that of the reference run in
+    `dtype` or of the BLAS loop (`blas_env`), plus two units), outputs and every gradient, and
+    the inference forward; `scopes` maps each RecordFunction scope to whether the profiler must
+    show it."""
     from test_lstm import compare_low_precision
 
-    t, up = layer_case(batch_sizes, I, H, bias, seed=H * 100 + len(batch_sizes))
+    t, up = layer_case(batch_sizes, I, H, bias, seed=seed)
     ref64 = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
-    ref_bf16 = run_layer(_reference, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "0")
-    blas = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
-    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1")
+    ref_lp = run_layer(_reference, t, up, batch_sizes, reverse, dtype, "cpu")
+    for name, value in blas_env.items():
+        monkeypatch.setenv(name, value)
+    blas = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cpu")
+    for name, value in loop_env.items():
+        monkeypatch.setenv(name, value)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        got = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.bfloat16, "cpu")
+        got = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cpu")
     ran = {e.name for e in prof.events()}
-    assert "seqkernels::lstm_forward_amx_bf16" in ran, "the forward did not run on the AMX loop"
-    assert ("seqkernels::lstm_backward_amx_bf16" in ran) == (H % 64 == 0), "the backward's loop is not the rule's"
-    compare_low_precision(got, ref64, [ref_bf16, blas], torch.bfloat16, f"AMX bf16 loop H={H}")
+    for scope, expected in scopes.items():
+        assert (scope in ran) == expected, f"{what}: {scope} {'did not run' if expected else 'ran'}"
+    compare_low_precision(got, ref64, [ref_lp, blas], dtype, f"{what} H={H}")
     with torch.no_grad():
-        args = {k: v.bfloat16() for k, v in t.items()}
+        args = {k: v.to(dtype) for k, v in t.items()}
         y, h, c = lstm_layer(args["x"], torch.tensor(batch_sizes), args["h0"], args["c0"], args["w_ih"], args["w_hh"],
                              args.get("b_ih"), args.get("b_hh"), reverse=reverse)
     inference = {"y": y, "h_n": h, "c_n": c}
-    compare_low_precision(inference, {k: ref64[k] for k in inference}, [ref_bf16, blas], torch.bfloat16,
-                          f"AMX bf16 loop (no grad) H={H}")
+    compare_low_precision(inference, {k: ref64[k] for k in inference}, [ref_lp, blas], dtype,
+                          f"{what} (no grad) H={H}")
+
+
+@pytest.mark.parametrize("batch_sizes,I,H,reverse,bias", BF16_CASES)
+def test_bf16_amx_loop_matches_reference(monkeypatch, batch_sizes, I, H, reverse, bias):
+    """The bfloat16 loops on AMX (check_half_loop; the BLAS loop with SEQKERNELS_CPU_AMX=0 as
+    the second baseline): the forward on AMX, the backward where H % 64 == 0."""
+    use_cpu_kernels(monkeypatch, "amx")  # skips without AMX
+    check_half_loop(monkeypatch, torch.bfloat16, batch_sizes, I, H, reverse, bias, H * 100 + len(batch_sizes),
+                    {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_CPU_AMX": "0"}, {"SEQKERNELS_CPU_AMX": "1"},
+                    {"seqkernels::lstm_forward_amx_bf16": True, "seqkernels::lstm_backward_amx_bf16": H % 64 == 0},
+                    "AMX bf16 loop")
 
 
 # Half types on the float32 persistent loop (lstm.cpp, half_via_float_loop): float16 always,
@@ -197,31 +208,13 @@ HALF_CASES = [
 
 @pytest.mark.parametrize("dtype,batch_sizes,I,H,reverse,bias", HALF_CASES)
 def test_half_types_on_float_loop_match_reference(monkeypatch, dtype, batch_sizes, I, H, reverse, bias):
-    """float16 and bfloat16 on the float32 loop against the float64 reference by the low-precision
-    rule of tests/test_lstm.py (error at most twice that of the reference run in the half type or
-    of the BLAS loop, plus two units), outputs and every gradient, and the inference forward; the
-    profiler shows the path ran."""
-    from test_lstm import compare_low_precision
-
-    t, up = layer_case(batch_sizes, I, H, bias, seed=H * 10 + len(batch_sizes))
-    ref64 = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
-    ref_lp = run_layer(_reference, t, up, batch_sizes, reverse, dtype, "cpu")
-    monkeypatch.setenv("SEQKERNELS_CPU_AMX", "0")
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "gemm")
-    blas = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cpu")
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        got = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cpu")
-    ran = {e.name for e in prof.events()}
-    assert {"seqkernels::lstm_forward_half_via_float", "seqkernels::lstm_backward_half_via_float"} <= ran
-    compare_low_precision(got, ref64, [ref_lp, blas], dtype, f"{dtype} on the float32 loop H={H}")
-    with torch.no_grad():
-        args = {k: v.to(dtype) for k, v in t.items()}
-        y, h, c = lstm_layer(args["x"], torch.tensor(batch_sizes), args["h0"], args["c0"], args["w_ih"], args["w_hh"],
-                             args.get("b_ih"), args.get("b_hh"), reverse=reverse)
-    inference = {"y": y, "h_n": h, "c_n": c}
-    compare_low_precision(inference, {k: ref64[k] for k in inference}, [ref_lp, blas], dtype,
-                          f"{dtype} on the float32 loop (no grad) H={H}")
+    """float16 and bfloat16 on the float32 loop (check_half_loop; AMX off, the BLAS loop forced as
+    the second baseline), forward and backward."""
+    check_half_loop(monkeypatch, dtype, batch_sizes, I, H, reverse, bias, H * 10 + len(batch_sizes),
+                    {"SEQKERNELS_CPU_AMX": "0", "SEQKERNELS_LSTM_BACKEND": "gemm"},
+                    {"SEQKERNELS_LSTM_BACKEND": "persistent"},
+                    {"seqkernels::lstm_forward_half_via_float": True, "seqkernels::lstm_backward_half_via_float": True},
+                    f"{dtype} on the float32 loop")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -384,9 +384,10 @@ uint16_t* bf16_bits(Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()
 // h_col = padded_k(I), the product then running over K = h_col + H against [W_ih | 0 | W_hh].
 struct Bf16Operands {
   uint16_t* buf[2];
-  int64_t ld, K, h_col;
+  int64_t K, h_col;
   const uint16_t* x;  // [N, I], or null: the input projection already in pre
   int64_t I;
+  int64_t ld() const { return amx::a_row_stride(K); }
 };
 
 // Forward time loop of the bfloat16 persistent path on AMX (lstm_persistent.h, "bfloat16 on
@@ -402,7 +403,7 @@ template <bool kTraining>
 uint16_t* forward_persistent_bf16(const LstmSizes& s, bool reverse, const uint16_t* w_packed, const Bf16Operands& ops,
                                   float* pre, int64_t ldp, const float* bias, float* cbuf, uint16_t* y,
                                   uint16_t* gates, uint16_t* cells) {
-  const int64_t H = s.H, G = s.G, B = s.B, ld = ops.ld;
+  const int64_t H = s.H, G = s.G, B = s.B, ld = ops.ld();
   const int64_t parts = persistent_parts(H, amx::kTileCols, B);
   auto step_time = [&](int64_t step) { return reverse ? s.T - 1 - step : step; };
   run_unit_steps(parts, s.T, H, amx::kTileCols, [&](int64_t j0, int64_t j1, int64_t step) {
@@ -467,14 +468,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_amx_bf16(
                               bias.const_data_ptr<float>(), pre.data_ptr<float>());
     w_packed = amx_pack_gate_weights_bf16(w_hh.const_data_ptr<c10::BFloat16>(), s.H, s.H);
   }
-  ops.ld = amx::a_row_stride(ops.K);
-  Tensor hb = at::zeros({2, s.B, ops.ld}, opts);  // what nothing writes stays zero
+  const int64_t ld = ops.ld();
+  Tensor hb = at::zeros({2, s.B, ld}, opts);  // what nothing writes stays zero
   ops.buf[0] = bf16_bits(hb);
-  ops.buf[1] = ops.buf[0] + s.B * ops.ld;
-  amx::copy_rows_bf16(bf16_bits(h0), s.H, s.B, s.H, ops.buf[0] + ops.h_col, ops.ld);
+  ops.buf[1] = ops.buf[0] + s.B * ld;
+  amx::copy_rows_bf16(bf16_bits(h0), s.H, s.B, s.H, ops.buf[0] + ops.h_col, ld);
   if (fused) {
     const int64_t t0 = reverse ? s.T - 1 : 0;
-    amx::copy_rows_bf16(ops.x + s.offsets[t0] * s.I, s.I, s.batch_sizes[t0], s.I, ops.buf[0], ops.ld);
+    amx::copy_rows_bf16(ops.x + s.offsets[t0] * s.I, s.I, s.batch_sizes[t0], s.I, ops.buf[0], ld);
   }
   auto run = training ? &forward_persistent_bf16<true> : &forward_persistent_bf16<false>;
   const uint16_t* h_last =

@@ -1291,34 +1291,46 @@ inline at::Tensor amx_pack_gate_weights_bf16(const c10::BFloat16* w, int64_t H, 
   return packed;
 }
 
-// pre[r, g*H + j] (+)= a[r, :]·W[g*H + j, :]ᵀ for rows [0, bt) and the units j in [j0, j1) (j0,
-// j1 multiples of 16), rows in blocks of 16, each group's accumulators starting from `start`
-// (row stride start_ld; 0: one row for every row, a bias) and stored to pre.
-//   a: A layout ([.][a_row_stride(K)] bfloat16) at row 0; w_packed: amx_pack_gate_weights_bf16
-//   (W, H, K); pre: [bt, G] row stride ldp
-inline void amx_bf16_units_product(int64_t H, int64_t K, const uint16_t* a, int64_t bt, int64_t j0, int64_t j1,
-                                   const uint16_t* w_packed, const float* start, int64_t start_ld, float* pre,
-                                   int64_t ldp) {
+// out[r, n + t * tile_stride] = start[...] + Σ_k a[r, k]·W[k, column (n, t)] for rows [0, rows)
+// and the packed groups that hold columns [n0, n1) (group n / group_cols; n0, n1 multiples of
+// group_cols), rows in blocks of 16: each group's four accumulator tiles start from `start`
+// (row stride start_ld; 0: one row for every row, a bias; null: zero) at the same offsets as
+// out. The forward's units (group_cols 16, the tiles a unit group's four gates, tile_stride H)
+// and the backward's dh = dG·W_hh (group_cols 64, four tiles of 16 units, tile_stride 16).
+//   a: A layout ([.][a_row_stride(K)] bfloat16) at row 0; w_packed: groups of
+//   amx::packed_numel_bf16(1, K); out: row stride ldo
+inline void amx_bf16_groups_product(int64_t K, const uint16_t* a, int64_t rows, int64_t n0, int64_t n1,
+                                    int64_t group_cols, int64_t tile_stride, const uint16_t* w_packed,
+                                    const float* start, int64_t start_ld, float* out, int64_t ldo) {
   const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K), group_numel = amx::packed_numel_bf16(1, K);
   amx::TileRows tiles(/*b_tiles=*/2);
-  for (int64_t j = j0; j < j1; j += amx::kTileCols) {
-    const uint16_t* group = w_packed + (j / amx::kTileCols) * group_numel;
-    for (int64_t b = 0; b < bt; b += amx::kTileRows) {
-      tiles.use(std::min(amx::kTileRows, bt - b));
+  for (int64_t n = n0; n < n1; n += group_cols) {
+    const uint16_t* group = w_packed + (n / group_cols) * group_numel;
+    for (int64_t b = 0; b < rows; b += amx::kTileRows) {
+      tiles.use(std::min(amx::kTileRows, rows - b));
       amx::group_product_bf16(a + b * a_ld, a_ld, Kp, group,
-                              {start + b * start_ld + j, start_ld, pre + b * ldp + j, ldp, H});
+                              {start ? start + b * start_ld + n : nullptr, start_ld, out + b * ldo + n, ldo,
+                               tile_stride});
     }
   }
 }
 
+// pre[r, g*H + j] = start + a[r, :]·W[g*H + j, :]ᵀ for rows [0, bt) and the units j in [j0, j1)
+// (j0, j1 multiples of 16), W packed by amx_pack_gate_weights_bf16(W, H, K); pre: [bt, G] row
+// stride ldp; start as amx_bf16_groups_product's.
+inline void amx_bf16_units_product(int64_t H, int64_t K, const uint16_t* a, int64_t bt, int64_t j0, int64_t j1,
+                                   const uint16_t* w_packed, const float* start, int64_t start_ld, float* pre,
+                                   int64_t ldp) {
+  amx_bf16_groups_product(K, a, bt, j0, j1, amx::kTileCols, H, w_packed, start, start_ld, pre, ldp);
+}
+
 // pre [N, G] = bias + x·W_ihᵀ for all N rows on AMX, x in panels of kAmxPanelRows rows copied
 // into A layout per thread.
-//   x: [N, I] bfloat16; w_packed: amx_pack_gate_weights_bf16(W_ih, H, I); bias: [G] or null
+//   x: [N, I] bfloat16; w_packed: amx_pack_gate_weights_bf16(W_ih, H, I); bias: [G] (zeros for a
+//   layer without one)
 inline void amx_bf16_input_projection(const c10::BFloat16* x, int64_t N, int64_t I, int64_t H,
                                       const uint16_t* w_packed, const float* bias, float* pre) {
   const int64_t G = 4 * H, ld = amx::a_row_stride(I), panels = (N + kAmxPanelRows - 1) / kAmxPanelRows;
-  std::vector<float> zero_bias(bias ? 0 : G, 0.f);
-  const float* start = bias ? bias : zero_bias.data();
   const uint16_t* x16 = reinterpret_cast<const uint16_t*>(x);
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     at::Tensor panel = at::zeros({kAmxPanelRows * ld}, at::kBFloat16);  // the padding past I stays zero
@@ -1326,7 +1338,7 @@ inline void amx_bf16_input_projection(const c10::BFloat16* x, int64_t N, int64_t
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t r0 = p * kAmxPanelRows, rows = std::min(kAmxPanelRows, N - r0);
       amx::copy_rows_bf16(x16 + r0 * I, I, rows, I, a, ld);
-      amx_bf16_units_product(H, I, a, rows, 0, H, w_packed, start, 0, pre + r0 * G, G);
+      amx_bf16_units_product(H, I, a, rows, 0, H, w_packed, bias, 0, pre + r0 * G, G);
     }
   });
 }
@@ -1366,21 +1378,12 @@ SEQKERNELS_AMX_TARGET __attribute__((flatten)) inline void gate_rows_bf16(int64_
 }
 
 // c[r, n] = Σ_k a[r, k]·W[k, n] for rows [0, rows) and the columns n in [n0, n1) (multiples of
-// 64) of a W packed by amx::pack_cols_major_bf16, rows in blocks of 16: the bfloat16
-// backward's dh = dG·W_hh (K = G, N = H).
-//   a: A layout ([.][a_row_stride(K)] bfloat16) at row 0; c: [rows, N] row stride ldc
+// 64) of a W packed by amx::pack_cols_major_bf16: the bfloat16 backward's dh = dG·W_hh (K = G,
+// N = H). a: A layout at row 0; c: [rows, N] row stride ldc.
 inline void amx_bf16_columns_product(int64_t K, const uint16_t* a, int64_t rows, int64_t n0, int64_t n1,
                                      const uint16_t* w_packed, float* c, int64_t ldc) {
-  const int64_t Kp = amx::padded_k(K), a_ld = amx::a_row_stride(K), cols = amx::kGroupTiles * amx::kTileCols;
-  const int64_t group_numel = amx::packed_numel_bf16(1, K);
-  amx::TileRows tiles(/*b_tiles=*/2);
-  for (int64_t n = n0; n < n1; n += cols) {
-    const uint16_t* group = w_packed + (n / cols) * group_numel;
-    for (int64_t b = 0; b < rows; b += amx::kTileRows) {
-      tiles.use(std::min(amx::kTileRows, rows - b));
-      amx::group_product_bf16(a + b * a_ld, a_ld, Kp, group, {nullptr, 0, c + b * ldc + n, ldc, amx::kTileCols});
-    }
-  }
+  amx_bf16_groups_product(K, a, rows, n0, n1, amx::kGroupTiles * amx::kTileCols, amx::kTileCols, w_packed, nullptr,
+                          0, c, ldc);
 }
 
 // backward_gate_rows (lstm.cpp, no projection) for bfloat16 on 16 units at a time: batch rows
