@@ -114,3 +114,17 @@ def assert_low_precision_close(actual: dict, ref64: dict, baseline: dict, dtype:
             f"{what}: {key} ({dtype}): max error {err:.3g} vs float64 reference exceeds 2 * {err_base:.3g} "
             f"(the low-precision reference's error) + {eps:.3g}"
         )
+
+
+def gradients_of_gradients(loss, leaves: list, order: int = 2) -> list[tuple]:
+    """The gradients of loss(*leaves) with respect to every leaf (create_graph=True), then, for
+    each further order, the gradients of a nonlinear function of the last ones (a seeded
+    random weighting through sin, so that no term vanishes by symmetry). Returns every order's
+    gradients."""
+    generator = torch.Generator().manual_seed(7)
+    orders = [torch.autograd.grad(loss(*leaves), leaves, create_graph=True)]
+    for k in range(1, order):
+        weights = [torch.randn(g.shape, generator=generator, dtype=g.dtype).to(g.device) for g in orders[-1]]
+        inner = sum((g * w).sin().sum() for g, w in zip(orders[-1], weights))
+        orders.append(torch.autograd.grad(inner, leaves, create_graph=k + 1 < order, allow_unused=True))
+    return orders

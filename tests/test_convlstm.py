@@ -33,7 +33,9 @@ from torch import Tensor, nn
 import seqkernels
 from seqkernels import ConvLSTM, convlstm
 from seqkernels.reference import convlstm_module_reference, convlstm_reference
-from _helpers import assert_low_precision_close, bytes_freed_by_release, check_cuda_graph_replays, max_abs
+from _helpers import (
+    assert_low_precision_close, bytes_freed_by_release, check_cuda_graph_replays, gradients_of_gradients, max_abs,
+)
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 1e-5)}  # (rtol, atol per unit magnitude)
@@ -651,14 +653,30 @@ def test_op_outputs(device):
         assert gp.shape == ((3, C, H, W) if with_peep else (0,))
 
 
-def test_double_backward_raises(device):
-    t = _functional_leaves(2, 2, 2, 2, 3, 3, (3, 3), True, False, True, device)
-    leaves = {k: v.requires_grad_(True) for k, v in t.items()}
-    y, _ = convlstm(leaves["x"], leaves["h0"], leaves["c0"], leaves["weight_ih"], leaves["weight_hh"],
-                    leaves["bias_ih"], leaves["bias_hh"])
-    (gw,) = torch.autograd.grad(y.square().sum(), leaves["weight_ih"], create_graph=True)
-    with pytest.raises((NotImplementedError, RuntimeError), match="double backward"):
-        gw.sum().backward()
+@pytest.mark.parametrize("bias,peephole", [(True, True), (False, False)])
+def test_double_backward_matches_reference(device, bias, peephole):
+    """Gradients of gradients (create_graph=True; second and third order) with respect to
+    every input and parameter, against the float64 reference; and torch.autograd.gradgradcheck."""
+    t = _functional_leaves(2, 2, 2, 2, 3, 3, (3, 3), bias, peephole, True, device)
+    names = list(t)
+    leaves = [t[k].requires_grad_(True) for k in names]
+
+    def loss_of(fn):
+        def loss(*values):
+            v = dict(zip(names, values))
+            peep = tuple(v[f"weight_{g}"] for g in PEEPHOLES) if peephole else None
+            y, (h, c) = fn(v["x"], v["h0"], v["c0"], v["weight_ih"], v["weight_hh"], v.get("bias_ih"),
+                           v.get("bias_hh"), peep)
+            return y.sin().sum() + h.square().sum() + (c * v["c0"]).sum()
+
+        return loss
+
+    got = gradients_of_gradients(loss_of(convlstm), leaves, order=3)
+    expected = gradients_of_gradients(loss_of(convlstm_reference), leaves, order=3)
+    for k, (g_order, e_order) in enumerate(zip(got, expected), start=1):
+        for name, g, e in zip(names, g_order, e_order):
+            assert_close(g, e, torch.float64, f"order {k} d/d{name}")
+    assert torch.autograd.gradgradcheck(loss_of(convlstm), tuple(leaves))
 
 
 # --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from _helpers import assert_low_precision_close, check_cuda_graph_replays, max_abs
+from _helpers import assert_low_precision_close, check_cuda_graph_replays, gradients_of_gradients, max_abs
 
 import seqkernels
 from seqkernels import ConvRNN, convrnn, convrnn_forward
@@ -366,13 +366,27 @@ def test_backward_is_deterministic(device, B, T, C, N, K):
         torch.set_num_threads(threads)
 
 
-def test_double_backward_raises(device):
-    tensors = make_tensors(2, 3, 2, 4, 3, True, True, device, dtype=torch.float64)
-    leaves = {k: v.requires_grad_(True) for k, v in tensors.items()}
-    y, _ = convrnn(leaves["x"], leaves["weight"], leaves["h0"], leaves["bias"])
-    (gw,) = torch.autograd.grad(y.square().sum(), leaves["weight"], create_graph=True)
-    with pytest.raises(NotImplementedError, match="double backward"):
-        gw.sum().backward()
+@pytest.mark.parametrize("padding_mode,nonlinearity", [("circular", "tanh"), ("zeros", "relu")])
+def test_double_backward_matches_reference(device, padding_mode, nonlinearity):
+    """Gradients of gradients (create_graph=True; second and third order) with respect to x,
+    weight, h0 and bias, against the float64 reference; and torch.autograd.gradgradcheck."""
+    tensors = make_tensors(2, 3, 2, 5, 3, True, True, device, dtype=torch.float64)
+    names = ["x", "weight", "h0", "bias"]
+    leaves = [tensors[k].requires_grad_(True) for k in names]
+
+    def loss_of(fn):
+        def loss(x, weight, h0, bias):
+            y, h_T = fn(x, weight, h0, bias, padding_mode, nonlinearity)
+            return y.sin().sum() + (h_T * h0).sum()
+
+        return loss
+
+    got = gradients_of_gradients(loss_of(convrnn), leaves, order=3)
+    expected = gradients_of_gradients(loss_of(convrnn_reference), leaves, order=3)
+    for k, (g_order, e_order) in enumerate(zip(got, expected), start=1):
+        for name, g, e in zip(names, g_order, e_order):
+            assert_close(g, e, torch.float64, f"order {k} d/d{name}")
+    assert torch.autograd.gradgradcheck(loss_of(convrnn), tuple(leaves))
 
 
 # --------------------------------------------------------------------------------------

@@ -157,12 +157,27 @@ def test_lstm_forward_mode_ad_raises(device):
         module(fwAD.make_dual(x, torch.ones_like(x)))
 
 
-def test_lstm_grad_of_grad_raises(device):
-    module, _ = _lstm_pair(device)
+def test_lstm_grad_of_grad(device):
+    """torch.func.grad of torch.func.grad (the double backward's formula, run by torch.func.vjp
+    inside a transform), with respect to the input and, mixed, to the parameters."""
+    module, reference = _lstm_pair(device)
+    params = {k: v.detach() for k, v in module.named_parameters()}
     x = _x(device, 4, 2, 3)
-    inner = grad(lambda xx: module(xx)[0].sum())
-    with pytest.raises(NotImplementedError, match="double backward"):
-        grad(lambda xx: inner(xx).sum())(x)
+
+    def input_grad(fn):
+        return grad(lambda xx, p: fn(p, xx)[0].tanh().sum())
+
+    def ours(p, xx):
+        return functional_call(module, p, (xx,))
+
+    for fn in (ours, reference):
+        assert input_grad(fn)(x, params).abs().sum() > 0
+    got = grad(lambda xx: input_grad(ours)(xx, params).square().sum())(x)
+    torch.testing.assert_close(got, grad(lambda xx: input_grad(reference)(xx, params).square().sum())(x), **TOL)
+    got_p = grad(lambda p: input_grad(ours)(x, p).square().sum())(params)
+    expected_p = grad(lambda p: input_grad(reference)(x, p).square().sum())(params)
+    for name in params:
+        torch.testing.assert_close(got_p[name], expected_p[name], **TOL)
 
 
 def test_convrnn_grad_vmap_and_jvp(device):

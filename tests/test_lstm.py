@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pack_sequence
 
-from _helpers import cpu_has_amx, max_abs
+from _helpers import cpu_has_amx, gradients_of_gradients, max_abs
 
 import seqkernels
 from seqkernels import LSTM, LSTMCell, lstm_layer, replace_lstm
@@ -1378,13 +1378,165 @@ def test_autocast_runs_in_the_autocast_dtype(device, packed):
     )
 
 
-def test_double_backward_raises(device):
-    """Differentiating the gradient is not supported: it must raise, never return zeros."""
-    module = LSTM(3, 4, device=device, dtype=torch.float64)
-    x = torch.randn(5, 2, 3, device=device, dtype=torch.float64, requires_grad=True)
-    (grad_x,) = torch.autograd.grad(module(x)[0].sum(), x, create_graph=True)
+# --------------------------------------------------------------------------------------
+# Gradients of gradients (create_graph=True): the first order from the kernels, its own
+# derivatives through the reference (differentiate_by_reference in seqkernels/ops/_autograd.py)
+# --------------------------------------------------------------------------------------
+def assert_orders_close(got: list[tuple], expected: list[tuple], names: list[str]) -> None:
+    for k, (g_order, e_order) in enumerate(zip(got, expected), start=1):
+        for name, g, e in zip(names, g_order, e_order):
+            assert (g is None) == (e is None), f"order {k}, {name}: {g is None} against {e is None}"
+            if g is not None:
+                assert_close(g, e, torch.float64, f"order {k} d/d{name}")
+
+
+DOUBLE_BACKWARD_CASES = {
+    "plain": dict(),
+    "proj": dict(proj_size=2),
+    "bidirectional-2-layers": dict(bidirectional=True, num_layers=2),
+    "no-bias": dict(bias=False),
+    "batch-first": dict(batch_first=True),
+}
+
+
+@pytest.mark.parametrize("case", DOUBLE_BACKWARD_CASES)
+def test_double_backward_matches_reference(device, case):
+    """Second-order gradients (create_graph=True, then a gradient of the gradients) with respect
+    to the input, the initial state and every parameter, against the float64 reference; on the
+    CPU also against nn.LSTM's own double backward (cuDNN has none)."""
+    flags = DOUBLE_BACKWARD_CASES[case]
+    torch.manual_seed(0)
+    module = LSTM(3, 4, dtype=torch.float64, device=device, **flags)
+    D = 2 if module.bidirectional else 1
+    Hout = module.proj_size or module.hidden_size
+    T, B = 5, 2
+    x = torch.randn((B, T, 3) if module.batch_first else (T, B, 3), dtype=torch.float64, device=device)
+    h0 = torch.randn(module.num_layers * D, B, Hout, dtype=torch.float64, device=device)
+    c0 = torch.randn(module.num_layers * D, B, 4, dtype=torch.float64, device=device)
+    names = ["x", "h0", "c0", *module._flat_weights_names]
+    leaves = [t.requires_grad_(True) for t in (x, h0, c0)] + [getattr(module, n) for n in module._flat_weights_names]
+
+    def loss_of(forward):
+        def loss(x, h0, c0, *params):
+            out, (h, c) = forward(x, h0, c0, params)
+            return out.tanh().sum() + h.square().sum() + (c * c0).sum()
+
+        return loss
+
+    def ours(x, h0, c0, params):
+        return torch.func.functional_call(module, dict(zip(module._flat_weights_names, params)), (x, (h0, c0)))
+
+    def reference(x, h0, c0, params):
+        return lstm_reference(x, (h0, c0), params, num_layers=module.num_layers, bidirectional=module.bidirectional,
+                              batch_first=module.batch_first, has_biases=module.bias, proj_size=module.proj_size)
+
+    got = gradients_of_gradients(loss_of(ours), leaves)
+    assert_orders_close(got, gradients_of_gradients(loss_of(reference), leaves), names)
+    if device == "cpu":
+        peer = nn.LSTM(3, 4, dtype=torch.float64, **flags)
+        peer.load_state_dict(module.state_dict())
+
+        def nn_lstm(x, h0, c0, params):
+            return torch.func.functional_call(peer, dict(zip(peer._flat_weights_names, params)), (x, (h0, c0)))
+
+        peer_leaves = leaves[:3] + [getattr(peer, n) for n in peer._flat_weights_names]
+        assert_orders_close(got, gradients_of_gradients(loss_of(nn_lstm), peer_leaves), names)
+
+
+def test_double_backward_packed_and_cell(device):
+    """Second-order gradients through a PackedSequence of unsorted lengths (reverse direction
+    included) and through LSTMCell, against the float64 reference."""
+    torch.manual_seed(1)
+    module = LSTM(3, 4, bidirectional=True, dtype=torch.float64, device=device)
+    seqs = [torch.randn(n, 3, dtype=torch.float64, device=device, requires_grad=True) for n in (3, 5, 2)]
+    params = [getattr(module, n) for n in module._flat_weights_names]
+
+    def packed_loss(forward):
+        def loss(*leaves):
+            out, (h, c) = forward(pack_sequence(list(leaves[:3]), enforce_sorted=False), leaves[3:])
+            return out.data.sin().sum() + h.square().sum() + c.sum()
+
+        return loss
+
+    def ours(packed, ps):
+        return torch.func.functional_call(module, dict(zip(module._flat_weights_names, ps)), (packed,))
+
+    def reference(packed, ps):
+        out, (h, c) = lstm_reference(packed.data, None, ps, bidirectional=True, batch_sizes=packed.batch_sizes)
+        order = packed.unsorted_indices
+        return PackedSequence(out, packed.batch_sizes), (h[:, order], c[:, order])
+
+    names = ["x0", "x1", "x2", *module._flat_weights_names]
+    leaves = seqs + params
+    assert_orders_close(gradients_of_gradients(packed_loss(ours), leaves),
+                        gradients_of_gradients(packed_loss(reference), leaves), names)
+
+    cell = LSTMCell(3, 4, dtype=torch.float64, device=device)
+    x = torch.randn(2, 3, dtype=torch.float64, device=device, requires_grad=True)
+    h = torch.randn(2, 4, dtype=torch.float64, device=device, requires_grad=True)
+    c = torch.randn(2, 4, dtype=torch.float64, device=device, requires_grad=True)
+    cell_params = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+
+    def cell_loss(step):
+        def loss(x, h, c, *ps):
+            h1, c1 = step(x, h, c, ps)
+            return h1.tanh().sum() + (c1 * c).sum()
+
+        return loss
+
+    def cell_ours(x, h, c, ps):
+        return torch.func.functional_call(cell, dict(zip(["weight_ih", "weight_hh", "bias_ih", "bias_hh"], ps)),
+                                          (x, (h, c)))
+
+    def cell_reference(x, h, c, ps):
+        return lstm_cell_reference(x, h, c, *ps)
+
+    cell_leaves = [x, h, c, *cell_params]
+    assert_orders_close(gradients_of_gradients(cell_loss(cell_ours), cell_leaves),
+                        gradients_of_gradients(cell_loss(cell_reference), cell_leaves),
+                        ["x", "h", "c", "weight_ih", "weight_hh", "bias_ih", "bias_hh"])
+
+
+def test_third_order_and_gradgradcheck(device):
+    """Third-order gradients (the formula's own derivatives, recorded where the outer call
+    records) against the reference, and torch.autograd.gradgradcheck on the module (finite
+    differences of the kernels' first-order gradients against the second-order formula)."""
+    torch.manual_seed(2)
+    module = LSTM(2, 3, proj_size=2, dtype=torch.float64, device=device)
+    x = torch.randn(4, 2, 2, dtype=torch.float64, device=device, requires_grad=True)
+    params = [getattr(module, n) for n in module._flat_weights_names]
+
+    def loss_of(forward):
+        return lambda x, *ps: forward(x, ps).sin().sum()
+
+    def ours(x, ps):
+        return torch.func.functional_call(module, dict(zip(module._flat_weights_names, ps)), (x,))[0]
+
+    def reference(x, ps):
+        return lstm_reference(x, None, ps, proj_size=2)[0]
+
+    leaves = [x, *params]
+    names = ["x", *module._flat_weights_names]
+    assert_orders_close(gradients_of_gradients(loss_of(ours), leaves, order=3),
+                        gradients_of_gradients(loss_of(reference), leaves, order=3), names)
+    assert torch.autograd.gradgradcheck(loss_of(ours), tuple(leaves))
+
+
+def test_direct_backward_op_call_is_not_differentiable(device):
+    """The backward op called directly (not through the forward's autograd formula) has no
+    second-order formula: differentiating it raises, never returns zeros."""
+    T, B, I, H = 3, 2, 2, 3
+    x = torch.randn(T * B, I, device=device, dtype=torch.float64)
+    w_ih = torch.randn(4 * H, I, device=device, dtype=torch.float64, requires_grad=True)
+    w_hh = torch.randn(4 * H, H, device=device, dtype=torch.float64)
+    h0 = torch.randn(B, H, device=device, dtype=torch.float64)
+    c0 = torch.randn(B, H, device=device, dtype=torch.float64)
+    batch_sizes = torch.full((T,), B, dtype=torch.int64)
+    y, h_n, c_n, gates, cells = _forward_op(x, batch_sizes, h0, c0, w_ih.detach(), w_hh, None, None, None, False, True)
+    grads = _backward_op(torch.ones_like(y), torch.zeros_like(h_n), torch.zeros_like(c_n), x, batch_sizes, h0, c0,
+                         w_ih, w_hh, None, y, gates, cells, False, False)
     with pytest.raises(NotImplementedError, match="double backward"):
-        grad_x.sum().backward()
+        grads[0].sum().backward()
 
 
 def test_direct_op_call_with_bad_sizes_raises_on_every_device(device):

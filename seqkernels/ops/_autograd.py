@@ -13,7 +13,7 @@ def records_grad(*args) -> bool:
 
 
 # op -> the autograd.Function that eager calls of the functionals record (register_autograd,
-# forbid_double_backward).
+# differentiate_by_reference).
 _EAGER_FUNCTIONS: dict = {}
 
 
@@ -81,8 +81,8 @@ def call_op(op, recording: bool, *args):
 
     - torch.compile tracing: the registered op as is;
     - autograd records (``recording``) in an eager call, a torch.func transform is active, or a
-      forward-mode AD level is open: the op's ``autograd.Function`` (``register_autograd``,
-      ``forbid_double_backward``), which runs the same formula as the op's registered one;
+      forward-mode AD level is open: the op's ``autograd.Function`` (``register_autograd``),
+      which runs the same formula as the op's registered one;
     - autograd records nothing (grad mode off, or no input requires grad): the op below
       autograd, where its autograd kernel would only redispatch (a few microseconds per call,
       a measurable share of a small op on a GPU: a ConvRNN of the template's shape runs in
@@ -95,13 +95,15 @@ def call_op(op, recording: bool, *args):
         return op(*args)
 
 
-def call_backward_op(op, *args):
+def call_backward_op(op, *args, extra: tuple = ()):
     """A ``<cell>_backward`` op called from an autograd formula: below autograd, unless a
     double backward is being recorded (create_graph=True and an argument requires grad, or a
-    nested torch.func transform), where its Function's formula (``forbid_double_backward``)
-    raises. Going below autograd skips that formula's Python wrapper, a sizeable share of a
-    small training call's host time."""
-    return call_op(op, records_grad(*args), *args)
+    torch.func transform), where its Function records it (``differentiate_by_reference``). ``extra``: what that Function's formula needs
+    beyond the op's arguments (the op does not take them). Going below autograd skips the
+    Function's Python wrapper, a sizeable share of a small training call's host time."""
+    if not torch.compiler.is_compiling() and (records_grad(*args, *extra) or _transformed()):
+        return _EAGER_FUNCTIONS[op].apply(*args, *extra)
+    return call_op(op, False, *args)
 
 
 def vmap_fold(t: Tensor, in_dim: int | None, V: int, dim: int) -> Tensor:
@@ -160,21 +162,82 @@ def mark_saved_outputs(ctx, *saved: Tensor) -> None:
     ctx.set_materialize_grads(False)
 
 
-def forbid_double_backward(backward_op: str) -> None:
-    """Register an autograd formula for ``backward_op`` ("seqkernels::<cell>_backward") that
-    raises, on the op (torch.library) and on its Function (``call_backward_op``): without one,
-    autograd would treat the backward op's outputs as constants and a second backward
-    (create_graph=True, or torch.func.grad of torch.func.grad) would silently return wrong
-    gradients."""
+def differentiate_by_reference(backward_op: str, first_order, saved_outputs: tuple[str, ...]) -> None:
+    """Double backward (gradients of gradients: create_graph=True, torch.func.grad of
+    torch.func.grad, Hessian-vector products) of ``backward_op`` ("seqkernels::<cell>_backward")
+    through the cell's pure-PyTorch reference, as nn.LSTM gives it on the CPU: the first-order
+    gradients keep coming from the native backward op; only their own derivatives are computed
+    from the reference, at the reference's speed.
 
+    ``first_order(*args, *extra)`` takes the backward op's arguments and the ``extra`` inputs
+    that ``call_backward_op`` passes (tensors the op does not take, such as the biases) and
+    returns the op's outputs from the reference, as a differentiable function of them (written
+    with ``torch.func.vjp``, which works inside torch.func transforms too; an empty tensor where
+    the op returns one). This Function's formula is the vector-Jacobian product of that
+    function: the derivatives of the gradients with respect to every input of the forward,
+    biases included, and to the incoming gradients. The backward op's ``saved_outputs`` (the
+    forward's outputs it reads, e.g. y, gates, cells) get none: ``first_order`` does not read
+    them, the reference recomputes them from the inputs (their gradient would be zeros, sent
+    through the forward's history for nothing). torch.func keeps the formula's own derivatives apart
+    from the inputs' histories, and autograd records them where the outer call does
+    (create_graph), so higher orders go through the reference as well.
+
+    Direct calls of the backward op and torch.compile get torch.library's formula for it, which
+    raises (AOTAutograd does not differentiate a backward either): without one, autograd would
+    treat the op's outputs as constants and a second backward would return wrong gradients,
+    silently."""
     op = getattr(torch.ops.seqkernels, backward_op.split("::")[1]).default
     label = _label(op)
 
-    def _not_differentiable(ctx, *grads):
-        raise NotImplementedError(f"{label}: double backward (differentiating the gradient) is not supported")
+    def not_differentiable(ctx, *grads):
+        raise NotImplementedError(
+            f"{label}: double backward through a direct call of the backward op (or under torch.compile) "
+            "is not supported"
+        )
 
-    def _setup_context(ctx, inputs, output):
-        pass
+    torch.library.register_autograd(backward_op, not_differentiable, setup_context=lambda ctx, inputs, output: None)
+    names = [a.name for a in op._schema.arguments]
+    skipped = {names.index(name) for name in saved_outputs}
 
-    torch.library.register_autograd(backward_op, _not_differentiable, setup_context=_setup_context)
-    _EAGER_FUNCTIONS[op] = _op_function(op, label, _not_differentiable, _setup_context)
+    def forward(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args[: len(names)])
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*(a if isinstance(a, Tensor) else None for a in inputs))
+        ctx.constants = tuple(None if isinstance(a, Tensor) else a for a in inputs)
+
+    def backward(ctx, *grads):
+        inputs = [c if t is None else t for t, c in zip(ctx.saved_tensors, ctx.constants)]
+        wanted = [i for i, needed in enumerate(ctx.needs_input_grad) if needed and i not in skipped]
+        present = [k for k, g in enumerate(grads) if g is not None]
+        result: list = [None] * len(inputs)
+        if not wanted or not present:
+            return tuple(result)
+
+        def gradients(*values):  # the present first-order gradients as a function of the wanted inputs
+            args = list(inputs)
+            for i, v in zip(wanted, values):
+                args[i] = v
+            firsts = first_order(*args)
+            return tuple(firsts[k] for k in present)
+
+        _, vjp = torch.func.vjp(gradients, *(inputs[i] for i in wanted))
+        for i, g in zip(wanted, vjp(tuple(grads[k] for k in present))):
+            result[i] = g
+        return tuple(result)
+
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(f"{label}: forward-mode AD (torch.func.jvp, forward_ad) is not supported")
+
+    _EAGER_FUNCTIONS[op] = type(
+        f"{op.name().replace('::', '_')}_function",
+        (torch.autograd.Function,),
+        {
+            "forward": staticmethod(forward),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward),
+            "jvp": staticmethod(jvp),
+            "generate_vmap_rule": True,
+        },
+    )

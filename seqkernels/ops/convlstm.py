@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..reference.convlstm import convlstm_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, forbid_double_backward, mark_saved_outputs, records_grad,
+    call_backward_op, call_op, check_same_device, differentiate_by_reference, mark_saved_outputs, records_grad,
     register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
@@ -194,8 +195,10 @@ def _setup_context(ctx, inputs, output):
     ctx.inference_only = False
     ctx.has_bias = args["bias"] is not None
     ctx.has_peephole = args["peephole"] is not None
+    # The bias only for a double backward (differentiate_by_reference): the backward op does
+    # not read it.
     ctx.save_for_backward(
-        args["x"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["peephole"], y, gates, cells
+        args["x"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["peephole"], y, gates, cells, args["bias"]
     )
     mark_saved_outputs(ctx, gates, cells)
 
@@ -205,13 +208,14 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
         raise RuntimeError(
             "seqkernels.convlstm: convlstm_forward ran with training=False and saved nothing for backward"
         )
-    x, h0, c0, w_ih, w_hh, peephole, y, gates, cells = ctx.saved_tensors
+    x, h0, c0, w_ih, w_hh, peephole, y, gates, cells, bias = ctx.saved_tensors
     dx, dh0, dc0, dw_ih, dw_hh, dbias, dpeephole = call_backward_op(
         _backward,
         # The gradients as autograd hands them over, expanded (stride 0) ones too: the kernels read
         # them one step at a time in their own strides, so a sum's gradient is never made dense.
         grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, peephole, y, gates, cells,
         ctx.has_bias,
+        extra=(bias,),
     )
     # One gradient per convlstm_forward argument, in schema order.
     grads = {
@@ -225,4 +229,30 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
 register_autograd(_forward, _convlstm_backward, _setup_context)
 
 
-forbid_double_backward("seqkernels::convlstm_backward")
+def _convlstm_first_order(grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, peephole, y, gates, cells, has_bias,
+                          bias):
+    """convlstm_backward's outputs from the reference (differentiate_by_reference): y, gates and
+    cells are not read, the reference recomputes them. A missing incoming gradient is zero."""
+    primals = {"x": x, "h0": h0, "c0": c0, "w_ih": w_ih, "w_hh": w_hh, "bias": bias, "peephole": peephole}
+    names = [k for k, v in primals.items() if v is not None]  # torch.func.vjp takes tensors only
+
+    def layer(*values):
+        p = {**primals, **dict(zip(names, values))}
+        peepholes = tuple(p["peephole"].unbind(0)) if p["peephole"] is not None else None
+        y_ref, (h_ref, c_ref) = convlstm_reference(
+            p["x"], p["h0"], p["c0"], p["w_ih"], p["w_hh"], p["bias"], None, peepholes
+        )
+        return y_ref, h_ref, c_ref
+
+    outputs, vjp = torch.func.vjp(layer, *(primals[k] for k in names))
+    cotangents = tuple(torch.zeros_like(o) if g is None else g for o, g in zip(outputs, (grad_y, grad_h_n, grad_c_n)))
+    grads = dict(zip(names, vjp(cotangents)))
+    # In the op's output order, with its empty outputs where there is no bias or peephole.
+    return (grads["x"], grads["h0"], grads["c0"], grads["w_ih"], grads["w_hh"],
+            grads["bias"] if has_bias else w_hh.new_empty(0),
+            grads["peephole"] if peephole is not None else x.new_empty(0))
+
+
+differentiate_by_reference(
+    "seqkernels::convlstm_backward", _convlstm_first_order, ("y", "gates", "cells")
+)

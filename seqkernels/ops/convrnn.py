@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..reference.convrnn import convrnn_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, forbid_double_backward, records_grad, register_autograd,
+    call_backward_op, call_op, check_same_device, differentiate_by_reference, records_grad, register_autograd,
     vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
@@ -167,11 +168,13 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = args["bias"] is not None
     ctx.padding_mode = args["padding_mode"]
     ctx.nonlinearity = args["nonlinearity"]
-    ctx.save_for_backward(args["weight"], args["h0"], y)
+    # x and the bias only for a double backward (differentiate_by_reference): the backward op
+    # does not read them.
+    ctx.save_for_backward(args["weight"], args["h0"], y, args["x"], args["bias"])
 
 
 def _convrnn_backward(ctx, grad_y, grad_h_T):
-    weight, h0, y = ctx.saved_tensors
+    weight, h0, y, x, bias = ctx.saved_tensors
     # The op reads gradients of any layout (the expanded ones of a sum without a copy).
     dx, dw, db, dh0 = call_backward_op(
         _backward,
@@ -183,6 +186,7 @@ def _convrnn_backward(ctx, grad_y, grad_h_T):
         ctx.padding_mode,
         ctx.nonlinearity,
         ctx.has_bias,
+        extra=(x, bias),
     )
     # One gradient per convrnn_forward argument, in schema order.
     grads = {
@@ -195,4 +199,21 @@ def _convrnn_backward(ctx, grad_y, grad_h_T):
 register_autograd(_forward, _convrnn_backward, _setup_context)
 
 
-forbid_double_backward("seqkernels::convrnn_backward")
+def _convrnn_first_order(grad_y, grad_h_T, weight, h0, y, padding_mode, nonlinearity, has_bias, x, bias):
+    """convrnn_backward's outputs from the reference (differentiate_by_reference): y is not
+    read, the reference recomputes it."""
+    mode = next(k for k, v in PADDING_MODES.items() if v == padding_mode)
+    act = next(k for k, v in NONLINEARITIES.items() if v == nonlinearity)
+    primals = {"x": x, "weight": weight, "h0": h0, "bias": bias}
+    names = [k for k, v in primals.items() if v is not None]  # torch.func.vjp takes tensors only
+
+    def layer(*values):
+        return convrnn_reference(padding_mode=mode, nonlinearity=act, **{**primals, **dict(zip(names, values))})
+
+    _, vjp = torch.func.vjp(layer, *(primals[k] for k in names))
+    grads = dict(zip(names, vjp((grad_y, grad_h_T))))
+    # In the op's output order, with its empty bias gradient where there is no bias.
+    return grads["x"], grads["weight"], grads["bias"] if has_bias else weight.new_empty(0), grads["h0"]
+
+
+differentiate_by_reference("seqkernels::convrnn_backward", _convrnn_first_order, ("y",))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..reference.lstm import lstm_layer_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, dense_grad, forbid_double_backward, mark_saved_outputs,
+    call_backward_op, call_op, check_same_device, dense_grad, differentiate_by_reference, mark_saved_outputs,
     records_grad, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
@@ -113,15 +114,17 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = args["b_ih"] is not None
     ctx.has_proj = args["w_hr"] is not None
     ctx.reverse = args["reverse"]
+    # The biases only for a double backward (differentiate_by_reference): the backward op
+    # does not read them.
     ctx.save_for_backward(
         args["x"], args["batch_sizes"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["w_hr"],
-        y, gates, cells,
+        y, gates, cells, args["b_ih"], args["b_hh"],
     )
     mark_saved_outputs(ctx, gates, cells)
 
 
 def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
-    x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells = ctx.saved_tensors
+    x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, b_ih, b_hh = ctx.saved_tensors
     dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr = call_backward_op(
         _backward,
         dense_grad(grad_y, y),
@@ -130,6 +133,7 @@ def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
         x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells,
         ctx.reverse,
         ctx.has_bias,
+        extra=(b_ih, b_hh),
     )
     db = dbias if ctx.has_bias else None
     # One gradient per lstm_forward argument, in schema order.
@@ -143,4 +147,21 @@ def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
 register_autograd(_forward, _lstm_backward, _setup_context)
 
 
-forbid_double_backward("seqkernels::lstm_backward")
+def _lstm_first_order(grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse,
+                      has_bias, b_ih, b_hh):
+    """lstm_backward's outputs from the reference (differentiate_by_reference): y, gates and
+    cells are not read, the reference recomputes them."""
+    primals = {"x": x, "h0": h0, "c0": c0, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh, "w_hr": w_hr}
+    names = [k for k, v in primals.items() if v is not None]  # torch.func.vjp takes tensors only
+
+    def layer(*values):
+        return lstm_layer_reference(batch_sizes=batch_sizes, reverse=reverse, **{**primals, **dict(zip(names, values))})
+
+    _, vjp = torch.func.vjp(layer, *(primals[k] for k in names))
+    grads = dict(zip(names, vjp((grad_y, grad_h_n, grad_c_n))))
+    # In the op's output order, with its empty outputs where there is no bias or projection.
+    return (grads["x"], grads["h0"], grads["c0"], grads["w_ih"], grads["w_hh"],
+            grads["b_ih"] if has_bias else w_ih.new_empty(0), grads["w_hr"] if w_hr is not None else w_ih.new_empty(0, 0))
+
+
+differentiate_by_reference("seqkernels::lstm_backward", _lstm_first_order, ("y", "gates", "cells"))
