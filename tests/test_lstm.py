@@ -1132,6 +1132,31 @@ def test_torch_compile_fullgraph(device, backend, with_state, model_kind):
         assert_close(a, e, torch.float32, f"compiled result {i}")
 
 
+@pytest.mark.parametrize("model_kind", ["tagger", "one-layer"])
+def test_torch_export_and_jit_trace(device, model_kind):
+    """torch.export (static shapes, and batch and time as dynamic dimensions, run at other
+    sizes) and torch.jit.trace of a model holding seqkernels.LSTM, against the eager model."""
+    torch.manual_seed(16)
+    model = (_Tagger() if model_kind == "tagger" else _OneLayer()).to(device).eval()
+    x = torch.randn(3, 7, 5, device=device)
+    with torch.no_grad():
+        eager = model(x)
+        exported = torch.export.export(model, (x,))
+        for i, (a, e) in enumerate(zip(exported.module()(x), eager)):
+            assert_close(a, e, torch.float32, f"exported result {i}")
+        dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("steps", max=512)}
+        dynamic = torch.export.export(model, (x,), dynamic_shapes=(dims,))
+        for shape in ((2, 4, 5), (5, 11, 5)):
+            other = torch.randn(*shape, device=device)
+            for i, (a, e) in enumerate(zip(dynamic.module()(other), model(other))):
+                assert_close(a, e, torch.float32, f"dynamic export {shape} result {i}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's warnings, and torch 2.13's deprecation of jit.trace
+            traced = torch.jit.trace(model, (x,))
+        for i, (a, e) in enumerate(zip(traced(x), eager)):
+            assert_close(a, e, torch.float32, f"traced result {i}")
+
+
 # --------------------------------------------------------------------------------------
 # LSTMCell
 # --------------------------------------------------------------------------------------
