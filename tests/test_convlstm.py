@@ -676,7 +676,9 @@ def test_double_backward_matches_reference(device, bias, peephole):
     for k, (g_order, e_order) in enumerate(zip(got, expected), start=1):
         for name, g, e in zip(names, g_order, e_order):
             assert_close(g, e, torch.float64, f"order {k} d/d{name}")
-    assert torch.autograd.gradgradcheck(loss_of(convlstm), tuple(leaves))
+    # On a GPU the reference's F.conv2d backward (cuDNN) sums in an order that varies run to run,
+    # so the second order repeats to rounding, not bit for bit.
+    assert torch.autograd.gradgradcheck(loss_of(convlstm), tuple(leaves), nondet_tol=1e-10 if device != "cpu" else 0.0)
 
 
 # --------------------------------------------------------------------------------------
