@@ -1547,6 +1547,40 @@ def test_third_order_and_gradgradcheck(device):
     assert torch.autograd.gradgradcheck(loss_of(ours), tuple(leaves))
 
 
+@given(
+    sizes=batch_sizes_lists(max_steps=6, max_batch=4),
+    input_size=st.integers(1, 4),
+    hidden=st.integers(1, 5),
+    use_proj=st.booleans(),
+    bias=st.booleans(),
+    reverse=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_lstm_layer_double_backward_matches_reference(device, sizes, input_size, hidden, use_proj, bias, reverse,
+                                                      seed):
+    """The op's second-order gradients (packed variable batch sizes, both directions, proj,
+    bias) with respect to x, h0, c0 and every weight, against the float64 reference."""
+    torch.manual_seed(seed)
+    proj = max(1, hidden // 2) if use_proj and hidden > 1 else 0
+    inputs, params = layer_tensors(sizes, input_size, hidden, proj, bias, torch.float64, device)
+    batch_sizes = torch.tensor(sizes, dtype=torch.int64)
+    note(f"batch_sizes={sizes} I={input_size} H={hidden} P={proj} bias={bias} reverse={reverse}")
+    names = [*inputs, *params]
+    leaves = [t.requires_grad_(True) for t in (*inputs.values(), *params.values())]
+
+    def loss_of(layer):
+        def loss(*values):
+            v = dict(zip(names, values))
+            weights = {k: v[k] for k in params}
+            y, h, c = layer(v["x"], batch_sizes, v["h0"], v["c0"], reverse=reverse, **weights)
+            return y.sin().sum() + (h * v["h0"]).sum() + c.square().sum()
+
+        return loss
+
+    assert_orders_close(gradients_of_gradients(loss_of(lstm_layer), leaves),
+                        gradients_of_gradients(loss_of(lstm_layer_reference), leaves), names)
+
+
 def test_direct_backward_op_call_is_not_differentiable(device):
     """The backward op called directly (not through the forward's autograd formula) has no
     second-order formula: differentiating it raises, never returns zeros."""
