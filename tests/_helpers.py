@@ -128,3 +128,13 @@ def gradients_of_gradients(loss, leaves: list, order: int = 2) -> list[tuple]:
         inner = sum((g * w).sin().sum() for g, w in zip(orders[-1], weights))
         orders.append(torch.autograd.grad(inner, leaves, create_graph=k + 1 < order, allow_unused=True))
     return orders
+
+
+def assert_orders_close(got: list[tuple], expected: list[tuple], names: list[str], assert_close) -> None:
+    """gradients_of_gradients' results against a reference's, order by order and leaf by leaf,
+    with the test file's assert_close(actual, expected, dtype, name) in float64."""
+    for k, (g_order, e_order) in enumerate(zip(got, expected), start=1):
+        for name, g, e in zip(names, g_order, e_order):
+            assert (g is None) == (e is None), f"order {k}, {name}: {g is None} against {e is None}"
+            if g is not None:
+                assert_close(g, e, torch.float64, f"order {k} d/d{name}")

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pack_sequence
 
-from _helpers import cpu_has_amx, gradients_of_gradients, max_abs
+from _helpers import assert_orders_close, cpu_has_amx, gradients_of_gradients, max_abs
 
 import seqkernels
 from seqkernels import LSTM, LSTMCell, lstm_layer, replace_lstm
@@ -1407,14 +1407,6 @@ def test_autocast_runs_in_the_autocast_dtype(device, packed):
 # Gradients of gradients (create_graph=True): the first order from the kernels, its own
 # derivatives through the reference (differentiate_by_reference in seqkernels/ops/_autograd.py)
 # --------------------------------------------------------------------------------------
-def assert_orders_close(got: list[tuple], expected: list[tuple], names: list[str]) -> None:
-    for k, (g_order, e_order) in enumerate(zip(got, expected), start=1):
-        for name, g, e in zip(names, g_order, e_order):
-            assert (g is None) == (e is None), f"order {k}, {name}: {g is None} against {e is None}"
-            if g is not None:
-                assert_close(g, e, torch.float64, f"order {k} d/d{name}")
-
-
 DOUBLE_BACKWARD_CASES = {
     "plain": dict(),
     "proj": dict(proj_size=2),
@@ -1456,7 +1448,7 @@ def test_double_backward_matches_reference(device, case):
                               batch_first=module.batch_first, has_biases=module.bias, proj_size=module.proj_size)
 
     got = gradients_of_gradients(loss_of(ours), leaves)
-    assert_orders_close(got, gradients_of_gradients(loss_of(reference), leaves), names)
+    assert_orders_close(got, gradients_of_gradients(loss_of(reference), leaves), names, assert_close)
     if device == "cpu":
         peer = nn.LSTM(3, 4, dtype=torch.float64, **flags)
         peer.load_state_dict(module.state_dict())
@@ -1465,7 +1457,7 @@ def test_double_backward_matches_reference(device, case):
             return torch.func.functional_call(peer, dict(zip(peer._flat_weights_names, params)), (x, (h0, c0)))
 
         peer_leaves = leaves[:3] + [getattr(peer, n) for n in peer._flat_weights_names]
-        assert_orders_close(got, gradients_of_gradients(loss_of(nn_lstm), peer_leaves), names)
+        assert_orders_close(got, gradients_of_gradients(loss_of(nn_lstm), peer_leaves), names, assert_close)
 
 
 def test_double_backward_packed_and_cell(device):
@@ -1494,7 +1486,7 @@ def test_double_backward_packed_and_cell(device):
     names = ["x0", "x1", "x2", *module._flat_weights_names]
     leaves = seqs + params
     assert_orders_close(gradients_of_gradients(packed_loss(ours), leaves),
-                        gradients_of_gradients(packed_loss(reference), leaves), names)
+                        gradients_of_gradients(packed_loss(reference), leaves), names, assert_close)
 
     cell = LSTMCell(3, 4, dtype=torch.float64, device=device)
     x = torch.randn(2, 3, dtype=torch.float64, device=device, requires_grad=True)
@@ -1519,7 +1511,7 @@ def test_double_backward_packed_and_cell(device):
     cell_leaves = [x, h, c, *cell_params]
     assert_orders_close(gradients_of_gradients(cell_loss(cell_ours), cell_leaves),
                         gradients_of_gradients(cell_loss(cell_reference), cell_leaves),
-                        ["x", "h", "c", "weight_ih", "weight_hh", "bias_ih", "bias_hh"])
+                        ["x", "h", "c", "weight_ih", "weight_hh", "bias_ih", "bias_hh"], assert_close)
 
 
 def test_third_order_and_gradgradcheck(device):
@@ -1543,7 +1535,7 @@ def test_third_order_and_gradgradcheck(device):
     leaves = [x, *params]
     names = ["x", *module._flat_weights_names]
     assert_orders_close(gradients_of_gradients(loss_of(ours), leaves, order=3),
-                        gradients_of_gradients(loss_of(reference), leaves, order=3), names)
+                        gradients_of_gradients(loss_of(reference), leaves, order=3), names, assert_close)
     assert torch.autograd.gradgradcheck(loss_of(ours), tuple(leaves))
 
 
@@ -1578,7 +1570,7 @@ def test_lstm_layer_double_backward_matches_reference(device, sizes, input_size,
         return loss
 
     assert_orders_close(gradients_of_gradients(loss_of(lstm_layer), leaves),
-                        gradients_of_gradients(loss_of(lstm_layer_reference), leaves), names)
+                        gradients_of_gradients(loss_of(lstm_layer_reference), leaves), names, assert_close)
 
 
 def test_direct_backward_op_call_is_not_differentiable(device):

@@ -30,12 +30,18 @@ def _op_function(op, label: str, backward, setup_context) -> type:
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args)
 
+    return _function_type(op, label, forward, setup_context, backward)
+
+
+def _function_type(op, label: str, forward, setup_context, backward) -> type:
+    """The ``autograd.Function`` class of ``op`` with these three methods, ``jvp`` raising
+    and a generated vmap rule (``_op_function``)."""
+
     def jvp(ctx, *tangents):
         raise NotImplementedError(f"{label}: forward-mode AD (torch.func.jvp, forward_ad) is not supported")
 
-    name = op.name().replace("::", "_")
     return type(
-        f"{name}_function",
+        f"{op.name().replace('::', '_')}_function",
         (torch.autograd.Function,),
         {
             "forward": staticmethod(forward),
@@ -227,17 +233,4 @@ def differentiate_by_reference(backward_op: str, first_order, saved_outputs: tup
             result[i] = g
         return tuple(result)
 
-    def jvp(ctx, *tangents):
-        raise NotImplementedError(f"{label}: forward-mode AD (torch.func.jvp, forward_ad) is not supported")
-
-    _EAGER_FUNCTIONS[op] = type(
-        f"{op.name().replace('::', '_')}_function",
-        (torch.autograd.Function,),
-        {
-            "forward": staticmethod(forward),
-            "setup_context": staticmethod(setup_context),
-            "backward": staticmethod(backward),
-            "jvp": staticmethod(jvp),
-            "generate_vmap_rule": True,
-        },
-    )
+    _EAGER_FUNCTIONS[op] = _function_type(op, label, forward, setup_context, backward)
