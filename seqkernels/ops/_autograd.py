@@ -104,9 +104,10 @@ def call_op(op, recording: bool, *args):
 def call_backward_op(op, *args, extra: tuple = ()):
     """A ``<cell>_backward`` op called from an autograd formula: below autograd, unless a
     double backward is being recorded (create_graph=True and an argument requires grad, or a
-    torch.func transform), where its Function records it (``differentiate_by_reference``). ``extra``: what that Function's formula needs
-    beyond the op's arguments (the op does not take them). Going below autograd skips the
-    Function's Python wrapper, a sizeable share of a small training call's host time."""
+    torch.func transform), where its Function records it (``differentiate_by_reference``).
+    ``extra``: what that Function's formula needs beyond the op's arguments (the op does not
+    take them). Going below autograd skips the Function's Python wrapper, a sizeable share of
+    a small training call's host time."""
     if not torch.compiler.is_compiling() and (records_grad(*args, *extra) or _transformed()):
         return _EAGER_FUNCTIONS[op].apply(*args, *extra)
     return call_op(op, False, *args)
@@ -168,6 +169,20 @@ def mark_saved_outputs(ctx, *saved: Tensor) -> None:
     ctx.set_materialize_grads(False)
 
 
+def reference_vjp(reference, primals: dict, cotangents) -> dict:
+    """The vector-Jacobian product of ``reference(**primals)`` with ``cotangents`` (the shape of
+    its outputs), by torch.func.vjp: name -> the gradient of each primal that is a tensor (None
+    entries are passed as they are: torch.func.vjp takes tensors only). A ``first_order`` of
+    ``differentiate_by_reference`` in one call."""
+    names = [k for k, v in primals.items() if v is not None]
+
+    def call(*values):
+        return reference(**{**primals, **dict(zip(names, values))})
+
+    _, vjp = torch.func.vjp(call, *(primals[k] for k in names))
+    return dict(zip(names, vjp(cotangents)))
+
+
 def differentiate_by_reference(backward_op: str, first_order, saved_outputs: tuple[str, ...]) -> None:
     """Double backward (gradients of gradients: create_graph=True, torch.func.grad of
     torch.func.grad, Hessian-vector products) of ``backward_op`` ("seqkernels::<cell>_backward")
@@ -178,14 +193,14 @@ def differentiate_by_reference(backward_op: str, first_order, saved_outputs: tup
     ``first_order(*args, *extra)`` takes the backward op's arguments and the ``extra`` inputs
     that ``call_backward_op`` passes (tensors the op does not take, such as the biases) and
     returns the op's outputs from the reference, as a differentiable function of them (written
-    with ``torch.func.vjp``, which works inside torch.func transforms too; an empty tensor where
-    the op returns one). This Function's formula is the vector-Jacobian product of that
+    with ``reference_vjp``, torch.func.vjp, which works inside torch.func transforms too; an
+    empty tensor where the op returns one). This Function's formula is the vector-Jacobian product of that
     function: the derivatives of the gradients with respect to every input of the forward,
     biases included, and to the incoming gradients. The backward op's ``saved_outputs`` (the
     forward's outputs it reads, e.g. y, gates, cells) get none: ``first_order`` does not read
     them, the reference recomputes them from the inputs (their gradient would be zeros, sent
-    through the forward's history for nothing). torch.func keeps the formula's own derivatives apart
-    from the inputs' histories, and autograd records them where the outer call does
+    through the forward's history for nothing). torch.func keeps the formula's own derivatives
+    apart from the inputs' histories, and autograd records them where the outer call does
     (create_graph), so higher orders go through the reference as well.
 
     Direct calls of the backward op and torch.compile get torch.library's formula for it, which

@@ -14,7 +14,7 @@ from torch import Tensor
 from ..reference.convlstm import convlstm_reference
 from ._autograd import (
     call_backward_op, call_op, check_same_device, differentiate_by_reference, mark_saved_outputs, records_grad,
-    register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
+    reference_vjp, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 __all__ = ["convlstm", "release_step_graphs"]
@@ -229,30 +229,27 @@ def _convlstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells
 register_autograd(_forward, _convlstm_backward, _setup_context)
 
 
+def _convlstm_layer_reference(x, h0, c0, w_ih, w_hh, bias, peephole):
+    """convlstm_reference with the op's arguments (one bias, peephole [3, C, H, W]), returning
+    the op's (y, h_n, c_n)."""
+    peepholes = tuple(peephole.unbind(0)) if peephole is not None else None
+    y, (h_n, c_n) = convlstm_reference(x, h0, c0, w_ih, w_hh, bias, None, peepholes)
+    return y, h_n, c_n
+
+
 def _convlstm_first_order(grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, peephole, y, gates, cells, has_bias,
                           bias):
-    """convlstm_backward's outputs from the reference (differentiate_by_reference): y, gates and
-    cells are not read, the reference recomputes them. A missing incoming gradient is zero."""
+    """convlstm_backward's outputs from the reference (differentiate_by_reference): the
+    reference recomputes y, gates and cells (y is read for its shape alone: a missing incoming
+    gradient is zero)."""
     primals = {"x": x, "h0": h0, "c0": c0, "w_ih": w_ih, "w_hh": w_hh, "bias": bias, "peephole": peephole}
-    names = [k for k, v in primals.items() if v is not None]  # torch.func.vjp takes tensors only
-
-    def layer(*values):
-        p = {**primals, **dict(zip(names, values))}
-        peepholes = tuple(p["peephole"].unbind(0)) if p["peephole"] is not None else None
-        y_ref, (h_ref, c_ref) = convlstm_reference(
-            p["x"], p["h0"], p["c0"], p["w_ih"], p["w_hh"], p["bias"], None, peepholes
-        )
-        return y_ref, h_ref, c_ref
-
-    outputs, vjp = torch.func.vjp(layer, *(primals[k] for k in names))
-    cotangents = tuple(torch.zeros_like(o) if g is None else g for o, g in zip(outputs, (grad_y, grad_h_n, grad_c_n)))
-    grads = dict(zip(names, vjp(cotangents)))
+    cotangents = tuple(torch.zeros_like(like) if g is None else g
+                       for g, like in ((grad_y, y), (grad_h_n, h0), (grad_c_n, c0)))
+    grads = reference_vjp(_convlstm_layer_reference, primals, cotangents)
     # In the op's output order, with its empty outputs where there is no bias or peephole.
     return (grads["x"], grads["h0"], grads["c0"], grads["w_ih"], grads["w_hh"],
             grads["bias"] if has_bias else w_hh.new_empty(0),
             grads["peephole"] if peephole is not None else x.new_empty(0))
 
 
-differentiate_by_reference(
-    "seqkernels::convlstm_backward", _convlstm_first_order, ("y", "gates", "cells")
-)
+differentiate_by_reference("seqkernels::convlstm_backward", _convlstm_first_order, ("y", "gates", "cells"))

@@ -8,13 +8,15 @@ in seqkernels/reference/convrnn.py.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from ..reference.convrnn import convrnn_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, differentiate_by_reference, records_grad, register_autograd,
-    vmap_fold, vmap_per_sample, vmap_unfold,
+    call_backward_op, call_op, check_same_device, differentiate_by_reference, records_grad, reference_vjp,
+    register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
@@ -204,14 +206,8 @@ def _convrnn_first_order(grad_y, grad_h_T, weight, h0, y, padding_mode, nonlinea
     read, the reference recomputes it."""
     mode = next(k for k, v in PADDING_MODES.items() if v == padding_mode)
     act = next(k for k, v in NONLINEARITIES.items() if v == nonlinearity)
-    primals = {"x": x, "weight": weight, "h0": h0, "bias": bias}
-    names = [k for k, v in primals.items() if v is not None]  # torch.func.vjp takes tensors only
-
-    def layer(*values):
-        return convrnn_reference(padding_mode=mode, nonlinearity=act, **{**primals, **dict(zip(names, values))})
-
-    _, vjp = torch.func.vjp(layer, *(primals[k] for k in names))
-    grads = dict(zip(names, vjp((grad_y, grad_h_T))))
+    layer = functools.partial(convrnn_reference, padding_mode=mode, nonlinearity=act)
+    grads = reference_vjp(layer, {"x": x, "weight": weight, "h0": h0, "bias": bias}, (grad_y, grad_h_T))
     # In the op's output order, with its empty bias gradient where there is no bias.
     return grads["x"], grads["weight"], grads["bias"] if has_bias else weight.new_empty(0), grads["h0"]
 

@@ -7,13 +7,15 @@ csrc/registration.cpp.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from ..reference.lstm import lstm_layer_reference
 from ._autograd import (
     call_backward_op, call_op, check_same_device, dense_grad, differentiate_by_reference, mark_saved_outputs,
-    records_grad, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
+    records_grad, reference_vjp, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 _forward = torch.ops.seqkernels.lstm_forward.default
@@ -152,16 +154,12 @@ def _lstm_first_order(grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, 
     """lstm_backward's outputs from the reference (differentiate_by_reference): y, gates and
     cells are not read, the reference recomputes them."""
     primals = {"x": x, "h0": h0, "c0": c0, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh, "w_hr": w_hr}
-    names = [k for k, v in primals.items() if v is not None]  # torch.func.vjp takes tensors only
-
-    def layer(*values):
-        return lstm_layer_reference(batch_sizes=batch_sizes, reverse=reverse, **{**primals, **dict(zip(names, values))})
-
-    _, vjp = torch.func.vjp(layer, *(primals[k] for k in names))
-    grads = dict(zip(names, vjp((grad_y, grad_h_n, grad_c_n))))
+    layer = functools.partial(lstm_layer_reference, batch_sizes=batch_sizes, reverse=reverse)
+    grads = reference_vjp(layer, primals, (grad_y, grad_h_n, grad_c_n))
     # In the op's output order, with its empty outputs where there is no bias or projection.
     return (grads["x"], grads["h0"], grads["c0"], grads["w_ih"], grads["w_hh"],
-            grads["b_ih"] if has_bias else w_ih.new_empty(0), grads["w_hr"] if w_hr is not None else w_ih.new_empty(0, 0))
+            grads["b_ih"] if has_bias else w_ih.new_empty(0),
+            grads["w_hr"] if w_hr is not None else w_ih.new_empty(0, 0))
 
 
 differentiate_by_reference("seqkernels::lstm_backward", _lstm_first_order, ("y", "gates", "cells"))
