@@ -1405,7 +1405,7 @@ def test_autocast_runs_in_the_autocast_dtype(device, packed):
 
 # --------------------------------------------------------------------------------------
 # Gradients of gradients (create_graph=True): the first order from the kernels, its own
-# derivatives through the reference (differentiate_by_reference in seqkernels/ops/_autograd.py)
+# derivatives through the reference (register_double_backward in seqkernels/ops/_autograd.py)
 # --------------------------------------------------------------------------------------
 DOUBLE_BACKWARD_CASES = {
     "plain": dict(),

@@ -13,7 +13,7 @@ def records_grad(*args) -> bool:
 
 
 # op -> the autograd.Function that eager calls of the functionals record (register_autograd,
-# differentiate_by_reference).
+# register_double_backward).
 _EAGER_FUNCTIONS: dict = {}
 
 
@@ -104,7 +104,7 @@ def call_op(op, recording: bool, *args):
 def call_backward_op(op, *args, extra: tuple = ()):
     """A ``<cell>_backward`` op called from an autograd formula: below autograd, unless a
     double backward is being recorded (create_graph=True and an argument requires grad, or a
-    torch.func transform), where its Function records it (``differentiate_by_reference``).
+    torch.func transform), where its Function records it (``register_double_backward``).
     ``extra``: what that Function's formula needs beyond the op's arguments (the op does not
     take them). Going below autograd skips the Function's Python wrapper, a sizeable share of
     a small training call's host time."""
@@ -173,7 +173,7 @@ def reference_vjp(reference, primals: dict, cotangents) -> dict:
     """The vector-Jacobian product of ``reference(**primals)`` with ``cotangents`` (the shape of
     its outputs), by torch.func.vjp: name -> the gradient of each primal that is a tensor (None
     entries are passed as they are: torch.func.vjp takes tensors only). A ``first_order`` of
-    ``differentiate_by_reference`` in one call."""
+    ``register_double_backward`` in one call."""
     names = [k for k, v in primals.items() if v is not None]
 
     def call(*values):
@@ -183,25 +183,28 @@ def reference_vjp(reference, primals: dict, cotangents) -> dict:
     return dict(zip(names, vjp(cotangents)))
 
 
-def differentiate_by_reference(backward_op: str, first_order, saved_outputs: tuple[str, ...]) -> None:
+def register_double_backward(backward_op: str, first_order, saved_outputs: tuple[str, ...]) -> None:
     """Double backward (gradients of gradients: create_graph=True, torch.func.grad of
-    torch.func.grad, Hessian-vector products) of ``backward_op`` ("seqkernels::<cell>_backward")
-    through the cell's pure-PyTorch reference, as nn.LSTM gives it on the CPU: the first-order
-    gradients keep coming from the native backward op; only their own derivatives are computed
-    from the reference, at the reference's speed.
+    torch.func.grad, Hessian-vector products) of ``backward_op`` ("seqkernels::<cell>_backward"),
+    as nn.LSTM gives it on the CPU: the first-order gradients keep coming from the native
+    backward op; only their own derivatives are computed, in PyTorch ops, at a Python loop's
+    speed.
 
     ``first_order(*args, *extra)`` takes the backward op's arguments and the ``extra`` inputs
     that ``call_backward_op`` passes (tensors the op does not take, such as the biases) and
-    returns the op's outputs from the reference, as a differentiable function of them (written
-    with ``reference_vjp``, torch.func.vjp, which works inside torch.func transforms too; an
-    empty tensor where the op returns one). This Function's formula is the vector-Jacobian product of that
-    function: the derivatives of the gradients with respect to every input of the forward,
-    biases included, and to the incoming gradients. The backward op's ``saved_outputs`` (the
-    forward's outputs it reads, e.g. y, gates, cells) get none: ``first_order`` does not read
-    them, the reference recomputes them from the inputs (their gradient would be zeros, sent
-    through the forward's history for nothing). torch.func keeps the formula's own derivatives
-    apart from the inputs' histories, and autograd records them where the outer call does
-    (create_graph), so higher orders go through the reference as well.
+    returns the op's outputs in PyTorch ops, as a differentiable function of them (an empty
+    tensor where the op returns one; torch.func.vjp inside works within torch.func transforms
+    too): either the pure-PyTorch reference's forward, recomputed from the inputs and
+    differentiated (``reference_vjp``), or the backward recurrence itself from the saved
+    outputs. This Function's formula is the vector-Jacobian product of that function: the
+    derivatives of the gradients with respect to each input it reads, and to the incoming
+    gradients; autograd carries them on through the inputs' histories (a saved output's
+    through the forward's own backward). The backward op's ``saved_outputs`` that
+    ``first_order`` does not read because the reference recomputes them (e.g. the LSTM's y,
+    gates, cells) get none: their gradient would be zeros, sent through the forward's history
+    for nothing. torch.func keeps the formula's own derivatives apart from the inputs'
+    histories, and autograd records them where the outer call does (create_graph), so higher
+    orders go through the same ops.
 
     Direct calls of the backward op and torch.compile get torch.library's formula for it, which
     raises (AOTAutograd does not differentiate a backward either): without one, autograd would

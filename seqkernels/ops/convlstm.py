@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..reference.convlstm import convlstm_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, differentiate_by_reference, mark_saved_outputs, records_grad,
+    call_backward_op, call_op, check_same_device, register_double_backward, mark_saved_outputs, records_grad,
     reference_vjp, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
@@ -195,7 +195,7 @@ def _setup_context(ctx, inputs, output):
     ctx.inference_only = False
     ctx.has_bias = args["bias"] is not None
     ctx.has_peephole = args["peephole"] is not None
-    # The bias only for a double backward (differentiate_by_reference): the backward op does
+    # The bias only for a double backward (register_double_backward): the backward op does
     # not read it.
     ctx.save_for_backward(
         args["x"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["peephole"], y, gates, cells, args["bias"]
@@ -239,7 +239,7 @@ def _convlstm_layer_reference(x, h0, c0, w_ih, w_hh, bias, peephole):
 
 def _convlstm_first_order(grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, peephole, y, gates, cells, has_bias,
                           bias):
-    """convlstm_backward's outputs from the reference (differentiate_by_reference): the
+    """convlstm_backward's outputs from the reference (register_double_backward): the
     reference recomputes y, gates and cells (y is read for its shape alone: a missing incoming
     gradient is zero)."""
     primals = {"x": x, "h0": h0, "c0": c0, "w_ih": w_ih, "w_hh": w_hh, "bias": bias, "peephole": peephole}
@@ -252,4 +252,4 @@ def _convlstm_first_order(grad_y, grad_h_n, grad_c_n, x, h0, c0, w_ih, w_hh, pee
             grads["peephole"] if peephole is not None else x.new_empty(0))
 
 
-differentiate_by_reference("seqkernels::convlstm_backward", _convlstm_first_order, ("y", "gates", "cells"))
+register_double_backward("seqkernels::convlstm_backward", _convlstm_first_order, ("y", "gates", "cells"))

@@ -8,15 +8,13 @@ in seqkernels/reference/convrnn.py.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from ..reference.convrnn import convrnn_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, differentiate_by_reference, records_grad, reference_vjp,
-    register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
+    call_backward_op, call_op, check_same_device, register_double_backward, records_grad, register_autograd,
+    vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 __all__ = ["convrnn", "convrnn_forward", "PADDING_MODES", "NONLINEARITIES"]
@@ -170,13 +168,11 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = args["bias"] is not None
     ctx.padding_mode = args["padding_mode"]
     ctx.nonlinearity = args["nonlinearity"]
-    # x and the bias only for a double backward (differentiate_by_reference): the backward op
-    # does not read them.
-    ctx.save_for_backward(args["weight"], args["h0"], y, args["x"], args["bias"])
+    ctx.save_for_backward(args["weight"], args["h0"], y)
 
 
 def _convrnn_backward(ctx, grad_y, grad_h_T):
-    weight, h0, y, x, bias = ctx.saved_tensors
+    weight, h0, y = ctx.saved_tensors
     # The op reads gradients of any layout (the expanded ones of a sum without a copy).
     dx, dw, db, dh0 = call_backward_op(
         _backward,
@@ -188,7 +184,6 @@ def _convrnn_backward(ctx, grad_y, grad_h_T):
         ctx.padding_mode,
         ctx.nonlinearity,
         ctx.has_bias,
-        extra=(x, bias),
     )
     # One gradient per convrnn_forward argument, in schema order.
     grads = {
@@ -201,15 +196,33 @@ def _convrnn_backward(ctx, grad_y, grad_h_T):
 register_autograd(_forward, _convrnn_backward, _setup_context)
 
 
-def _convrnn_first_order(grad_y, grad_h_T, weight, h0, y, padding_mode, nonlinearity, has_bias, x, bias):
-    """convrnn_backward's outputs from the reference (differentiate_by_reference): y is not
-    read, the reference recomputes it."""
-    mode = next(k for k, v in PADDING_MODES.items() if v == padding_mode)
-    act = next(k for k, v in NONLINEARITIES.items() if v == nonlinearity)
-    layer = functools.partial(convrnn_reference, padding_mode=mode, nonlinearity=act)
-    grads = reference_vjp(layer, {"x": x, "weight": weight, "h0": h0, "bias": bias}, (grad_y, grad_h_T))
-    # In the op's output order, with its empty bias gradient where there is no bias.
-    return grads["x"], grads["weight"], grads["bias"] if has_bias else weight.new_empty(0), grads["h0"]
+def _convrnn_first_order(grad_y, grad_h_T, weight, h0, y, padding_mode, nonlinearity, has_bias):
+    """convrnn_backward's outputs as differentiable PyTorch (register_double_backward): the
+    same backward recurrence in plain ops, from y as the op has it, so that no input beyond the
+    op's is kept (x enters the step additively; act'(pre) is a function of y: 1 - y^2 for tanh,
+    y > 0 for relu). The gradients' dependence on x, the bias and the weights through y reaches
+    them through y's own history (the forward's backward)."""
+    K = weight.shape[-1]
+    pad = (K // 2, K - 1 - K // 2)
+    mode = "circular" if padding_mode == PADDING_MODES["circular"] else "constant"
+    tanh = nonlinearity == NONLINEARITIES["tanh"]
+
+    def conv(h, w):
+        return F.conv1d(F.pad(h, pad, mode=mode), w)
+
+    g = grad_h_T  # dL/dh_t from the steps after t
+    grad_w = torch.zeros_like(weight)
+    grad_pre = [None] * y.shape[1]
+    for t in range(y.shape[1] - 1, -1, -1):
+        y_t = y[:, t]
+        pre = (grad_y[:, t] + g) * ((1 - y_t * y_t) if tanh else (y_t > 0).to(y_t.dtype))
+        grad_pre[t] = pre  # = dL/dx_t
+        _, vjp = torch.func.vjp(conv, y[:, t - 1] if t > 0 else h0, weight)
+        g, step_w = vjp(pre)
+        grad_w = grad_w + step_w
+    grad_x = torch.stack(grad_pre, dim=1)
+    grad_bias = grad_x.sum((0, 1, 3)) if has_bias else weight.new_empty(0)
+    return grad_x, grad_w, grad_bias, g
 
 
-differentiate_by_reference("seqkernels::convrnn_backward", _convrnn_first_order, ("y",))
+register_double_backward("seqkernels::convrnn_backward", _convrnn_first_order, ())

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..reference.lstm import lstm_layer_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, dense_grad, differentiate_by_reference, mark_saved_outputs,
+    call_backward_op, call_op, check_same_device, dense_grad, register_double_backward, mark_saved_outputs,
     records_grad, reference_vjp, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
@@ -116,7 +116,7 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = args["b_ih"] is not None
     ctx.has_proj = args["w_hr"] is not None
     ctx.reverse = args["reverse"]
-    # The biases only for a double backward (differentiate_by_reference): the backward op
+    # The biases only for a double backward (register_double_backward): the backward op
     # does not read them.
     ctx.save_for_backward(
         args["x"], args["batch_sizes"], args["h0"], args["c0"], args["w_ih"], args["w_hh"], args["w_hr"],
@@ -151,7 +151,7 @@ register_autograd(_forward, _lstm_backward, _setup_context)
 
 def _lstm_first_order(grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse,
                       has_bias, b_ih, b_hh):
-    """lstm_backward's outputs from the reference (differentiate_by_reference): y, gates and
+    """lstm_backward's outputs from the reference (register_double_backward): y, gates and
     cells are not read, the reference recomputes them."""
     primals = {"x": x, "h0": h0, "c0": c0, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh, "w_hr": w_hr}
     layer = functools.partial(lstm_layer_reference, batch_sizes=batch_sizes, reverse=reverse)
@@ -162,4 +162,4 @@ def _lstm_first_order(grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, 
             grads["w_hr"] if w_hr is not None else w_ih.new_empty(0, 0))
 
 
-differentiate_by_reference("seqkernels::lstm_backward", _lstm_first_order, ("y", "gates", "cells"))
+register_double_backward("seqkernels::lstm_backward", _lstm_first_order, ("y", "gates", "cells"))
