@@ -40,7 +40,10 @@ from _helpers import (
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 1e-5)}  # (rtol, atol per unit magnitude)
-SMALL_TENSOR = 32
+# Tensors below this many elements get the pooled baseline error (compare). 64: a stacked
+# layer's 36-element peephole gradient (C = 4, 3 x 3 frames) measured 2.5 bf16 units off where
+# the bf16 reference happened to be 0.5 off (the thorough profile, 2026-11-27; float32 5e-8).
+SMALL_TENSOR = 64
 PEEPHOLES = ("ci", "cf", "co")
 
 _forward_op = torch.ops.seqkernels.convlstm_forward
