@@ -178,6 +178,11 @@ def test_lstm_grad_of_grad(device):
     expected_p = grad(lambda p: input_grad(reference)(x, p).square().sum())(params)
     for name in params:
         torch.testing.assert_close(got_p[name], expected_p[name], **TOL)
+    # Per sample (vmap over grad of grad): the double backward's Function under its generated rule.
+    xs = _x(device, 3, 4, 2, 3)
+    got_v = vmap(grad(lambda xx: input_grad(ours)(xx, params).square().sum()))(xs)
+    expected_v = vmap(grad(lambda xx: input_grad(reference)(xx, params).square().sum()))(xs)
+    torch.testing.assert_close(got_v, expected_v, **TOL)
 
 
 def test_convrnn_grad_vmap_and_jvp(device):
