@@ -364,48 +364,53 @@ def cpu_products(batch: int, hidden: int, steps: int = 256) -> str:
     return "AVX-512"
 
 
+def _both(choice: tuple[str, str]) -> dict:
+    """The same (loop, reason) for the forward and the backward op."""
+    return {"forward": choice, "backward": choice}
+
+
 def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, backend: str, steps: int) -> dict:
     """lstm_loop_choice on the CPU: use_persistent_loop, amx_bf16_loop_applies,
     amx_bf16_backward_applies and half_via_float_loop (csrc/cpu/lstm.cpp)."""
     dtype_name = str(dtype).replace("torch.", "")
     if backend in ("gemm", "fused"):
         choice = ("gemm", f"SEQKERNELS_LSTM_BACKEND={backend}: the BLAS loop (the CPU has no fused-step loop)")
-        return {"forward": choice, "backward": choice}
+        return _both(choice)
     if dtype == torch.float64:
         choice = ("gemm", "float64 takes the BLAS loop (the persistent CPU loops are float32, bfloat16, float16)")
-        return {"forward": choice, "backward": choice}
+        return _both(choice)
     if proj_size > 0:
         choice = ("gemm", "the persistent CPU loops have no projection (proj_size > 0 takes the BLAS loop)")
-        return {"forward": choice, "backward": choice}
+        return _both(choice)
     # persistent_loop_wanted
     if backend == "persistent":
         why = f"SEQKERNELS_LSTM_BACKEND=persistent, and it applies ({dtype_name}, no projection)"
     elif batch > CPU_PERSISTENT_MAX_BATCH:
         choice = ("gemm", f"auto: B = {batch} > {CPU_PERSISTENT_MAX_BATCH}, where the BLAS loop is faster")
-        return {"forward": choice, "backward": choice}
+        return _both(choice)
     else:
         min_steps = CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH if batch < CPU_PERSISTENT_SMALL_BATCH else CPU_PERSISTENT_MIN_STEPS
         if steps < min_steps:
             choice = ("gemm", f"auto: T = {steps} < {min_steps} steps at B = {batch}: too few to pay for packing "
                               "the weights (the persistent loop packs them on every call)")
-            return {"forward": choice, "backward": choice}
+            return _both(choice)
         why = f"auto: {dtype_name}, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, T = {steps} >= {min_steps}"
     if dtype == torch.float32:
         choice = ("persistent", f"{why}; products on {cpu_products(batch, hidden, steps)}")
-        return {"forward": choice, "backward": choice}
+        return _both(choice)
     if dtype == torch.bfloat16 and _cpu_amx(_cpu_flags()) and hidden % CPU_AMX_BF16_UNITS == 0:
         if backend != "persistent" and batch == 1 and steps < CPU_AMX_BF16_MIN_STEPS_ONE_ROW:
             choice = ("gemm", f"auto: one sequence of T = {steps} < {CPU_AMX_BF16_MIN_STEPS_ONE_ROW} steps: MKL's "
                               "bfloat16 matrix-vector products beat the AMX loop's packing")
-            return {"forward": choice, "backward": choice}
+            return _both(choice)
         forward = ("persistent", f"{why}; bfloat16 on AMX tiles")
         if hidden % CPU_AMX_BF16_BACKWARD_UNITS == 0:
-            return {"forward": forward, "backward": forward}
+            return _both(forward)
         return {"forward": forward, "backward": ("gemm", f"the AMX backward needs H % {CPU_AMX_BF16_BACKWARD_UNITS} "
                                                          f"== 0 (H = {hidden}): the BLAS loop")}
     choice = ("persistent", f"{why}; {dtype_name} on the float32 loop (operands converted), products on "
                             f"{cpu_products(batch, hidden, steps)}")
-    return {"forward": choice, "backward": choice}
+    return _both(choice)
 
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,

@@ -513,8 +513,8 @@ void backward_persistent_bf16(const LstmSizes& s, bool reverse, const uint16_t* 
     if (step == s.T) return;
     const int64_t t = step_time(step);
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
-    const PrevCells<uint16_t> prev = prev_cells(s, reverse, t, cells, c0);
-    backward_gate_rows_bf16(bt, j0, j1, H, gates + off * G, cells + off * H, prev.rows, prev.n, c0, dh,
+    const auto [prev_rows, n_prev] = prev_cells(s, reverse, t, cells, c0);
+    backward_gate_rows_bf16(bt, j0, j1, H, gates + off * G, cells + off * H, prev_rows, n_prev, c0, dh,
                             grad_y + off * H, dc, dpre + off * G, d_parts[step & 1], d_ld);
   });
 }
@@ -567,9 +567,7 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
     if (step == s.T) return;
     const int64_t t = step_time(step);
     const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
-    const PrevCells<float> prev = prev_cells(s, reverse, t, cells, c0);
-    const float* prev_rows = prev.rows;
-    const int64_t n_prev = prev.n;
+    const auto [prev_rows, n_prev] = prev_cells(s, reverse, t, cells, c0);
 #if defined(__x86_64__) || defined(_M_X64)
     if (kernels == CpuKernels::kAvx512) {
       avx512::backward_gate_rows(bt, j0, j1, H, gates + off * G, cells + off * H, prev_rows, n_prev, c0, dh,
@@ -804,9 +802,7 @@ void backward_loop(const LstmSizes& s, bool reverse, const scalar_t* w_hh, const
       gemm(Trans::No, Trans::No, bt, H, P, dh_t, P, w_hr, H, acc_t(0), dm_buf, H);
       dm = dm_buf;
     }
-    const PrevCells<scalar_t> prev = prev_cells(s, reverse, t, cells, c0);
-    const scalar_t* prev_rows = prev.rows;
-    const int64_t n_prev = prev.n;
+    const auto [prev_rows, n_prev] = prev_cells(s, reverse, t, cells, c0);
     scalar_t* dpre_t = dpre + off * G;
     for_rows(bt, G, [&](int64_t b0, int64_t b1) {
       if (P > 0) {

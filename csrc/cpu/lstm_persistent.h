@@ -1227,21 +1227,32 @@ SEQKERNELS_AMX_TARGET inline void amx_columns_product(int64_t K, int64_t N, cons
 // while every row block of the panel passes over the group.
 constexpr int64_t kAmxPanelRows = 256;
 
-// Calls panel_fn(parts, a_part, r0, rows) for panels of kAmxPanelRows rows of a ([M, K], row
-// stride lda), in parallel, each panel split into a per-thread buffer first (a tensor: 64-byte
-// aligned, amx_x3.h).
-template <class PanelFn>
-SEQKERNELS_AMX_TARGET void amx_for_panels(const float* a, int64_t lda, int64_t M, int64_t K, const PanelFn& panel_fn) {
-  const int64_t ld = amx::a_row_stride(K), panels = (M + kAmxPanelRows - 1) / kAmxPanelRows;
+// For panels of kAmxPanelRows of M rows, in parallel: fill(buffer, r0, rows) writes the panel's
+// A operand into a per-thread buffer of `numel` bfloat16 (a tensor: 64-byte aligned, amx_x3.h;
+// zero where fill writes nothing), then panel_fn(buffer, r0, rows) runs its products.
+template <class FillFn, class PanelFn>
+SEQKERNELS_AMX_TARGET void amx_for_row_panels(int64_t M, int64_t numel, const FillFn& fill, const PanelFn& panel_fn) {
+  const int64_t panels = (M + kAmxPanelRows - 1) / kAmxPanelRows;
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) SEQKERNELS_AMX_TARGET {
-    at::Tensor split = at::empty({amx::kSplitParts * kAmxPanelRows * ld}, at::kBFloat16);
-    uint16_t* parts = reinterpret_cast<uint16_t*>(split.data_ptr());
+    at::Tensor buffer = at::zeros({numel}, at::kBFloat16);
+    uint16_t* a = reinterpret_cast<uint16_t*>(buffer.data_ptr());
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t r0 = p * kAmxPanelRows, rows = std::min(kAmxPanelRows, M - r0);
-      amx::split_rows(a + r0 * lda, lda, rows, K, parts);
-      panel_fn(parts, rows * ld, r0, rows);
+      fill(a, r0, rows);
+      panel_fn(a, r0, rows);
     }
   });
+}
+
+// Calls panel_fn(parts, a_part, r0, rows) for panels of kAmxPanelRows rows of a ([M, K], row
+// stride lda), in parallel, each panel split into a per-thread buffer first.
+template <class PanelFn>
+SEQKERNELS_AMX_TARGET void amx_for_panels(const float* a, int64_t lda, int64_t M, int64_t K, const PanelFn& panel_fn) {
+  const int64_t ld = amx::a_row_stride(K);
+  amx_for_row_panels(
+      M, amx::kSplitParts * kAmxPanelRows * ld,
+      [&](uint16_t* parts, int64_t r0, int64_t rows) { amx::split_rows(a + r0 * lda, lda, rows, K, parts); },
+      [&](uint16_t* parts, int64_t r0, int64_t rows) { panel_fn(parts, rows * ld, r0, rows); });
 }
 
 // pre [N, G] = bias + x·W_ihᵀ for all N rows on AMX.
@@ -1330,17 +1341,14 @@ inline void amx_bf16_units_product(int64_t H, int64_t K, const uint16_t* a, int6
 //   layer without one)
 inline void amx_bf16_input_projection(const c10::BFloat16* x, int64_t N, int64_t I, int64_t H,
                                       const uint16_t* w_packed, const float* bias, float* pre) {
-  const int64_t G = 4 * H, ld = amx::a_row_stride(I), panels = (N + kAmxPanelRows - 1) / kAmxPanelRows;
+  const int64_t G = 4 * H, ld = amx::a_row_stride(I);
   const uint16_t* x16 = reinterpret_cast<const uint16_t*>(x);
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    at::Tensor panel = at::zeros({kAmxPanelRows * ld}, at::kBFloat16);  // the padding past I stays zero
-    uint16_t* a = reinterpret_cast<uint16_t*>(panel.data_ptr());
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t r0 = p * kAmxPanelRows, rows = std::min(kAmxPanelRows, N - r0);
-      amx::copy_rows_bf16(x16 + r0 * I, I, rows, I, a, ld);
-      amx_bf16_units_product(H, I, a, rows, 0, H, w_packed, bias, 0, pre + r0 * G, G);
-    }
-  });
+  amx_for_row_panels(
+      N, kAmxPanelRows * ld,  // the padding past I stays zero
+      [&](uint16_t* a, int64_t r0, int64_t rows) { amx::copy_rows_bf16(x16 + r0 * I, I, rows, I, a, ld); },
+      [&](uint16_t* a, int64_t r0, int64_t rows) {
+        amx_bf16_units_product(H, I, a, rows, 0, H, w_packed, bias, 0, pre + r0 * G, G);
+      });
 }
 
 // forward_gate_rows (lstm.cpp) for bfloat16 on 16 units at a time: batch rows [0, bt), hidden

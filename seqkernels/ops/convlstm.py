@@ -13,8 +13,8 @@ from torch import Tensor
 
 from ..reference.convlstm import convlstm_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, register_double_backward, mark_saved_outputs, records_grad,
-    reference_vjp, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
+    call_backward_op, call_op, check_same_device, mark_saved_outputs, records_grad, reference_vjp, register_autograd,
+    register_double_backward, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 __all__ = ["convlstm", "release_step_graphs"]

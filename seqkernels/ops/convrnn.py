@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, register_double_backward, records_grad, register_autograd,
+    call_backward_op, call_op, check_same_device, records_grad, register_autograd, register_double_backward,
     vmap_fold, vmap_per_sample, vmap_unfold,
 )
 

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from ..reference.lstm import lstm_layer_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, dense_grad, register_double_backward, mark_saved_outputs,
-    records_grad, reference_vjp, register_autograd, vmap_fold, vmap_per_sample, vmap_unfold,
+    call_backward_op, call_op, check_same_device, dense_grad, mark_saved_outputs, records_grad, reference_vjp,
+    register_autograd, register_double_backward, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
 _forward = torch.ops.seqkernels.lstm_forward.default
