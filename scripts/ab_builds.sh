@@ -57,19 +57,4 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-"$PY" - "$OUT/ab.jsonl" "$ROUNDS" "${TREES[@]}" <<'PYEOF'
-import json, sys
-path, rounds, trees = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-runs = {}
-for line in open(path):
-    runs.update(json.loads(line))
-cells = list(runs["t0.r1"])
-cols = [f"t{i}.r{r}" for i in range(len(trees)) for r in range(1, rounds + 1)]
-for i, t in enumerate(trees):
-    print(f"t{i} = {t}")
-fmt = lambda v: "-" if v is None else f"{v:.3f}"
-print("| cell | " + " | ".join(f"{c} graph / eager" for c in cols) + " |")
-print("|---|" + "---|" * len(cols))
-for cell in cells:
-    print(f"| {cell} | " + " | ".join(f"{fmt(runs[c][cell][0])} / {fmt(runs[c][cell][1])}" for c in cols) + " |")
-PYEOF
+"$PY" "$ROOT/scripts/ab_table.py" "$OUT/ab.jsonl" "$ROUNDS" "${TREES[@]}"
