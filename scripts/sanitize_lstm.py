@@ -199,12 +199,13 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         big += [([9, 9, 7, 4], 8, 286, torch.bfloat16, True), ([9, 9, 7, 4], 8, 286, torch.float32, True)]
         # The forward's cluster kernel (16-bit, float32 with and without TF32; 16 < B <= 64, equal
         # batch sizes, sm_90: 64 clusters of two blocks, partial sums in distributed shared memory,
-        # step flags between them); its one-m16-tile instances (H = 1024: 16-bit from B = 6, TF32
-        # from B = 8) and TF32 at H = 1024 (half of W_hh's fragments in shared memory).
+        # step flags between them); its one-m16-tile instances (H = 1024 from B = 6) and TF32 (on
+        # scaled fp16 operands) at H = 1024 with 1, 2 and 4 m16 tiles.
         big += [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
                 ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),
                 ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),
-                ([8, 8], 8, 1024, torch.float32, True), ([20, 20], 8, 1024, torch.float32, True)]
+                ([8, 8], 8, 1024, torch.float32, True), ([20, 20], 8, 1024, torch.float32, True),
+                ([64, 64], 8, 1024, torch.float32, True)]
         for batch_sizes, I, H, dtype, tf32 in big:
             for reverse in (False, True):
                 with rnn_tf32(tf32):

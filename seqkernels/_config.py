@@ -44,10 +44,12 @@ CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 # cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
-# (16-bit; float32 with or without TF32 up to H = 512, with TF32 at H = 1024 up to B = 32) at
+# (16-bit; float32 with or without TF32 up to H = 512, with TF32 at H = 1024 on scaled fp16 operands,
+# or up to B = 32 on TF32 operands under SEQKERNELS_LSTM_CLUSTER_HALF=0) at
 # 16 < B <= 64, these H, equal batch sizes, sm_90 with >= 128 SMs (kClusterForwardBlocks); at
-# H = 1024 also from kClusterForwardMinBatchOneTile (16-bit) or kClusterForwardMinBatchOneTileTf32
-# (TF32) to B = 16 (one m16 tile), where the direct kernel runs otherwise
+# H = 1024 also from kClusterForwardMinBatchOneTile (16-bit operands: 16-bit types, and float32 with TF32
+# on scaled fp16 operands) or kClusterForwardMinBatchOneTileTf32 (TF32 operands) to B = 16 (one m16
+# tile), where the direct kernel runs otherwise
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
 CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 6
 CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32 = 8
@@ -187,6 +189,12 @@ def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_s
     return loop, why
 
 
+def cluster_half_products() -> bool:
+    """cluster_half_products (csrc/cuda/lstm_persistent.cuh): whether float32 with TF32 multiplies on
+    scaled fp16 operands in the cluster forward kernel (SEQKERNELS_LSTM_CLUSTER_HALF, diagnostic)."""
+    return os.environ.get("SEQKERNELS_LSTM_CLUSTER_HALF", "") != "0"
+
+
 def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
     """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) at B > 16: why the forward's cluster
     kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None."""
@@ -196,9 +204,12 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
     if hidden in hiddens:
         why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = "
                f"{hidden} in {{{', '.join(map(str, hiddens))}}}")
+    elif elem == 4 and not x3 and hidden == 1024 and cluster_half_products():
+        why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH} and H = 1024 "
+               "with TF32 (scaled fp16 operands)")
     elif elem == 4 and not x3 and hidden == 1024 and batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024:
         why = (f"{CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = {batch} <= {CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024} "
-               "and H = 1024 with TF32")
+               "and H = 1024 with TF32 (TF32 operands: SEQKERNELS_LSTM_CLUSTER_HALF=0)")
     else:
         return None
     return f"{why} (the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes)"
@@ -208,7 +219,9 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     """The persistent forward's kernel at B <= 16 with tensor cores (cluster_forward_applies,
     csrc/cuda/lstm_persistent.cuh): the cluster kernel in one m16 tile at H = 1024 from its
     threshold (16-bit, or TF32), else the direct kernel."""
-    min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if elem == 2 else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
+    # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
+    sixteen = elem == 2 or cluster_half_products()
+    min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
     if clusters and hidden == 1024 and batch >= min_batch:
         return (f"the cluster forward kernel in one m16 tile: H = 1024 and B >= {min_batch}, equal batch sizes, "
                 "sm_90 with >= 128 SMs")

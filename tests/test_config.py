@@ -178,9 +178,9 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (64, 256, torch.float32, True, "persistent", "cublas"),  # the same forward; backward B*H = 16384 > 8192
     (64, 512, torch.float32, True, "persistent", "cublas"),  # the same forward (TF32: H <= 512); backward B*H > 8192
     (40, 384, torch.float32, True, "fused", "cublas"),  # forward: H = 384 not the cluster kernel's, B*H <= 32768
-    (32, 1024, torch.float32, True, "persistent", "cublas"),  # forward: the cluster kernel (TF32 H = 1024, B <= 32)
-    (40, 1024, torch.float32, True, "cublas", "cublas"),  # forward: not the cluster kernel's (B > 32), B*H > 32768
-    (64, 1024, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
+    (32, 1024, torch.float32, True, "persistent", "cublas"),  # forward: the cluster kernel (TF32 H = 1024)
+    (40, 1024, torch.float32, True, "persistent", "cublas"),  # the same, on scaled fp16 operands beyond B = 32
+    (64, 1024, torch.float32, True, "persistent", "cublas"),  # the same at its bounds
     (256, 256, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536 > 32768
     (32, 2048, torch.float32, True, "cublas", "cublas"),  # forward B*H = 65536, H > 1024
     (64, 100, torch.bfloat16, True, "cublas", "cublas"),  # fused chosen, but H % 8 != 0
@@ -236,6 +236,20 @@ def test_cuda_choice_without_clusters(monkeypatch, batch, hidden, forward):
             "persistent")
 
 
+@pytest.mark.parametrize("batch,forward_with_tf32_operands", [(32, "persistent"), (40, "cublas"), (64, "cublas")])
+def test_cuda_tf32_cluster_forward_follows_half_switch(monkeypatch, batch, forward_with_tf32_operands):
+    """float32 with TF32 at H = 1024: the cluster forward kernel on scaled fp16 operands up to B = 64;
+    on TF32 operands (SEQKERNELS_LSTM_CLUSTER_HALF=0, diagnostic) only up to B = 32, the cuBLAS loop
+    beyond (B*H > 32768)."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_HALF", raising=False)
+    forward = lstm_loop_choice(batch, 1024, torch.float32, 0, "cuda", tf32=True, clusters=True)["forward"]
+    assert forward[0] == "persistent" and "scaled fp16 operands" in forward[1]
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_HALF", "0")
+    assert lstm_loop_choice(batch, 1024, torch.float32, 0, "cuda", tf32=True, clusters=True)["forward"][0] == (
+        forward_with_tf32_operands)
+
+
 def test_cuda_choice_follows_the_environment(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
     assert lstm_loop_choice(1, 256, torch.bfloat16, 0, "cuda")["forward"][0] == "fused"
@@ -271,9 +285,9 @@ def test_cli_prints_the_choice_and_why():
     assert "forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one" in out.stdout
     out = run_cli("--batch", "5", "--hidden", "1024", "--dtype", "float16", "--device", "cuda")
     assert "forward: persistent (auto: B = 5 <= 16 and H = 1024 <= 1024 (the direct forward kernel)" in out.stdout
-    out = run_cli("--batch", "8", "--hidden", "1024", "--dtype", "float32", "--device", "cuda")
-    assert "KiB (the cluster forward kernel in one m16 tile: H = 1024 and B >= 8" in out.stdout
-    out = run_cli("--batch", "7", "--hidden", "1024", "--dtype", "float32", "--device", "cuda")
+    out = run_cli("--batch", "6", "--hidden", "1024", "--dtype", "float32", "--device", "cuda")
+    assert "KiB (the cluster forward kernel in one m16 tile: H = 1024 and B >= 6" in out.stdout
+    out = run_cli("--batch", "5", "--hidden", "1024", "--dtype", "float32", "--device", "cuda")
     assert "KiB (the direct forward kernel)" in out.stdout
 
 

@@ -346,15 +346,18 @@ def test_fused_path_with_projection_falls_back(monkeypatch):
 
 def test_persistent_falls_back_cleanly(monkeypatch):
     """Projection, B > 64, and B > 32 at H = 1024 (one gate item per thread: U * B <= 256)
-    are not on the persistent path, but for the 16-bit forward's cluster kernel (H in {256,
-    512, 1024}): forced, it falls back to the cuBLAS loop (whose results the references above
-    check too)."""
+    are not on the persistent path, but for the forward's cluster kernel on 16-bit operands (bf16,
+    fp16, and float32 with TF32 on scaled fp16 operands; H in {256, 512, 1024}): forced, it falls
+    back to the cuBLAS loop (whose results the references above check too)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     assert persistent_kernels(_train_call(torch.float32, 4, 32, proj_size=8)) == set()
     assert persistent_kernels(_train_call(torch.float32, 65, 32)) == set()
     assert persistent_kernels(_train_call(torch.bfloat16, 33, 1000, T=2)) == set()
     with _Precision("tf32"):
-        assert persistent_kernels(_train_call(torch.float32, 33, 1024, T=2)) == set()
+        run = _train_call(torch.float32, 33, 1024, T=2)
+        assert persistent_kernels(run) == {"forward"}  # the cluster kernel, scaled fp16 operands
+        monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_HALF", "0")  # TF32 operands: to B = 32 at H = 1024
+        assert persistent_kernels(run) == set()
 
 
 def _persistent_variants(fn, direction: str, variant: str) -> set[str]:
@@ -388,7 +391,7 @@ def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_na
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
     except 16-bit types at H > 768 from B = 6: the per-word loop (0). (Not the cluster kernel, which
-    takes H = 1024 from B = 6 in 16-bit types, from B = 8 with TF32.)"""
+    takes H = 1024 from B = 6 in 16-bit types and TF32.)"""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
     with _Precision(precision_name):
@@ -504,29 +507,29 @@ def test_saturated_gates_match_reference(monkeypatch, loop, precision):
                       x_scale=1e3)
 
 
-def _float32_forward_and_reference(t: dict, batch_sizes: list[int]):
-    """lstm_layer's (y, h_n, c_n) on the GPU in float32 with TF32 off, without gradients, and
-    the float64 reference's, for layer_case tensors (forward direction)."""
+def _float32_forward_and_reference(t: dict, batch_sizes: list[int], precision: str = "float32"):
+    """lstm_layer's (y, h_n, c_n) on the GPU in float32 with TF32 off (or on: precision "tf32"),
+    without gradients, and the float64 reference's, for layer_case tensors (forward direction)."""
     bs = torch.tensor(batch_sizes, dtype=torch.int64)
     args = [t[k] for k in ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")]
     ref = _reference(args[0], bs, *args[1:], reverse=False)
-    with _Precision("float32"), torch.no_grad():
+    with _Precision(precision), torch.no_grad():
         on_gpu = [a.to("cuda", torch.float32) for a in args]
         got = lstm_layer(on_gpu[0], bs, *on_gpu[1:], reverse=False)
     return got, ref
 
 
-def _check_inf_in_h0_as_float32(batch_sizes: list[int], H: int) -> None:
-    """With an inf in h0 (row 1, unit 5), the GPU's float32 forward (TF32 off) gives what a
-    float32 GEMM gives: finite y, h_n and c_n (the row's gates saturate) within float32's bound
-    of the float64 reference."""
+def _check_inf_in_h0_as_float32(batch_sizes: list[int], H: int, precision: str = "float32") -> None:
+    """With an inf in h0 (row 1, unit 5), the GPU's float32 forward (TF32 off, or on: precision
+    "tf32") gives what a float32 (TF32) GEMM gives: finite y, h_n and c_n (the row's gates saturate)
+    within that precision's bound of the float64 reference."""
     t, _ = layer_case(batch_sizes, 9, H, bias=True, seed=61)
     t["h0"][1, 5] = float("inf")
-    got, ref = _float32_forward_and_reference(t, batch_sizes)
+    got, ref = _float32_forward_and_reference(t, batch_sizes, precision)
     for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
         g, r = g.double().cpu(), r.double()
         assert torch.isfinite(r).all() and torch.isfinite(g).all(), f"{name}: not finite"
-        assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), name
+        assert max_abs(g - r) <= TOL[precision] * max(1.0, max_abs(r)), name
 
 
 # The forward's input projection in float32 without TF32 runs as three TF32 GEMMs on exact
@@ -674,8 +677,8 @@ _CLUSTER_FORWARD_CASES = [
     ("bfloat16", 64, 1024, False, True), ("float16", 64, 1024, True, True), ("bfloat16", 32, 1024, True, False),
     ("bfloat16", 33, 512, True, True), ("float16", 40, 512, False, True), ("bfloat16", 64, 512, False, False),
     ("bfloat16", 17, 256, False, True), ("float16", 24, 256, True, True), ("bfloat16", 64, 256, True, True),
-    # float32 with TF32 (m16n8k8, h exchanged as TF32 values; H <= 512, and H = 1024 up to B = 32
-    # with half of W_hh's slice in shared memory)
+    # float32 with TF32 (by default on scaled fp16 operands, test_cluster_forward_tf32_operands
+    # below; on TF32 operands H <= 512, and H = 1024 up to B = 32)
     ("tf32", 64, 512, False, True), ("tf32", 33, 256, True, True), ("tf32", 24, 512, True, False),
     ("tf32", 32, 1024, True, True), ("tf32", 20, 1024, False, True),
     # float32 without TF32 (three TF32 MMAs per product, h exchanged whole; float32's 3e-5 bound)
@@ -707,7 +710,7 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
 
 # (precision, B, H, reverse, bias): the one-m16-tile instances (B <= 16), forced at every H and
 # type (float32 with TF32 at H = 1024: half of W_hh's slice in shared memory); at H = 1024 from
-# B = 6 (bf16 / fp16) or B = 8 (TF32) without forcing.
+# B = 6 (bf16 / fp16, and TF32 on scaled fp16 operands) without forcing.
 _CLUSTER_FORWARD_FORCED_CASES = [
     ("bfloat16", 16, 1024, False, True), ("float16", 12, 1024, True, False), ("bfloat16", 1, 512, True, True),
     ("float16", 7, 256, False, True), ("tf32", 16, 512, True, True), ("tf32", 3, 256, False, True),
@@ -723,13 +726,13 @@ def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B
     """The cluster kernel's one-m16-tile instances at B <= 16 (rows B..15 of the tile zero),
     forced with SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=1: which kernel ran, and the outputs and
     every gradient against the float64 reference. Unset, it runs only at H = 1024, 16-bit types
-    from B = 6 and TF32 from B = 8 (the direct kernel elsewhere at B <= 16)."""
+    and TF32 (on scaled fp16 operands) from B = 6 (the direct kernel elsewhere at B <= 16)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
-        auto = H == 1024 and B >= {"bfloat16": 6, "float16": 6, "tf32": 8}.get(precision_name, 17)
+        auto = H == 1024 and B >= {"bfloat16": 6, "float16": 6, "tf32": 6}.get(precision_name, 17)
         assert ("cluster" in _persistent_variants(run, "forward", "cluster")) == auto
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
         assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
@@ -763,6 +766,69 @@ def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
     _check_inf_in_h0_as_float32([20] * 4, 256)
 
 
+def _cluster_products(fn) -> set[str]:
+    """The products of the cluster forward kernels that ran during fn(): their last template
+    argument (ClusterProduct) as "native", "x3" or "half" (scaled fp16 operands)."""
+    products = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_forward_cluster_kernel" in n:
+            m = re.search(r"ClusterProduct\)(\d+)", n)
+            assert m, n
+            products.add(("native", "x3", "half")[int(m.group(1))])
+    return products
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("half", [True, False])
+@pytest.mark.parametrize("B,H,reverse", [(64, 1024, False), (40, 1024, True), (20, 1024, False), (64, 256, True),
+                                         (33, 512, False), (8, 1024, True), (16, 1024, False)])
+def test_cluster_forward_tf32_operands(monkeypatch, half, B, H, reverse):
+    """float32 with TF32 on the cluster kernel: by default on fp16 operands scaled by powers of two
+    (TF32's 10-bit mantissa; every H, B up to 64), with SEQKERNELS_LSTM_CLUSTER_HALF=0 on TF32
+    operands (no instance at H = 1024 beyond B = 32): which ran, and the outputs and every gradient
+    against the float64 reference within TF32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    if not half:
+        monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_HALF", "0")
+    with _Precision("tf32"):
+        run = _train_call(torch.float32, B, H, T=3)
+        run()
+        fits = half or H < 1024 or B <= 32
+        assert _cluster_products(run) == ({"half" if half else "native"} if fits else set())
+        compare_layer([B] * 6, 5, H, reverse=reverse, bias=True, precision="tf32", seed=B + H,
+                      what=f"cluster forward, {'scaled fp16' if half else 'TF32'} operands")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("B", [8, 64])
+def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B):
+    """The scaled fp16 operands of float32 with TF32: an h0 row beyond fp16's range (~1e5, row 0)
+    and one far below it (~1e-5, row 1), with W_hh at 1e-5 of nn.LSTM's range (its largest value
+    ~3e-7, an fp16 subnormal unscaled), so that row 0's h0·W_hh stays O(1) and its gates do not
+    saturate: the outputs and every gradient against the float64 reference within TF32's bound.
+    Unscaled, row 0 would overflow to inf (then NaN) and W_hh would keep ~2 significant bits."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    batch_sizes = [B] * 4
+    t, up = layer_case(batch_sizes, 9, 1024, True, seed=83)
+    t["w_hh"] *= 1e-5
+    t["h0"][0] *= 1e5
+    t["h0"][1] *= 1e-5
+    with _Precision("tf32"):
+        got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+        assert _cluster_products(
+            lambda: run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")) == {"half"}
+    ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    check(got, ref64, "tf32", f"scaled fp16 operands B={B}")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+def test_cluster_forward_half_products_keep_an_inf_in_h0(monkeypatch):
+    """float32 with TF32 on scaled fp16 operands: an inf in h0 (which sets no scale) reaches the first
+    step's pre-activations as in a TF32 GEMM (the row's gates saturate, its outputs stay finite)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    _check_inf_in_h0_as_float32([40] * 4, 1024, "tf32")
+
+
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("batch_sizes,H", [([40, 40, 33, 20, 1], 256), ([64, 64, 17], 512)])
 def test_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
@@ -781,17 +847,20 @@ def test_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-def test_cluster_forward_in_cuda_graph(monkeypatch):
-    """Inference and a training step whose forward runs the cluster kernel (B = 33, H = 256),
-    captured in CUDA graphs: replays on fresh input data agree with eager calls."""
+@pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 33, 256), ("tf32", 40, 1024)])
+def test_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B, H):
+    """Inference and a training step whose forward runs the cluster kernel (bf16; float32 with TF32
+    on scaled fp16 operands), captured in CUDA graphs: replays on fresh input data agree with eager
+    calls."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    with _Precision("bfloat16"):
-        run = _train_call(torch.bfloat16, 33, 256, T=3)
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H, T=3)
         run()
         assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
         torch.manual_seed(7)
-        model = seqkernels.LSTM(256, 256).to(device="cuda", dtype=torch.bfloat16)
-        static_x = torch.randn(5, 33, 256, device="cuda", dtype=torch.bfloat16)
+        model = seqkernels.LSTM(H, H).to(device="cuda", dtype=dtype)
+        static_x = torch.randn(5, B, H, device="cuda", dtype=dtype)
         check_cuda_graph_replays(model, static_x)
 
 

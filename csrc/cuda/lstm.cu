@@ -1026,8 +1026,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // (cbuf) itself where it applies; else the cuBLAS loop below.
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   const bool cluster_forward =
-      cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, sizeof(scalar_t),
-                                    /*x3=*/std::is_same_v<scalar_t, float> && !blas.tf32());
+      cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount,
+                                    cuda::cluster_operands(s, sizeof(scalar_t), blas.tf32()));
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward);
   if ((loop == cuda::Loop::kPersistent &&

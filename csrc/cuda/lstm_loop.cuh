@@ -132,7 +132,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    Since 2026-11-27 the 16-bit and the TF32 forward are also persistent wherever its cluster
 //    kernel applies (`cluster_forward`, lstm_persistent.cuh's cluster_forward_applies:
 //    16 < B <= 64, H in {256, 512, 1024} (TF32: {256, 512}, and 1024 up to B = 32 since the
-//    eleventh session), equal batch sizes, sm_90 with >= 128 SMs): every loop forced on an H200
+//    eleventh session, up to B = 64 on scaled fp16 operands since the eighteenth), equal batch
+//    sizes, sm_90 with >= 128 SMs): every loop forced on an H200
 //    (`infer`, docs/benchmarks.md), bf16 B = 32 / 64, H = 256 0.92 / 1.08 ms against the fused
 //    loop's 1.06 / 1.20; H = 512 1.01 / 1.33 against 1.18 / 1.57; H = 1024 1.38 / 2.20 against
 //    1.91 fused and 2.12 / 2.26 on cuBLAS; TF32 H = 256 1.05 / 1.29 against 1.28 / 1.66, H = 512

@@ -2121,11 +2121,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 // resident), at float32's accuracy. At H = 1024 float32's W_hh slice takes 128 KB: with TF32 half
 // of it stays in shared memory (cluster_forward_reg_ksteps) and B <= 32 (the A tile 66 KB, the
 // partials 80 KB); x3 (twice the fragments) has no H = 1024 instance.
+// float32 with TF32 allowed may instead multiply on fp16 tensor cores (ClusterProduct::kHalfScaled):
+// fp16 has TF32's 10-bit mantissa, and its narrow exponent range is covered by powers of two,
+// which scale exactly: each warp's W_hh fragments by one (their largest finite magnitude to
+// [2^14, 2^15)), h0 by one per row (at the first step), and h_t for t >= 0 lies in [-1, 1]
+// (o·tanh(c)). Each warp's partial sums are scaled back before they meet. A value below 2^-14 of
+// its scale becomes an fp16 subnormal: absolute error <= 2^-25 of the scale, as TF32 rounding
+// gives a value of that size. h then travels in 2 bytes a unit and the W_hh slice and A tile are
+// the 16-bit kernel's, so B up to 64 fits at H = 1024.
 // Limits: H in {256, 512, 1024} (HC, a template argument: every index is a constant), equal
 // batch sizes at every step (no ragged PackedSequence), sm_90 (clusters). 128 blocks in
 // clusters of two fit an H200 at one block per SM (the occupancy API: 66 clusters); in
 // clusters of four only 30 would.
 constexpr int kClusterForwardSlots = 8;  // partials per column: 2 blocks x 4 K quarters
+
+// How the cluster forward kernel forms its products.
+enum class ClusterProduct : int {
+  kNative,      // 16-bit types: mma.m16n8k16 on the dtype; float32 with TF32: mma.m16n8k8.tf32
+  kTf32x3,      // float32, TF32 off: three TF32 MMAs per product on split operands
+  kHalfScaled,  // float32 with TF32 allowed: mma.m16n8k16 on fp16 operands scaled by powers of two
+};
 
 // Of a warp's KSW k-steps, those whose W_hh fragments stay in registers: all, but for float32 with
 // TF32 at H = 1024, whose 128 KB slice per block would leave too few registers (the 16-bit slice
@@ -2152,6 +2167,8 @@ struct ClusterForwardLayout {
   // Shared memory: the A tile, the partials of both parities, two mbarriers, W_hh's k-steps KSR..
   static constexpr int kTileBytes = ROWS * LDX * ES, kPartialBytes = 2 * kParityFloats * 4;
   static constexpr int kWsmBytes = kThreads / 32 * NTW * KSS * 32 * 8;
+  // kHalfScaled: the inverse scales of h0's rows (float), after the two mbarriers.
+  static constexpr int kRowScaleBytes = ROWS * 4;
 };
 
 // A 16x16 tile of 16-bit values from shared memory as the A fragments of mma.m16n8k16 (lane l
@@ -2207,6 +2224,22 @@ __device__ __noinline__ uint4 wait_unpoisoned(const uint32_t* p, unsigned step) 
   }
 }
 
+// ClusterProduct::kHalfScaled's scales. The larger of m and |x| for a finite x (inf and NaN, which
+// fp16 keeps, set no scale).
+__device__ __forceinline__ float finite_abs_max(float m, float x) { return isfinite(x) ? fmaxf(m, fabsf(x)) : m; }
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// The powers of two that take a largest magnitude m into [2^14, 2^15) (fp16's largest finite value
+// is 65504) and back; 1 for m = 0. The exponent stays in float32's normal range: both are exact.
+__device__ __forceinline__ void power_of_two_scales(float m, float& scale, float& unscale) {
+  const int e = m > 0.0f ? min(max(14 - ilogbf(m), -126), 126) : 0;
+  scale = ldexpf(1.0f, e);
+  unscale = ldexpf(1.0f, -e);
+}
+
 // Two adjacent elements (p 4-byte aligned for 16-bit types, 8-byte for float) in one store.
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
@@ -2241,18 +2274,22 @@ __device__ __forceinline__ void mbarrier_wait_guarded(uint32_t bar, uint32_t par
   }
 }
 
-template <class scalar_t, bool kTraining, int MT, int HC, bool kX3>
+template <class scalar_t, bool kTraining, int MT, int HC, ClusterProduct kProd>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_cluster_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = float;
   using Math = CudaMath;
   // float32: TF32 MMAs (m16n8k8), h exchanged and staged as TF32-rounded floats; kX3 (TF32 off):
-  // h exchanged and staged whole, each product as three TF32 MMAs on split operands.
-  constexpr bool kTf32 = std::is_same_v<scalar_t, float>;
-  static_assert(sizeof(scalar_t) == 2 || kTf32, "cluster forward kernel: 16-bit types or float32 (TF32)");
-  static_assert(!kX3 || kTf32, "cluster forward kernel: x3 products are float32's");
-  using L = ClusterForwardLayout<scalar_t, MT, HC>;
+  // h exchanged and staged whole, each product as three TF32 MMAs on split operands; kHalf: fp16
+  // operands (op_t), exchanged and staged as the 16-bit types' are.
+  constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+  constexpr bool kX3 = kProd == ClusterProduct::kTf32x3, kHalf = kProd == ClusterProduct::kHalfScaled;
+  constexpr bool kTf32 = kFloat && !kHalf;  // float operands (TF32, or whole for x3)
+  using op_t = std::conditional_t<kHalf, c10::Half, scalar_t>;  // the MMA operands' type
+  static_assert(sizeof(scalar_t) == 2 || kFloat, "cluster forward kernel: 16-bit types or float32");
+  static_assert((kProd == ClusterProduct::kNative) || kFloat, "cluster forward kernel: x3 and scaled fp16 are float32's");
+  using L = ClusterForwardLayout<op_t, MT, HC>;
   constexpr int ES = L::ES, kStep = L::kStep, H = HC, UC = L::UC, UO = L::UO, NTW = L::NTW, KQ = L::KQ;
   constexpr int KSW = L::KSW, KSR = L::KSR, KSS = L::KSS, LDX = L::LDX, OC = L::OC, LDP = L::LDP;
   constexpr int ROWS = L::ROWS, PAIRS = L::PAIRS, kRowWords = L::kRowWords;
@@ -2263,9 +2300,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(PAIRS * ROWS <= kThreads, "one unit pair of one row per thread");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);              // [ROWS][LDX]: h_{t-1}, K half `rank`
+  op_t* const xt = reinterpret_cast<op_t*>(smem);                      // [ROWS][LDX]: h_{t-1}, K half `rank`
   float* const recv = reinterpret_cast<float*>(smem + g.off_part);    // [2][slots][ROWS][LDP], by step parity
   uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w);         // [warp][NTW][KSS][32]: W_hh's k-steps KSR..
+  // kHalf: [ROWS] h0's inverse row scales, after the partials' two mbarriers.
+  float* const row_unscale = reinterpret_cast<float*>(smem + g.off_part + L::kPartialBytes + 2 * 8);
   const int B = g.B, T = g.T;
   const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -2281,10 +2320,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   // k-steps from KSR on (float32 with TF32 at H = 1024) go to this warp's part of wsm instead.
   uint32_t bfr[NTW][KSR][2], bsm[kX3 ? NTW : 1][kX3 ? KSW : 1][2];
   uint2* const wsm_warp = wsm + warp * (NTW * KSS * 32) + lane;
+  auto w_row = [&](int cc) {  // the W_hh row of column cc of this warp's n8 tiles
+    return a.w_hh + static_cast<int64_t>((cc / UO) * H + cluster * UC + owner * UO + cc % UO) * H;
+  };
+  // kHalf: this warp's fragments scaled by w_scale, its partial sums by w_unscale (powers of two).
+  float w_scale = 1.0f, w_unscale = 1.0f;
+  if constexpr (kHalf) {
+    float m = 0.0f;
+#pragma unroll 1
+    for (int nt = 0; nt < NTW; ++nt) {
+      const float* wr = w_row(nt * 8 + gq) + rank * KQ + kquarter * KSW * kStep;
+#pragma unroll 1
+      for (int k = tq; k < KSW * kStep; k += 4) m = finite_abs_max(m, wr[k]);
+    }
+    power_of_two_scales(warp_max(m), w_scale, w_unscale);
+  }
 #pragma unroll
   for (int nt = 0; nt < NTW; ++nt) {
-    const int cc = nt * 8 + gq;
-    const scalar_t* wr = a.w_hh + static_cast<int64_t>((cc / UO) * H + cluster * UC + owner * UO + cc % UO) * H;
+    const scalar_t* wr = w_row(nt * 8 + gq);
 #pragma unroll
     for (int f = 0; f < KSW; ++f) {
       const int k0 = rank * KQ + (kquarter * KSW + f) * kStep;
@@ -2296,6 +2349,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           bsm[nt][f][0] = tf32_part(wr[k0 + tq], 1);
           bsm[nt][f][1] = tf32_part(wr[k0 + tq + 4], 1);
         }
+      } else if constexpr (kHalf) {  // as below, of the scaled values
+        auto half_of = [&](int k) { return c10::Half(wr[k] * w_scale); };
+        b0 = pack2(half_of(k0 + 2 * tq), half_of(k0 + 2 * tq + 1));
+        b1 = pack2(half_of(k0 + 2 * tq + 8), half_of(k0 + 2 * tq + 9));
       } else {  // b0 = B[2tq, 2tq + 1][gq], b1 = B[2tq + 8, 2tq + 9][gq]
         b0 = pack2(wr[k0 + 2 * tq], wr[k0 + 2 * tq + 1]);
         b1 = pack2(wr[k0 + 2 * tq + 8], wr[k0 + 2 * tq + 9]);
@@ -2383,7 +2440,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // phase cannot complete until it.
     if (threadIdx.x == 0) mbarrier_arrive_expect(&bars[s & 1], kPartnerBytes);
     // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
-    if (s == 0) {
+    if (kHalf && s == 0) {
+      // One warp per row: its largest finite magnitude in this K half sets the row's scale.
+      for (int r = warp; r < ROWS; r += kWarps) {
+        const float* src = reinterpret_cast<const float*>(a.h0) + static_cast<int64_t>(r) * H + rank * KQ;
+        float m = 0.0f, scale, unscale = 1.0f;
+        if (r < B) {
+          for (int c = 4 * lane; c < KQ; c += 128) {
+            const float4 v = *reinterpret_cast<const float4*>(src + c);
+            m = finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(m, v.x), v.y), v.z), v.w);
+          }
+          power_of_two_scales(warp_max(m), scale, unscale);
+          for (int c = 4 * lane; c < KQ; c += 128) {
+            const float4 v = *reinterpret_cast<const float4*>(src + c);
+            *reinterpret_cast<uint2*>(xt + r * LDX + c) =
+                make_uint2(pack2(c10::Half(v.x * scale), c10::Half(v.y * scale)),
+                           pack2(c10::Half(v.z * scale), c10::Half(v.w * scale)));
+          }
+        }
+        if (lane == 0) row_unscale[r] = unscale;
+      }
+    } else if (s == 0) {
       const int per_row = KQ / 4;  // chunks of 4 elements
       for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
         const int r = i / per_row, c = (i - r * per_row) * 4;
@@ -2468,10 +2545,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int nt = 0; nt < NTW; ++nt) {
             if (f < KSR) {
-              MmaInst<scalar_t>::run(acc[mt][nt], af[mt], bfr[nt][f < KSR ? f : 0][0], bfr[nt][f < KSR ? f : 0][1]);
+              MmaInst<op_t>::run(acc[mt][nt], af[mt], bfr[nt][f < KSR ? f : 0][0], bfr[nt][f < KSR ? f : 0][1]);
             } else {
               const uint2 w = wsm_warp[(nt * KSS + f - KSR) * 32];
-              MmaInst<scalar_t>::run(acc[mt][nt], af[mt], w.x, w.y);
+              MmaInst<op_t>::run(acc[mt][nt], af[mt], w.x, w.y);
             }
           }
         }
@@ -2489,6 +2566,26 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int e = 0; e < 4; ++e) af[e] = isfinite(__uint_as_float(af[e])) ? 0u : to_tf32(__uint_as_float(af[e]));
 #pragma unroll
             for (int nt = 0; nt < NTW; ++nt) MmaInst<scalar_t>::run(acc[mt][nt], af, bfr[nt][f][0], bfr[nt][f][1]);
+          }
+        }
+      }
+    }
+    if constexpr (kHalf) {  // back from the scaled operands (exact: powers of two)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= w_unscale;
+        }
+        if (s == 0) {
+          const float u0 = row_unscale[mt * 16 + gq], u1 = row_unscale[mt * 16 + gq + 8];
+#pragma unroll
+          for (int nt = 0; nt < NTW; ++nt) {
+            acc[mt][nt][0] *= u0;
+            acc[mt][nt][1] *= u0;
+            acc[mt][nt][2] *= u1;
+            acc[mt][nt][3] *= u1;
           }
         }
       }
@@ -2574,8 +2671,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (active) st_relaxed_u32x2(pub, unpoisoned(__float_as_uint(h[0])), unpoisoned(__float_as_uint(h[1])));
       } else if constexpr (kTf32) {
         if (active) st_relaxed_u32x2(pub, to_tf32(h[0]), to_tf32(h[1]));
-      } else {
-        if (active) st_relaxed_u32(pub, unpoisoned(static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[1].x) << 16)));
+      } else {  // 16-bit pairs (kHalf: h_t in [-1, 1] needs no scale)
+        if (active) st_relaxed_u32(pub, unpoisoned(pack2(static_cast<op_t>(h[0]), static_cast<op_t>(h[1]))));
       }
       if constexpr (kTf32) {
         if (active) st_relaxed_u32x2(ahead, kClusterPoison, kClusterPoison);
@@ -2953,14 +3050,19 @@ int cluster_forward_mode() { return diagnostic_mode("SEQKERNELS_LSTM_PERSISTENT_
 // h0 and pre and 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and
 // output pairs for float), and 64 clusters of two co-resident; false otherwise, having launched
 // nothing.
-template <class scalar_t, bool kTraining, bool kX3>
+template <class scalar_t, bool kTraining, ClusterProduct kProd>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like) {
   constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+  constexpr bool kX3 = kProd == ClusterProduct::kTf32x3, kHalf = kProd == ClusterProduct::kHalfScaled;
+  const ClusterOperands ops = kX3     ? ClusterOperands::kTf32x3
+                              : kHalf  ? ClusterOperands::kHalfScaled
+                              : kFloat ? ClusterOperands::kTf32
+                                       : ClusterOperands::kSixteenBit;
   const int mode = cluster_forward_mode();
   const int sms = prop.multiProcessorCount;
-  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, sizeof(scalar_t), kX3)
-                               : cluster_forward_applies(s, prop.major, sms, sizeof(scalar_t), kX3))) {
+  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, ops)
+                               : cluster_forward_applies(s, prop.major, sms, ops))) {
     return false;
   }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
@@ -2971,16 +3073,16 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   }
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
-    if constexpr (kFloat && HC > 512 && (kX3 || MT > 2)) {
+    if constexpr (kFloat && !kHalf && HC > 512 && (kX3 || MT > 2)) {
       // float32 at H = 1024: with TF32 up to 2 m16 tiles (W_hh's 128 KB slice half in shared
       // memory beside a 66 KB A tile and 80 KB of partials); x3 keeps twice the fragments.
       return false;
     } else {
       if (s.H != HC || (s.B > 32 ? 4 : s.B > 16 ? 2 : 1) != MT) return false;
-      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kX3>;
+      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kProd>;
       const void* fn = reinterpret_cast<const void*>(kernel);
       if (!ptx_at_least(fn, 90)) return false;
-      using L = ClusterForwardLayout<scalar_t, MT, HC>;
+      using L = ClusterForwardLayout<std::conditional_t<kHalf, c10::Half, scalar_t>, MT, HC>;
       Geometry& g = args.g;
       g = Geometry{};
       g.T = static_cast<int>(s.T);
@@ -2992,7 +3094,8 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       g.nch = 1;
       g.row_words = L::kRowWords;
       g.off_part = static_cast<int>(align16(L::kTileBytes));
-      g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8));  // after the two mbarriers
+      // After the two mbarriers (and kHalf's row scales).
+      g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0)));
       g.smem = g.off_w + L::kWsmBytes;
       if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
       // The exchange: kClusterBuffers buffers of h ([B][kRowWords] 32-bit words each), poisoned,
@@ -3010,11 +3113,17 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
 
 template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
-  if constexpr (P == Path::kMma16 || P == Path::kTf32) {
-    if (run_cluster_forward<scalar_t, kTraining, false>(s, prop, args, like)) return true;
+  if constexpr (P == Path::kTf32) {
+    // float32 with TF32 allowed: fp16 products where cluster_half_products says so.
+    if (cluster_half_products(s) ? run_cluster_forward<scalar_t, kTraining, ClusterProduct::kHalfScaled>(s, prop, args, like)
+                                 : run_cluster_forward<scalar_t, kTraining, ClusterProduct::kNative>(s, prop, args, like)) {
+      return true;
+    }
+  } else if constexpr (P == Path::kMma16) {
+    if (run_cluster_forward<scalar_t, kTraining, ClusterProduct::kNative>(s, prop, args, like)) return true;
   } else if constexpr (std::is_same_v<scalar_t, float>) {
     // float32 with TF32 off: three TF32 MMAs per product.
-    if (run_cluster_forward<scalar_t, kTraining, true>(s, prop, args, like)) return true;
+    if (run_cluster_forward<scalar_t, kTraining, ClusterProduct::kTf32x3>(s, prop, args, like)) return true;
   }
   if (direct_forward_enabled()) {
     if constexpr (P != Path::kFma) {

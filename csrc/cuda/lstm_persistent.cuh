@@ -13,6 +13,9 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "seqkernels/lstm_checks.h"
 
 namespace seqkernels {
@@ -25,36 +28,65 @@ constexpr int64_t kSplitBackwardMaxHidden = 1024;
 // beyond it they leave the call to the cuBLAS loop, so lstm_loop.cuh does not choose them there.
 constexpr int64_t kPersistentMaxHiddenMma = 1024;
 
+// The operands of the forward cluster kernel's products (lstm_persistent.cu, ClusterProduct).
+enum class ClusterOperands {
+  kSixteenBit,  // bf16 / fp16
+  kTf32,        // float32 with TF32 allowed, TF32 operands
+  kHalfScaled,  // float32 with TF32 allowed, fp16 operands scaled by powers of two (TF32's mantissa)
+  kTf32x3,      // float32 with TF32 off: three TF32 products on split operands
+};
+
+// Whether float32 with TF32 allowed takes scaled fp16 operands in the cluster forward kernel.
+// SEQKERNELS_LSTM_CLUSTER_HALF (diagnostic): "0" never (TF32 operands; then H = 1024 only up to
+// B = 32); unset or anything else, always: they were faster at every shape measured (H200, below).
+inline bool cluster_half_products(const LstmSizes&) {
+  const char* env = std::getenv("SEQKERNELS_LSTM_CLUSTER_HALF");
+  return env == nullptr || env[0] == '\0' || std::strcmp(env, "0") != 0;
+}
+
+// The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
+inline ClusterOperands cluster_operands(const LstmSizes& s, int64_t elem_size, bool tf32) {
+  if (elem_size != 4) return ClusterOperands::kSixteenBit;
+  if (!tf32) return ClusterOperands::kTf32x3;
+  return cluster_half_products(s) ? ClusterOperands::kHalfScaled : ClusterOperands::kTf32;
+}
+
 // The forward's cluster kernel (lstm_persistent.cu: 64 clusters of two blocks, one block per SM)
-// runs B <= 64 at H in {256, 512, 1024} for 16-bit types (elem_size 2) and H in {256, 512} for
-// float32 (4: with TF32, or without it, `x3`, as three TF32 MMAs per product), and float32 with
-// TF32 at H = 1024 up to B = 32, with equal batch sizes at every step (no ragged PackedSequence),
-// no projection, on a GPU with thread-block clusters (sm_90) and at least kClusterForwardBlocks SMs.
+// runs B <= 64 at H in {256, 512, 1024} on 16-bit operands (16-bit types, and float32 with TF32 on
+// scaled fp16 operands) and H in {256, 512} for float32 on TF32 operands or without TF32 (three TF32
+// MMAs per product), and float32 on TF32 operands at H = 1024 up to B = 32, with equal batch sizes at
+// every step (no ragged PackedSequence), no projection, on a GPU with thread-block clusters (sm_90)
+// and at least kClusterForwardBlocks SMs.
 constexpr int kClusterForwardBlocks = 128;
-inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size, bool x3) {
-  const bool hidden = s.H == 256 || s.H == 512 || (s.H == 1024 && (elem_size == 2 || (!x3 && s.B <= 32)));
-  return (elem_size == 2 || elem_size == 4) && sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 &&
-         s.B >= 1 && s.B <= 64 && hidden && all_steps_full(s);
+inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
+  const bool sixteen = ops == ClusterOperands::kSixteenBit || ops == ClusterOperands::kHalfScaled;
+  const bool hidden = s.H == 256 || s.H == 512 || (s.H == 1024 && (sixteen || (ops == ClusterOperands::kTf32 && s.B <= 32)));
+  return sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 && s.B >= 1 && s.B <= 64 && hidden &&
+         all_steps_full(s);
 }
 // Where it takes the call: wherever it fits at B > 16 (lstm_loop.cuh's rule chooses the persistent
 // loop there), and at B <= 16, where the direct kernel runs otherwise, at H = 1024 in one m16 tile:
-// 16-bit types from kClusterForwardMinBatchOneTile, float32 with TF32 from
-// kClusterForwardMinBatchOneTileTf32. Both kernels forced on an H200 (2026-11-27, the cluster kernel
-// with poisoned h; `infer`, T = 256, CUDA-graph replays, ms, direct / cluster; docs/benchmarks.md):
+// on 16-bit operands (16-bit types; float32 with TF32 on scaled fp16 operands) from
+// kClusterForwardMinBatchOneTile, on TF32 operands from kClusterForwardMinBatchOneTileTf32. Both
+// kernels forced on an H200 (2026-11-27, the cluster kernel with poisoned h; `infer`, T = 256, CUDA-graph replays, ms, direct / cluster; docs/benchmarks.md):
 // bf16 B = 4 / 6 / 8 / 10 / 16 0.658 / 0.711, 0.813 / 0.740, 0.818 / 0.769, 0.918 / 0.793,
 // 1.010 / 0.843 (fp16 alike; `train` B = 8 3.11 / 3.01); TF32 B = 6 / 8 / 9 / 12 / 16 0.830 / 0.904,
 // 0.962 / 0.945, 1.046 / 0.961, 1.140 / 0.985, 1.194 / 1.077 (eager calls at B = 8 1.25 / 1.19,
 // `train` 3.95 / 3.86). At H <= 512 and in float32 without TF32 the direct kernel stays faster
 // (bf16 B = 8 / 16, H = 512: 0.468 / 0.610, 0.581 / 0.640). TF32 at H = 1024, B = 24 / 32: 1.89 /
 // 1.97 ms against `auto`'s 2.97 / 3.08 before it took the cluster kernel there (the fused loop).
+// TF32 on scaled fp16 operands (2026-11-27, eighteenth session, the same method): B = 2 / 4 / 6 / 8
+// 0.66 / 0.77, 0.77 / 0.75, 0.87 / 0.78, 0.90 / 0.80 (direct / cluster); the scaled fp16 operands
+// against TF32 operands in the cluster kernel, B = 8 / 16 / 32, H = 1024 0.80 / 0.94, 0.90 / 1.05,
+// 1.35 / 1.60; B = 64, H = 1024 2.28 against the cuBLAS loop's 2.96 (no TF32-operand instance), and
+// 3-19 % less at B = 17-64, H = 256 / 512 (docs/benchmarks.md).
 constexpr int64_t kClusterForwardMinBatchOneTile = 6;
 constexpr int64_t kClusterForwardMinBatchOneTileTf32 = 8;
-inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, int64_t elem_size, bool x3) {
+inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
   // (cluster_forward_fits has no float32 H = 1024 instance without TF32.)
   const int64_t one_tile_min_batch =
-      elem_size == 2 ? kClusterForwardMinBatchOneTile : kClusterForwardMinBatchOneTileTf32;
-  return cluster_forward_fits(s, sm_major, sm_count, elem_size, x3) &&
-         (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
+      ops == ClusterOperands::kTf32 ? kClusterForwardMinBatchOneTileTf32 : kClusterForwardMinBatchOneTile;
+  return cluster_forward_fits(s, sm_major, sm_count, ops) && (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
 }
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved
