@@ -519,12 +519,16 @@ def _float32_forward_and_reference(t: dict, batch_sizes: list[int], precision: s
     return got, ref
 
 
-def _check_inf_in_h0_as_float32(batch_sizes: list[int], H: int, precision: str = "float32") -> None:
-    """With an inf in h0 (row 1, unit 5), the GPU's float32 forward (TF32 off, or on: precision
-    "tf32") gives what a float32 (TF32) GEMM gives: finite y, h_n and c_n (the row's gates saturate)
-    within that precision's bound of the float64 reference."""
-    t, _ = layer_case(batch_sizes, 9, H, bias=True, seed=61)
+def _check_inf_in_h0_as_float32(batch_sizes: list[int], H: int, precision: str = "float32", I: int = 9,
+                                x_inf: bool = False) -> None:
+    """With an inf in h0 (row 1, unit 5; and with x_inf a -inf in x, packed row 2, column 7), the
+    GPU's float32 forward (TF32 off, or on: precision "tf32") gives what a float32 (TF32) GEMM gives:
+    finite y, h_n and c_n (the rows' gates saturate) within that precision's bound of the float64
+    reference."""
+    t, _ = layer_case(batch_sizes, I, H, bias=True, seed=61)
     t["h0"][1, 5] = float("inf")
+    if x_inf:
+        t["x"][2, 7] = float("-inf")
     got, ref = _float32_forward_and_reference(t, batch_sizes, precision)
     for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
         g, r = g.double().cpu(), r.double()
@@ -784,9 +788,9 @@ def _cluster_products(fn) -> set[str]:
                                          (33, 512, False), (8, 1024, True), (16, 1024, False)])
 def test_cluster_forward_tf32_operands(monkeypatch, half, B, H, reverse):
     """float32 with TF32 on the cluster kernel: by default on fp16 operands scaled by powers of two
-    (TF32's 10-bit mantissa; every H, B up to 64), with SEQKERNELS_LSTM_CLUSTER_HALF=0 on TF32
-    operands (no instance at H = 1024 beyond B = 32): which ran, and the outputs and every gradient
-    against the float64 reference within TF32's bound."""
+    (TF32's 10-bit mantissa; every H, B up to 64; the input projection likewise), with
+    SEQKERNELS_LSTM_CLUSTER_HALF=0 on TF32 operands (no instance at H = 1024 beyond B = 32): which
+    ran, and the outputs and every gradient against the float64 reference within TF32's bound."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     if not half:
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_HALF", "0")
@@ -795,24 +799,32 @@ def test_cluster_forward_tf32_operands(monkeypatch, half, B, H, reverse):
         run()
         fits = half or H < 1024 or B <= 32
         assert _cluster_products(run) == ({"half" if half else "native"} if fits else set())
-        compare_layer([B] * 6, 5, H, reverse=reverse, bias=True, precision="tf32", seed=B + H,
+        # its input projection too (I % 4 == 0), as an fp16 GEMM of rows scaled by powers of two
+        assert any("scale_rows_to_half" in n for n in kernel_names(run)) == half
+        compare_layer([B] * 6, 8, H, reverse=reverse, bias=True, precision="tf32", seed=B + H,
                       what=f"cluster forward, {'scaled fp16' if half else 'TF32'} operands")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("B", [8, 64])
-def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B):
+@pytest.mark.parametrize("B,I", [(8, 9), (64, 12)])
+def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I):
     """The scaled fp16 operands of float32 with TF32: an h0 row beyond fp16's range (~1e5, row 0)
     and one far below it (~1e-5, row 1), with W_hh at 1e-5 of nn.LSTM's range (its largest value
     ~3e-7, an fp16 subnormal unscaled), so that row 0's h0·W_hh stays O(1) and its gates do not
-    saturate: the outputs and every gradient against the float64 reference within TF32's bound.
-    Unscaled, row 0 would overflow to inf (then NaN) and W_hh would keep ~2 significant bits."""
+    saturate; at I = 12 (the projection scaled too; I = 9 leaves it to TF32) x's packed rows 0 and 1
+    likewise against W_ih: the outputs and every gradient against the float64 reference within
+    TF32's bound. Unscaled, row 0 would overflow to inf (then NaN) and W_hh would keep ~2
+    significant bits."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     batch_sizes = [B] * 4
-    t, up = layer_case(batch_sizes, 9, 1024, True, seed=83)
+    t, up = layer_case(batch_sizes, I, 1024, True, seed=83)
     t["w_hh"] *= 1e-5
     t["h0"][0] *= 1e5
     t["h0"][1] *= 1e-5
+    if I % 4 == 0:
+        t["w_ih"] *= 1e-5
+        t["x"][0] *= 1e5
+        t["x"][1] *= 1e-5
     with _Precision("tf32"):
         got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
         assert _cluster_products(
@@ -822,11 +834,12 @@ def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B):
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-def test_cluster_forward_half_products_keep_an_inf_in_h0(monkeypatch):
-    """float32 with TF32 on scaled fp16 operands: an inf in h0 (which sets no scale) reaches the first
-    step's pre-activations as in a TF32 GEMM (the row's gates saturate, its outputs stay finite)."""
+def test_cluster_forward_half_products_keep_infs(monkeypatch):
+    """float32 with TF32 on scaled fp16 operands: an inf in h0 and one in x (which set no scale)
+    reach the first step's pre-activations as in TF32 GEMMs (the rows' gates saturate, their outputs
+    stay finite)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    _check_inf_in_h0_as_float32([40] * 4, 1024, "tf32")
+    _check_inf_in_h0_as_float32([40] * 4, 1024, "tf32", I=12, x_inf=True)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

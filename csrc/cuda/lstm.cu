@@ -682,6 +682,38 @@ void split_tf32(cudaStream_t stream, const float* src, int64_t src_ld, int64_t r
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+using cuda::finite_abs_max;
+using cuda::pack2;
+using cuda::power_of_two_scales;
+using cuda::warp_max;
+
+// float32 with TF32 on fp16 tensor cores (the input projection of the cluster forward kernel's
+// scaled fp16 path): row r of src [rows, cols] (cols % 4 == 0, 16-byte aligned) scaled by the
+// power of two that takes its largest finite magnitude to [2^14, 2^15), in fp16 (dst), and the
+// inverse scale unscale[r]. One warp per row; the second pass re-reads the row from L1 / L2.
+__global__ void scale_rows_to_half_kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
+                                          c10::Half* __restrict__ dst, float* __restrict__ unscale) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t vecs = cols / 4, warps = global_stride() / 32;
+  for (int64_t r = global_thread() / 32; r < rows; r += warps) {  // warp-uniform
+    const float4* row = reinterpret_cast<const float4*>(src + r * cols);
+    float m = 0.0f;
+    for (int64_t v = lane; v < vecs; v += 32) {
+      const float4 q = row[v];
+      m = finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(m, q.x), q.y), q.z), q.w);
+    }
+    float scale, inv;
+    power_of_two_scales(warp_max(m), scale, inv);
+    uint2* out = reinterpret_cast<uint2*>(dst + r * cols);
+    for (int64_t v = lane; v < vecs; v += 32) {
+      const float4 q = row[v];
+      out[v] = make_uint2(pack2(c10::Half(q.x * scale), c10::Half(q.y * scale)),
+                          pack2(c10::Half(q.z * scale), c10::Half(q.w * scale)));
+    }
+    if (lane == 0) unscale[r] = inv;
+  }
+}
+
 // x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM each on
 // the stacked parts of store_x3_stacked, which the step kernel writes beside h_t. That GEMM
 // reads W_hh's parts (twice W_hh) for 2B rows, so it pays where a step is compute-bound, not
@@ -979,6 +1011,32 @@ void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64
                                                                                  pre_p);
 }
 
+// float32 with TF32, for the cluster forward kernel's scaled fp16 path: pre = x·W_ihᵀ as an fp16
+// GEMM (fp32 accumulation) of x and W_ih with their rows scaled by powers of two
+// (scale_rows_to_half_kernel), or an empty tensor, having done nothing, where the rows are not
+// 16-byte vectors. Returns the inverse scales [N + G], x's rows then W_ih's: pre's element (n, g) is
+// x_n·W_ih,g after two exact products, by unscale[n] and unscale[N + g] (the kernel's).
+Tensor half_scaled_projection(int64_t N, int64_t G, int64_t I, const float* x_p, const float* w_ih_p, float* pre_p,
+                              const at::TensorOptions& opts) {
+  auto vectors = [&](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (I % 4 != 0 || !vectors(x_p) || !vectors(w_ih_p)) return Tensor();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  Tensor unscale = at::empty({N + G}, opts.dtype(at::kFloat));
+  Tensor x_half = at::empty({N, I}, opts.dtype(at::kHalf));
+  Tensor w_half = at::empty({G, I}, opts.dtype(at::kHalf));
+  auto scale_rows = [&](const float* src, int64_t rows, const Tensor& dst, float* inv) {
+    scale_rows_to_half_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(src, rows, I, dst.data_ptr<c10::Half>(),
+                                                                              inv);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  scale_rows(x_p, N, x_half, unscale.data_ptr<float>());
+  scale_rows(w_ih_p, G, w_half, unscale.data_ptr<float>() + N);
+  const cuda::BlasContext half_blas(false);
+  cuda::StepGemm<c10::Half, float, float>(half_blas, Trans::N, Trans::T, G, I, I, I, G)(
+      N, 1.f, x_half.data_ptr<c10::Half>(), w_half.data_ptr<c10::Half>(), 0.f, pre_p);
+  return unscale;
+}
+
 template <class scalar_t>
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const LstmSizes& s, const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
@@ -1018,26 +1076,40 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
 
   cuda::BlasContext blas(std::is_same_v<scalar_t, float> && cuda::rnn_allows_tf32());
 
-  // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ.
-  input_projection<scalar_t, acc_t, sc_t>(blas, N, G, I, x_p, w_ih_p, pre_p, opts);
-
   // The time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one fused
   // kernel per step (lstm_fused_step.cu), each writing y, gates, cells, h_n (hbuf) and c_n
   // (cbuf) itself where it applies; else the cuBLAS loop below.
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
-  const bool cluster_forward =
-      cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount,
-                                    cuda::cluster_operands(s, sizeof(scalar_t), blas.tf32()));
+  const cuda::ClusterOperands cluster_ops = cuda::cluster_operands(s, sizeof(scalar_t), blas.tf32());
+  const bool cluster_forward = cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, cluster_ops);
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward);
-  if ((loop == cuda::Loop::kPersistent &&
-       cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, b_ih_p, b_hh_p, w_hh_p,
+
+  // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ. Where the cluster
+  // kernel will multiply float32 on scaled fp16 operands, the projection does too (pre_unscale).
+  Tensor pre_unscale;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (loop == cuda::Loop::kPersistent && cluster_forward && cluster_ops == cuda::ClusterOperands::kHalfScaled) {
+      pre_unscale = half_scaled_projection(N, G, I, x_p, w_ih_p, pre_p, opts);
+    }
+  }
+  auto loop_kernel = [&](const float* unscale) {  // the chosen native loop's kernel, where it applies
+    return (loop == cuda::Loop::kPersistent &&
+            cuda::lstm_persistent_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, unscale, b_ih_p, b_hh_p,
+                                                    w_hh_p, h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p,
+                                                    gates_p, cells_p, hbuf_p, cbuf_p, x)) ||
+           (loop == cuda::Loop::kFused &&
+            cuda::lstm_fused_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, b_ih_p, b_hh_p, w_hh_p,
                                                h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p,
-                                               cells_p, hbuf_p, cbuf_p, x)) ||
-      (loop == cuda::Loop::kFused &&
-       cuda::lstm_fused_forward<scalar_t>(s, reverse, training, blas.tf32(), pre_p, b_ih_p, b_hh_p, w_hh_p,
-                                          h0.data_ptr<scalar_t>(), c0.data_ptr<scalar_t>(), y_p, gates_p, cells_p,
-                                          hbuf_p, cbuf_p, x))) {
+                                               cells_p, hbuf_p, cbuf_p, x));
+  };
+  bool looped = pre_unscale.defined() && loop_kernel(pre_unscale.data_ptr<float>());
+  if (!looped) {
+    // (Where the scaled fp16 cluster kernel could not launch, the plain projection for the others.)
+    input_projection<scalar_t, acc_t, sc_t>(blas, N, G, I, x_p, w_ih_p, pre_p, opts);
+    looped = loop_kernel(nullptr);
+  }
+  if (looped) {
     Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
     return {y, hbuf, c_n, gates, cells};
   }

@@ -75,6 +75,30 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 // TF32 value of the remainder (the subtraction is exact), given big = to_tf32(x); as bits.
 __device__ __forceinline__ uint32_t tf32_small(float x, uint32_t big) { return to_tf32(x - __uint_as_float(big)); }
 
+// float32 with TF32 on fp16 tensor cores: fp16 has TF32's 10-bit mantissa, and powers of two
+// (exact) scale operands into its exponent range (the cluster forward kernel's W_hh and h0, the
+// input projection's x and W_ih). The larger of m and |x| for a finite x (inf and NaN, which fp16
+// keeps, set no scale).
+__device__ __forceinline__ float finite_abs_max(float m, float x) { return isfinite(x) ? fmaxf(m, fabsf(x)) : m; }
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// The powers of two that take a largest magnitude m into [2^14, 2^15) (fp16's largest finite value
+// is 65504) and back; 1 for m = 0. The exponent stays in float32's normal range: both are exact.
+__device__ __forceinline__ void power_of_two_scales(float m, float& scale, float& unscale) {
+  const int e = m > 0.0f ? min(max(14 - ilogbf(m), -126), 126) : 0;
+  scale = ldexpf(1.0f, e);
+  unscale = ldexpf(1.0f, -e);
+}
+
+// A bf16 / fp16 pair in 32 bits, lo in the low half (the lower k of an MMA fragment).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(T lo, T hi) {
+  return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
+}
+
 // Part 0 (the TF32 value) or 1 (tf32_small) of x, as bits.
 __device__ __forceinline__ uint32_t tf32_part(float x, int part) {
   const uint32_t big = to_tf32(x);

@@ -185,6 +185,7 @@ struct FwdArgs {
   SegTable seg;
   bool reverse;
   const acc_t* pre;      // [N, G] x·W_ihᵀ, no bias
+  const float* pre_unscale;  // [N + G] or nullptr: pre scaled per row and gate (cluster kernel, kHalf)
   const scalar_t* b_ih;  // [G] or nullptr (no bias); the kernel adds b_ih + b_hh in acc_t
   const scalar_t* b_hh;  // [G]
   const scalar_t* w_hh;  // [G, H]
@@ -388,11 +389,6 @@ __device__ __forceinline__ acc_t sum_partials(const acc_t* red, int kp, int stri
     for (; q < kp; ++q) s0 += red[q * stride + idx];
     return (s0 + s1) + (s2 + s3);
   }
-}
-
-template <class T>
-__device__ __forceinline__ uint32_t pack2(T lo, T hi) {  // bf16 / fp16 pair, lower k in the low half
-  return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
 }
 
 template <class T>
@@ -2224,22 +2220,6 @@ __device__ __noinline__ uint4 wait_unpoisoned(const uint32_t* p, unsigned step) 
   }
 }
 
-// ClusterProduct::kHalfScaled's scales. The larger of m and |x| for a finite x (inf and NaN, which
-// fp16 keeps, set no scale).
-__device__ __forceinline__ float finite_abs_max(float m, float x) { return isfinite(x) ? fmaxf(m, fabsf(x)) : m; }
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// The powers of two that take a largest magnitude m into [2^14, 2^15) (fp16's largest finite value
-// is 65504) and back; 1 for m = 0. The exponent stays in float32's normal range: both are exact.
-__device__ __forceinline__ void power_of_two_scales(float m, float& scale, float& unscale) {
-  const int e = m > 0.0f ? min(max(14 - ilogbf(m), -126), 126) : 0;
-  scale = ldexpf(1.0f, e);
-  unscale = ldexpf(1.0f, -e);
-}
-
 // Two adjacent elements (p 4-byte aligned for 16-bit types, 8-byte for float) in one store.
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
@@ -2381,17 +2361,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < 4; ++q) bias_r[q][e] = bias_sum(a.b_ih, a.b_hh, q * H + j + e);
     }
   }
-  // pre of this step and of the next (requested before the wait for h_{t-1}).
+  // pre of this step and of the next (requested before the wait for h_{t-1}). kHalf: a scaled
+  // projection's (pre_unscale) row scale comes with it, its gate scales stay here (else all 1).
   float2 pv[4] = {}, pv_next[4] = {};
-  auto prefetch = [&](int s, float2 (&dst)[4]) {
+  float row_u = 1.0f, row_u_next = 1.0f, gate_u[4][2];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      gate_u[q][e] = kHalf && active && a.pre_unscale != nullptr
+                         ? a.pre_unscale[static_cast<int64_t>(T) * B + q * H + j + e]
+                         : 1.0f;
+    }
+  }
+  auto prefetch = [&](int s, float2 (&dst)[4], float& dst_u) {
     if (active) {
       const int t = a.reverse ? T - 1 - s : s;
-      const acc_t* pr = a.pre + (static_cast<int64_t>(t) * B + n) * (4 * H) + j;
+      const int64_t row = static_cast<int64_t>(t) * B + n;
+      const acc_t* pr = a.pre + row * (4 * H) + j;
 #pragma unroll
       for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+      if (kHalf && a.pre_unscale != nullptr) dst_u = a.pre_unscale[row];
     }
   };
-  prefetch(0, pv);
+  prefetch(0, pv, row_u);
 
   // ldmatrix rows: lane l gives row l % 16, bytes 16 (l / 16) of a k-step's 32 bytes (16 16-bit
   // values, or 8 floats: then the b16 pairs are TF32 values and the fragments those of m16n8k8).
@@ -2507,7 +2500,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    if (s + 1 < T) prefetch(s + 1, pv_next);
+    if (s + 1 < T) prefetch(s + 1, pv_next, row_u_next);
     __syncthreads();
     trace.mark(0);
 
@@ -2642,8 +2635,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             v[sl].y += v[sl + w].y;
           }
         }
-        pq[q][0] = pv[q].x + bias_r[q][0] + v[0].x;
-        pq[q][1] = pv[q].y + bias_r[q][1] + v[0].y;
+        // (kHalf: two exact products; 1 without a scaled projection)
+        pq[q][0] = pv[q].x * row_u * gate_u[q][0] + bias_r[q][0] + v[0].x;
+        pq[q][1] = pv[q].y * row_u * gate_u[q][1] + bias_r[q][1] + v[0].y;
       }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -2702,6 +2696,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     trace.mark(3);
 #pragma unroll
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
+    row_u = row_u_next;
   }
   trace.report(kTraining ? "forward cluster (training)" : "forward cluster (inference)", g);
   // The partner writes this block's shared memory only before this block's last wait: none waits
@@ -3113,6 +3108,12 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
 
 template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
+  if (args.pre_unscale != nullptr) {  // a scaled projection is the scaled fp16 cluster kernel's alone
+    if constexpr (P == Path::kTf32) {
+      return run_cluster_forward<scalar_t, kTraining, ClusterProduct::kHalfScaled>(s, prop, args, like);
+    }
+    return false;
+  }
   if constexpr (P == Path::kTf32) {
     // float32 with TF32 allowed: fp16 products where cluster_half_products says so.
     if (cluster_half_products(s) ? run_cluster_forward<scalar_t, kTraining, ClusterProduct::kHalfScaled>(s, prop, args, like)
@@ -3214,7 +3215,8 @@ bool with_path(bool tf32, F&& f) {
 
 template <class scalar_t>
 bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
-                             const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
+                             const at::opmath_type<scalar_t>* pre, const float* pre_unscale, const scalar_t* b_ih,
+                             const scalar_t* b_hh,
                              const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y,
                              scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
                              const at::Tensor& like) {
@@ -3225,6 +3227,7 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
   args.trace = trace_requested();
   args.reverse = reverse;
   args.pre = pre;
+  args.pre_unscale = pre_unscale;
   args.b_ih = b_ih;
   args.b_hh = b_hh;
   args.w_hh = w_hh;
@@ -3275,7 +3278,8 @@ bool lstm_persistent_backward(const LstmSizes& s, bool reverse, bool tf32, const
 
 #define SK_INSTANTIATE_PERSISTENT(T)                                                                              \
   template bool lstm_persistent_forward<T>(const LstmSizes&, bool, bool, bool, const at::opmath_type<T>*,         \
-                                           const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*,      \
+                                           const float*, const T*, const T*, const T*, const T*, const T*, T*, T*, \
+                                           T*, T*,                                                                \
                                            at::opmath_type<T>*, const at::Tensor&);                               \
   template bool lstm_persistent_backward<T>(const LstmSizes&, bool, bool, const T*, const T*, const T*, const T*, \
                                             const T*, const T*, const T*, const T*, const T*, T*, T*,             \

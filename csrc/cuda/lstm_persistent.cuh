@@ -92,6 +92,9 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
 // Forward of one layer and direction, after the input projection. Writes y, the saved
 // gates/cells (training), h_n and c_n exactly as the cuBLAS loop of lstm.cu does.
 //   pre   [N, G] acc_t   x·W_ihᵀ of every packed row (bias not added)
+//   pre_unscale [N + G]  nullptr, or (float32 with TF32) pre as lstm.cu's scaled fp16 projection
+//                        left it: element (n, g) times pre_unscale[n], then pre_unscale[N + g].
+//                        Only the cluster kernel on scaled fp16 operands takes it: false otherwise.
 //   b_ih, b_hh [G]       the biases, or nullptr (no bias): the kernels add b_ih + b_hh in acc_t
 //   w_hh  [G, H]; h0, c0 [B, H]  (the op's inputs: only read)
 //   y [N, H]; gates [N, G] and cells [N, H] (training only, else nullptr)
@@ -100,7 +103,8 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
 //   like: any tensor on the device (workspace allocation)
 template <class scalar_t>
 bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
-                             const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
+                             const at::opmath_type<scalar_t>* pre, const float* pre_unscale, const scalar_t* b_ih,
+                             const scalar_t* b_hh,
                              const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y,
                              scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
                              const at::Tensor& like);
