@@ -76,7 +76,7 @@ inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count,
 // (bf16 B = 8 / 16, H = 512: 0.468 / 0.610, 0.581 / 0.640). TF32 at H = 1024, B = 24 / 32: 1.89 /
 // 1.97 ms against `auto`'s 2.97 / 3.08 before it took the cluster kernel there (the fused loop).
 // TF32 on scaled fp16 operands (2026-11-27, eighteenth session, the same method): B = 2 / 4 / 6 / 8
-// 0.66 / 0.77, 0.77 / 0.75, 0.87 / 0.78, 0.90 / 0.80 (direct / cluster); the scaled fp16 operands
+// 0.66 / 0.73, 0.77 / 0.75, 0.87 / 0.78, 0.90 / 0.80 (direct / cluster); the scaled fp16 operands
 // against TF32 operands in the cluster kernel, B = 8 / 16 / 32, H = 1024 0.80 / 0.94, 0.90 / 1.05,
 // 1.35 / 1.60; B = 64, H = 1024 2.28 against the cuBLAS loop's 2.96 (no TF32-operand instance), and
 // 3-19 % less at B = 17-64, H = 256 / 512 (docs/benchmarks.md).
