@@ -12,12 +12,8 @@
 # per tree, default: the cores shared out), OUT (logs and ab.jsonl; default ./ab_out).
 # On the GPU machine: TORCH_CUDA_ARCH_LIST=9.0 is set here unless given, and missing Python
 # wheels (hypothesis is not needed) are not installed.
-set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/ab_out}"
-mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-ROUNDS="${AB_ROUNDS:-2}"
+# shellcheck source=scripts/ab_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab_common.sh"
 [ "$#" -ge 1 ] || { echo "usage: scripts/ab_builds.sh TREE [TREE ...]" >&2; exit 2; }
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 
@@ -46,15 +42,8 @@ for i in "${!TREES[@]}"; do
 done
 [ "$failed" -eq 0 ] || exit 1
 
-: >"$OUT/ab.jsonl"
-for r in $(seq 1 "$ROUNDS"); do
-  i=0
-  for t in "${TREES[@]}"; do
-    # shellcheck disable=SC2086
-    PYTHONPATH="$t${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$ROOT/scripts/ab_time_lstm.py" --tag "t$i.r$r" --expect "$t" \
-      ${AB_ARGS:-} >>"$OUT/ab.jsonl" || exit 1
-    i=$((i + 1))
-  done
-done
-
-"$PY" "$ROOT/scripts/ab_table.py" "$OUT/ab.jsonl" "$ROUNDS" "${TREES[@]}"
+AB_TREES=("${TREES[@]}")
+AB_ENVS=()
+for _ in "${TREES[@]}"; do AB_ENVS+=(""); done
+AB_LABELS=("${TREES[@]}")
+ab_run || exit 1

@@ -8,28 +8,15 @@
 #
 # A setting "-" leaves the variable unset. Env: AB_ROUNDS (default 2), AB_ARGS (ab_time_lstm.py's
 # cell arguments), OUT (ab.jsonl; default ./ab_out).
-set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/ab_out}"
-mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-ROUNDS="${AB_ROUNDS:-2}"
+# shellcheck source=scripts/ab_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab_common.sh"
 [ "$#" -ge 2 ] || { echo "usage: scripts/ab_switch.sh VARIABLE SETTING [SETTING ...]  (- for unset)" >&2; exit 2; }
 VAR="$1"
 shift
-LABELS=()
-for v in "$@"; do LABELS+=("$VAR=$v"); done
-
-: >"$OUT/ab.jsonl"
-for r in $(seq 1 "$ROUNDS"); do
-  i=0
-  for v in "$@"; do
-    if [ "$v" = "-" ]; then setting=(-u "$VAR"); else setting=("$VAR=$v"); fi
-    # shellcheck disable=SC2086
-    env "${setting[@]}" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$ROOT/scripts/ab_time_lstm.py" \
-      --tag "t$i.r$r" --expect "$ROOT" ${AB_ARGS:-} >>"$OUT/ab.jsonl" || exit 1
-    i=$((i + 1))
-  done
+AB_TREES=() AB_ENVS=() AB_LABELS=()
+for v in "$@"; do
+  AB_TREES+=("$ROOT")
+  if [ "$v" = "-" ]; then AB_ENVS+=("-u $VAR"); else AB_ENVS+=("$VAR=$v"); fi
+  AB_LABELS+=("$VAR=$v")
 done
-
-"$PY" "$ROOT/scripts/ab_table.py" "$OUT/ab.jsonl" "$ROUNDS" "${LABELS[@]}"
+ab_run || exit 1
