@@ -771,14 +771,14 @@ def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
 
 
 def _cluster_products(fn) -> set[str]:
-    """The products of the cluster forward kernels that ran during fn(): their last template
-    argument (ClusterProduct) as "native", "x3" or "half" (scaled fp16 operands)."""
+    """The operands of the cluster forward kernels that ran during fn(): their last template
+    argument (ClusterOperands) as "native" (16-bit, or TF32), "half" (scaled fp16) or "x3"."""
     products = set()
     for n in kernel_names(fn):
         if "lstm_persistent_forward_cluster_kernel" in n:
-            m = re.search(r"ClusterProduct\)(\d+)", n)
+            m = re.search(r"ClusterOperands\)(\d+)", n)
             assert m, n
-            products.add(("native", "x3", "half")[int(m.group(1))])
+            products.add(("native", "native", "half", "x3")[int(m.group(1))])
     return products
 
 

@@ -682,34 +682,14 @@ void split_tf32(cudaStream_t stream, const float* src, int64_t src_ld, int64_t r
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-using cuda::finite_abs_max;
-using cuda::pack2;
-using cuda::power_of_two_scales;
-using cuda::warp_max;
-
 // float32 with TF32 on fp16 tensor cores (the input projection of the cluster forward kernel's
-// scaled fp16 path): row r of src [rows, cols] (cols % 4 == 0, 16-byte aligned) scaled by the
-// power of two that takes its largest finite magnitude to [2^14, 2^15), in fp16 (dst), and the
-// inverse scale unscale[r]. One warp per row; the second pass re-reads the row from L1 / L2.
+// scaled fp16 path): the rows of src [rows, cols] (cols % 4 == 0, 16-byte aligned) in fp16, each
+// scaled by a power of two (cuda::scale_row_to_half, one warp per row), and their inverse scales.
 __global__ void scale_rows_to_half_kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
                                           c10::Half* __restrict__ dst, float* __restrict__ unscale) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t vecs = cols / 4, warps = global_stride() / 32;
-  for (int64_t r = global_thread() / 32; r < rows; r += warps) {  // warp-uniform
-    const float4* row = reinterpret_cast<const float4*>(src + r * cols);
-    float m = 0.0f;
-    for (int64_t v = lane; v < vecs; v += 32) {
-      const float4 q = row[v];
-      m = finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(m, q.x), q.y), q.z), q.w);
-    }
-    float scale, inv;
-    power_of_two_scales(warp_max(m), scale, inv);
-    uint2* out = reinterpret_cast<uint2*>(dst + r * cols);
-    for (int64_t v = lane; v < vecs; v += 32) {
-      const float4 q = row[v];
-      out[v] = make_uint2(pack2(c10::Half(q.x * scale), c10::Half(q.y * scale)),
-                          pack2(c10::Half(q.z * scale), c10::Half(q.w * scale)));
-    }
+  for (int64_t r = global_thread() / 32; r < rows; r += global_stride() / 32) {  // warp-uniform
+    const float inv = cuda::scale_row_to_half(src + r * cols, cols, lane, dst + r * cols);
     if (lane == 0) unscale[r] = inv;
   }
 }

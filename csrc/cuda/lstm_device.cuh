@@ -99,6 +99,28 @@ __device__ __forceinline__ uint32_t pack2(T lo, T hi) {
   return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
 }
 
+// One warp: row src[0, cols) (cols % 4 == 0, 16-byte aligned) scaled by the power of two that
+// takes its largest finite magnitude into [2^14, 2^15), in fp16 (dst, 8-byte aligned); returns the
+// inverse scale. The second pass re-reads the row (L1 / L2).
+__device__ __forceinline__ float scale_row_to_half(const float* src, int64_t cols, int lane, c10::Half* dst) {
+  const float4* row = reinterpret_cast<const float4*>(src);
+  const int64_t vecs = cols / 4;
+  float m = 0.0f;
+  for (int64_t v = lane; v < vecs; v += 32) {
+    const float4 q = row[v];
+    m = finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(m, q.x), q.y), q.z), q.w);
+  }
+  float scale, unscale;
+  power_of_two_scales(warp_max(m), scale, unscale);
+  uint2* out = reinterpret_cast<uint2*>(dst);
+  for (int64_t v = lane; v < vecs; v += 32) {
+    const float4 q = row[v];
+    out[v] = make_uint2(pack2(c10::Half(q.x * scale), c10::Half(q.y * scale)),
+                        pack2(c10::Half(q.z * scale), c10::Half(q.w * scale)));
+  }
+  return unscale;
+}
+
 // Part 0 (the TF32 value) or 1 (tf32_small) of x, as bits.
 __device__ __forceinline__ uint32_t tf32_part(float x, int part) {
   const uint32_t big = to_tf32(x);

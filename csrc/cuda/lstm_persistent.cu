@@ -2117,7 +2117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // resident), at float32's accuracy. At H = 1024 float32's W_hh slice takes 128 KB: with TF32 half
 // of it stays in shared memory (cluster_forward_reg_ksteps) and B <= 32 (the A tile 66 KB, the
 // partials 80 KB); x3 (twice the fragments) has no H = 1024 instance.
-// float32 with TF32 allowed may instead multiply on fp16 tensor cores (ClusterProduct::kHalfScaled):
+// float32 with TF32 allowed may instead multiply on fp16 tensor cores (ClusterOperands::kHalfScaled):
 // fp16 has TF32's 10-bit mantissa, and its narrow exponent range is covered by powers of two,
 // which scale exactly: each warp's W_hh fragments by one (their largest finite magnitude to
 // [2^14, 2^15)), h0 by one per row (at the first step), and h_t for t >= 0 lies in [-1, 1]
@@ -2130,13 +2130,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // clusters of two fit an H200 at one block per SM (the occupancy API: 66 clusters); in
 // clusters of four only 30 would.
 constexpr int kClusterForwardSlots = 8;  // partials per column: 2 blocks x 4 K quarters
-
-// How the cluster forward kernel forms its products.
-enum class ClusterProduct : int {
-  kNative,      // 16-bit types: mma.m16n8k16 on the dtype; float32 with TF32: mma.m16n8k8.tf32
-  kTf32x3,      // float32, TF32 off: three TF32 MMAs per product on split operands
-  kHalfScaled,  // float32 with TF32 allowed: mma.m16n8k16 on fp16 operands scaled by powers of two
-};
 
 // Of a warp's KSW k-steps, those whose W_hh fragments stay in registers: all, but for float32 with
 // TF32 at H = 1024, whose 128 KB slice per block would leave too few registers (the 16-bit slice
@@ -2254,7 +2247,7 @@ __device__ __forceinline__ void mbarrier_wait_guarded(uint32_t bar, uint32_t par
   }
 }
 
-template <class scalar_t, bool kTraining, int MT, int HC, ClusterProduct kProd>
+template <class scalar_t, bool kTraining, int MT, int HC, ClusterOperands kOps>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_cluster_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -2263,12 +2256,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // float32: TF32 MMAs (m16n8k8), h exchanged and staged as TF32-rounded floats; kX3 (TF32 off):
   // h exchanged and staged whole, each product as three TF32 MMAs on split operands; kHalf: fp16
   // operands (op_t), exchanged and staged as the 16-bit types' are.
-  constexpr bool kFloat = std::is_same_v<scalar_t, float>;
-  constexpr bool kX3 = kProd == ClusterProduct::kTf32x3, kHalf = kProd == ClusterProduct::kHalfScaled;
-  constexpr bool kTf32 = kFloat && !kHalf;  // float operands (TF32, or whole for x3)
+  constexpr bool kX3 = kOps == ClusterOperands::kTf32x3, kHalf = kOps == ClusterOperands::kHalfScaled;
+  constexpr bool kTf32 = kX3 || kOps == ClusterOperands::kTf32;  // float operands (TF32, or whole for x3)
   using op_t = std::conditional_t<kHalf, c10::Half, scalar_t>;  // the MMA operands' type
-  static_assert(sizeof(scalar_t) == 2 || kFloat, "cluster forward kernel: 16-bit types or float32");
-  static_assert((kProd == ClusterProduct::kNative) || kFloat, "cluster forward kernel: x3 and scaled fp16 are float32's");
+  static_assert(std::is_same_v<scalar_t, float> == (kOps != ClusterOperands::kSixteenBit) && sizeof(op_t) <= 4,
+                "cluster forward kernel: 16-bit types on their own operands, float32 on the others");
   using L = ClusterForwardLayout<op_t, MT, HC>;
   constexpr int ES = L::ES, kStep = L::kStep, H = HC, UC = L::UC, UO = L::UO, NTW = L::NTW, KQ = L::KQ;
   constexpr int KSW = L::KSW, KSR = L::KSR, KSS = L::KSS, LDX = L::LDX, OC = L::OC, LDP = L::LDP;
@@ -2433,39 +2425,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     // phase cannot complete until it.
     if (threadIdx.x == 0) mbarrier_arrive_expect(&bars[s & 1], kPartnerBytes);
     // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
-    if (kHalf && s == 0) {
-      // One warp per row: its largest finite magnitude in this K half sets the row's scale.
-      for (int r = warp; r < ROWS; r += kWarps) {
-        const float* src = reinterpret_cast<const float*>(a.h0) + static_cast<int64_t>(r) * H + rank * KQ;
-        float m = 0.0f, scale, unscale = 1.0f;
-        if (r < B) {
-          for (int c = 4 * lane; c < KQ; c += 128) {
-            const float4 v = *reinterpret_cast<const float4*>(src + c);
-            m = finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(m, v.x), v.y), v.z), v.w);
-          }
-          power_of_two_scales(warp_max(m), scale, unscale);
-          for (int c = 4 * lane; c < KQ; c += 128) {
-            const float4 v = *reinterpret_cast<const float4*>(src + c);
-            *reinterpret_cast<uint2*>(xt + r * LDX + c) =
-                make_uint2(pack2(c10::Half(v.x * scale), c10::Half(v.y * scale)),
-                           pack2(c10::Half(v.z * scale), c10::Half(v.w * scale)));
-          }
+    if (s == 0) {
+      if constexpr (kHalf) {
+        // One warp per row of this K half, scaled by its own power of two (rows >= B: 1, unused).
+        for (int r = warp; r < ROWS; r += kWarps) {
+          const float unscale =
+              r < B ? scale_row_to_half(a.h0 + static_cast<int64_t>(r) * H + rank * KQ, KQ, lane, xt + r * LDX) : 1.0f;
+          if (lane == 0) row_unscale[r] = unscale;
         }
-        if (lane == 0) row_unscale[r] = unscale;
-      }
-    } else if (s == 0) {
-      const int per_row = KQ / 4;  // chunks of 4 elements
-      for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
-        const int r = i / per_row, c = (i - r * per_row) * 4;
-        const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c;
-        if constexpr (kX3) {  // whole: split when multiplied
-          *reinterpret_cast<float4*>(xt + r * LDX + c) = *reinterpret_cast<const float4*>(src);
-        } else if constexpr (kTf32) {
-          const float4 v = *reinterpret_cast<const float4*>(src);
-          *reinterpret_cast<uint4*>(xt + r * LDX + c) =
-              make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
-        } else {
-          *reinterpret_cast<uint2*>(xt + r * LDX + c) = *reinterpret_cast<const uint2*>(src);
+      } else {
+        const int per_row = KQ / 4;  // chunks of 4 elements
+        for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
+          const int r = i / per_row, c = (i - r * per_row) * 4;
+          const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c;
+          if constexpr (kX3) {  // whole: split when multiplied
+            *reinterpret_cast<float4*>(xt + r * LDX + c) = *reinterpret_cast<const float4*>(src);
+          } else if constexpr (kTf32) {
+            const float4 v = *reinterpret_cast<const float4*>(src);
+            *reinterpret_cast<uint4*>(xt + r * LDX + c) =
+                make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
+          } else {
+            *reinterpret_cast<uint2*>(xt + r * LDX + c) = *reinterpret_cast<const uint2*>(src);
+          }
         }
       }
     } else {
@@ -3045,19 +3026,15 @@ int cluster_forward_mode() { return diagnostic_mode("SEQKERNELS_LSTM_PERSISTENT_
 // h0 and pre and 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and
 // output pairs for float), and 64 clusters of two co-resident; false otherwise, having launched
 // nothing.
-template <class scalar_t, bool kTraining, ClusterProduct kProd>
+template <class scalar_t, bool kTraining, ClusterOperands kOps>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like) {
   constexpr bool kFloat = std::is_same_v<scalar_t, float>;
-  constexpr bool kX3 = kProd == ClusterProduct::kTf32x3, kHalf = kProd == ClusterProduct::kHalfScaled;
-  const ClusterOperands ops = kX3     ? ClusterOperands::kTf32x3
-                              : kHalf  ? ClusterOperands::kHalfScaled
-                              : kFloat ? ClusterOperands::kTf32
-                                       : ClusterOperands::kSixteenBit;
+  constexpr bool kX3 = kOps == ClusterOperands::kTf32x3, kHalf = kOps == ClusterOperands::kHalfScaled;
   const int mode = cluster_forward_mode();
   const int sms = prop.multiProcessorCount;
-  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, ops)
-                               : cluster_forward_applies(s, prop.major, sms, ops))) {
+  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, kOps)
+                               : cluster_forward_applies(s, prop.major, sms, kOps))) {
     return false;
   }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
@@ -3074,7 +3051,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       return false;
     } else {
       if (s.H != HC || (s.B > 32 ? 4 : s.B > 16 ? 2 : 1) != MT) return false;
-      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kProd>;
+      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps>;
       const void* fn = reinterpret_cast<const void*>(kernel);
       if (!ptx_at_least(fn, 90)) return false;
       using L = ClusterForwardLayout<std::conditional_t<kHalf, c10::Half, scalar_t>, MT, HC>;
@@ -3110,21 +3087,21 @@ template <class scalar_t, Path P, bool kTraining>
 bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args, const at::Tensor& like) {
   if (args.pre_unscale != nullptr) {  // a scaled projection is the scaled fp16 cluster kernel's alone
     if constexpr (P == Path::kTf32) {
-      return run_cluster_forward<scalar_t, kTraining, ClusterProduct::kHalfScaled>(s, prop, args, like);
+      return run_cluster_forward<scalar_t, kTraining, ClusterOperands::kHalfScaled>(s, prop, args, like);
     }
     return false;
   }
   if constexpr (P == Path::kTf32) {
-    // float32 with TF32 allowed: fp16 products where cluster_half_products says so.
-    if (cluster_half_products(s) ? run_cluster_forward<scalar_t, kTraining, ClusterProduct::kHalfScaled>(s, prop, args, like)
-                                 : run_cluster_forward<scalar_t, kTraining, ClusterProduct::kNative>(s, prop, args, like)) {
+    // float32 with TF32 allowed: scaled fp16 operands where cluster_half_products says so.
+    if (cluster_half_products(s) ? run_cluster_forward<scalar_t, kTraining, ClusterOperands::kHalfScaled>(s, prop, args, like)
+                                 : run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32>(s, prop, args, like)) {
       return true;
     }
   } else if constexpr (P == Path::kMma16) {
-    if (run_cluster_forward<scalar_t, kTraining, ClusterProduct::kNative>(s, prop, args, like)) return true;
+    if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
   } else if constexpr (std::is_same_v<scalar_t, float>) {
     // float32 with TF32 off: three TF32 MMAs per product.
-    if (run_cluster_forward<scalar_t, kTraining, ClusterProduct::kTf32x3>(s, prop, args, like)) return true;
+    if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32x3>(s, prop, args, like)) return true;
   }
   if (direct_forward_enabled()) {
     if constexpr (P != Path::kFma) {
@@ -3216,10 +3193,9 @@ bool with_path(bool tf32, F&& f) {
 template <class scalar_t>
 bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
                              const at::opmath_type<scalar_t>* pre, const float* pre_unscale, const scalar_t* b_ih,
-                             const scalar_t* b_hh,
-                             const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y,
-                             scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
-                             const at::Tensor& like) {
+                             const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
+                             scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n,
+                             at::opmath_type<scalar_t>* c_n, const at::Tensor& like) {
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   if (!common_preconditions(s, prop)) return false;
   FwdArgs<scalar_t> args{};

@@ -28,7 +28,7 @@ constexpr int64_t kSplitBackwardMaxHidden = 1024;
 // beyond it they leave the call to the cuBLAS loop, so lstm_loop.cuh does not choose them there.
 constexpr int64_t kPersistentMaxHiddenMma = 1024;
 
-// The operands of the forward cluster kernel's products (lstm_persistent.cu, ClusterProduct).
+// The operands of the forward cluster kernel's products (its last template argument, lstm_persistent.cu).
 enum class ClusterOperands {
   kSixteenBit,  // bf16 / fp16
   kTf32,        // float32 with TF32 allowed, TF32 operands
