@@ -1060,7 +1060,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // kernel per step (lstm_fused_step.cu), each writing y, gates, cells, h_n (hbuf) and c_n
   // (cbuf) itself where it applies; else the cuBLAS loop below.
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
-  const cuda::ClusterOperands cluster_ops = cuda::cluster_operands(s, sizeof(scalar_t), blas.tf32());
+  const cuda::ClusterOperands cluster_ops = cuda::cluster_operands(sizeof(scalar_t), blas.tf32());
   const bool cluster_forward = cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, cluster_ops);
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward);

@@ -3093,8 +3093,8 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
   }
   if constexpr (P == Path::kTf32) {
     // float32 with TF32 allowed: scaled fp16 operands where cluster_half_products says so.
-    if (cluster_half_products(s) ? run_cluster_forward<scalar_t, kTraining, ClusterOperands::kHalfScaled>(s, prop, args, like)
-                                 : run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32>(s, prop, args, like)) {
+    if (cluster_half_products() ? run_cluster_forward<scalar_t, kTraining, ClusterOperands::kHalfScaled>(s, prop, args, like)
+                                : run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32>(s, prop, args, like)) {
       return true;
     }
   } else if constexpr (P == Path::kMma16) {

@@ -39,16 +39,16 @@ enum class ClusterOperands {
 // Whether float32 with TF32 allowed takes scaled fp16 operands in the cluster forward kernel.
 // SEQKERNELS_LSTM_CLUSTER_HALF (diagnostic): "0" never (TF32 operands; then H = 1024 only up to
 // B = 32); unset or anything else, always: they were faster at every shape measured (H200, below).
-inline bool cluster_half_products(const LstmSizes&) {
+inline bool cluster_half_products() {
   const char* env = std::getenv("SEQKERNELS_LSTM_CLUSTER_HALF");
-  return env == nullptr || env[0] == '\0' || std::strcmp(env, "0") != 0;
+  return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
-inline ClusterOperands cluster_operands(const LstmSizes& s, int64_t elem_size, bool tf32) {
+inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
   if (elem_size != 4) return ClusterOperands::kSixteenBit;
   if (!tf32) return ClusterOperands::kTf32x3;
-  return cluster_half_products(s) ? ClusterOperands::kHalfScaled : ClusterOperands::kTf32;
+  return cluster_half_products() ? ClusterOperands::kHalfScaled : ClusterOperands::kTf32;
 }
 
 // The forward's cluster kernel (lstm_persistent.cu: 64 clusters of two blocks, one block per SM)
