@@ -1012,8 +1012,8 @@ Tensor half_scaled_projection(int64_t N, int64_t G, int64_t I, const float* x_p,
   scale_rows(x_p, N, x_half, unscale.data_ptr<float>());
   scale_rows(w_ih_p, G, w_half, unscale.data_ptr<float>() + N);
   const cuda::BlasContext half_blas(false);
-  cuda::StepGemm<c10::Half, float, float>(half_blas, Trans::N, Trans::T, G, I, I, I, G)(
-      N, 1.f, x_half.data_ptr<c10::Half>(), w_half.data_ptr<c10::Half>(), 0.f, pre_p);
+  input_projection<c10::Half, float, float>(half_blas, N, G, I, x_half.data_ptr<c10::Half>(),
+                                            w_half.data_ptr<c10::Half>(), pre_p, opts);
   return unscale;
 }
 

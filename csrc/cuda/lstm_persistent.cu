@@ -2247,6 +2247,10 @@ __device__ __forceinline__ void mbarrier_wait_guarded(uint32_t bar, uint32_t par
   }
 }
 
+// The cluster forward kernel's MMA operand type: the dtype's, but fp16 for kHalfScaled.
+template <class scalar_t, ClusterOperands kOps>
+using ClusterOperandType = std::conditional_t<kOps == ClusterOperands::kHalfScaled, c10::Half, scalar_t>;
+
 template <class scalar_t, bool kTraining, int MT, int HC, ClusterOperands kOps>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_cluster_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
@@ -2258,7 +2262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // operands (op_t), exchanged and staged as the 16-bit types' are.
   constexpr bool kX3 = kOps == ClusterOperands::kTf32x3, kHalf = kOps == ClusterOperands::kHalfScaled;
   constexpr bool kTf32 = kX3 || kOps == ClusterOperands::kTf32;  // float operands (TF32, or whole for x3)
-  using op_t = std::conditional_t<kHalf, c10::Half, scalar_t>;  // the MMA operands' type
+  using op_t = ClusterOperandType<scalar_t, kOps>;
   static_assert(std::is_same_v<scalar_t, float> == (kOps != ClusterOperands::kSixteenBit) && sizeof(op_t) <= 4,
                 "cluster forward kernel: 16-bit types on their own operands, float32 on the others");
   using L = ClusterForwardLayout<op_t, MT, HC>;
@@ -3054,7 +3058,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps>;
       const void* fn = reinterpret_cast<const void*>(kernel);
       if (!ptx_at_least(fn, 90)) return false;
-      using L = ClusterForwardLayout<std::conditional_t<kHalf, c10::Half, scalar_t>, MT, HC>;
+      using L = ClusterForwardLayout<ClusterOperandType<scalar_t, kOps>, MT, HC>;
       Geometry& g = args.g;
       g = Geometry{};
       g.T = static_cast<int>(s.T);
@@ -3093,8 +3097,9 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
   }
   if constexpr (P == Path::kTf32) {
     // float32 with TF32 allowed: scaled fp16 operands where cluster_half_products says so.
-    if (cluster_half_products() ? run_cluster_forward<scalar_t, kTraining, ClusterOperands::kHalfScaled>(s, prop, args, like)
-                                : run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32>(s, prop, args, like)) {
+    if (cluster_half_products()) {
+      if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kHalfScaled>(s, prop, args, like)) return true;
+    } else if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32>(s, prop, args, like)) {
       return true;
     }
   } else if constexpr (P == Path::kMma16) {

@@ -60,7 +60,8 @@ inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
 constexpr int kClusterForwardBlocks = 128;
 inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
   const bool sixteen = ops == ClusterOperands::kSixteenBit || ops == ClusterOperands::kHalfScaled;
-  const bool hidden = s.H == 256 || s.H == 512 || (s.H == 1024 && (sixteen || (ops == ClusterOperands::kTf32 && s.B <= 32)));
+  const bool tf32_1024 = ops == ClusterOperands::kTf32 && s.B <= 32;  // TF32 operands: 2 m16 tiles at most
+  const bool hidden = s.H == 256 || s.H == 512 || (s.H == 1024 && (sixteen || tf32_1024));
   return sm_major >= 9 && sm_count >= kClusterForwardBlocks && s.P == 0 && s.B >= 1 && s.B <= 64 && hidden &&
          all_steps_full(s);
 }
@@ -68,7 +69,8 @@ inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count,
 // loop there), and at B <= 16, where the direct kernel runs otherwise, at H = 1024 in one m16 tile:
 // on 16-bit operands (16-bit types; float32 with TF32 on scaled fp16 operands) from
 // kClusterForwardMinBatchOneTile, on TF32 operands from kClusterForwardMinBatchOneTileTf32. Both
-// kernels forced on an H200 (2026-11-27, the cluster kernel with poisoned h; `infer`, T = 256, CUDA-graph replays, ms, direct / cluster; docs/benchmarks.md):
+// kernels forced on an H200 (2026-11-27, the cluster kernel with poisoned h; `infer`, T = 256,
+// CUDA-graph replays, ms, direct / cluster; docs/benchmarks.md):
 // bf16 B = 4 / 6 / 8 / 10 / 16 0.658 / 0.711, 0.813 / 0.740, 0.818 / 0.769, 0.918 / 0.793,
 // 1.010 / 0.843 (fp16 alike; `train` B = 8 3.11 / 3.01); TF32 B = 6 / 8 / 9 / 12 / 16 0.830 / 0.904,
 // 0.962 / 0.945, 1.046 / 0.961, 1.140 / 0.985, 1.194 / 1.077 (eager calls at B = 8 1.25 / 1.19,
@@ -104,10 +106,9 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
 template <class scalar_t>
 bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bool tf32,
                              const at::opmath_type<scalar_t>* pre, const float* pre_unscale, const scalar_t* b_ih,
-                             const scalar_t* b_hh,
-                             const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0, scalar_t* y,
-                             scalar_t* gates, scalar_t* cells, scalar_t* h_n, at::opmath_type<scalar_t>* c_n,
-                             const at::Tensor& like);
+                             const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
+                             scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n,
+                             at::opmath_type<scalar_t>* c_n, const at::Tensor& like);
 
 // Backward time loop of one layer and direction (no projection). Produces what the cuBLAS
 // loop of lstm.cu produces before its whole-sequence GEMMs:
