@@ -1254,6 +1254,76 @@ def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 
 
+# float32 with TF32: the replayed cuBLAS loop's backward multiplies dh = dG·W_hh on fp16 operands
+# scaled by powers of two (lstm.cu, HalfDhStep): dG by (row, K part), W_hh by (K part, column), a
+# part's U = H / parts units in one block (4 parts from B = 8, else 1; U % 32 == 0, 64 <= U <= 256).
+def _half_dh_taken(fn) -> bool:
+    return any("scale_w_hh_parts_kernel" in n for n in kernel_names(fn))
+
+
+@pytest.mark.parametrize("B,H,reverse", [(4, 64, False), (8, 512, False), (16, 512, True), (64, 1024, False)])
+def test_replayed_backward_half_dh_matches_reference(monkeypatch, B, H, reverse):
+    """The scaled fp16 dh GEMM (1 part at B = 4, 4 parts from B = 8; 37 steps: two replayed chunks
+    and 5 eager steps) against the float64 reference within TF32's bound; the diagnostic switch
+    SEQKERNELS_LSTM_BACKWARD_HALF=0 keeps TF32 operands, and so do 32-unit parts (H = 128 in 4)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    with _Precision("tf32"):
+        assert _half_dh_taken(_train_call(torch.float32, B, H, T=20))
+        compare_layer([B] * REPLAY_T, 9, H, reverse=reverse, bias=True, precision="tf32", seed=B + H,
+                      what="replayed backward, fp16 dh")
+        assert not _half_dh_taken(_train_call(torch.float32, 8, 128, T=20))
+        monkeypatch.setenv("SEQKERNELS_LSTM_BACKWARD_HALF", "0")
+        assert not _half_dh_taken(_train_call(torch.float32, B, H, T=20))
+
+
+def test_replayed_backward_half_dh_scales_rows_and_columns(monkeypatch):
+    """Batch rows of the upstream gradients at 1e5 and 1e-5 (2^33 apart: one scale for all rows
+    would leave the small row's dG subnormal in fp16) and W_hh's columns 0-7 at 1e-9 of the rest
+    (likewise for one scale per part): those rows' grad_h0, grad_c0 and grad_x and those columns'
+    grad_h0 within TF32's bound of the float64 reference, relative to their own size."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    B, H, T = 8, 512, REPLAY_T
+    t, up = layer_case([B] * T, 9, H, True, seed=71)
+    rows = torch.arange(T * B) % B  # the packed rows' batch rows
+    for b, f in ((0, 1e5), (1, 1e-5)):
+        up["y"][rows == b] *= f
+        up["h_n"][b] *= f
+        up["c_n"][b] *= f
+    t["w_hh"][:, :8] *= 1e-9
+    with _Precision("tf32"):
+        got = run_layer(lstm_layer, t, up, [B] * T, False, torch.float32, "cuda")
+    ref = run_layer(_reference, t, up, [B] * T, False, torch.float64, "cpu")
+
+    def close(g, r, what):
+        err, size = max_abs(g.double().cpu() - r), max_abs(r)
+        assert size > 0 and err <= TOL["tf32"] * size, f"{what}: error {err:.3g} against values of {size:.3g}"
+
+    for b in (0, 1):
+        close(got["grad_h0"][b], ref["grad_h0"][b], f"grad_h0, row {b}")
+        close(got["grad_c0"][b], ref["grad_c0"][b], f"grad_c0, row {b}")
+        close(got["grad_x"][rows == b], ref["grad_x"][rows == b], f"grad_x, row {b}")
+    close(got["grad_h0"][2:, :8], ref["grad_h0"][2:, :8], "grad_h0, columns 0-7")
+
+
+def test_replayed_backward_half_dh_keeps_inf(monkeypatch):
+    """An inf in grad_y (batch row 2, step 30) reaches dh as in a TF32 GEMM: the gradients it
+    reaches turn non-finite where the float64 reference's do, and the other rows keep the
+    reference's values within TF32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    B, H, T = 8, 512, REPLAY_T
+    t, up = layer_case([B] * T, 9, H, True, seed=72)
+    up["y"][30 * B + 2, 17] = float("inf")
+    with _Precision("tf32"):
+        got = run_layer(lstm_layer, t, up, [B] * T, False, torch.float32, "cuda")
+    ref = run_layer(_reference, t, up, [B] * T, False, torch.float64, "cpu")
+    assert not torch.isfinite(ref["grad_h0"][2]).any()
+    for key in ("grad_x", "grad_h0", "grad_c0"):
+        g, r = got[key].double().cpu(), ref[key]
+        ok = torch.isfinite(r)
+        assert torch.equal(torch.isfinite(g), ok), f"{key}: non-finite elsewhere than the reference's"
+        assert max_abs(g[ok] - r[ok]) <= TOL["tf32"] * max(1.0, max_abs(r[ok])), key
+
+
 def _force_replayed_loop(monkeypatch, loop):
     """SEQKERNELS_LSTM_BACKEND for `loop`: cublas, fused, or cublas-x3 (the cuBLAS loop with its x3
     steps at any batch size)."""

@@ -64,6 +64,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -352,6 +353,44 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
   }
 }
 
+// float32 with TF32: the replayed backward's dh GEMM on fp16 operands scaled by powers of two
+// (lstm_backward_replayed; fp16 has TF32's 10-bit mantissa, and the scales are exact). The step's
+// dG is that GEMM's A operand, its K split into `parts` (step_k_parts); part p of row b holds the
+// four gates of units [p·U, (p+1)·U), U = H / parts, in part order (column p·4U + gate·U + u), so
+// that one block of U threads writes all of it and can scale it by its own largest magnitude.
+// W_hh's rows are in the same order, scaled per (part, column) (scale_w_hh_parts_kernel); a part's
+// product is then unscaled by its row's and its column's inverse scales, where the step sums it.
+struct HalfDhStep {
+  c10::Half* dG;             // [B, G] out: this step's dG, scaled, in part order
+  float* row_unscale;        // [2][B, parts]: the inverse scales of the rows' parts; step s writes
+                             // half s % 2 and reads the previous step's (dh_in's) from the other
+  const float* w_unscale;    // [parts, H]: W_hh's (part, column) inverse scales
+  int parts;
+  int64_t step;              // the processing step; 0: dh_in is grad_h_n (unscaled), not a product
+};
+
+// kHalfDh's store of unit j's four gate gradients in row b of bt (backward_step_rows): the block, row b's
+// part p = j / U, agrees on the power of two that takes its largest finite magnitude into
+// [2^14, 2^15). Once per block (its shared maxima are not reused).
+__device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int64_t b, int64_t bt, int64_t j, int64_t H,
+                                              float di, float df, float dg, float dout) {
+  __shared__ float warp_maxima[kThreads / 32];
+  using cuda::finite_abs_max;
+  float m = cuda::warp_max(finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(0.0f, di), df), dg), dout));
+  if ((threadIdx.x & 31) == 0) warp_maxima[threadIdx.x / 32] = m;
+  __syncthreads();
+  for (unsigned int w = 0; w < blockDim.x / 32; ++w) m = fmaxf(m, warp_maxima[w]);
+  float scale, unscale;
+  cuda::power_of_two_scales(m, scale, unscale);
+  const int64_t U = H / half.parts, p = j / U, u = j - p * U;
+  c10::Half* d = half.dG + b * 4 * H + p * 4 * U + u;
+  d[0] = c10::Half(di * scale);
+  d[U] = c10::Half(df * scale);
+  d[2 * U] = c10::Half(dg * scale);
+  d[3 * U] = c10::Half(dout * scale);
+  if (u == 0) half.row_unscale[((half.step & 1) * bt + b) * half.parts + p] = unscale;
+}
+
 // One backward time step, fused: gradients of the pre-activations, of c_{t-1}, the
 // recomputed m_t (projection), and the gathered h_{t-1} rows (for grad_w_hh). A thread owns V
 // consecutive hidden units of one batch row; with projection V = 1. kCopy: dG is also written
@@ -359,8 +398,11 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
 // launched just before this one (the previous step's dh GEMM, which wrote dh_in and read
 // dG_copy) may still run (PDL): what the forward wrote is loaded before pdl_wait(), dh_in and
 // dcbuf after it from L2 (load_vec_cg; the previous step's kernel wrote dcbuf, and cuBLAS may
-// launch that GEMM with PDL too: forward_step_rows), and every store follows it.
-template <class scalar_t, class acc_t, int V, bool kProj, bool kCopy>
+// launch that GEMM with PDL too: forward_step_rows), and every store follows it. kHalfDh (with
+// kCopy, V = 1, no projection): the copy is `half`'s scaled fp16 dG instead, and dh_in's parts
+// are unscaled as they are summed; the launch must give each block the U units of one row's part
+// (grid B·parts, U threads: HalfDhStep), so that every thread of a block runs the loop once.
+template <class scalar_t, class acc_t, int V, bool kProj, bool kCopy, bool kHalfDh = false>
 __device__ __forceinline__ void backward_step_rows(
     const scalar_t* __restrict__ gates,       // [bt, G] activated gates i, f, g, o of step t
     const scalar_t* __restrict__ cells,       // [bt, H] c_t of step t
@@ -380,7 +422,10 @@ __device__ __forceinline__ void backward_step_rows(
     scalar_t* __restrict__ hprev,             // [bt, Hout] out: h_{t-1} of every row of step t
     int64_t bt,                               // rows of this step
     int64_t H,                                // hidden size; H % V == 0
-    int64_t Hout) {                           // P with projection, else H
+    int64_t Hout,                             // P with projection, else H
+    HalfDhStep half = {}) {                   // kHalfDh only
+  static_assert(!kHalfDh || (kCopy && V == 1 && !kProj && std::is_same_v<acc_t, float>),
+                "the scaled fp16 dh GEMM is the replayed float32 loop's");
   const int64_t G = 4 * H;
   const int64_t HV = H / V;
   const int64_t total = bt * HV;
@@ -410,7 +455,13 @@ __device__ __forceinline__ void backward_step_rows(
 #pragma unroll
       for (int k = 0; k < V; ++k) dm.v[k] = static_cast<acc_t>(gy.v[k]);
       for_each_block<kMaxDhBlocks>(dh_blocks, [&](int r) {
-        const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
+        Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
+        if constexpr (kHalfDh) {  // two exact products (the previous step wrote the row's scale)
+          if (half.step > 0) {
+            const float* prev = half.row_unscale + ((half.step + 1) & 1) * bt * dh_blocks;
+            dh.v[0] = dh.v[0] * __ldcg(prev + b * dh_blocks + r) * half.w_unscale[r * H + j];
+          }
+        }
 #pragma unroll
         for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
       });
@@ -437,7 +488,9 @@ __device__ __forceinline__ void backward_step_rows(
     store_vec<V>(d + H, df);
     store_vec<V>(d + 2 * H, dg);
     store_vec<V>(d + 3 * H, dout);
-    if constexpr (kCopy) {
+    if constexpr (kHalfDh) {
+      store_half_dh(half, b, bt, j, H, di.v[0], df.v[0], dg.v[0], dout.v[0]);
+    } else if constexpr (kCopy) {
       scalar_t* d2 = dG_copy + b * G + j;
       store_vec<V>(d2, di);
       store_vec<V>(d2 + H, df);
@@ -522,26 +575,29 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
 }
 
 // Step k of a backward chunk: backward_step_rows on the B rows of time t, one unit per thread
-// (lstm_backward_replayed says why); dG also to dG_step, the fixed operand of the step's dh GEMM.
-template <class scalar_t, class acc_t>
+// (lstm_backward_replayed says why); dG also to dG_step, the fixed operand of the step's dh GEMM
+// (kHalfDh: scaled fp16, HalfDhStep).
+template <class scalar_t, class acc_t, bool kHalfDh>
 __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
     const BackwardReplayArgs<scalar_t>* __restrict__ args, int k,
     const acc_t* __restrict__ dhbuf,  // [dh_blocks][B, H] summing to dL/dh_t from the later step (or grad_h_n)
     int dh_blocks,                    // the dh GEMM's K parts (step_k_parts)
     acc_t* __restrict__ dcbuf,        // [B, H] dL/dc_t on entry, dL/dc_{t-1} on exit
-    scalar_t* __restrict__ dG_step,   // [B, G] out: this step's dG
-    int64_t B, int64_t H) {
+    scalar_t* __restrict__ dG_step,   // [B, G] out: this step's dG (the GEMM's A operand), or nullptr with kHalfDh
+    int64_t B, int64_t H,
+    HalfDhStep half) {                // kHalfDh: the A operand instead (its `step` set here)
   const BackwardReplayArgs<scalar_t> a = *args;
   // prev: the step whose state time t started from (previous_step() for equal batch sizes).
   const cuda::ReplayedTimes times = cuda::replayed_backward_times(a.step + k, a.T, a.reverse);
   const bool has_prev = times.has_prev;
   const int64_t prev_off = times.prev_t * B;
   const int64_t off = times.t * B, G = 4 * H;
-  backward_step_rows<scalar_t, acc_t, 1, false, true>(
+  half.step = a.step + k;
+  backward_step_rows<scalar_t, acc_t, 1, false, true, kHalfDh>(
       a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
       has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dh_blocks,
       B * H, dcbuf,
-      a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H);
+      a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H, half);
 }
 
 // A replayed call's first launch: its arguments into the kept entry, and the two recurrent
@@ -620,11 +676,11 @@ struct ReplayGemm {
 // counter's advance), launches prologue(stream) and the chunk T / kReplaySteps times, then runs
 // the T % kReplaySteps remaining steps eagerly with the same kernels and GEMM algorithm. False,
 // having launched nothing, where the capture is not possible (the plain loop runs then).
-template <class scalar_t, class acc_t, class Step, class Prologue>
-bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, const ReplayGemm<scalar_t, acc_t>& g,
+template <class ab_t, class acc_t, class Step, class Prologue>
+bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, const ReplayGemm<ab_t, acc_t>& g,
                         bool gemm_first, int64_t T, int64_t* counter, Step&& step, Prologue&& prologue) {
-  using sc_t = scale_t<scalar_t>;
-  using Gemm = cuda::StepGemm<scalar_t, acc_t, sc_t>;
+  using sc_t = scale_t<acc_t>;
+  using Gemm = cuda::StepGemm<ab_t, acc_t, sc_t>;
   const int64_t lda = g.K, ldb = g.tb == Trans::N ? g.N : g.K, ldc = g.N, part_k = g.K / g.parts;
   auto one_step = [&](Gemm& gemm, int k, cudaStream_t stream) {
     if (gemm_first) gemm(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
@@ -694,6 +750,35 @@ __global__ void scale_rows_to_half_kernel(const float* __restrict__ src, int64_t
   }
 }
 
+// HalfDhStep's B operand: W_hh [G, H] in fp16 with its rows in part order (row p·4U + gate·U + u
+// from W_hh's row gate·H + p·U + u, U = H / parts) and each (part, column) scaled by the power of
+// two that takes its largest finite magnitude into [2^14, 2^15); w_unscale [parts, H] the inverse
+// scales. A block per (part, 32 columns): its warps walk the part's rows, a lane a column.
+constexpr int kWarpsPerBlock = kThreads / 32;
+__global__ void __launch_bounds__(kThreads) scale_w_hh_parts_kernel(const float* __restrict__ w_hh, int64_t H,
+                                                                    int parts, c10::Half* __restrict__ w_half,
+                                                                    float* __restrict__ w_unscale) {
+  __shared__ float maxima[kWarpsPerBlock][32];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t U = H / parts, p = blockIdx.y, col = int64_t{blockIdx.x} * 32 + lane;
+  const bool in = col < H;
+  float m = 0.0f;
+  for (int gate = 0; gate < 4 && in; ++gate) {
+    for (int64_t u = warp; u < U; u += kWarpsPerBlock) m = cuda::finite_abs_max(m, w_hh[(gate * H + p * U + u) * H + col]);
+  }
+  maxima[warp][lane] = m;
+  __syncthreads();
+  for (int w = 0; w < kWarpsPerBlock; ++w) m = fmaxf(m, maxima[w][lane]);
+  float scale, unscale;
+  cuda::power_of_two_scales(m, scale, unscale);
+  for (int gate = 0; gate < 4 && in; ++gate) {
+    for (int64_t u = warp; u < U; u += kWarpsPerBlock) {
+      w_half[(p * 4 * U + gate * U + u) * H + col] = c10::Half(w_hh[(gate * H + p * U + u) * H + col] * scale);
+    }
+  }
+  if (in && warp == 0) w_unscale[p * H + col] = unscale;
+}
+
 // x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM each on
 // the stacked parts of store_x3_stacked, which the step kernel writes beside h_t. That GEMM
 // reads W_hh's parts (twice W_hh) for 2B rows, so it pays where a step is compute-bound, not
@@ -745,7 +830,7 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
 constexpr int64_t kTf32ForwardPartsHidden = 512;  // the TF32 forward in 2 parts: H = 512 and ...
 constexpr int64_t kTf32ForwardPartsMaxBatch = 8;   // ... 2 <= B <= 8 (above)
 template <class scalar_t>
-int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
+int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool half_dh = false) {
   int parts = 1;
   const char* env = std::getenv("SEQKERNELS_LSTM_K_PARTS");
   if (env != nullptr && env[0] != '\0') {
@@ -755,7 +840,7 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
     parts = std::atoi((backward ? v.substr(comma + 1) : v.substr(0, comma)).c_str());
   } else if (backward) {
     if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 8) parts = 8;
-    if (cuda::kHalfType<scalar_t> && s.B >= 8) parts = 4;
+    if ((cuda::kHalfType<scalar_t> || half_dh) && s.B >= 8) parts = 4;
   } else if (x3 && s.B >= 64) {
     parts = 2;
   } else if (std::is_same_v<scalar_t, float> && tf32 && !x3 && s.H == kTf32ForwardPartsHidden && s.B >= 2 &&
@@ -771,6 +856,26 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3) {
   parts = std::max(parts, 1);
   while (parts > 1 && !fits(parts)) parts /= 2;
   return parts;
+}
+
+// Whether the replayed backward's dh GEMM runs on scaled fp16 operands (HalfDhStep): float32 with
+// TF32, where a row part's U = H / k_parts units fill 2 to 8 warps of one block. k_parts is then
+// 16-bit types' (step_k_parts: 4 from B = 8). H200, `train` ms, eager calls, two rounds each
+// (docs/benchmarks.md): TF32 operands in 8 parts against fp16 in 8, H = 256 (32-unit blocks,
+// not taken) B = 32 / 64 / 256 2.87 / 3.21 / 5.17 against 2.79 / 3.25 / 5.31; H = 512 3.46 / 4.13 /
+// 8.43 against 3.30 / 3.99 / 8.01; H = 1024 5.06 / 6.99 / 18.67 against 4.55 / 6.61 / 16.89. fp16
+// in 4 parts against 8 (the same machine, another build): H = 1024 4.44 / 6.31 / 16.33 against
+// 4.57 / 6.56 / 16.79, H = 512 3.20 / 3.89 / 7.70 against 3.29 / 4.00 / 8.00, H = 256 (64-unit blocks
+// against TF32 operands in 8 parts) 2.87 / 3.12 / 5.06 against 2.89 / 3.21 / 5.10.
+// SEQKERNELS_LSTM_BACKWARD_HALF (diagnostic): "0" never (TF32 operands).
+constexpr int64_t kHalfDhMinUnits = 64;
+template <class scalar_t>
+bool use_half_dh(const LstmSizes& s, bool tf32, int k_parts) {
+  if (!std::is_same_v<scalar_t, float> || !tf32 || s.H % k_parts != 0) return false;
+  const int64_t U = s.H / k_parts;
+  if (U % 32 != 0 || U < kHalfDhMinUnits || U > kThreads) return false;
+  const char* env = std::getenv("SEQKERNELS_LSTM_BACKWARD_HALF");
+  return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 // W_hh [G, H] as the x3 steps' weight operand wx [G, 2H] (store_x3_stacked).
@@ -903,30 +1008,59 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
   // thread (V = 1): 4x the threads of V = 4, and with them training calls 0-10 % shorter (forced
   // cuBLAS loop, B <= 256, H200, 2026-11-26, docs/benchmarks.md).
-  const int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), /*x3=*/false);
-  ReplayedSteps replay(replay_key("backward", w_hh, s, /*training=*/true, blas.tf32(), /*vec4=*/false,
-                                  /*x3=*/false, k_parts),
+  // The parts of fp16 operands where they fit (use_half_dh), else TF32's.
+  int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), /*x3=*/false, /*half_dh=*/true);
+  const bool half_dh = use_half_dh<scalar_t>(s, blas.tf32(), k_parts);
+  if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), /*x3=*/false);
+  ReplayedSteps replay(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, s, /*training=*/true, blas.tf32(),
+                                  /*vec4=*/false, /*x3=*/false, k_parts),
                        "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
+  const auto half_opts = opts.dtype(at::kHalf), float_opts = opts.dtype(at::kFloat);
   Tensor dhbuf = replay.buffer(0, {k_parts * B, H}, acc_opts);  // the dh GEMM's K parts, summed by the step
   Tensor dcbuf = replay.buffer(1, {B, H}, acc_opts);
-  Tensor dG_step = replay.buffer(2, {B, G}, opts);
+  Tensor dG_step = replay.buffer(2, {B, G}, half_dh ? half_opts : opts);  // the dh GEMM's A operand
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
   acc_t* dhbuf_p = dhbuf.data_ptr<acc_t>();
   acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
-  scalar_t* dG_step_p = dG_step.data_ptr<scalar_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
+  // The scaled fp16 dh GEMM's W_hh (HalfDhStep): rewritten by every call's prologue.
+  Tensor w_half, w_unscale, row_unscale;
+  HalfDhStep half{};
+  if (half_dh) {
+    w_half = replay.buffer(4, {G, H}, half_opts);
+    w_unscale = replay.buffer(5, {k_parts, H}, float_opts);
+    row_unscale = replay.buffer(6, {2, B, k_parts}, float_opts);
+    half = HalfDhStep{dG_step.data_ptr<c10::Half>(), row_unscale.data_ptr<float>(), w_unscale.data_ptr<float>(),
+                      k_parts, 0};
+  }
 
   // Step k > 0 follows the previous step's dh GEMM: with PDL it loads all but dhbuf while that
   // GEMM runs (backward_step_rows). Step 0 follows the prologue or a chunk's graph: no PDL.
   const bool pdl = cuda::pdl_supported(*at::cuda::getCurrentDeviceProperties());
   auto step = [&](int k, cudaStream_t stream) {
-    cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t>, dim3(blocks_for(B * H)), dim3(kThreads), 0,
-                        stream, pdl && k > 0, args_p, k, dhbuf_p, k_parts, dcbuf_p, dG_step_p, B, H);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (half_dh) {  // a block per row part (HalfDhStep)
+        cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, true>, dim3(B * k_parts),
+                            dim3(H / k_parts), 0, stream, pdl && k > 0, args_p, k, dhbuf_p, k_parts, dcbuf_p,
+                            static_cast<scalar_t*>(nullptr), B, H, half);
+        return;
+      }
+    }
+    cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, false>, dim3(blocks_for(B * H)),
+                        dim3(kThreads), 0, stream, pdl && k > 0, args_p, k, dhbuf_p, k_parts, dcbuf_p,
+                        dG_step.data_ptr<scalar_t>(), B, H, half);
   };
   auto prologue = [&](cudaStream_t stream) {
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (half_dh) {
+        scale_w_hh_parts_kernel<<<dim3((H + 31) / 32, k_parts), kThreads, 0, stream>>>(
+            w_hh.data_ptr<float>(), H, k_parts, w_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    }
     const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
         args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, grad_c_n.data_ptr<scalar_t>(), dcbuf_p, B * H);
@@ -938,9 +1072,26 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   };
   // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H] (k_parts
   // such blocks).
-  const ReplayGemm<scalar_t, acc_t> gemm{Trans::N, B, H, G, dG_step_p, w_hh.data_ptr<scalar_t>(), dhbuf_p, k_parts};
-  if (!run_replayed_steps(replay, blas, gemm, /*gemm_first=*/false, T, &args_p->step, step, prologue)) return false;
-  const Tensor dh0 = k_parts > 1 ? dhbuf.view({k_parts, B, H}).sum(0) : dhbuf;
+  auto run = [&](const auto& gemm) {
+    return run_replayed_steps(replay, blas, gemm, /*gemm_first=*/false, T, &args_p->step, step, prologue);
+  };
+  bool ran = false;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (half_dh) {
+      ran = run(ReplayGemm<c10::Half, float>{Trans::N, B, H, G, half.dG, w_half.data_ptr<c10::Half>(), dhbuf_p,
+                                             k_parts});
+    }
+  }
+  if (!half_dh) {
+    ran = run(ReplayGemm<scalar_t, acc_t>{Trans::N, B, H, G, dG_step.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(),
+                                          dhbuf_p, k_parts});
+  }
+  if (!ran) return false;
+  // The last step's parts (processing step T - 1) unscaled as the step kernel would.
+  const Tensor dh0 =
+      half_dh ? dhbuf.view({k_parts, B, H}).mul(row_unscale[(T - 1) % 2].t().unsqueeze(-1)).mul(w_unscale.unsqueeze(1)).sum(0)
+      : k_parts > 1 ? dhbuf.view({k_parts, B, H}).sum(0)
+                    : dhbuf;
   grad_h0 = dh0.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   grad_c0 = dcbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
