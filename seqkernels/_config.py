@@ -68,6 +68,8 @@ CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF = 768  # kPersistentMaxBackwardHiddenHa
 CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 = 768  # kFusedMaxBackwardHiddenTf32
 CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 = 896  # kFusedBackwardWideHiddenTf32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE = 5  # kPersistentMaxBackwardBatchTf32Wide
+CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE = 8  # kCublasMinBackwardBatchTf32Wide
+CUDA_HALF_DH_HIDDEN_MULTIPLE = 128  # kHalfDhHiddenMultiple
 CUDA_FUSED_MAX_FORWARD_BH = 32 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_HIDDEN_HALF = 1280  # kFusedMaxHiddenHalf
 CUDA_FUSED_BACKWARD_SMALL_BATCH_HALF = 4  # kFusedBackwardSmallBatchHalf
@@ -325,15 +327,18 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32:
             return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= "
                              f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
+        half_dh = batch >= CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE and hidden % CUDA_HALF_DH_HIDDEN_MULTIPLE == 0
         if (CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 < hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
-                and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32):
+                and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 and not half_dh):
             return "fused", (f"auto: TF32, {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H = {hidden} <= "
                              f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} and "
                              f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE} < B = {batch} <= "
                              f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}")
         return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > "
                           f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}, and not {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H <= "
-                          f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} with B <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}")
+                          f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} with B <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}"
+                          f" (from B = {CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE} with H % {CUDA_HALF_DH_HIDDEN_MULTIPLE} "
+                          "== 0 the cuBLAS loop's dh GEMM runs on scaled fp16 operands)")
     max_hidden = CUDA_FUSED_MAX_HIDDEN_HALF if half else CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32
     if bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= max_hidden:
         return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH} and H = {hidden} <= {max_hidden}"
