@@ -223,14 +223,15 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 ok, line = run_case(dtype, False, reverse, training, True, [B] * 36, 4, H, gen)
                 failures += not ok
                 print(line, flush=True)
-        # float32 with TF32: the backward's dh GEMM on scaled fp16 operands (lstm.cu, HalfDhStep),
-        # one K part (B = 4, H = 64) and 4 (B = 8, H = 512: 128-unit blocks), both directions.
-        for B, H in [(4, 64), (8, 512)]:
-            for reverse in (False, True):
-                with rnn_tf32(True):
-                    ok, line = run_case(torch.float32, False, reverse, True, True, [B] * 36, 4, H, gen)
-                failures += not ok
-                print(line + "  (fp16 dh)", flush=True)
+        # float32 with TF32: the step GEMMs on scaled fp16 operands (lstm.cu, HalfRecStep and
+        # HalfDhStep): the backward's dh in one K part (B = 4, H = 64) and 4 (B = 8, H = 512:
+        # 128-unit blocks), the forward's product in 1 and 2 (B = 8, H = 512), both directions,
+        # `infer` and `train`.
+        for (B, H), reverse, training in itertools.product([(4, 64), (8, 512)], [False, True], modes):
+            with rnn_tf32(True):
+                ok, line = run_case(torch.float32, False, reverse, training, True, [B] * 36, 4, H, gen)
+            failures += not ok
+            print(line + "  (fp16 step GEMMs)", flush=True)
         # float32 without TF32 from B = 17: the forward's steps as split TF32 GEMMs (x3 steps),
         # replayed (T = 36; H = 8 vectorised) and plain (packed: the GEMM over B + bt rows, H = 5
         # scalar), both directions.

@@ -1254,6 +1254,58 @@ def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 
 
+# float32 with TF32: the replayed cuBLAS loop's forward multiplies rec = h_{t-1}·W_hhᵀ on fp16
+# operands (lstm.cu, HalfRecStep): W_hh's rows and h0's scaled by powers of two, h_t in [-1, 1]
+# unscaled; H % (8 · K parts) == 0.
+def _half_rec_taken(fn) -> bool:
+    pattern = re.compile(r"lstm_forward_replay_step_kernel<float, float, \d, (true|false), true>")
+    return any(pattern.search(n) for n in kernel_names(fn))
+
+
+@pytest.mark.parametrize("B,H,reverse", [(1, 64, False), (3, 40, True), (8, 512, True), (16, 1024, False)])
+def test_replayed_forward_half_rec_matches_reference(monkeypatch, B, H, reverse):
+    """The forward's fp16 product (2 K parts at B = 8, H = 512; 37 steps: two replayed chunks and
+    5 eager steps), `infer` and `train`, against the float64 reference within TF32's bound; the
+    diagnostic switch SEQKERNELS_LSTM_STEP_HALF=0 keeps TF32 operands."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    with _Precision("tf32"):
+        assert _half_rec_taken(_train_call(torch.float32, B, H, T=20))
+        compare_layer([B] * REPLAY_T, 9, H, reverse=reverse, bias=True, precision="tf32", seed=7 * B + H,
+                      what="replayed forward, fp16 rec")
+        t, _ = layer_case([B] * REPLAY_T, 9, H, True, seed=B)
+        got, ref = _float32_forward_and_reference(t, [B] * REPLAY_T, "tf32")  # inference: no saved gates
+        for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
+            assert max_abs(g.double().cpu() - r) <= TOL["tf32"] * max(1.0, max_abs(r)), name
+        monkeypatch.setenv("SEQKERNELS_LSTM_STEP_HALF", "0")
+        assert not _half_rec_taken(_train_call(torch.float32, B, H, T=20))
+
+
+@pytest.mark.parametrize("B", [8, 64])
+def test_replayed_half_steps_scale_h0_and_w_hh(monkeypatch, B):
+    """The cuBLAS loop's fp16 products (forward and backward) with an h0 row beyond fp16's range
+    (~1e5, row 0) and one far below it (~1e-5, row 1), and W_hh at 1e-5 of nn.LSTM's range (an fp16
+    subnormal unscaled), so that row 0's h0·W_hh stays O(1): the outputs and every gradient against
+    the float64 reference within TF32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    batch_sizes = [B] * REPLAY_T
+    t, up = layer_case(batch_sizes, 9, 512, True, seed=84)
+    t["w_hh"] *= 1e-5
+    t["h0"][0] *= 1e5
+    t["h0"][1] *= 1e-5
+    with _Precision("tf32"):
+        got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+        assert _half_rec_taken(lambda: run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda"))
+    ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    check(got, ref64, "tf32", f"cuBLAS loop, fp16 products, B={B}")
+
+
+def test_replayed_forward_half_rec_keeps_inf(monkeypatch):
+    """An inf in h0 (which sets no scale) reaches the first step's pre-activations as in a TF32
+    GEMM: the row's gates saturate, the outputs stay finite and match the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    _check_inf_in_h0_as_float32([8] * REPLAY_T, 512, "tf32")
+
+
 # float32 with TF32: the replayed cuBLAS loop's backward multiplies dh = dG·W_hh on fp16 operands
 # scaled by powers of two (lstm.cu, HalfDhStep): dG by (row, K part), W_hh by (K part, column), a
 # part's U = H / parts units in one block (4 parts from B = 8, else 1; U % 32 == 0, 64 <= U <= 256).
@@ -1265,14 +1317,14 @@ def _half_dh_taken(fn) -> bool:
 def test_replayed_backward_half_dh_matches_reference(monkeypatch, B, H, reverse):
     """The scaled fp16 dh GEMM (1 part at B = 4, 4 parts from B = 8; 37 steps: two replayed chunks
     and 5 eager steps) against the float64 reference within TF32's bound; the diagnostic switch
-    SEQKERNELS_LSTM_BACKWARD_HALF=0 keeps TF32 operands, and so do 32-unit parts (H = 128 in 4)."""
+    SEQKERNELS_LSTM_STEP_HALF=0 keeps TF32 operands, and so do 32-unit parts (H = 128 in 4)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     with _Precision("tf32"):
         assert _half_dh_taken(_train_call(torch.float32, B, H, T=20))
         compare_layer([B] * REPLAY_T, 9, H, reverse=reverse, bias=True, precision="tf32", seed=B + H,
                       what="replayed backward, fp16 dh")
         assert not _half_dh_taken(_train_call(torch.float32, 8, 128, T=20))
-        monkeypatch.setenv("SEQKERNELS_LSTM_BACKWARD_HALF", "0")
+        monkeypatch.setenv("SEQKERNELS_LSTM_STEP_HALF", "0")
         assert not _half_dh_taken(_train_call(torch.float32, B, H, T=20))
 
 

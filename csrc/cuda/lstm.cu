@@ -237,6 +237,18 @@ __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const sc
   return r;
 }
 
+// float32 with TF32: the replayed forward's product rec = h_{t-1}·W_hhᵀ on fp16 operands
+// (lstm_forward_replayed; fp16 has TF32's 10-bit mantissa): W_hh's rows scaled by powers of two
+// (exact), h0's rows too at the first step, and h_t = o·tanh(c) in [-1, 1] unscaled after it. The
+// step kernel unscales the parts' sum by its row's and its gate row's inverse scales and writes
+// h_t in fp16 for the next step's GEMM.
+struct HalfRecStep {
+  c10::Half* h;              // [B, H] out: h_t, the next product's A operand
+  const float* w_unscale;    // [G]: W_hh's rows' inverse scales
+  const float* h0_unscale;   // [B]: h0's rows' (the first step's A operand)
+  int64_t step;              // the processing step; 0: rec is h0·W_hhᵀ
+};
+
 // One forward time step, fused: bias, gate nonlinearities, cell update, output. A thread owns
 // V consecutive hidden units j of one batch row b (V = 4: 16-byte loads of the fp32 data).
 // kRec: the recurrent product is in `rec` (rec_blocks row blocks of [bt, G], rec_stride
@@ -246,8 +258,9 @@ __device__ __forceinline__ Vec<acc_t, V> bias_vec(const scalar_t* b_ih, const sc
 // attribute: `pre` and the biases, written before the loop started, are loaded before
 // pdl_wait(); rec and cbuf after it, from L2 (load_vec_cg), and every store follows it (the GEMM
 // reads hbuf). cbuf too: the previous step's kernel wrote it, and that it finished before this
-// one started holds only if cuBLAS launched the GEMM without PDL.
-template <class scalar_t, class acc_t, int V, bool kTraining, bool kRec>
+// one started holds only if cuBLAS launched the GEMM without PDL. kHalfRec (with kRec, float32):
+// rec is the product on fp16 operands, unscaled here, and h_t goes to `half` too (HalfRecStep).
+template <class scalar_t, class acc_t, int V, bool kTraining, bool kRec, bool kHalfRec = false>
 __device__ __forceinline__ void forward_step_rows(
     const acc_t* __restrict__ pre,   // [bt, G] this step's x·W_ihᵀ (+ h_{t-1}·W_hhᵀ unless kRec), no bias; gates i, f, g, o
     const acc_t* __restrict__ rec,   // [rec_blocks][bt, G] (kRec), summing to h_{t-1}·W_hhᵀ; else unused
@@ -263,7 +276,9 @@ __device__ __forceinline__ void forward_step_rows(
     scalar_t* __restrict__ hx,       // [B, 2H] out rows [0, bt): h_t's big parts (x3 steps, float32), or nullptr
     scalar_t* __restrict__ hx_small, // [B, 2H] out rows [0, bt): its small parts (with hx)
     int64_t bt,                      // rows of this step (batch_sizes[t])
-    int64_t H) {                     // hidden size; H % V == 0
+    int64_t H,                       // hidden size; H % V == 0
+    HalfRecStep half = {}) {         // kHalfRec only
+  static_assert(!kHalfRec || (kRec && std::is_same_v<scalar_t, float>), "the fp16 product is the replayed float32 loop's");
   const int64_t G = 4 * H;
   const int64_t HV = H / V;
   const int64_t total = bt * HV;
@@ -292,7 +307,24 @@ __device__ __forceinline__ void forward_step_rows(
           po.v[k] += ro.v[k];
         }
       };
-      for_each_block<kMaxRecBlocks>(rec_blocks, [&](int r) { add_rec(rec + r * rec_stride + b * G + j); });
+      if constexpr (kHalfRec) {
+        // The parts' sum, then two exact products (the gate rows' scales, and h0's at the first step).
+        const Vec<float, V> wi = load_vec<V>(half.w_unscale + j), wf = load_vec<V>(half.w_unscale + H + j),
+                            wg = load_vec<V>(half.w_unscale + 2 * H + j), wo = load_vec<V>(half.w_unscale + 3 * H + j);
+        const float row = half.step == 0 ? half.h0_unscale[b] : 1.0f;
+        const Vec<acc_t, V> qi = pi, qf = pf, qg = pg, qo = po;
+        pi = pf = pg = po = Vec<acc_t, V>{};
+        for_each_block<kMaxRecBlocks>(rec_blocks, [&](int r) { add_rec(rec + r * rec_stride + b * G + j); });
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          pi.v[k] = qi.v[k] + pi.v[k] * row * wi.v[k];
+          pf.v[k] = qf.v[k] + pf.v[k] * row * wf.v[k];
+          pg.v[k] = qg.v[k] + pg.v[k] * row * wg.v[k];
+          po.v[k] = qo.v[k] + po.v[k] * row * wo.v[k];
+        }
+      } else {
+        for_each_block<kMaxRecBlocks>(rec_blocks, [&](int r) { add_rec(rec + r * rec_stride + b * G + j); });
+      }
     }
     Vec<scalar_t, V> ai, af, ag, ao, cs, m;
 #pragma unroll
@@ -314,6 +346,12 @@ __device__ __forceinline__ void forward_step_rows(
     store_vec<V>(cbuf + b * H + j, c);
     store_vec<V>(m_out + b * H + j, m);
     if (hbuf != nullptr) store_vec<V>(hbuf + b * H + j, m);
+    if constexpr (kHalfRec) {
+      Vec<c10::Half, V> mh;
+#pragma unroll
+      for (int k = 0; k < V; ++k) mh.v[k] = c10::Half(m.v[k]);
+      store_vec<V>(half.h + b * H + j, mh);
+    }
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (hx != nullptr) store_x3_stacked<V>(hx + b * 2 * H + j, hx_small + b * 2 * H + j, H, m);
     }
@@ -557,7 +595,7 @@ struct BackwardReplayArgs {
 };
 
 // Step k of a chunk: forward_step_rows on the B rows of time t, the recurrent product in rec.
-template <class scalar_t, class acc_t, int V, bool kTraining>
+template <class scalar_t, class acc_t, int V, bool kTraining, bool kHalfRec>
 __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
     const ForwardReplayArgs<scalar_t, acc_t>* __restrict__ args, int k,
     const acc_t* __restrict__ rec,  // [rec_blocks][B, G] summing to h_{t-1}·W_hhᵀ (K parts; x3 steps' halves)
@@ -565,13 +603,15 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
     acc_t* __restrict__ cbuf,       // [B, H] c_{t-1} on entry, c_t on exit
     scalar_t* __restrict__ hbuf,    // [B, H] out: h_t (the next step's GEMM operand, or h_n with x3 steps)
     scalar_t* __restrict__ hx,      // [2B, 2H] out: h_t's parts (x3 steps: the next step's GEMM operand), or nullptr
-    int64_t B, int64_t H) {
+    int64_t B, int64_t H,
+    HalfRecStep half) {             // kHalfRec: the GEMM's fp16 operands (its `step` set here)
   const ForwardReplayArgs<scalar_t, acc_t> a = *args;
   const int64_t off = cuda::replayed_forward_times(a.step + k, a.T, a.reverse).t * B, G = 4 * H;
-  forward_step_rows<scalar_t, acc_t, V, kTraining, true>(
+  half.step = a.step + k;
+  forward_step_rows<scalar_t, acc_t, V, kTraining, true, kHalfRec>(
       a.pre + off * G, rec, rec_blocks, B * G, a.b_ih, a.b_hh, cbuf,
       kTraining ? a.gates + off * G : nullptr, kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf, hx,
-      hx != nullptr ? hx + B * 2 * H : nullptr, B, H);
+      hx != nullptr ? hx + B * 2 * H : nullptr, B, H, half);
 }
 
 // Step k of a backward chunk: backward_step_rows on the B rows of time t, one unit per thread
@@ -779,6 +819,14 @@ __global__ void __launch_bounds__(kThreads) scale_w_hh_parts_kernel(const float*
   if (in && warp == 0) w_unscale[p * H + col] = unscale;
 }
 
+// scale_rows_to_half_kernel on `stream`, checked: src [rows, cols] into dst, inverse scales into unscale.
+void scale_rows_to_half(cudaStream_t stream, const float* src, int64_t rows, int64_t cols, c10::Half* dst,
+                        float* unscale) {
+  if (rows == 0) return;
+  scale_rows_to_half_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(src, rows, cols, dst, unscale);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM each on
 // the stacked parts of store_x3_stacked, which the step kernel writes beside h_t. That GEMM
 // reads W_hh's parts (twice W_hh) for 2B rows, so it pays where a step is compute-bound, not
@@ -858,6 +906,14 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
   return parts;
 }
 
+// Whether float32 with TF32 may run the replayed cuBLAS loop's step GEMMs on fp16 operands scaled
+// by powers of two (HalfRecStep, HalfDhStep): SEQKERNELS_LSTM_STEP_HALF (diagnostic) "0" never (TF32
+// operands), else where they apply (use_half_rec, use_half_dh).
+bool step_half_products() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_STEP_HALF");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
 // Whether the replayed backward's dh GEMM runs on scaled fp16 operands (HalfDhStep): float32 with
 // TF32, where a row part's U = H / k_parts units fill 2 to 8 warps of one block. k_parts is then
 // 16-bit types' (step_k_parts: 4 from B = 8). H200, `train` ms, eager calls, two rounds each
@@ -867,15 +923,22 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
 // in 4 parts against 8 (the same machine, another build): H = 1024 4.44 / 6.31 / 16.33 against
 // 4.57 / 6.56 / 16.79, H = 512 3.20 / 3.89 / 7.70 against 3.29 / 4.00 / 8.00, H = 256 (64-unit blocks
 // against TF32 operands in 8 parts) 2.87 / 3.12 / 5.06 against 2.89 / 3.21 / 5.10.
-// SEQKERNELS_LSTM_BACKWARD_HALF (diagnostic): "0" never (TF32 operands).
 constexpr int64_t kHalfDhMinUnits = 64;
 template <class scalar_t>
 bool use_half_dh(const LstmSizes& s, bool tf32, int k_parts) {
-  if (!std::is_same_v<scalar_t, float> || !tf32 || s.H % k_parts != 0) return false;
+  if (!std::is_same_v<scalar_t, float> || !tf32 || !step_half_products() || s.H % k_parts != 0) return false;
   const int64_t U = s.H / k_parts;
-  if (U % 32 != 0 || U < kHalfDhMinUnits || U > kThreads) return false;
-  const char* env = std::getenv("SEQKERNELS_LSTM_BACKWARD_HALF");
-  return env == nullptr || std::strcmp(env, "0") != 0;
+  return U % 32 == 0 && U >= kHalfDhMinUnits && U <= kThreads;
+}
+
+// Whether the replayed forward's product runs on scaled fp16 operands (HalfRecStep): float32 with
+// TF32, where h's rows and every K part of them are 16-byte vectors of fp16 (the GEMM's A operand)
+// and h0 and W_hh are 16-byte aligned (scale_rows_to_half_kernel).
+template <class scalar_t>
+bool use_half_rec(const LstmSizes& s, bool tf32, int k_parts, const void* h0, const void* w_hh) {
+  auto vectors = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return std::is_same_v<scalar_t, float> && tf32 && step_half_products() && s.H % (8 * k_parts) == 0 &&
+         vectors(h0) && vectors(w_hh);
 }
 
 // W_hh [G, H] as the x3 steps' weight operand wx [G, 2H] (store_x3_stacked).
@@ -924,7 +987,10 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
   const int k_parts = step_k_parts<scalar_t>(/*backward=*/false, s, blas.tf32(), x3);
   const int rec_blocks = (x3 ? 2 : 1) * k_parts;
-  ReplayedSteps replay(replay_key("forward", w_hh, s, training, blas.tf32(), vec4, x3, k_parts), "the cuBLAS loop's");
+  const bool half_rec = use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr(), w_hh.data_ptr());
+  ReplayedSteps replay(replay_key(half_rec ? "forward, fp16 rec" : "forward", w_hh, s, training, blas.tf32(), vec4, x3,
+                                  k_parts),
+                       "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
@@ -943,6 +1009,17 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   scalar_t* hx_p = x3 ? hx.data_ptr<scalar_t>() : nullptr;
   scalar_t* wx_p = x3 ? wx.data_ptr<scalar_t>() : nullptr;
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
+  // The fp16 product's operands (HalfRecStep; x3 steps are float32 without TF32, so never both):
+  // h in fp16, and W_hh's and h0's scaled rows, rewritten by every call's prologue.
+  Tensor h_half, w_half, w_unscale, h0_unscale;
+  HalfRecStep half{};
+  if (half_rec) {
+    h_half = replay.buffer(4, {B, H}, opts.dtype(at::kHalf));
+    w_half = replay.buffer(5, {G, H}, opts.dtype(at::kHalf));
+    w_unscale = replay.buffer(6, {G}, opts.dtype(at::kFloat));
+    h0_unscale = replay.buffer(7, {B}, opts.dtype(at::kFloat));
+    half = HalfRecStep{h_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>(), h0_unscale.data_ptr<float>(), 0};
+  }
 
   // The gate kernel always follows its step's GEMM: with PDL it loads all but rec while the
   // GEMM runs (forward_step_rows).
@@ -951,17 +1028,24 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
     const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
     auto launch = [&](auto kernel) {
       cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, rec_blocks, cbuf_p, hbuf_p,
-                          hx_p, B, H);
+                          hx_p, B, H, half);
     };
-    if (vec4 && training) {
-      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true>);
-    } else if (vec4) {
-      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, false>);
-    } else if (training) {
-      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, true>);
-    } else {
-      launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, false>);
+    auto launch_for = [&](auto half_rec_tag) {
+      constexpr bool kHalfRec = decltype(half_rec_tag)::value;
+      if (vec4 && training) {
+        launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, true, kHalfRec>);
+      } else if (vec4) {
+        launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 4, false, kHalfRec>);
+      } else if (training) {
+        launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, true, kHalfRec>);
+      } else {
+        launch(lstm_forward_replay_step_kernel<scalar_t, acc_t, 1, false, kHalfRec>);
+      }
+    };
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (half_rec) return launch_for(std::true_type{});
     }
+    launch_for(std::false_type{});
   };
   auto prologue = [&](cudaStream_t stream) {
     const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse};
@@ -973,19 +1057,31 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
         split_w_hh_x3(stream, w_hh.data_ptr<float>(), G, H, wx_p);
         split_h0_x3(stream, h0.data_ptr<float>(), B, H, hx_p);
       }
+      if (half_rec) {
+        scale_rows_to_half(stream, w_hh.data_ptr<float>(), G, H, w_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>());
+        scale_rows_to_half(stream, h0.data_ptr<float>(), B, H, half.h, h0_unscale.data_ptr<float>());
+      }
     }
   };
   // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ (x3: the parts, [2B, 2H] · [G, 2H]ᵀ in TF32; with K
   // parts, k_parts such blocks), then the gate kernel.
   std::optional<cuda::BlasContext> tf32_blas;  // x3 steps: the handle's settings of `blas`, TF32 compute
   if (x3) tf32_blas.emplace(true);
-  const ReplayGemm<scalar_t, acc_t> gemm =
-      x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, G, 2 * H, hx_p, wx_p, rec_p, k_parts}
-         : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, H, hbuf_p, w_hh.data_ptr<scalar_t>(), rec_p, k_parts};
-  if (!run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/true, T, &args_p->step, step,
-                          prologue)) {
-    return false;
+  auto run = [&](const auto& gemm) {
+    return run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/true, T, &args_p->step, step,
+                              prologue);
+  };
+  bool ran = false;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (half_rec) {
+      ran = run(ReplayGemm<c10::Half, float>{Trans::T, B, G, H, half.h, w_half.data_ptr<c10::Half>(), rec_p, k_parts});
+    }
   }
+  if (!half_rec) {
+    ran = run(x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, G, 2 * H, hx_p, wx_p, rec_p, k_parts}
+                 : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, H, hbuf_p, w_hh.data_ptr<scalar_t>(), rec_p, k_parts});
+  }
+  if (!ran) return false;
   h_n = hbuf.clone();
   c_n = cbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
@@ -1155,13 +1251,8 @@ Tensor half_scaled_projection(int64_t N, int64_t G, int64_t I, const float* x_p,
   Tensor unscale = at::empty({N + G}, opts.dtype(at::kFloat));
   Tensor x_half = at::empty({N, I}, opts.dtype(at::kHalf));
   Tensor w_half = at::empty({G, I}, opts.dtype(at::kHalf));
-  auto scale_rows = [&](const float* src, int64_t rows, const Tensor& dst, float* inv) {
-    scale_rows_to_half_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(src, rows, I, dst.data_ptr<c10::Half>(),
-                                                                              inv);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  scale_rows(x_p, N, x_half, unscale.data_ptr<float>());
-  scale_rows(w_ih_p, G, w_half, unscale.data_ptr<float>() + N);
+  scale_rows_to_half(stream, x_p, N, I, x_half.data_ptr<c10::Half>(), unscale.data_ptr<float>());
+  scale_rows_to_half(stream, w_ih_p, G, I, w_half.data_ptr<c10::Half>(), unscale.data_ptr<float>() + N);
   const cuda::BlasContext half_blas(false);
   input_projection<c10::Half, float, float>(half_blas, N, G, I, x_half.data_ptr<c10::Half>(),
                                             w_half.data_ptr<c10::Half>(), pre_p, opts);
