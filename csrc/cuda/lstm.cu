@@ -278,7 +278,8 @@ __device__ __forceinline__ void forward_step_rows(
     int64_t bt,                      // rows of this step (batch_sizes[t])
     int64_t H,                       // hidden size; H % V == 0
     HalfRecStep half = {}) {         // kHalfRec only
-  static_assert(!kHalfRec || (kRec && std::is_same_v<scalar_t, float>), "the fp16 product is the replayed float32 loop's");
+  static_assert(!kHalfRec || (kRec && std::is_same_v<scalar_t, float>),
+                "the fp16 product is the replayed float32 loop's");
   const int64_t G = 4 * H;
   const int64_t HV = H / V;
   const int64_t total = bt * HV;
@@ -804,7 +805,9 @@ __global__ void __launch_bounds__(kThreads) scale_w_hh_parts_kernel(const float*
   const bool in = col < H;
   float m = 0.0f;
   for (int gate = 0; gate < 4 && in; ++gate) {
-    for (int64_t u = warp; u < U; u += kWarpsPerBlock) m = cuda::finite_abs_max(m, w_hh[(gate * H + p * U + u) * H + col]);
+    for (int64_t u = warp; u < U; u += kWarpsPerBlock) {
+      m = cuda::finite_abs_max(m, w_hh[(gate * H + p * U + u) * H + col]);
+    }
   }
   maxima[warp][lane] = m;
   __syncthreads();
@@ -1058,7 +1061,8 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
         split_h0_x3(stream, h0.data_ptr<float>(), B, H, hx_p);
       }
       if (half_rec) {
-        scale_rows_to_half(stream, w_hh.data_ptr<float>(), G, H, w_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>());
+        scale_rows_to_half(stream, w_hh.data_ptr<float>(), G, H, w_half.data_ptr<c10::Half>(),
+                           w_unscale.data_ptr<float>());
         scale_rows_to_half(stream, h0.data_ptr<float>(), B, H, half.h, h0_unscale.data_ptr<float>());
       }
     }
@@ -1184,10 +1188,10 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   }
   if (!ran) return false;
   // The last step's parts (processing step T - 1) unscaled as the step kernel would.
-  const Tensor dh0 =
-      half_dh ? dhbuf.view({k_parts, B, H}).mul(row_unscale[(T - 1) % 2].t().unsqueeze(-1)).mul(w_unscale.unsqueeze(1)).sum(0)
-      : k_parts > 1 ? dhbuf.view({k_parts, B, H}).sum(0)
-                    : dhbuf;
+  const Tensor parts = dhbuf.view({k_parts, B, H});
+  const Tensor dh0 = half_dh ? parts.mul(row_unscale[(T - 1) % 2].t().unsqueeze(-1)).mul(w_unscale.unsqueeze(1)).sum(0)
+                     : k_parts > 1 ? parts.sum(0)
+                                   : dhbuf;
   grad_h0 = dh0.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   grad_c0 = dcbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
