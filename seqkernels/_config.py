@@ -69,7 +69,9 @@ CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32 = 768  # kFusedMaxBackwardHiddenTf32
 CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 = 896  # kFusedBackwardWideHiddenTf32
 CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE = 5  # kPersistentMaxBackwardBatchTf32Wide
 CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE = 8  # kCublasMinBackwardBatchTf32Wide
-CUDA_HALF_DH_HIDDEN_MULTIPLE = 128  # kHalfDhHiddenMultiple
+CUDA_HALF_DH_PARTS = 4  # kHalfDhParts
+CUDA_HALF_DH_MIN_UNITS = 64  # kHalfDhMinUnits
+CUDA_HALF_DH_MAX_UNITS = 256  # kHalfDhMaxUnits
 CUDA_FUSED_MAX_FORWARD_BH = 32 * 1024  # kFusedMaxForwardBH
 CUDA_FUSED_MAX_HIDDEN_HALF = 1280  # kFusedMaxHiddenHalf
 CUDA_FUSED_BACKWARD_SMALL_BATCH_HALF = 4  # kFusedBackwardSmallBatchHalf
@@ -189,6 +191,13 @@ def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_s
     if loop == "persistent":
         why += "; subject to the occupancy check at launch (cuBLAS loop if the grid cannot be co-resident)"
     return loop, why
+
+
+def _half_dh_units_fit(hidden: int, parts: int) -> bool:
+    """half_dh_units_fit (csrc/cuda/lstm_loop.cuh): whether the cuBLAS loop's TF32 dh GEMM can take
+    scaled fp16 operands in `parts` K parts (H / parts units a block, whole warps, 64 to 256)."""
+    units = hidden // parts
+    return hidden % parts == 0 and units % 32 == 0 and CUDA_HALF_DH_MIN_UNITS <= units <= CUDA_HALF_DH_MAX_UNITS
 
 
 def cluster_half_products() -> bool:
@@ -327,7 +336,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if bh <= CUDA_FUSED_MAX_BACKWARD_BH_TF32 and hidden <= CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32:
             return "fused", (f"auto: TF32, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_TF32} and H <= "
                              f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}")
-        half_dh = batch >= CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE and hidden % CUDA_HALF_DH_HIDDEN_MULTIPLE == 0
+        half_dh = batch >= CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE and _half_dh_units_fit(hidden, CUDA_HALF_DH_PARTS)
         if (CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32 < hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
                 and batch <= CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32 and not half_dh):
             return "fused", (f"auto: TF32, {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H = {hidden} <= "
@@ -337,8 +346,9 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > "
                           f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}, and not {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H <= "
                           f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} with B <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}"
-                          f" (from B = {CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE} with H % {CUDA_HALF_DH_HIDDEN_MULTIPLE} "
-                          "== 0 the cuBLAS loop's dh GEMM runs on scaled fp16 operands)")
+                          f" (from B = {CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE} where H / {CUDA_HALF_DH_PARTS} is a "
+                          f"multiple of 32 in [{CUDA_HALF_DH_MIN_UNITS}, {CUDA_HALF_DH_MAX_UNITS}] the cuBLAS loop's "
+                          "dh GEMM runs on scaled fp16 operands)")
     max_hidden = CUDA_FUSED_MAX_HIDDEN_HALF if half else CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32
     if bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= max_hidden:
         return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH} and H = {hidden} <= {max_hidden}"

@@ -404,15 +404,14 @@ struct HalfDhStep {
   float* row_unscale;        // [2][B, parts]: the inverse scales of the rows' parts; step s writes
                              // half s % 2 and reads the previous step's (dh_in's) from the other
   const float* w_unscale;    // [parts, H]: W_hh's (part, column) inverse scales
-  int parts;
   int64_t step;              // the processing step; 0: dh_in is grad_h_n (unscaled), not a product
 };
 
-// kHalfDh's store of unit j's four gate gradients in row b of bt (backward_step_rows): the block, row b's
-// part p = j / U, agrees on the power of two that takes its largest finite magnitude into
+// kHalfDh's store of unit j's four gate gradients in row b of bt (backward_step_rows; `parts` K
+// parts, U = H / parts): the block, row b's part p = j / U, agrees on the power of two that takes its largest finite magnitude into
 // [2^14, 2^15). Once per block (its shared maxima are not reused).
-__device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int64_t b, int64_t bt, int64_t j, int64_t H,
-                                              float di, float df, float dg, float dout) {
+__device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int parts, int64_t b, int64_t bt, int64_t j,
+                                              int64_t H, float di, float df, float dg, float dout) {
   __shared__ float warp_maxima[kThreads / 32];
   using cuda::finite_abs_max;
   float m = cuda::warp_max(finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(0.0f, di), df), dg), dout));
@@ -421,13 +420,13 @@ __device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int64_t b,
   for (unsigned int w = 0; w < blockDim.x / 32; ++w) m = fmaxf(m, warp_maxima[w]);
   float scale, unscale;
   cuda::power_of_two_scales(m, scale, unscale);
-  const int64_t U = H / half.parts, p = j / U, u = j - p * U;
+  const int64_t U = H / parts, p = j / U, u = j - p * U;
   c10::Half* d = half.dG + b * 4 * H + p * 4 * U + u;
   d[0] = c10::Half(di * scale);
   d[U] = c10::Half(df * scale);
   d[2 * U] = c10::Half(dg * scale);
   d[3 * U] = c10::Half(dout * scale);
-  if (u == 0) half.row_unscale[((half.step & 1) * bt + b) * half.parts + p] = unscale;
+  if (u == 0) half.row_unscale[((half.step & 1) * bt + b) * parts + p] = unscale;
 }
 
 // One backward time step, fused: gradients of the pre-activations, of c_{t-1}, the
@@ -528,7 +527,7 @@ __device__ __forceinline__ void backward_step_rows(
     store_vec<V>(d + 2 * H, dg);
     store_vec<V>(d + 3 * H, dout);
     if constexpr (kHalfDh) {
-      store_half_dh(half, b, bt, j, H, di.v[0], df.v[0], dg.v[0], dout.v[0]);
+      store_half_dh(half, dh_blocks, b, bt, j, H, di.v[0], df.v[0], dg.v[0], dout.v[0]);
     } else if constexpr (kCopy) {
       scalar_t* d2 = dG_copy + b * G + j;
       store_vec<V>(d2, di);
@@ -891,7 +890,8 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
     parts = std::atoi((backward ? v.substr(comma + 1) : v.substr(0, comma)).c_str());
   } else if (backward) {
     if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 8) parts = 8;
-    if ((cuda::kHalfType<scalar_t> || half_dh) && s.B >= 8) parts = 4;
+    if (cuda::kHalfType<scalar_t> && s.B >= 8) parts = 4;
+    if (half_dh && s.B >= 8) parts = cuda::kHalfDhParts;
   } else if (x3 && s.B >= 64) {
     parts = 2;
   } else if (std::is_same_v<scalar_t, float> && tf32 && !x3 && s.H == kTf32ForwardPartsHidden && s.B >= 2 &&
@@ -918,20 +918,18 @@ bool step_half_products() {
 }
 
 // Whether the replayed backward's dh GEMM runs on scaled fp16 operands (HalfDhStep): float32 with
-// TF32, where a row part's U = H / k_parts units fill 2 to 8 warps of one block. k_parts is then
-// 16-bit types' (step_k_parts: 4 from B = 8). H200, `train` ms, eager calls, two rounds each
+// TF32, where a row part's U = H / k_parts units fill 2 to 8 warps of one block
+// (cuda::half_dh_units_fit). k_parts is then cuda::kHalfDhParts from B = 8 (step_k_parts). H200, `train` ms, eager calls, two rounds each
 // (docs/benchmarks.md): TF32 operands in 8 parts against fp16 in 8, H = 256 (32-unit blocks,
 // not taken) B = 32 / 64 / 256 2.87 / 3.21 / 5.17 against 2.79 / 3.25 / 5.31; H = 512 3.46 / 4.13 /
 // 8.43 against 3.30 / 3.99 / 8.01; H = 1024 5.06 / 6.99 / 18.67 against 4.55 / 6.61 / 16.89. fp16
 // in 4 parts against 8 (the same machine, another build): H = 1024 4.44 / 6.31 / 16.33 against
 // 4.57 / 6.56 / 16.79, H = 512 3.20 / 3.89 / 7.70 against 3.29 / 4.00 / 8.00, H = 256 (64-unit blocks
 // against TF32 operands in 8 parts) 2.87 / 3.12 / 5.06 against 2.89 / 3.21 / 5.10.
-constexpr int64_t kHalfDhMinUnits = 64;
+static_assert(cuda::kHalfDhMaxUnits <= kThreads, "a row part's units are one block of the step kernel");
 template <class scalar_t>
 bool use_half_dh(const LstmSizes& s, bool tf32, int k_parts) {
-  if (!std::is_same_v<scalar_t, float> || !tf32 || !step_half_products() || s.H % k_parts != 0) return false;
-  const int64_t U = s.H / k_parts;
-  return U % 32 == 0 && U >= kHalfDhMinUnits && U <= kThreads;
+  return std::is_same_v<scalar_t, float> && tf32 && step_half_products() && cuda::half_dh_units_fit(s.H, k_parts);
 }
 
 // Whether the replayed forward's product runs on scaled fp16 operands (HalfRecStep): float32 with
@@ -1133,8 +1131,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
     w_half = replay.buffer(4, {G, H}, half_opts);
     w_unscale = replay.buffer(5, {k_parts, H}, float_opts);
     row_unscale = replay.buffer(6, {2, B, k_parts}, float_opts);
-    half = HalfDhStep{dG_step.data_ptr<c10::Half>(), row_unscale.data_ptr<float>(), w_unscale.data_ptr<float>(),
-                      k_parts, 0};
+    half = HalfDhStep{dG_step.data_ptr<c10::Half>(), row_unscale.data_ptr<float>(), w_unscale.data_ptr<float>(), 0};
   }
 
   // Step k > 0 follows the previous step's dh GEMM: with PDL it loads all but dhbuf while that

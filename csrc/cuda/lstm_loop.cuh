@@ -56,14 +56,23 @@ constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-
 // 2026-11-26: B = 6 / 8 / 16 2.85 / 2.87 / 3.25 ms against 2.90 / 3.07 / 4.25; B = 5 2.73 against
 // 2.73; B = 4 2.76 against 2.46). At H = 896 the split kernel wins to B = 8 (2.38 against 2.71);
 // the fused loop was 3-4 % faster at B = 12 / 16, which the rule leaves to the split kernel.
-// Since the cuBLAS loop's dh GEMM runs on scaled fp16 operands (lstm.cu, use_half_dh: 4 K parts
-// of H / 4 units from B = 8, which H % 128 == 0 keeps whole warps: H = 1024 above 896), that loop
-// takes the TF32 backward there from B = 8 (H200, 2026-11-27, nineteenth session, `train` minus
-// `infer` eager ms, auto's fused backward against the cuBLAS loop's: B = 8 2.52 / 2.28, B = 16
-// 3.05 / 2.53; docs/benchmarks.md). At H = 512 the other loops stayed faster (B = 8 / 16: 1.39 /
-// 1.76 against 1.92 / 2.04).
+// Whether the cuBLAS loop's dh GEMM can run on scaled fp16 operands (lstm.cu, HalfDhStep, in
+// k_parts K parts): each row part's U = H / k_parts units are one block of whole warps, 64 to 256
+// (lstm.cu's block size) of them; with 32-unit blocks it was no faster (docs/benchmarks.md).
+constexpr int64_t kHalfDhMinUnits = 64;
+constexpr int64_t kHalfDhMaxUnits = 256;
+inline bool half_dh_units_fit(int64_t H, int64_t k_parts) {
+  const int64_t U = H / k_parts;
+  return H % k_parts == 0 && U % 32 == 0 && U >= kHalfDhMinUnits && U <= kHalfDhMaxUnits;
+}
+// Since that dh GEMM runs on scaled fp16 operands (4 K parts from B = 8, lstm.cu's step_k_parts;
+// above H = 896 they fit at H = 1024 only), the cuBLAS loop takes the TF32 backward there from B = 8
+// (H200, 2026-11-27, nineteenth session, `train` minus `infer` eager ms, auto's fused backward
+// against the cuBLAS loop's: B = 8 2.52 / 2.28, B = 16 3.05 / 2.53; the backward op alone at B = 8 /
+// 12 / 16 2.75 / 3.04 / 3.22 against 2.65 / 2.77 / 2.85; docs/benchmarks.md). At H = 512 the other
+// loops stayed faster (B = 8 / 16: 1.39 / 1.76 against 1.92 / 2.04).
 constexpr int64_t kCublasMinBackwardBatchTf32Wide = 8;
-constexpr int64_t kHalfDhHiddenMultiple = 128;
+constexpr int64_t kHalfDhParts = 4;
 constexpr int64_t kPersistentBackwardSmallBatchTf32 = 4;
 constexpr int64_t kPersistentMaxBackwardBatchTf32 = 16;
 constexpr int64_t kFusedMaxBackwardHiddenTf32 = 768;
@@ -136,7 +145,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    B·H <= 32768 with H <= 1280 (16-bit) or 1024 (TF32) (forward; the H200 grid of
 //    2026-11-25) or B <= 32 with B·H <= 32768
 //    and H <= 1280, or B <= 4 with H <= 1792 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768,
-//    and 5 < B <= 16 at 896 < H <= 1024, above, but not from B = 8 with H % 128 == 0); else cuBLAS.
+//    and 5 < B <= 16 at 896 < H <= 1024, above, but not from B = 8 where the cuBLAS loop's dh GEMM
+//    takes fp16 operands); else cuBLAS.
 //    Since 2026-11-27 the 16-bit and the TF32 forward are also persistent wherever its cluster
 //    kernel applies (`cluster_forward`, lstm_persistent.cuh's cluster_forward_applies:
 //    16 < B <= 64, H in {256, 512, 1024} (TF32: {256, 512}, and 1024 up to B = 32 since the
@@ -216,7 +226,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
                  : (bh <= kFusedMaxBackwardBHTf32 && s.H <= kFusedMaxBackwardHiddenTf32) ||
                        (s.H > kFusedBackwardWideHiddenTf32 && s.H <= kSplitBackwardMaxHidden &&
                         s.B <= kPersistentMaxBackwardBatchTf32 &&
-                        !(s.B >= kCublasMinBackwardBatchTf32Wide && s.H % kHalfDhHiddenMultiple == 0));
+                        !(s.B >= kCublasMinBackwardBatchTf32Wide && half_dh_units_fit(s.H, kHalfDhParts)));
   } else {
     fused = bh <= kFusedMaxForwardBH && s.H <= (half ? kFusedMaxHiddenHalf : kFusedMaxForwardHiddenTf32);
   }
