@@ -162,8 +162,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (256, 1024, torch.bfloat16, True, "cublas", "cublas"),
     (16, 1024, torch.float32, True, "persistent", "cublas"),  # TF32: B <= 16, 64 KiB; backward: fp16 dh from B = 8
     (7, 1024, torch.float32, True, "persistent", "fused"),  # backward 5 < B < 8 at H > 896: fused
-    (8, 1024, torch.float32, True, "persistent", "cublas"),  # backward from B = 8 at H % 128 == 0: cuBLAS (fp16 dh)
-    (16, 960, torch.float32, True, "persistent", "fused"),  # backward 5 < B <= 16 at H > 896, H % 128 != 0
+    (8, 1024, torch.float32, True, "persistent", "cublas"),  # backward from B = 8 where fp16 dh fits: cuBLAS
+    (16, 960, torch.float32, True, "persistent", "fused"),  # backward 5 < B <= 16 at H > 896, no fp16 dh (240 units)
     (6, 960, torch.float32, True, "persistent", "fused"),  # the same backward rule, at its lower bounds
     (5, 1024, torch.float32, True, "persistent", "persistent"),  # TF32 backward: split kernel (B <= 5 at H > 896)
     (6, 1024, torch.float32, True, "persistent", "fused"),  # the fused backward from B = 6 at H > 896
