@@ -816,8 +816,16 @@ def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I):
     TF32's bound. Unscaled, row 0 would overflow to inf (then NaN) and W_hh would keep ~2
     significant bits."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    batch_sizes = [B] * 4
-    t, up = layer_case(batch_sizes, I, 1024, True, seed=83)
+    _check_scaled_h0_and_w_hh([B] * 4, I, 1024, 83, lambda run: _cluster_products(run) == {"half"},
+                              f"scaled fp16 operands B={B}")
+
+
+def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int, taken, what: str) -> None:
+    """float32 with TF32 on scaled fp16 operands: W_hh at 1e-5 of nn.LSTM's range, h0's row 0 at
+    1e5 and row 1 at 1e-5 (and with I % 4 == 0, where the projection is scaled too, W_ih and x's
+    packed rows 0 and 1 likewise): taken(run) holds for the call, and its outputs and every
+    gradient are within TF32's bound of the float64 reference."""
+    t, up = layer_case(batch_sizes, I, H, True, seed=seed)
     t["w_hh"] *= 1e-5
     t["h0"][0] *= 1e5
     t["h0"][1] *= 1e-5
@@ -825,12 +833,15 @@ def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I):
         t["w_ih"] *= 1e-5
         t["x"][0] *= 1e5
         t["x"][1] *= 1e-5
+
+    def run():
+        return run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+
     with _Precision("tf32"):
-        got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
-        assert _cluster_products(
-            lambda: run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")) == {"half"}
+        got = run()
+        assert taken(run)
     ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
-    check(got, ref64, "tf32", f"scaled fp16 operands B={B}")
+    check(got, ref64, "tf32", what)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1287,16 +1298,7 @@ def test_replayed_half_steps_scale_h0_and_w_hh(monkeypatch, B):
     subnormal unscaled), so that row 0's h0·W_hh stays O(1): the outputs and every gradient against
     the float64 reference within TF32's bound."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
-    batch_sizes = [B] * REPLAY_T
-    t, up = layer_case(batch_sizes, 9, 512, True, seed=84)
-    t["w_hh"] *= 1e-5
-    t["h0"][0] *= 1e5
-    t["h0"][1] *= 1e-5
-    with _Precision("tf32"):
-        got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
-        assert _half_rec_taken(lambda: run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda"))
-    ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
-    check(got, ref64, "tf32", f"cuBLAS loop, fp16 products, B={B}")
+    _check_scaled_h0_and_w_hh([B] * REPLAY_T, 9, 512, 84, _half_rec_taken, f"cuBLAS loop, fp16 products, B={B}")
 
 
 def test_replayed_forward_half_rec_keeps_inf(monkeypatch):

@@ -64,7 +64,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -912,10 +911,7 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
 // Whether float32 with TF32 may run the replayed cuBLAS loop's step GEMMs on fp16 operands scaled
 // by powers of two (HalfRecStep, HalfDhStep): SEQKERNELS_LSTM_STEP_HALF (diagnostic) "0" never (TF32
 // operands), else where they apply (use_half_rec, use_half_dh).
-bool step_half_products() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_STEP_HALF");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
+bool step_half_products() { return cuda::switch_on("SEQKERNELS_LSTM_STEP_HALF"); }
 
 // Whether the replayed backward's dh GEMM runs on scaled fp16 operands (HalfDhStep): float32 with
 // TF32, where a row part's U = H / k_parts units fill 2 to 8 warps of one block
@@ -936,10 +932,9 @@ bool use_half_dh(const LstmSizes& s, bool tf32, int k_parts) {
 // TF32, where h's rows and every K part of them are 16-byte vectors of fp16 (the GEMM's A operand)
 // and h0 and W_hh are 16-byte aligned (scale_rows_to_half_kernel).
 template <class scalar_t>
-bool use_half_rec(const LstmSizes& s, bool tf32, int k_parts, const void* h0, const void* w_hh) {
-  auto vectors = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+bool use_half_rec(const LstmSizes& s, bool tf32, int k_parts, const scalar_t* h0, const scalar_t* w_hh) {
   return std::is_same_v<scalar_t, float> && tf32 && step_half_products() && s.H % (8 * k_parts) == 0 &&
-         vectors(h0) && vectors(w_hh);
+         aligned_for<4>(h0) && aligned_for<4>(w_hh);
 }
 
 // W_hh [G, H] as the x3 steps' weight operand wx [G, 2H] (store_x3_stacked).
@@ -988,7 +983,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
   const int k_parts = step_k_parts<scalar_t>(/*backward=*/false, s, blas.tf32(), x3);
   const int rec_blocks = (x3 ? 2 : 1) * k_parts;
-  const bool half_rec = use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr(), w_hh.data_ptr());
+  const bool half_rec = use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>());
   ReplayedSteps replay(replay_key(half_rec ? "forward, fp16 rec" : "forward", w_hh, s, training, blas.tf32(), vec4, x3,
                                   k_parts),
                        "the cuBLAS loop's");
@@ -1246,8 +1241,7 @@ void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64
 // x_n·W_ih,g after two exact products, by unscale[n] and unscale[N + g] (the kernel's).
 Tensor half_scaled_projection(int64_t N, int64_t G, int64_t I, const float* x_p, const float* w_ih_p, float* pre_p,
                               const at::TensorOptions& opts) {
-  auto vectors = [&](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (I % 4 != 0 || !vectors(x_p) || !vectors(w_ih_p)) return Tensor();
+  if (I % 4 != 0 || !aligned_for<4>(x_p) || !aligned_for<4>(w_ih_p)) return Tensor();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor unscale = at::empty({N + G}, opts.dtype(at::kFloat));
   Tensor x_half = at::empty({N, I}, opts.dtype(at::kHalf));

@@ -2967,12 +2967,6 @@ bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Ten
 template <int V>
 using IntConst = std::integral_constant<int, V>;
 
-// A diagnostic switch that is on unless the variable `name` is "0".
-bool switch_on(const char* name) {
-  const char* env = std::getenv(name);
-  return env == nullptr || std::string(env) != "0";
-}
-
 // SEQKERNELS_LSTM_PERSISTENT_DIRECT=0 keeps B <= 16 on the general forward kernel: a diagnostic
 // switch, so that one device run can time both forward kernels side by side.
 bool direct_forward_enabled() { return switch_on("SEQKERNELS_LSTM_PERSISTENT_DIRECT"); }

@@ -36,13 +36,16 @@ enum class ClusterOperands {
   kTf32x3,      // float32 with TF32 off: three TF32 products on split operands
 };
 
+// A diagnostic switch that is on unless the variable `name` is "0".
+inline bool switch_on(const char* name) {
+  const char* env = std::getenv(name);
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
 // Whether float32 with TF32 allowed takes scaled fp16 operands in the cluster forward kernel.
 // SEQKERNELS_LSTM_CLUSTER_HALF (diagnostic): "0" never (TF32 operands; then H = 1024 only up to
 // B = 32); unset or anything else, always: they were faster at every shape measured (H200, below).
-inline bool cluster_half_products() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_CLUSTER_HALF");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
+inline bool cluster_half_products() { return switch_on("SEQKERNELS_LSTM_CLUSTER_HALF"); }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {

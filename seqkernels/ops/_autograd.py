@@ -82,13 +82,14 @@ def _transformed() -> bool:
     return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
 
-def call_op(op, recording: bool, *args):
+def call_op(op, recording: bool, *args, extra: tuple = ()):
     """``op(*args)`` as autograd sees it, with as little host time as possible:
 
     - torch.compile tracing: the registered op as is;
     - autograd records (``recording``) in an eager call, a torch.func transform is active, or a
-      forward-mode AD level is open: the op's ``autograd.Function`` (``register_autograd``),
-      which runs the same formula as the op's registered one;
+      forward-mode AD level is open: the op's ``autograd.Function`` (``register_autograd``,
+      ``register_double_backward``), which runs the same formula as the op's registered one,
+      given ``extra`` too (inputs its formula reads that the op does not take);
     - autograd records nothing (grad mode off, or no input requires grad): the op below
       autograd, where its autograd kernel would only redispatch (a few microseconds per call,
       a measurable share of a small op on a GPU: a ConvRNN of the template's shape runs in
@@ -96,7 +97,7 @@ def call_op(op, recording: bool, *args):
     if torch.compiler.is_compiling():
         return op(*args)
     if recording or _transformed():
-        return _EAGER_FUNCTIONS[op].apply(*args)
+        return _EAGER_FUNCTIONS[op].apply(*args, *extra)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
 
@@ -108,9 +109,7 @@ def call_backward_op(op, *args, extra: tuple = ()):
     ``extra``: what that Function's formula needs beyond the op's arguments (the op does not
     take them). Going below autograd skips the Function's Python wrapper, a sizeable share of
     a small training call's host time."""
-    if not torch.compiler.is_compiling() and (records_grad(*args, *extra) or _transformed()):
-        return _EAGER_FUNCTIONS[op].apply(*args, *extra)
-    return call_op(op, False, *args)
+    return call_op(op, records_grad(*args, *extra), *args, extra=extra)
 
 
 def vmap_fold(t: Tensor, in_dim: int | None, V: int, dim: int) -> Tensor:
