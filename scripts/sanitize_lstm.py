@@ -241,6 +241,18 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                     ok, line = run_case(torch.float32, False, reverse, training, True, batch_sizes, 4, H, gen)
                 failures += not ok
                 print(line + "  (TF32 off)", flush=True)
+        # float32 without TF32: the whole-sequence products as split TF32 GEMMs at any size
+        # (SEQKERNELS_LSTM_X3_PRODUCTS=1; the backward's operands split transposed through shared
+        # memory), I = 33 (unaligned rows), packed, both directions.
+        os.environ["SEQKERNELS_LSTM_X3_PRODUCTS"] = "1"
+        try:
+            for reverse, training in itertools.product([False, True], modes):
+                with rnn_tf32(False):
+                    ok, line = run_case(torch.float32, False, reverse, training, True, [9, 9, 6, 2], 33, 40, gen)
+                failures += not ok
+                print(line + "  (TF32 off, split products)", flush=True)
+        finally:
+            del os.environ["SEQKERNELS_LSTM_X3_PRODUCTS"]
     if backend == "fused" and True in modes:
         # 2 units per block (H = 64, 40: a K tail), 8 (H = 1024), several m16 tiles (B = 17, 33),
         # two batch blocks of 8 tiles (B = 140), packed and both directions; bf16 and TF32.

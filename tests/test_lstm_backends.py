@@ -571,6 +571,90 @@ def test_float32_input_projection_in_tf32_gemms_keeps_inf_and_nan(monkeypatch, b
         assert max_abs(g[ok] - r[ok]) <= TOL["float32"] * max(1.0, max_abs(r[ok])), name
 
 
+# The backward's whole-sequence products in float32 without TF32 (dW_ih and dW_hh, then dx) run as
+# three TF32 GEMMs on exact splits from 2^32 flops where their row chunks hold at least 512 rows
+# (lstm.cu's x3_weight_grads and x3_input_grad; T = 256, B = 64, H = 1024 is such a size);
+# SEQKERNELS_LSTM_X3_PRODUCTS=1 takes them (and the input projection's) at any size, =0 never.
+@pytest.mark.parametrize("loop", ["persistent", "fused", "cublas"])
+@pytest.mark.parametrize("batch_sizes,I,H,reverse", [([4] * 6, 9, 36, False), ([7, 7, 5, 2, 2], 12, 64, True),
+                                                     ([3] * 20, 33, 128, False)])
+def test_float32_backward_products_in_tf32_gemms_match_reference(monkeypatch, loop, batch_sizes, I, H, reverse):
+    """Every loop's outputs and gradients with the split products at a small size (odd I: the
+    split parts' rows unaligned), packed and reverse, against the float64 reference within
+    float32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+    with _Precision("float32"):
+        compare_layer(batch_sizes, I, H, reverse=reverse, bias=True, precision="float32", seed=I + H, what=loop)
+
+
+def test_float32_backward_products_in_row_chunks_match_reference(monkeypatch):
+    """N = 2080 packed rows at I = 2048, H = 256: the weight gradients' split operands in 5 row
+    chunks (the last one short), dx's in 4, against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+    with _Precision("float32"):
+        compare_layer([32] * 40 + [20] * 40, 2048, 256, reverse=False, bias=True, precision="float32", seed=47)
+
+
+def test_float32_backward_products_switch_decides(monkeypatch):
+    """SEQKERNELS_LSTM_X3_PRODUCTS decides which products run: both agree with the float64
+    reference, and their gradients differ in rounding (not bit for bit equal), so each is a
+    different computation; below 2^32 flops the default is float32's GEMMs (as =0)."""
+    batch_sizes, I, H = [6] * 8, 40, 48
+    t, up = layer_case(batch_sizes, I, H, bias=True, seed=31)
+    ref = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    got = {}
+    for env in ("0", "1", ""):
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", env)
+        with _Precision("float32"):
+            got[env] = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+        check(got[env], ref, "float32", f"X3_PRODUCTS={env!r}")
+    for key in ("grad_x", "grad_w_ih", "grad_w_hh"):
+        assert not torch.equal(got["0"][key], got["1"][key]), f"{key}: the switch changed nothing"
+        assert torch.equal(got["0"][key], got[""][key]), f"{key}: the default is not float32's GEMMs here"
+
+
+def test_float32_backward_products_with_projection_match_reference(monkeypatch):
+    """proj_size: the split products with hprev of P columns (the projected h), in training
+    against nn.LSTM in float64 holding the same weights."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+    torch.manual_seed(41)
+    ref = nn.LSTM(20, 64, proj_size=24, dtype=torch.float64)
+    model = seqkernels.LSTM(20, 64, proj_size=24).cuda()
+    model.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+    x = torch.randn(11, 5, 20, dtype=torch.float64)
+    with _Precision("float32"):
+        got = lstm_training_results(model, x.float().cuda())
+    for i, (g, r) in enumerate(zip(got, lstm_training_results(ref, x))):
+        g = g.double().cpu()
+        assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), f"result {i}"
+
+
+def test_float32_backward_products_keep_inf(monkeypatch):
+    """An inf in grad_y at step 0 (row 2; backward's last step, so dG holds no NaN) makes dG's row
+    ±inf, and dW and dx take it through the split products as float32 GEMMs do: inf where the
+    float64 reference has inf, NaN where it has NaN, its values elsewhere. Row 2's x and h0 hold
+    exact TF32 values (small parts 0), where a cross term inf · 0 would have made dW NaN."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+    batch_sizes, I, H = [4] * 6, 24, 32
+    t, up = layer_case(batch_sizes, I, H, bias=True, seed=43)
+    t["x"][2, :4] = 1.0
+    t["h0"][2, :4] = 0.5
+    up["y"][2, 5] = float("inf")
+    with _Precision("float32"):
+        got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+    ref = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    assert torch.isinf(ref["grad_w_ih"][:, :4]).any() and torch.isinf(ref["grad_w_hh"][:, :4]).any()
+    for key in ("grad_x", "grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_h0"):
+        g, r = got[key].double().cpu(), ref[key]
+        for what, f in (("NaN", torch.isnan), ("inf", torch.isinf)):
+            assert torch.equal(f(g), f(r)), f"{key}: {what} elsewhere than the reference's"
+        ok = torch.isfinite(r)
+        assert max_abs(g[ok] - r[ok]) <= TOL["float32"] * max(1.0, max_abs(r[ok])), key
+
+
 def _sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 

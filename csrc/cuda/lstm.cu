@@ -752,19 +752,32 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
 
 // tf32_parts of a [rows, cols] block of src (row stride src_ld) into dst: element (r, c)'s big
 // part at dst[r * dst_ld + c + off_big], its small and big' parts at off_small and
-// off_big_finite instead (a part with a negative offset is not written): the input projection's
-// operands (three matrices one after another) and wx (store_x3_stacked).
-__global__ void split_tf32_kernel(const float* __restrict__ src, int64_t src_ld, int64_t rows, int64_t cols,
-                                  float* __restrict__ dst, int64_t dst_ld, int64_t off_big, int64_t off_small,
-                                  int64_t off_big_finite) {
-  const int64_t n = rows * cols;
-  for (int64_t i = global_thread(); i < n; i += global_stride()) {
-    const int64_t r = i / cols, c = i - r * cols;
-    const Tf32Parts p = tf32_parts(src[r * src_ld + c]);
-    float* d = dst + r * dst_ld + c;
-    d[off_big] = p.big;
-    d[off_small] = p.small;
-    if (off_big_finite >= 0) d[off_big_finite] = p.big_finite;
+// off_big_finite instead (a part with a negative offset is not written): x3_split's parts (matrices
+// one after another) and wx (store_x3_stacked). Blocks walk rows (grid y) and V-wide columns
+// (grid x): no index division, V = 4 where every row and part is a 16-byte vector.
+template <int V>
+__global__ void __launch_bounds__(kThreads) split_tf32_kernel(const float* __restrict__ src, int64_t src_ld,
+                                                              int64_t rows, int64_t cols, float* __restrict__ dst,
+                                                              int64_t dst_ld, int64_t off_big, int64_t off_small,
+                                                              int64_t off_big_finite) {
+  const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  const int64_t c_stride = int64_t(gridDim.x) * blockDim.x * V;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int64_t c = c0; c < cols; c += c_stride) {
+      const Vec<float, V> v = load_vec<V>(src + r * src_ld + c);
+      Vec<float, V> big, small, big_finite;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const Tf32Parts p = tf32_parts(v.v[k]);
+        big.v[k] = p.big;
+        small.v[k] = p.small;
+        big_finite.v[k] = p.big_finite;
+      }
+      float* d = dst + r * dst_ld + c;
+      store_vec<V>(d + off_big, big);
+      store_vec<V>(d + off_small, small);
+      if (off_big_finite >= 0) store_vec<V>(d + off_big_finite, big_finite);
+    }
   }
 }
 
@@ -772,9 +785,52 @@ __global__ void split_tf32_kernel(const float* __restrict__ src, int64_t src_ld,
 void split_tf32(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols, float* dst,
                 int64_t dst_ld, int64_t off_big, int64_t off_small, int64_t off_big_finite) {
   if (rows * cols == 0) return;
-  split_tf32_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(src, src_ld, rows, cols, dst, dst_ld, off_big,
-                                                                      off_small, off_big_finite);
+  const bool vec4 = cols % 4 == 0 && src_ld % 4 == 0 && dst_ld % 4 == 0 && off_big % 4 == 0 && off_small % 4 == 0 &&
+                    (off_big_finite < 0 || off_big_finite % 4 == 0) && aligned_for<4>(src) && aligned_for<4>(dst);
+  const int V = vec4 ? 4 : 1;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((cols / V + kThreads - 1) / kThreads, 64)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, stream>>>(src, src_ld, rows, cols, dst, dst_ld, off_big, off_small, off_big_finite);
+  };
+  vec4 ? launch(split_tf32_kernel<4>) : launch(split_tf32_kernel<1>);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// split_tf32_kernel's parts of src's [rows, cols] block transposed: element (r, c)'s parts at
+// dst[c * dst_ld + r + off_*], for a GEMM whose K runs along src's rows: TF32 tensor-core GEMMs
+// want both operands K-contiguous (Hopper's wgmma reads TF32 only K-major; cuBLAS runs other
+// layouts on slower kernels, docs/benchmarks.md). 32 × 32 tiles through shared memory, so that
+// both the reads and the writes are coalesced.
+constexpr int kSplitTile = 32;
+constexpr int kSplitTileRows = 8;  // thread rows of a block (32 × 8 threads)
+__global__ void __launch_bounds__(kSplitTile * kSplitTileRows)
+    split_tf32_transposed_kernel(const float* __restrict__ src, int64_t src_ld, int64_t rows, int64_t cols,
+                                 float* __restrict__ dst, int64_t dst_ld, int64_t off_big, int64_t off_small,
+                                 int64_t off_big_finite) {
+  __shared__ float tile[kSplitTile][kSplitTile + 1];  // +1: no bank conflicts on the transposed reads
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int64_t col_tiles = (cols + kSplitTile - 1) / kSplitTile;
+  const int64_t tiles = col_tiles * ((rows + kSplitTile - 1) / kSplitTile);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = t / col_tiles * kSplitTile, c0 = t % col_tiles * kSplitTile;
+    for (int k = ty; k < kSplitTile; k += kSplitTileRows) {
+      const int64_t r = r0 + k, c = c0 + tx;
+      tile[k][tx] = r < rows && c < cols ? src[r * src_ld + c] : 0.f;
+    }
+    __syncthreads();
+    for (int k = ty; k < kSplitTile; k += kSplitTileRows) {
+      const int64_t c = c0 + k, r = r0 + tx;
+      if (c < cols && r < rows) {
+        const Tf32Parts p = tf32_parts(tile[tx][k]);
+        float* d = dst + c * dst_ld + r;
+        d[off_big] = p.big;
+        d[off_small] = p.small;
+        if (off_big_finite >= 0) d[off_big_finite] = p.big_finite;
+      }
+    }
+    __syncthreads();
+  }
 }
 
 // float32 with TF32 on fp16 tensor cores (the input projection of the cluster forward kernel's
@@ -1189,41 +1245,168 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   return true;
 }
 
-// The forward's input projection pre[N, G] = x[N, I] · W_ihᵀ. float32 without TF32, from 2^32
-// flops: three TF32 GEMMs on exact splits, pre = x_big·W_bigᵀ + x_big'·W_smallᵀ + x_small·W_big'ᵀ
-// (' : non-finite values as 0, tf32_parts), in row chunks whose split buffers stay within
-// 48 MiB. cuBLAS's float32 GEMM ran at ~48 TFLOP/s on an H200 there (x·W_ihᵀ at B = 16, T = 256,
-// H = I = 1024: 703 µs, a third of the persistent forward's call); TF32 tensor cores run the
-// three GEMMs in less. (One GEMM over K = 3I on the three parts side by side was less accurate:
-// a 256-step call's error against float64 ~1e-5 of the largest value at H = I = 1024 on an H200,
-// ~3e-6 with three GEMMs.) Smaller GEMMs, and every other dtype, run one GEMM.
+// Whole-sequence products in float32 without TF32 (the input projection, and the backward's dx,
+// dW_ih and dW_hh) as three TF32 GEMMs on exact splits (3xTF32) from kX3MinFlops, where cuBLAS's
+// float32 GEMM runs at ~48 TFLOP/s on an H200 (x·W_ihᵀ at B = 16, T = 256, H = I = 1024: 703 µs,
+// a third of the persistent forward's call); TF32 tensor cores run the three GEMMs in less. One
+// GEMM over K = 3I on the three parts side by side was less accurate (a 256-step call's error
+// against float64 ~1e-5 of the largest value at H = I = 1024 on an H200, ~3e-6 with three GEMMs).
+// SEQKERNELS_LSTM_X3_PRODUCTS (diagnostic): 0, never; 1, at any size (tests reach every path).
+constexpr double kX3MinFlops = 4294967296.0;  // 2^32
+// Split buffers of at most kX3SplitBytes (the operands are split in row chunks), and at least
+// kX3MinSplitBytes where a memory budget would leave less.
+constexpr int64_t kX3SplitBytes = int64_t{48} << 20;
+constexpr int64_t kX3MinSplitBytes = int64_t{8} << 20;
+// The backward's products split only where every GEMM of a chunk has kX3MinFlops: smaller ones
+// fill too little of the GPU to beat float32's GEMMs. On an H200 at T = 256, B = 64, `train`
+// without TF32: H = 1024 (chunk GEMMs of 5.6 GFLOP) 18.6 against 20.9 ms a call, H = 512 (1.9 and
+// 2.1 GFLOP) 8.66 against 8.15 (docs/benchmarks.md).
+enum class X3Switch { kBySize, kNever, kAlways };
+X3Switch x3_switch() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_X3_PRODUCTS");
+  if (env == nullptr || env[0] == '\0') return X3Switch::kBySize;
+  return std::string(env) == "0" ? X3Switch::kNever : X3Switch::kAlways;
+}
+bool use_x3_products(double flops) {
+  const X3Switch sw = x3_switch();
+  return sw == X3Switch::kAlways || (sw == X3Switch::kBySize && flops >= kX3MinFlops);
+}
+
+// A float32 [rows, cols] matrix as its exact TF32 parts (tf32_parts), one after another `part`
+// elements apart: big, small, and big' (non-finite values as 0), or only big and small for a
+// weight operand (then big' = big: an inf in the weight reaches small·big too, NaN where the
+// other operand's small part is 0, as in the x3 steps).
+struct X3Parts {
+  float* big;
+  int64_t part;
+  bool has_big_finite;
+  const float* small() const { return big + part; }
+  const float* big_finite() const { return has_big_finite ? big + 2 * part : big; }
+};
+
+// The [rows, cols] block of src (row stride src_ld) into dst's parts.
+void x3_split(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols, const X3Parts& dst) {
+  split_tf32(stream, src, src_ld, rows, cols, dst.big, cols, 0, dst.part, dst.has_big_finite ? 2 * dst.part : -1);
+}
+
+// The [rows, cols] block of src transposed into dst's parts: [cols, rows] with row stride dst_ld.
+void x3_split_transposed(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols,
+                         const X3Parts& dst, int64_t dst_ld) {
+  if (rows * cols == 0) return;
+  const int64_t tiles = ((rows + kSplitTile - 1) / kSplitTile) * ((cols + kSplitTile - 1) / kSplitTile);
+  split_tf32_transposed_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, kMaxBlocks)),
+                                 dim3(kSplitTile, kSplitTileRows), 0, stream>>>(
+      src, src_ld, rows, cols, dst.big, dst_ld, 0, dst.part, dst.has_big_finite ? 2 * dst.part : -1);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// C[M, N] = beta·C + a·b as gemm's three TF32 products a_big·b_big + a_big'·b_small + a_small·b_big'
+// (' : non-finite values as 0, so that NaN and inf reach C only through big·big, as in a float32
+// GEMM), accumulated into C in that order.
+void x3_products(cuda::StepGemm<float, float, float>& gemm, int64_t M, const X3Parts& a, const X3Parts& b,
+                 float beta, float* c) {
+  gemm(M, 1.f, a.big, b.big, beta, c);
+  gemm(M, 1.f, a.big_finite(), b.small(), 1.f, c);
+  gemm(M, 1.f, a.small(), b.big_finite(), 1.f, c);
+}
+
+// Rows of a chunk whose split buffers take bytes_per_row each, within `budget` bytes: all rows, or
+// a multiple of 32 (whole K tiles of the weight gradients' GEMMs).
+int64_t x3_chunk_rows(int64_t budget, int64_t bytes_per_row, int64_t rows) {
+  const int64_t fit = budget / bytes_per_row;
+  return fit >= rows ? rows : std::max<int64_t>(1, fit / 32 * 32);
+}
+
+// The backward's weight gradients grad_w_ih[G, I] = dGᵀ·x and grad_w_hh[G, Hout] = dGᵀ·hprev in
+// float32 without TF32 as x3_products, or false, having done nothing (a chunk's GEMMs below
+// kX3MinFlops). K = N runs along the operands' rows, so each
+// row chunk of dG, x and hprev is split transposed (K-contiguous), dG's once for both GEMMs. The
+// split buffers take at most grad_x's bytes (lstm_backward_impl allocates grad_x after these
+// products) and kX3SplitBytes.
+bool x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
+                     const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
+  const X3Switch sw = x3_switch();
+  if (N == 0 || sw == X3Switch::kNever) return false;
+  const int64_t row_floats = 3 * (G + I + Hout);
+  const int64_t budget = std::min(kX3SplitBytes, std::max(N * I * 4, kX3MinSplitBytes));
+  const int64_t chunk = x3_chunk_rows(budget, 4 * row_floats, N);
+  if (sw == X3Switch::kBySize && 2.0 * G * std::min(I, Hout) * chunk < kX3MinFlops) return false;
+  // Transposed parts dGᵀ [G, rows], xᵀ [I, rows], hprevᵀ [Hout, rows] whose rows hold ld floats, rows
+  // rounded up to 16-byte vectors: on 4-byte-aligned rows cuBLAS ran these TF32 GEMMs on sm80
+  // kernels 2.5x slower (docs/benchmarks.md).
+  auto row_vectors = [](int64_t rows) { return (rows + 3) / 4 * 4; };
+  Tensor split = at::empty({row_vectors(chunk) * row_floats}, opts);
+  float* const base = split.data_ptr<float>();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cuda::BlasContext tf32_blas(true);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    const int64_t ld = row_vectors(rows);
+    const X3Parts g{base, G * ld, true};
+    const X3Parts xs{base + 3 * G * ld, I * ld, true};
+    const X3Parts hs{base + 3 * (G + I) * ld, Hout * ld, true};
+    x3_split_transposed(stream, dG + r0 * G, G, rows, G, g, ld);
+    x3_split_transposed(stream, x + r0 * I, I, rows, I, xs, ld);
+    x3_split_transposed(stream, hprev + r0 * Hout, Hout, rows, Hout, hs, ld);
+    // dW[G, cols] (+)= dGᵀ[G, rows] · (operandᵀ[cols, rows])ᵀ
+    const float beta = r0 == 0 ? 0.f : 1.f;
+    cuda::StepGemm<float, float, float> w_ih_gemm(tf32_blas, Trans::N, Trans::T, I, rows, ld, ld, I);
+    x3_products(w_ih_gemm, G, g, xs, beta, grad_w_ih);
+    cuda::StepGemm<float, float, float> w_hh_gemm(tf32_blas, Trans::N, Trans::T, Hout, rows, ld, ld, Hout);
+    x3_products(w_hh_gemm, G, g, hs, beta, grad_w_hh);
+  }
+  return true;
+}
+
+// The backward's grad_x[N, I] = dG·W_ih in float32 without TF32 as x3_products, or false, having
+// done nothing (a chunk's GEMM below kX3MinFlops): row chunks of dG split
+// as they are, W_ih split once transposed ([I, G], K-contiguous) in two parts (X3Parts). The
+// buffers take at most `budget` bytes (the caller's: hprev's, released before grad_x) and
+// kX3SplitBytes.
+bool x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x, int64_t budget,
+                   const at::TensorOptions& opts) {
+  const X3Switch sw = x3_switch();
+  if (N == 0 || sw == X3Switch::kNever) return false;
+  const int64_t chunk =
+      x3_chunk_rows(std::min(kX3SplitBytes, std::max(budget - 8 * G * I, kX3MinSplitBytes)), 12 * G, N);
+  if (sw == X3Switch::kBySize && 2.0 * chunk * G * I < kX3MinFlops) return false;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  Tensor w_split = at::empty({2, I, G}, opts);
+  const X3Parts w{w_split.data_ptr<float>(), I * G, false};
+  x3_split_transposed(stream, w_ih, I, G, I, w, G);
+  Tensor g_split = at::empty({3, chunk, G}, opts);
+  const cuda::BlasContext tf32_blas(true);
+  cuda::StepGemm<float, float, float> gemm(tf32_blas, Trans::N, Trans::T, I, G, G, G, I);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    const X3Parts g{g_split.data_ptr<float>(), rows * G, true};
+    x3_split(stream, dG + r0 * G, G, rows, G, g);
+    x3_products(gemm, rows, g, w, 0.f, grad_x + r0 * I);
+  }
+  return true;
+}
+
+// The forward's input projection pre[N, G] = x[N, I] · W_ihᵀ, in float32 without TF32 as
+// x3_products from kX3MinFlops, in row chunks of x whose split buffers stay within
+// kX3SplitBytes. Smaller GEMMs, and every other dtype, run one GEMM.
 template <class scalar_t, class acc_t, class sc_t>
 void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64_t I, const scalar_t* x_p,
                       const scalar_t* w_ih_p, acc_t* pre_p, const at::TensorOptions& opts) {
-  constexpr double kSplitMinFlops = 4294967296.0;  // 2^32
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (!blas.tf32() && 2.0 * N * G * I >= kSplitMinFlops) {
-      constexpr int64_t kSplitBytes = int64_t{48} << 20;
-      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, kSplitBytes / (12 * I)));
+    if (!blas.tf32() && use_x3_products(2.0 * N * G * I)) {
+      const int64_t chunk = x3_chunk_rows(kX3SplitBytes, 12 * I, N);
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-      // A [rows, I] matrix into three after one another: big, small, big'.
-      auto split = [&](const float* src, float* dst, int64_t rows) {
-        split_tf32(stream, src, I, rows, I, dst, I, 0, rows * I, 2 * rows * I);
-      };
       Tensor w_split = at::empty({3, G, I}, opts);
       Tensor x_split = at::empty({3, chunk, I}, opts);
-      float* const w_big = w_split.data_ptr<float>();
-      split(w_ih_p, w_big, G);
+      const X3Parts w{w_split.data_ptr<float>(), G * I, true};
+      x3_split(stream, w_ih_p, I, G, I, w);
       const cuda::BlasContext tf32_blas(true);  // the handle's settings of `blas`, TF32 compute
       cuda::StepGemm<float, float, float> gemm(tf32_blas, Trans::N, Trans::T, G, I, I, I, G);
-      float* const x_big = x_split.data_ptr<float>();
       for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t rows = std::min(chunk, N - r0);
-        split(x_p + r0 * I, x_big, rows);
-        float* const out = pre_p + r0 * G;
-        gemm(rows, 1.f, x_big, w_big, 0.f, out);
-        gemm(rows, 1.f, x_big + 2 * rows * I, w_big + G * I, 1.f, out);  // x_big' · W_small
-        gemm(rows, 1.f, x_big + rows * I, w_big + 2 * G * I, 1.f, out);  // x_small · W_big'
+        const X3Parts xs{x_split.data_ptr<float>(), rows * I, true};
+        x3_split(stream, x_p + r0 * I, I, rows, I, xs);
+        x3_products(gemm, rows, xs, w, 0.f, pre_p + r0 * G);
       }
       return;
     }
@@ -1539,16 +1722,36 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
     recurrent_grad_gemm(bt, sc_t(1), dG_t, w_hh_p, sc_t(0), dhbuf_p);
   }
 
-  // Whole-sequence products, once.
-  Tensor grad_x = at::empty({N, I}, opts);
-  cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::N, N, I, G, sc_t(1), dG_p, G, w_ih.data_ptr<scalar_t>(),
-                                       I, sc_t(0), grad_x.data_ptr<scalar_t>(), I);
+  // Whole-sequence products, once: the weight gradients first, so that hprev is released before
+  // grad_x is allocated (one [N, Hout] buffer less at the call's peak).
+  const scalar_t* x_p = x.data_ptr<scalar_t>();
+  const scalar_t* w_ih_p = w_ih.data_ptr<scalar_t>();
   Tensor grad_w_ih = at::empty({G, I}, opts);
-  cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, G, I, N, sc_t(1), dG_p, G, x.data_ptr<scalar_t>(), I,
-                                       sc_t(0), grad_w_ih.data_ptr<scalar_t>(), I);
   Tensor grad_w_hh = at::empty({G, Hout}, opts);
-  cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, G, Hout, N, sc_t(1), dG_p, G, hprev_p, Hout, sc_t(0),
-                                       grad_w_hh.data_ptr<scalar_t>(), Hout);
+  scalar_t* grad_w_ih_p = grad_w_ih.data_ptr<scalar_t>();
+  scalar_t* grad_w_hh_p = grad_w_hh.data_ptr<scalar_t>();
+  bool x3_weights = false;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    x3_weights = !blas.tf32() && x3_weight_grads(N, G, I, Hout, dG_p, x_p, hprev_p, grad_w_ih_p, grad_w_hh_p, opts);
+  }
+  if (!x3_weights) {
+    cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, G, I, N, sc_t(1), dG_p, G, x_p, I, sc_t(0),
+                                         grad_w_ih_p, I);
+    cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, G, Hout, N, sc_t(1), dG_p, G, hprev_p, Hout,
+                                         sc_t(0), grad_w_hh_p, Hout);
+  }
+  const int64_t hprev_bytes = hprev.nbytes();
+  hprev = Tensor();
+  Tensor grad_x = at::empty({N, I}, opts);
+  scalar_t* grad_x_p = grad_x.data_ptr<scalar_t>();
+  bool x3_input = false;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    x3_input = !blas.tf32() && x3_input_grad(N, G, I, dG_p, w_ih_p, grad_x_p, hprev_bytes, opts);
+  }
+  if (!x3_input) {
+    cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::N, N, I, G, sc_t(1), dG_p, G, w_ih_p, I, sc_t(0),
+                                         grad_x_p, I);
+  }
   Tensor grad_bias;
   if (s.has_bias) {
     // Column sums of dG as a GEMM with a ones row: [1, N] · [N, G] (deterministic, fp32 accumulation).
