@@ -4,6 +4,9 @@ shorter, a ragged PackedSequence, which the replay does not take; B >= 2).
 
     SEQKERNELS_LSTM_BACKEND=cublas python scripts/lstm_replay_profile.py [--cases bfloat16:16:1024 ...]
 
+--tf32 off profiles float32 with TF32 off (cuDNN's and matmul's switches, as the benchmark's
+`--tf32 off`); --no-ragged skips the plain loop's variant.
+
 Per case and variant: the median wall ms of a training call (forward + backward, T = 256,
 I = H) and the kernels of one call by their summed GPU time (torch.profiler). Diagnostic only.
 """
@@ -46,11 +49,16 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--tf32", choices=["default", "off"], default="default")
+    ap.add_argument("--no-ragged", action="store_true", help="the replayed (equal lengths) variant only")
     args = ap.parse_args()
+    if args.tf32 == "off":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     for case in args.cases:
         name, B, H = case.split(":")
         # B = 1 has no ragged batch (one sequence a step shorter is a shorter uniform one).
-        for ragged in (False, True) if int(B) > 1 else (False,):
+        for ragged in (False, True) if int(B) > 1 and not args.no_ragged else (False,):
             run = train_call(DTYPES[name], int(B), int(H), args.seq_len, ragged)
             for _ in range(3):
                 run()
