@@ -169,6 +169,23 @@ __device__ __forceinline__ Tf32Parts tf32_parts(float v) {
   return {__uint_as_float(big), finite ? __uint_as_float(cuda::tf32_small(v, big)) : 0.f,
           finite ? __uint_as_float(big) : 0.f};
 }
+// tf32_parts of V values, each part as one vector.
+template <int V>
+struct Tf32PartsVec {
+  Vec<float, V> big, small, big_finite;
+};
+template <int V>
+__device__ __forceinline__ Tf32PartsVec<V> tf32_parts(const Vec<float, V>& v) {
+  Tf32PartsVec<V> r;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const Tf32Parts p = tf32_parts(v.v[k]);
+    r.big.v[k] = p.big;
+    r.small.v[k] = p.small;
+    r.big_finite.v[k] = p.big_finite;
+  }
+  return r;
+}
 
 // The forward's x3 steps (use_x3_steps) stack h_{t-1}'s parts in rows and W_hh's along K, so
 // that one TF32 GEMM sums the products of a step:
@@ -182,18 +199,11 @@ __device__ __forceinline__ Tf32Parts tf32_parts(float v) {
 // against 16.7 µs a GEMM (float32's own: 22.0; dev micro-benchmark, docs/benchmarks.md).
 template <int V>
 __device__ __forceinline__ void store_x3_stacked(float* big_row, float* small_row, int64_t H, const Vec<float, V>& v) {
-  Vec<float, V> big, big_finite, small;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const Tf32Parts p = tf32_parts(v.v[k]);
-    big.v[k] = p.big;
-    big_finite.v[k] = p.big_finite;
-    small.v[k] = p.small;
-  }
-  store_vec<V>(big_row, big);
-  store_vec<V>(big_row + H, big_finite);
-  store_vec<V>(small_row, small);
-  store_vec<V>(small_row + H, small);
+  const Tf32PartsVec<V> p = tf32_parts(v);
+  store_vec<V>(big_row, p.big);
+  store_vec<V>(big_row + H, p.big_finite);
+  store_vec<V>(small_row, p.small);
+  store_vec<V>(small_row + H, p.small);
 }
 
 // fn(r) for the row blocks r < blocks that sum to a step's recurrent product (step_k_parts' K
@@ -764,19 +774,11 @@ __global__ void __launch_bounds__(kThreads) split_tf32_kernel(const float* __res
   const int64_t c_stride = int64_t(gridDim.x) * blockDim.x * V;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     for (int64_t c = c0; c < cols; c += c_stride) {
-      const Vec<float, V> v = load_vec<V>(src + r * src_ld + c);
-      Vec<float, V> big, small, big_finite;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const Tf32Parts p = tf32_parts(v.v[k]);
-        big.v[k] = p.big;
-        small.v[k] = p.small;
-        big_finite.v[k] = p.big_finite;
-      }
+      const Tf32PartsVec<V> p = tf32_parts(load_vec<V>(src + r * src_ld + c));
       float* d = dst + r * dst_ld + c;
-      store_vec<V>(d + off_big, big);
-      store_vec<V>(d + off_small, small);
-      if (off_big_finite >= 0) store_vec<V>(d + off_big_finite, big_finite);
+      store_vec<V>(d + off_big, p.big);
+      store_vec<V>(d + off_small, p.small);
+      if (off_big_finite >= 0) store_vec<V>(d + off_big_finite, p.big_finite);
     }
   }
 }
@@ -1310,6 +1312,18 @@ void x3_products(cuda::StepGemm<float, float, float>& gemm, int64_t M, const X3P
   gemm(M, 1.f, a.small(), b.big_finite(), 1.f, c);
 }
 
+// c[N, ldc] = a[N, K] · op(w) as x3_products, a's rows split in chunks of `chunk` into a_split
+// ([3, chunk, K]); w's parts ready, gemm's M a chunk's rows.
+void x3_products_by_rows(cuda::StepGemm<float, float, float>& gemm, int64_t N, int64_t K, int64_t chunk, const float* a,
+                         float* a_split, const X3Parts& w, float* c, int64_t ldc, cudaStream_t stream) {
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    const X3Parts as{a_split, rows * K, true};
+    x3_split(stream, a + r0 * K, K, rows, K, as);
+    x3_products(gemm, rows, as, w, 0.f, c + r0 * ldc);
+  }
+}
+
 // Rows of a chunk whose split buffers take bytes_per_row each, within `budget` bytes: all rows, or
 // a multiple of 32 (whole K tiles of the weight gradients' GEMMs).
 int64_t x3_chunk_rows(int64_t budget, int64_t bytes_per_row, int64_t rows) {
@@ -1319,10 +1333,9 @@ int64_t x3_chunk_rows(int64_t budget, int64_t bytes_per_row, int64_t rows) {
 
 // The backward's weight gradients grad_w_ih[G, I] = dGᵀ·x and grad_w_hh[G, Hout] = dGᵀ·hprev in
 // float32 without TF32 as x3_products, or false, having done nothing (a chunk's GEMMs below
-// kX3MinFlops). K = N runs along the operands' rows, so each
-// row chunk of dG, x and hprev is split transposed (K-contiguous), dG's once for both GEMMs. The
-// split buffers take at most grad_x's bytes (lstm_backward_impl allocates grad_x after these
-// products) and kX3SplitBytes.
+// kX3MinFlops). K = N runs along the operands' rows, so each row chunk of dG, x and hprev is split
+// transposed (K-contiguous), dG's once for both GEMMs. The split buffers take at most grad_x's
+// bytes (lstm_backward_impl allocates grad_x after these products) and kX3SplitBytes.
 bool x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
                      const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
   const X3Switch sw = x3_switch();
@@ -1359,10 +1372,9 @@ bool x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float*
 }
 
 // The backward's grad_x[N, I] = dG·W_ih in float32 without TF32 as x3_products, or false, having
-// done nothing (a chunk's GEMM below kX3MinFlops): row chunks of dG split
-// as they are, W_ih split once transposed ([I, G], K-contiguous) in two parts (X3Parts). The
-// buffers take at most `budget` bytes (the caller's: hprev's, released before grad_x) and
-// kX3SplitBytes.
+// done nothing (a chunk's GEMM below kX3MinFlops): row chunks of dG split as they are, W_ih split
+// once transposed ([I, G], K-contiguous) in two parts (X3Parts). The buffers take at most
+// `budget` bytes (the caller's: hprev's, released before grad_x) and kX3SplitBytes.
 bool x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x, int64_t budget,
                    const at::TensorOptions& opts) {
   const X3Switch sw = x3_switch();
@@ -1377,12 +1389,7 @@ bool x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float
   Tensor g_split = at::empty({3, chunk, G}, opts);
   const cuda::BlasContext tf32_blas(true);
   cuda::StepGemm<float, float, float> gemm(tf32_blas, Trans::N, Trans::T, I, G, G, G, I);
-  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-    const int64_t rows = std::min(chunk, N - r0);
-    const X3Parts g{g_split.data_ptr<float>(), rows * G, true};
-    x3_split(stream, dG + r0 * G, G, rows, G, g);
-    x3_products(gemm, rows, g, w, 0.f, grad_x + r0 * I);
-  }
+  x3_products_by_rows(gemm, N, G, chunk, dG, g_split.data_ptr<float>(), w, grad_x, I, stream);
   return true;
 }
 
@@ -1402,12 +1409,7 @@ void input_projection(const cuda::BlasContext& blas, int64_t N, int64_t G, int64
       x3_split(stream, w_ih_p, I, G, I, w);
       const cuda::BlasContext tf32_blas(true);  // the handle's settings of `blas`, TF32 compute
       cuda::StepGemm<float, float, float> gemm(tf32_blas, Trans::N, Trans::T, G, I, I, I, G);
-      for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-        const int64_t rows = std::min(chunk, N - r0);
-        const X3Parts xs{x_split.data_ptr<float>(), rows * I, true};
-        x3_split(stream, x_p + r0 * I, I, rows, I, xs);
-        x3_products(gemm, rows, xs, w, 0.f, pre_p + r0 * G);
-      }
+      x3_products_by_rows(gemm, N, I, chunk, x_p, x_split.data_ptr<float>(), w, pre_p, G, stream);
       return;
     }
   }
