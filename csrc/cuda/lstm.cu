@@ -33,8 +33,9 @@
 //     fused pointwise kernel: dG[rows] (pre-activation gradients), dcbuf[:bt] = dL/dc_{t-1},
 //       M[rows] = m_t (projection), Hprev[rows] = h_{t-1} (gathered for dW_hh)
 //     dhbuf[:bt] = dG[rows]·W_hh                                  cuBLAS, beta = 0
-//   grad_x = dG·W_ih, grad_w_ih = dGᵀ·x, grad_w_hh = dGᵀ·Hprev, grad_bias = 1ᵀ·dG,
-//   grad_w_hr = dHtotᵀ·M, grad_h0 = dhbuf, grad_c0 = dcbuf     (all GEMMs: deterministic)
+//   grad_w_ih = dGᵀ·x, grad_w_hh = dGᵀ·Hprev, then (Hprev released) grad_x = dG·W_ih,
+//   grad_bias = 1ᵀ·dG, grad_w_hr = dHtotᵀ·M, grad_h0 = dhbuf, grad_c0 = dcbuf
+//   (all GEMMs: deterministic; float32 without TF32: split TF32 GEMMs where large, x3_products)
 //
 // The cuBLAS loop replays its steps from kept CUDA graphs where that applies (equal batch
 // sizes, no projection, T >= 16, the caller not capturing; replayed_steps.cuh): the same
@@ -1261,8 +1262,9 @@ constexpr int64_t kX3SplitBytes = int64_t{48} << 20;
 constexpr int64_t kX3MinSplitBytes = int64_t{8} << 20;
 // The backward's products split only where every GEMM of a chunk has kX3MinFlops: smaller ones
 // fill too little of the GPU to beat float32's GEMMs. On an H200 at T = 256, B = 64, `train`
-// without TF32: H = 1024 (chunk GEMMs of 5.6 GFLOP) 18.6 against 20.9 ms a call, H = 512 (1.9 and
-// 2.1 GFLOP) 8.66 against 8.15 (docs/benchmarks.md).
+// without TF32: H = 1024 (chunk GEMMs of 5.6 GFLOP) 18.5 against 19.3 ms a call with float32's;
+// H = 512 (1.9 and 2.1 GFLOP) 8.66 against 8.15 without them or the projection's splits
+// (docs/benchmarks.md).
 enum class X3Switch { kBySize, kNever, kAlways };
 X3Switch x3_switch() {
   const char* env = std::getenv("SEQKERNELS_LSTM_X3_PRODUCTS");
