@@ -3,9 +3,9 @@ diagnostic switch, beside cuDNN's (nn.LSTM holding the same weights). Diagnostic
 
     python scripts/lstm_memory_probe.py --cases float32:64:1024 --tf32 off --env SEQKERNELS_LSTM_X3_PRODUCTS=0 =1
 
-Per case and setting: MiB (the benchmark's peak MB column) above what was allocated before the call (the inputs, the
-weights), as the benchmark's peak column counts them: the forward's peak, the whole call's peak,
-and where the whole call peaked (forward or backward).
+Per case and setting, in MiB above what was allocated before the call (the inputs, the weights;
+the unit of the benchmark's peak MB column): the forward's peak, the whole call's peak, and where
+the whole call peaked (forward or backward).
 """
 from __future__ import annotations
 

@@ -572,8 +572,8 @@ def test_float32_input_projection_in_tf32_gemms_keeps_inf_and_nan(monkeypatch, b
 
 
 # The backward's whole-sequence products in float32 without TF32 (dW_ih and dW_hh, then dx) run as
-# three TF32 GEMMs on exact splits from 2^32 flops where their row chunks hold at least 512 rows
-# (lstm.cu's x3_weight_grads and x3_input_grad; T = 256, B = 64, H = 1024 is such a size);
+# three TF32 GEMMs on exact splits where every GEMM of a row chunk has 2^32 flops (lstm.cu's
+# x3_weight_grads and x3_input_grad; T = 256, B = 64, H = 1024 is such a size);
 # SEQKERNELS_LSTM_X3_PRODUCTS=1 takes them (and the input projection's) at any size, =0 never.
 @pytest.mark.parametrize("loop", ["persistent", "fused", "cublas"])
 @pytest.mark.parametrize("batch_sizes,I,H,reverse", [([4] * 6, 9, 36, False), ([7, 7, 5, 2, 2], 12, 64, True),
