@@ -903,9 +903,8 @@ constexpr int64_t kX3StepsMinBatch = cuda::kPersistentMaxForwardBatchMma + 1;
 template <class scalar_t>
 bool use_x3_steps(const LstmSizes& s, bool tf32) {
   if (!std::is_same_v<scalar_t, float> || tf32 || s.P > 0) return false;
-  const char* env = std::getenv("SEQKERNELS_LSTM_X3_STEPS");
-  if (env != nullptr && env[0] != '\0') return std::string(env) != "0";
-  return s.B >= kX3StepsMinBatch;
+  const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_STEPS");
+  return mode < 0 ? s.B >= kX3StepsMinBatch : mode == 1;
 }
 
 // The replayed loop's step GEMM split along K into this many GEMMs of one strided batch
@@ -1265,15 +1264,10 @@ constexpr int64_t kX3MinSplitBytes = int64_t{8} << 20;
 // without TF32: H = 1024 (chunk GEMMs of 5.6 GFLOP) 18.5 against 19.3 ms a call with float32's;
 // H = 512 (1.9 and 2.1 GFLOP) 8.66 against 8.15 without them or the projection's splits
 // (docs/benchmarks.md).
-enum class X3Switch { kBySize, kNever, kAlways };
-X3Switch x3_switch() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_X3_PRODUCTS");
-  if (env == nullptr || env[0] == '\0') return X3Switch::kBySize;
-  return std::string(env) == "0" ? X3Switch::kNever : X3Switch::kAlways;
-}
+// Whether products of `flops` (per GEMM) run split, by the rule or SEQKERNELS_LSTM_X3_PRODUCTS.
 bool use_x3_products(double flops) {
-  const X3Switch sw = x3_switch();
-  return sw == X3Switch::kAlways || (sw == X3Switch::kBySize && flops >= kX3MinFlops);
+  const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_PRODUCTS");
+  return mode < 0 ? flops >= kX3MinFlops : mode == 1;
 }
 
 // A float32 [rows, cols] matrix as its exact TF32 parts (tf32_parts), one after another `part`
@@ -1340,12 +1334,10 @@ int64_t x3_chunk_rows(int64_t budget, int64_t bytes_per_row, int64_t rows) {
 // bytes (lstm_backward_impl allocates grad_x after these products) and kX3SplitBytes.
 bool x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
                      const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
-  const X3Switch sw = x3_switch();
-  if (N == 0 || sw == X3Switch::kNever) return false;
   const int64_t row_floats = 3 * (G + I + Hout);
   const int64_t budget = std::min(kX3SplitBytes, std::max(N * I * 4, kX3MinSplitBytes));
   const int64_t chunk = x3_chunk_rows(budget, 4 * row_floats, N);
-  if (sw == X3Switch::kBySize && 2.0 * G * std::min(I, Hout) * chunk < kX3MinFlops) return false;
+  if (N == 0 || !use_x3_products(2.0 * G * std::min(I, Hout) * chunk)) return false;
   // Transposed parts dGᵀ [G, rows], xᵀ [I, rows], hprevᵀ [Hout, rows] whose rows hold ld floats, rows
   // rounded up to 16-byte vectors: on 4-byte-aligned rows cuBLAS ran these TF32 GEMMs on sm80
   // kernels 2.5x slower (docs/benchmarks.md).
@@ -1379,11 +1371,9 @@ bool x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float*
 // `budget` bytes (the caller's: hprev's, released before grad_x) and kX3SplitBytes.
 bool x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x, int64_t budget,
                    const at::TensorOptions& opts) {
-  const X3Switch sw = x3_switch();
-  if (N == 0 || sw == X3Switch::kNever) return false;
   const int64_t chunk =
       x3_chunk_rows(std::min(kX3SplitBytes, std::max(budget - 8 * G * I, kX3MinSplitBytes)), 12 * G, N);
-  if (sw == X3Switch::kBySize && 2.0 * chunk * G * I < kX3MinFlops) return false;
+  if (N == 0 || !use_x3_products(2.0 * chunk * G * I)) return false;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor w_split = at::empty({2, I, G}, opts);
   const X3Parts w{w_split.data_ptr<float>(), I * G, false};

@@ -3006,14 +3006,6 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
 
-// The diagnostic switches with three settings: -1 unset (the heuristic), 0 for "0" (never), else 1
-// (wherever the kernel can run).
-int diagnostic_mode(const char* name) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || env[0] == '\0') return -1;
-  return std::string(env) == "0" ? 0 : 1;
-}
-
 // SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD (diagnostic): unset, the cluster forward kernel where
 // cluster_forward_applies; 0, never (the direct kernel at B <= 16, else the general kernel); 1,
 // wherever it fits (tests reach its one-tile instances at any B <= 16 with it).

@@ -42,6 +42,14 @@ inline bool switch_on(const char* name) {
   return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
+// The diagnostic switches with three settings: -1 unset or empty (the heuristic), 0 for "0"
+// (never), else 1 (wherever the path can run).
+inline int diagnostic_mode(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || env[0] == '\0') return -1;
+  return std::strcmp(env, "0") == 0 ? 0 : 1;
+}
+
 // Whether float32 with TF32 allowed takes scaled fp16 operands in the cluster forward kernel.
 // SEQKERNELS_LSTM_CLUSTER_HALF (diagnostic): "0" never (TF32 operands; then H = 1024 only up to
 // B = 32); unset or anything else, always: they were faster at every shape measured (H200, below).
