@@ -8,6 +8,12 @@ forward GEMM, each as 16 calls replayed from a CUDA graph (the replayed loop's s
 through cuBLAS and cuBLASLt.
 
     python scripts/gemm_layout_probe.py [--batch 1 16 64] [--hidden 512 1024]
+    python scripts/gemm_layout_probe.py --x3 [--batch 32 64 128] [--hidden 512 1024]
+
+--x3: float32 without TF32, dh as the loop issues it (a float32 GEMM, NN) against split TF32
+GEMMs on exact parts: stacked as the forward's x3 steps stack theirs (A [2B, 2·4H], W's two
+parts along K) and in three parts along K (A [B, 3·4H]), each with W's parts as stored (NN) and
+transposed (TN, K contiguous in both operands, as Hopper's TF32 kernels want them).
 """
 
 import argparse
@@ -60,7 +66,10 @@ def main():
     parser.add_argument("--hidden", type=int, nargs="+", default=[512, 1024])
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--kernels", action="store_true", help="also print the kernels each GEMM ran")
+    parser.add_argument("--x3", action="store_true", help="float32 without TF32: dh as split TF32 GEMMs")
     args = parser.parse_args()
+    if args.x3:
+        return x3_table(args)
     torch.backends.cuda.matmul.allow_tf32 = True
     print(torch.cuda.get_device_name(), torch.__version__)
     print("| library | dtype | B | H | fwd h·W_hhᵀ µs | bwd dG·W_hh (NN) µs | bwd dG·(W_hhᵀ)ᵀ (TN) µs |")
@@ -85,6 +94,41 @@ def main():
                                          ("NN", lambda: torch.mm(dG, w, out=dh)),
                                          ("TN", lambda: torch.mm(dG, w_t.t(), out=dh))):
                             print(f"    {name}: {kernel_names(fn)}", flush=True)
+
+
+def x3_table(args):
+    """dh = dG·W_hh in float32 against split TF32 GEMMs (module docstring), cuBLASLt."""
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    print(torch.cuda.get_device_name(), torch.__version__)
+    print("| B | H | float32 NN µs | stacked NN | stacked TN | 3 parts NN | 3 parts TN |")
+    print("|--:|--:|--:|--:|--:|--:|--:|")
+    for H in args.hidden:
+        G = 4 * H
+        w = torch.randn(G, H, device="cuda") / H**0.5
+        w2 = torch.randn(2 * G, H, device="cuda")  # parts along K, as stored
+        w2_t = w2.t().contiguous()  # [H, 2G]: K contiguous
+        w3 = torch.randn(3 * G, H, device="cuda")
+        w3_t = w3.t().contiguous()
+        for B in args.batch:
+            dG = torch.randn(B, G, device="cuda")
+            a2 = torch.randn(2 * B, 2 * G, device="cuda")
+            a3 = torch.randn(B, 3 * G, device="cuda")
+            dh = torch.empty(B, H, device="cuda")
+            dh2 = torch.empty(2 * B, H, device="cuda")
+            calls = {
+                "fp32": (False, lambda: torch.mm(dG, w, out=dh)),
+                "stacked NN": (True, lambda: torch.mm(a2, w2, out=dh2)),
+                "stacked TN": (True, lambda: torch.mm(a2, w2_t.t(), out=dh2)),
+                "3 NN": (True, lambda: torch.mm(a3, w3, out=dh)),
+                "3 TN": (True, lambda: torch.mm(a3, w3_t.t(), out=dh)),
+            }
+            times = []
+            for name, (tf32, fn) in calls.items():
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                times.append(time_graph(fn))
+                if args.kernels:
+                    print(f"    {name}: {kernel_names(fn)}", flush=True)
+            print(f"| {B} | {H} | " + " | ".join(f"{t:.2f}" for t in times) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -234,13 +234,17 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
             print(line + "  (fp16 step GEMMs)", flush=True)
         # float32 without TF32 from B = 17: the forward's steps as split TF32 GEMMs (x3 steps),
         # replayed (T = 36; H = 8 vectorised) and plain (packed: the GEMM over B + bt rows, H = 5
-        # scalar), both directions.
-        for batch_sizes, H in [([17] * 36, 8), ([20, 20, 17, 3], 5)]:
-            for reverse, training in itertools.product([False, True], modes):
-                with rnn_tf32(False):
-                    ok, line = run_case(torch.float32, False, reverse, training, True, batch_sizes, 4, H, gen)
-                failures += not ok
-                print(line + "  (TF32 off)", flush=True)
+        # scalar), both directions; replayed, the backward's dh too (x3 dh, forced: 4 K parts).
+        os.environ["SEQKERNELS_LSTM_X3_DH"] = "1"
+        try:
+            for batch_sizes, H in [([17] * 36, 8), ([20, 20, 17, 3], 5)]:
+                for reverse, training in itertools.product([False, True], modes):
+                    with rnn_tf32(False):
+                        ok, line = run_case(torch.float32, False, reverse, training, True, batch_sizes, 4, H, gen)
+                    failures += not ok
+                    print(line + "  (TF32 off)", flush=True)
+        finally:
+            del os.environ["SEQKERNELS_LSTM_X3_DH"]
         # float32 without TF32: the whole-sequence products as split TF32 GEMMs at any size
         # (SEQKERNELS_LSTM_X3_PRODUCTS=1; the backward's operands split transposed through shared
         # memory), I = 33 (unaligned rows), packed, both directions.

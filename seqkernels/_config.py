@@ -42,6 +42,9 @@ CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 # lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps, beyond the persistent forward's B
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
+# lstm.cu's kX3DhMinBatch and kX3DhMinUnits: the replayed cuBLAS backward's split TF32 dh GEMMs
+CUDA_X3_DH_MIN_BATCH = 64
+CUDA_X3_DH_MIN_UNITS = 49152
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
 # cluster_forward_applies, csrc/cuda/lstm_persistent.cuh: the persistent forward's cluster kernel
 # (16-bit; float32 with or without TF32 up to H = 512, with TF32 at H = 1024 on scaled fp16 operands,
@@ -264,7 +267,9 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                 return "fused", (f"{what}: B = {batch} >= {CUDA_FUSED_MIN_BACKWARD_BATCH_FP32} and (B <= "
                                  f"{CUDA_FUSED_MAX_BACKWARD_BATCH_FP32} or B*H = {bh} <= "
                                  f"{CUDA_FUSED_MAX_BACKWARD_BH_FP32})")
-            return "cublas", f"{what}: neither the persistent nor the fused backward's bounds"
+            return "cublas", (f"{what}: neither the persistent nor the fused backward's bounds (its dh steps, "
+                              f"replayed, as split TF32 GEMMs from B = {CUDA_X3_DH_MIN_BATCH} with B*H >= "
+                              f"{CUDA_X3_DH_MIN_UNITS})")
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:
             return "persistent", f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}"
         if (why := _cluster_forward(batch, hidden, elem, clusters, x3=True)) is not None:

@@ -1095,11 +1095,77 @@ def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
         _check_inf_in_h0_as_float32(batch_sizes, 64)
 
 
+# x3 dh: the replayed cuBLAS loop's backward step GEMM dh = dG·W_hh in float32 without TF32 as
+# one TF32 GEMM on stacked parts, W_hh's split transposed (lstm.cu's use_x3_dh: from B = 64 with
+# B·H >= 49152, at any B with SEQKERNELS_LSTM_X3_DH=1); in its default K parts and forced to 1, 4 and 3 (3 does
+# not divide K here: halves that do). The forward keeps float32's GEMMs (X3_STEPS=0) so that the
+# gradients' error is the backward's.
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("B,H,parts", [(3, 7, None), (5, 64, None), (5, 64, "1,1"), (20, 64, "1,4"), (40, 256, None),
+                                       (40, 256, "1,3")])
+def test_x3_dh_matches_reference(monkeypatch, B, H, parts, reverse):
+    """Two calls of each case (the first captures its chunks, the second replays them; T = 37:
+    two chunks and five eager steps): outputs and every gradient against the float64 reference
+    within float32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "0")
+    if parts is not None:
+        monkeypatch.setenv("SEQKERNELS_LSTM_K_PARTS", parts)
+    with _Precision("float32"):
+        for call in range(2):
+            compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=True, precision="float32",
+                          seed=B + H + call, what=f"x3 dh, call {call}")
+
+
+@pytest.mark.parametrize("precision_name,B,H,env,taken", [
+    ("float32", 64, 768, None, True), ("float32", 64, 512, None, False), ("float32", 48, 1024, None, False),
+    ("float32", 4, 32, "1", True), ("float32", 64, 768, "0", False), ("tf32", 64, 768, None, False),
+    ("float64", 32, 32, "1", False)])
+def test_x3_dh_is_taken(monkeypatch, precision_name, B, H, env, taken):
+    """Where the replayed backward runs x3 dh: float32 without TF32 from B = 64 with B·H >= 49152,
+    or as SEQKERNELS_LSTM_X3_DH says; never with TF32 or another dtype. It splits W_hh
+    transposed at the start of the backward (the only transposed split here: the weight
+    gradients' split products are switched off)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "0")
+    if env is None:
+        monkeypatch.delenv("SEQKERNELS_LSTM_X3_DH", raising=False)
+    else:
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", env)
+    with _Precision(precision_name):
+        run = _train_call(DTYPE[precision_name], B, H, T=REPLAY_T)
+        run()
+        assert any("split_tf32_transposed" in n for n in kernel_names(run)) == taken
+
+
+def test_x3_dh_keeps_inf_as_float32(monkeypatch):
+    """An inf in grad_y at a middle step (row 2) reaches the earlier steps through dh: the x3
+    dh GEMM gives inf and NaN where the float64 reference has them (its cross terms take the
+    inf's big part as 0, and its small part is 0), and the reference's values elsewhere."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
+    batch_sizes, I, H = [4] * REPLAY_T, 6, 32
+    t, up = layer_case(batch_sizes, I, H, bias=True, seed=53)
+    up["y"][20 * 4 + 2, 5] = float("inf")
+    with _Precision("float32"):
+        got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+    ref = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    assert not torch.isfinite(ref["grad_x"]).all() and torch.isfinite(ref["grad_x"]).any()
+    for key in ("grad_x", "grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_h0", "grad_c0"):
+        g, r = got[key].double().cpu(), ref[key]
+        for what, f in (("NaN", torch.isnan), ("inf", torch.isinf)):
+            assert torch.equal(f(g), f(r)), f"{key}: {what} elsewhere than the reference's"
+        ok = torch.isfinite(r)
+        assert max_abs(g[ok] - r[ok]) <= TOL["float32"] * max(1.0, max_abs(r[ok])), key
+
+
 # The replayed cuBLAS loop's step GEMMs split along K (step_k_parts, forced): the step kernels
 # sum the parts (forward: up to 4 row blocks of rec, with the x3 steps' halves; backward: up to
-# 8 of dh), and the backward's grad_h0 is the parts of its last GEMM summed. The remaining
-# T % 16 steps run the same split GEMM eagerly. "4,8" with the x3 steps: 2 forward parts (4 row
-# blocks); "3,3": parts that do not divide K fall back to halves that do (one here).
+# 8 of dh, with x3 dh's halves), and the backward's grad_h0 is the parts of its last GEMM summed.
+# The remaining T % 16 steps run the same split GEMM eagerly. "4,8" with x3: 2 forward parts and
+# 4 backward ones (8 row blocks each); "3,3": parts that do not divide K fall back to halves that
+# do (one here).
 @pytest.mark.parametrize("parts", ["2,4", "4,8", "3,3"])
 @pytest.mark.parametrize("precision_name,x3", [("tf32", None), ("bfloat16", None), ("float16", None),
                                                ("float32", "1"), ("float32", "0"), ("float64", None)])
@@ -1110,6 +1176,7 @@ def test_step_k_parts_match_reference(monkeypatch, parts, precision_name, x3):
     monkeypatch.setenv("SEQKERNELS_LSTM_K_PARTS", parts)
     if x3 is not None:
         monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", x3)
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", x3)
     with _Precision(precision_name):
         for call, reverse in ((0, False), (1, False), (2, True)):
             compare_layer([6] * REPLAY_T, 5, 64, reverse=reverse, bias=True, precision=precision_name,
@@ -1331,10 +1398,12 @@ def test_release_step_graphs_frees_the_replayed_loops_buffers(monkeypatch, loop)
 
 
 def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
-    """The replayed cuBLAS loop with x3 steps keeps W_hh's parts ([4H, 2H] float32) and h's
-    ([2B, 2H]) besides its state buffers; release_step_graphs frees them."""
+    """The replayed cuBLAS loop with x3 steps and x3 dh keeps W_hh's parts ([4H, 2H] float32, and
+    transposed [H, 8H]), h's ([2B, 2H]) and dG's ([2B, 8H]) besides its state buffers;
+    release_step_graphs frees them."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
     seqkernels.release_step_graphs()
     B, H = 8, 128
     with _Precision("float32"):
@@ -1344,7 +1413,7 @@ def test_release_step_graphs_frees_the_x3_steps_buffers(monkeypatch):
     freed = bytes_freed_by_release()
     wx = 4 * H * 2 * H
     forward = B * H * 2 + 2 * B * 4 * H + 2 * B * 2 * H  # h, c, rec (two halves), h's parts
-    backward = B * H * 2 + B * 4 * H  # dh, dc, dG
+    backward = B * H * 3 + 2 * B * 8 * H + H * 8 * H  # dh (two halves), dc, dG's parts, W_hh's transposed
     kept = (wx + forward + backward) * 4
     assert freed >= kept, f"freed {freed} bytes, want >= {kept}"
 

@@ -198,13 +198,15 @@ __device__ __forceinline__ Tf32PartsVec<V> tf32_parts(const Vec<float, V>& v) {
 // fused loops' products. Stacking h reads W_hh's parts once (2 × W_hh per step), where both
 // operands' three parts along K (K = 3H) read 3 × W_hh: on an H200 at B = 64, H = 1024, 11.2
 // against 16.7 µs a GEMM (float32's own: 22.0; dev micro-benchmark, docs/benchmarks.md).
+// `width`: the column offset of a row's second part (H; the backward's x3 dh: G).
 template <int V>
-__device__ __forceinline__ void store_x3_stacked(float* big_row, float* small_row, int64_t H, const Vec<float, V>& v) {
+__device__ __forceinline__ void store_x3_stacked(float* big_row, float* small_row, int64_t width,
+                                                 const Vec<float, V>& v) {
   const Tf32PartsVec<V> p = tf32_parts(v);
   store_vec<V>(big_row, p.big);
-  store_vec<V>(big_row + H, p.big_finite);
+  store_vec<V>(big_row + width, p.big_finite);
   store_vec<V>(small_row, p.small);
-  store_vec<V>(small_row + H, p.small);
+  store_vec<V>(small_row + width, p.small);
 }
 
 // fn(r) for the row blocks r < blocks that sum to a step's recurrent product (step_k_parts' K
@@ -450,7 +452,9 @@ __device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int parts,
 // kCopy, V = 1, no projection): the copy is `half`'s scaled fp16 dG instead, and dh_in's parts
 // are unscaled as they are summed; the launch must give each block the U units of one row's part
 // (grid B·parts, U threads: HalfDhStep), so that every thread of a block runs the loop once.
-template <class scalar_t, class acc_t, int V, bool kProj, bool kCopy, bool kHalfDh = false>
+// kX3Dh (with kCopy, float32, no projection): the copy is dG's TF32 parts stacked as the x3 steps
+// stack h's (store_x3_stacked with width G: dG_copy [2bt, 2G]), for the x3 dh GEMM.
+template <class scalar_t, class acc_t, int V, bool kProj, bool kCopy, bool kHalfDh = false, bool kX3Dh = false>
 __device__ __forceinline__ void backward_step_rows(
     const scalar_t* __restrict__ gates,       // [bt, G] activated gates i, f, g, o of step t
     const scalar_t* __restrict__ cells,       // [bt, H] c_t of step t
@@ -465,7 +469,7 @@ __device__ __forceinline__ void backward_step_rows(
     int64_t dh_stride,                        // elements between them
     acc_t* __restrict__ dcbuf,                // [B, H] rows [0, bt): dL/dc_t on entry, dL/dc_{t-1} on exit
     scalar_t* __restrict__ dG,                // [bt, G] out: dL/d(pre-activations) of step t
-    scalar_t* __restrict__ dG_copy,           // [bt, G] out (kCopy): dG again; unused otherwise
+    scalar_t* __restrict__ dG_copy,           // [bt, G] out (kCopy): dG again ([2bt, 2G] kX3Dh); unused otherwise
     scalar_t* __restrict__ m_out,             // [bt, H] out (kProj): recomputed m_t; unused otherwise
     scalar_t* __restrict__ hprev,             // [bt, Hout] out: h_{t-1} of every row of step t
     int64_t bt,                               // rows of this step
@@ -474,6 +478,8 @@ __device__ __forceinline__ void backward_step_rows(
     HalfDhStep half = {}) {                   // kHalfDh only
   static_assert(!kHalfDh || (kCopy && V == 1 && !kProj && std::is_same_v<acc_t, float>),
                 "the scaled fp16 dh GEMM is the replayed float32 loop's");
+  static_assert(!kX3Dh || (kCopy && !kHalfDh && !kProj && std::is_same_v<scalar_t, float>),
+                "the x3 dh GEMM is the replayed float32 loop's");
   const int64_t G = 4 * H;
   const int64_t HV = H / V;
   const int64_t total = bt * HV;
@@ -538,6 +544,13 @@ __device__ __forceinline__ void backward_step_rows(
     store_vec<V>(d + 3 * H, dout);
     if constexpr (kHalfDh) {
       store_half_dh(half, dh_blocks, b, bt, j, H, di.v[0], df.v[0], dg.v[0], dout.v[0]);
+    } else if constexpr (kX3Dh) {
+      float* big = dG_copy + b * 2 * G + j;
+      float* small = dG_copy + (bt + b) * 2 * G + j;
+      store_x3_stacked<V>(big, small, G, di);
+      store_x3_stacked<V>(big + H, small + H, G, df);
+      store_x3_stacked<V>(big + 2 * H, small + 2 * H, G, dg);
+      store_x3_stacked<V>(big + 3 * H, small + 3 * H, G, dout);
     } else if constexpr (kCopy) {
       scalar_t* d2 = dG_copy + b * G + j;
       store_vec<V>(d2, di);
@@ -626,14 +639,14 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
 
 // Step k of a backward chunk: backward_step_rows on the B rows of time t, one unit per thread
 // (lstm_backward_replayed says why); dG also to dG_step, the fixed operand of the step's dh GEMM
-// (kHalfDh: scaled fp16, HalfDhStep).
-template <class scalar_t, class acc_t, bool kHalfDh>
+// (kHalfDh: scaled fp16, HalfDhStep; kX3Dh: the stacked TF32 parts).
+template <class scalar_t, class acc_t, bool kHalfDh, bool kX3Dh>
 __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
     const BackwardReplayArgs<scalar_t>* __restrict__ args, int k,
     const acc_t* __restrict__ dhbuf,  // [dh_blocks][B, H] summing to dL/dh_t from the later step (or grad_h_n)
     int dh_blocks,                    // the dh GEMM's K parts (step_k_parts)
     acc_t* __restrict__ dcbuf,        // [B, H] dL/dc_t on entry, dL/dc_{t-1} on exit
-    scalar_t* __restrict__ dG_step,   // [B, G] out: this step's dG (the GEMM's A operand), or nullptr with kHalfDh
+    scalar_t* __restrict__ dG_step,   // [B, G] ([2B, 2G] kX3Dh) out: the GEMM's A operand; nullptr with kHalfDh
     int64_t B, int64_t H,
     HalfDhStep half) {                // kHalfDh: the A operand instead (its `step` set here)
   const BackwardReplayArgs<scalar_t> a = *args;
@@ -643,7 +656,7 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
   const int64_t prev_off = times.prev_t * B;
   const int64_t off = times.t * B, G = 4 * H;
   half.step = a.step + k;
-  backward_step_rows<scalar_t, acc_t, 1, false, true, kHalfDh>(
+  backward_step_rows<scalar_t, acc_t, 1, false, true, kHalfDh, kX3Dh>(
       a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
       has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dh_blocks,
       B * H, dcbuf,
@@ -895,8 +908,9 @@ void scale_rows_to_half(cudaStream_t stream, const float* src, int64_t rows, int
 // projection.
 // H200, the loop forced, eager ms per 256-step `infer` call, float32 GEMMs / x3 steps: B = 32,
 // H = 512 5.77 / 2.89-2.98; B = 64, H = 1024 9.41 / 6.13-6.23. The backward's dh = dG·W_hh as
-// split GEMMs was no faster (H200, the GEMMs alone at B = 32 / 64, H = 512 / 1024: float32
-// 8.6-19.7 µs, parts along K = 3G 8.9-22.7, stacked 8.8-20.1), so it keeps the float32 GEMM.
+// split GEMMs with W_hh's parts as stored was no faster (H200, the GEMMs alone at B = 32 / 64,
+// H = 512 / 1024: float32 8.6-19.7 µs, parts along K = 3G 8.9-22.7, stacked 8.8-20.1); with
+// them transposed it is, from larger sizes (x3 dh, use_x3_dh).
 // SEQKERNELS_LSTM_X3_STEPS (diagnostic): 0, never; 1, at any batch size (tests reach every path
 // with it).
 constexpr int64_t kX3StepsMinBatch = cuda::kPersistentMaxForwardBatchMma + 1;
@@ -922,6 +936,9 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
 //    5.63 → 5.39;
 //  - the x3 forward (float32 without TF32) in 2 parts at B >= 64: `infer` B = 64, H = 1024
 //    6.08 → 5.54, but B = 32 4.41 → 4.65.
+//  - the backward's x3 dh (float32 without TF32, use_x3_dh) in 4 parts: the cuBLAS loop's
+//    `train` call at B = 64, H = 1024 in 1 / 2 / 4 parts 20.66 / 18.98 / 18.39 ms (H200,
+//    2026-11-27; 8 would exceed kMaxDhBlocks' 8 row blocks).
 //  - the TF32 forward in 2 parts at H = 512, 2 <= B <= 8 (fifteenth session): cuBLASLt's first
 //    choice for [B, 512]·[512, 2048] there is a CUTLASS TF32 kernel (`cutlass_80` s1688), slower
 //    than its choice at B = 12 (a call ~2.5 against ~1.9 ms); as two K halves the call takes
@@ -936,6 +953,7 @@ bool use_x3_steps(const LstmSizes& s, bool tf32) {
 // SEQKERNELS_LSTM_K_PARTS (diagnostic): "F,B", the forward's and the backward's parts.
 constexpr int64_t kTf32ForwardPartsHidden = 512;  // the TF32 forward in 2 parts: H = 512 and ...
 constexpr int64_t kTf32ForwardPartsMaxBatch = 8;   // ... 2 <= B <= 8 (above)
+constexpr int kX3DhParts = 4;  // the backward's x3 dh GEMM (use_x3_dh)
 template <class scalar_t>
 int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool half_dh = false) {
   int parts = 1;
@@ -946,6 +964,7 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
     TORCH_CHECK(comma != std::string::npos, "SEQKERNELS_LSTM_K_PARTS must be F,B (e.g. 4,8), got '", v, "'");
     parts = std::atoi((backward ? v.substr(comma + 1) : v.substr(0, comma)).c_str());
   } else if (backward) {
+    if (x3) parts = kX3DhParts;
     if (std::is_same_v<scalar_t, float> && tf32 && s.B >= 8) parts = 8;
     if (cuda::kHalfType<scalar_t> && s.B >= 8) parts = 4;
     if (half_dh && s.B >= 8) parts = cuda::kHalfDhParts;
@@ -955,8 +974,9 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
              s.B <= kTf32ForwardPartsMaxBatch) {
     parts = 2;
   }
-  const int64_t K = backward ? s.G : (x3 ? 2 * s.H : s.H);
-  const int max_parts = backward ? kMaxDhBlocks : (x3 ? kMaxRecBlocks / 2 : kMaxRecBlocks);
+  // x3: each part's product is two row blocks (the stacked parts' halves), K the parts' 2G or 2H.
+  const int64_t K = (x3 ? 2 : 1) * (backward ? s.G : s.H);
+  const int max_parts = (backward ? kMaxDhBlocks : kMaxRecBlocks) / (x3 ? 2 : 1);
   // Every part's slices of A and B, and (backward) every [B, H] block of C, 16-byte aligned.
   auto fits = [&](int p) {
     return p <= max_parts && K % p == 0 && (K / p * int64_t(sizeof(scalar_t))) % 16 == 0 && (s.B * s.H) % 4 == 0;
@@ -964,6 +984,30 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
   parts = std::max(parts, 1);
   while (parts > 1 && !fits(parts)) parts /= 2;
   return parts;
+}
+
+// x3 dh: the replayed backward's step GEMM dh = dG·W_hh in float32 without TF32 as one TF32 GEMM
+// on stacked parts, dh[2B, H] = dGx[2B, 2G] · wxt[H, 2G]ᵀ: the step kernel writes dG's parts as
+// store_x3_stacked writes h's (width G), and wxt's row j holds the big and small parts of W_hh's
+// column j (split transposed once per call), so that both operands are K-contiguous, as Hopper's
+// TF32 kernels want them (stacked with W_hh's parts as stored, the seventh session's version
+// above, cuBLAS ran sm80 kernels no faster than float32's). The step sums both halves of each K
+// part (kX3DhParts: 4). It reads twice W_hh's bytes a step, so it pays where the step is
+// compute-bound: from kX3DhMinBatch rows and B·H >= kX3DhMinUnits. H200, the loop's `train`
+// call, TF32 off, ms, float32's GEMM / x3 dh in 4 parts (two rounds, one build, 2026-11-27,
+// docs/benchmarks.md): H = 512 B = 64 / 128 / 256 7.87 / 12.65 / 21.77 against 7.92 / 12.14 /
+// 19.64; H = 768 14.92 / 23.93 / 39.76 against 13.33 / 21.92 / 36.28; H = 1024 18.63 / 32.11 /
+// 59.24 against 18.12 / 30.08 / 55.33. In 2 parts B = 32 was slower (H = 512 5.16 against 5.71,
+// H = 1024 13.07 against 13.49), and B = 64, H = 1024 took 18.98 (1 part: 20.66).
+// The plain loop (unequal batch sizes, or inside a caller's capture) keeps float32's GEMM.
+// SEQKERNELS_LSTM_X3_DH (diagnostic): 0, never; 1, at any batch size.
+constexpr int64_t kX3DhMinBatch = 64;
+constexpr int64_t kX3DhMinUnits = 49152;  // B·H: B = 64 from H = 768
+template <class scalar_t>
+bool use_x3_dh(const LstmSizes& s, bool tf32) {
+  if (!std::is_same_v<scalar_t, float> || tf32 || s.P > 0) return false;
+  const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_DH");
+  return mode < 0 ? s.B >= kX3DhMinBatch && s.B * s.H >= kX3DhMinUnits : mode == 1;
 }
 
 // Whether float32 with TF32 may run the replayed cuBLAS loop's step GEMMs on fp16 operands scaled
@@ -995,15 +1039,45 @@ bool use_half_rec(const LstmSizes& s, bool tf32, int k_parts, const scalar_t* h0
          aligned_for<4>(h0) && aligned_for<4>(w_hh);
 }
 
+// A float32 [rows, cols] matrix as its exact TF32 parts (tf32_parts), one after another `part`
+// elements apart: big, small, and big' (non-finite values as 0), or only big and small for a
+// weight operand (then big' = big: an inf in the weight reaches small·big too, NaN where the
+// other operand's small part is 0, as in the x3 steps).
+struct X3Parts {
+  float* big;
+  int64_t part;
+  bool has_big_finite;
+  const float* small() const { return big + part; }
+  const float* big_finite() const { return has_big_finite ? big + 2 * part : big; }
+};
+
+// The [rows, cols] block of src (row stride src_ld) into dst's parts.
+void x3_split(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols, const X3Parts& dst) {
+  split_tf32(stream, src, src_ld, rows, cols, dst.big, cols, 0, dst.part, dst.has_big_finite ? 2 * dst.part : -1);
+}
+
+// The [rows, cols] block of src transposed into dst's parts: [cols, rows] with row stride dst_ld.
+void x3_split_transposed(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols,
+                         const X3Parts& dst, int64_t dst_ld) {
+  if (rows * cols == 0) return;
+  const int64_t tiles = ((rows + kSplitTile - 1) / kSplitTile) * ((cols + kSplitTile - 1) / kSplitTile);
+  split_tf32_transposed_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, kMaxBlocks)),
+                                 dim3(kSplitTile, kSplitTileRows), 0, stream>>>(
+      src, src_ld, rows, cols, dst.big, dst_ld, 0, dst.part, dst.has_big_finite ? 2 * dst.part : -1);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // W_hh [G, H] as the x3 steps' weight operand wx [G, 2H] (store_x3_stacked).
 void split_w_hh_x3(cudaStream_t stream, const float* w_hh, int64_t G, int64_t H, float* wx) {
   split_tf32(stream, w_hh, H, G, H, wx, 2 * H, /*off_big=*/0, /*off_small=*/H, /*off_big_finite=*/-1);
 }
 // The name of wx's kept buffer for W_hh in the replayed loop (ReplayedSteps::shared_buffer): one
-// per W_hh, read by the graphs of its training and inference forwards.
-std::string x3_weights_name(const Tensor& w_hh) {
-  return "x3 W_hh " + num(static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))) + " " +
-         num(w_hh.size(0)) + " " + num(w_hh.size(1));
+// per W_hh, read by the graphs of its training and inference forwards; `transposed`, the
+// backward's wxt (x3 dh), read by the graphs of its backwards.
+std::string x3_weights_name(const Tensor& w_hh, bool transposed = false) {
+  return (transposed ? "x3 W_hh transposed " : "x3 W_hh ") +
+         num(static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))) + " " + num(w_hh.size(0)) +
+         " " + num(w_hh.size(1));
 }
 
 // h0 [B, H] into hx [2B, 2H] (store_x3_stacked).
@@ -1159,21 +1233,28 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
   // thread (V = 1): 4x the threads of V = 4, and with them training calls 0-10 % shorter (forced
   // cuBLAS loop, B <= 256, H200, 2026-11-26, docs/benchmarks.md).
-  // The parts of fp16 operands where they fit (use_half_dh), else TF32's.
-  int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), /*x3=*/false, /*half_dh=*/true);
+  // The parts of fp16 operands where they fit (use_half_dh), else TF32's, or the x3 dh GEMM's
+  // (float32 without TF32, so never with fp16 operands).
+  const bool x3 = use_x3_dh<scalar_t>(s, blas.tf32());
+  int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), x3, /*half_dh=*/true);
   const bool half_dh = use_half_dh<scalar_t>(s, blas.tf32(), k_parts);
-  if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), /*x3=*/false);
+  if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), x3);
+  const int dh_blocks = (x3 ? 2 : 1) * k_parts;  // [B, H] blocks of dhbuf that sum to dh
   ReplayedSteps replay(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, s, /*training=*/true, blas.tf32(),
-                                  /*vec4=*/false, /*x3=*/false, k_parts),
+                                  /*vec4=*/false, x3, k_parts),
                        "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
   const auto half_opts = opts.dtype(at::kHalf), float_opts = opts.dtype(at::kFloat);
-  Tensor dhbuf = replay.buffer(0, {k_parts * B, H}, acc_opts);  // the dh GEMM's K parts, summed by the step
+  Tensor dhbuf = replay.buffer(0, {dh_blocks * B, H}, acc_opts);  // the dh GEMM's blocks, summed by the step
   Tensor dcbuf = replay.buffer(1, {B, H}, acc_opts);
-  Tensor dG_step = replay.buffer(2, {B, G}, half_dh ? half_opts : opts);  // the dh GEMM's A operand
+  // The dh GEMM's A operand (x3: dG's parts, stacked) and, x3, its B operand: W_hh's parts
+  // transposed, [H, 2G] (x3 dh above), kept once per W_hh.
+  const std::vector<int64_t> dG_step_sizes = x3 ? std::vector<int64_t>{2 * B, 2 * G} : std::vector<int64_t>{B, G};
+  Tensor dG_step = replay.buffer(2, dG_step_sizes, half_dh ? half_opts : opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
+  Tensor wxt = x3 ? replay.shared_buffer(4, x3_weights_name(w_hh, /*transposed=*/true), {H, 2 * G}, opts) : Tensor();
   acc_t* dhbuf_p = dhbuf.data_ptr<acc_t>();
   acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
@@ -1193,13 +1274,19 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   auto step = [&](int k, cudaStream_t stream) {
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (half_dh) {  // a block per row part (HalfDhStep)
-        cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, true>, dim3(B * k_parts),
+        cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, true, false>, dim3(B * k_parts),
                             dim3(H / k_parts), 0, stream, pdl && k > 0, args_p, k, dhbuf_p, k_parts, dcbuf_p,
                             static_cast<scalar_t*>(nullptr), B, H, half);
         return;
       }
+      if (x3) {
+        cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, true>, dim3(blocks_for(B * H)),
+                            dim3(kThreads), 0, stream, pdl && k > 0, args_p, k, dhbuf_p, dh_blocks, dcbuf_p,
+                            dG_step.data_ptr<scalar_t>(), B, H, half);
+        return;
+      }
     }
-    cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, false>, dim3(blocks_for(B * H)),
+    cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, false>, dim3(blocks_for(B * H)),
                         dim3(kThreads), 0, stream, pdl && k > 0, args_p, k, dhbuf_p, k_parts, dcbuf_p,
                         dG_step.data_ptr<scalar_t>(), B, H, half);
   };
@@ -1210,20 +1297,26 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
             w_hh.data_ptr<float>(), H, k_parts, w_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
+      if (x3) {
+        x3_split_transposed(stream, w_hh.data_ptr<float>(), H, G, H, X3Parts{wxt.data_ptr<float>(), G, false}, 2 * G);
+      }
     }
     const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
         args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, grad_c_n.data_ptr<scalar_t>(), dcbuf_p, B * H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    // grad_h_n is the first step's dh: its other K parts are zero.
-    if (k_parts > 1) {
-      C10_CUDA_CHECK(cudaMemsetAsync(dhbuf_p + B * H, 0, (k_parts - 1) * B * H * sizeof(acc_t), stream));
+    // grad_h_n is the first step's dh: its other blocks are zero.
+    if (dh_blocks > 1) {
+      C10_CUDA_CHECK(cudaMemsetAsync(dhbuf_p + B * H, 0, (dh_blocks - 1) * B * H * sizeof(acc_t), stream));
     }
   };
   // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H] (k_parts
-  // such blocks).
+  // such blocks; x3: [2B, H] = dG_step[2B, 2G] · wxt[H, 2G]ᵀ in TF32 each).
+  std::optional<cuda::BlasContext> tf32_blas;  // x3: the handle's settings of `blas`, TF32 compute
+  if (x3) tf32_blas.emplace(true);
   auto run = [&](const auto& gemm) {
-    return run_replayed_steps(replay, blas, gemm, /*gemm_first=*/false, T, &args_p->step, step, prologue);
+    return run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/false, T, &args_p->step, step,
+                              prologue);
   };
   bool ran = false;
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -1233,15 +1326,17 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
     }
   }
   if (!half_dh) {
-    ran = run(ReplayGemm<scalar_t, acc_t>{Trans::N, B, H, G, dG_step.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(),
-                                          dhbuf_p, k_parts});
+    ran = run(x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, H, 2 * G, dG_step.data_ptr<scalar_t>(),
+                                               wxt.data_ptr<scalar_t>(), dhbuf_p, k_parts}
+                 : ReplayGemm<scalar_t, acc_t>{Trans::N, B, H, G, dG_step.data_ptr<scalar_t>(),
+                                               w_hh.data_ptr<scalar_t>(), dhbuf_p, k_parts});
   }
   if (!ran) return false;
-  // The last step's parts (processing step T - 1) unscaled as the step kernel would.
-  const Tensor parts = dhbuf.view({k_parts, B, H});
+  // The last step's blocks (processing step T - 1) unscaled as the step kernel would.
+  const Tensor parts = dhbuf.view({dh_blocks, B, H});
   const Tensor dh0 = half_dh ? parts.mul(row_unscale[(T - 1) % 2].t().unsqueeze(-1)).mul(w_unscale.unsqueeze(1)).sum(0)
-                     : k_parts > 1 ? parts.sum(0)
-                                   : dhbuf;
+                     : dh_blocks > 1 ? parts.sum(0)
+                                     : dhbuf;
   grad_h0 = dh0.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   grad_c0 = dcbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
@@ -1268,34 +1363,6 @@ constexpr int64_t kX3MinSplitBytes = int64_t{8} << 20;
 bool use_x3_products(double flops) {
   const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_PRODUCTS");
   return mode < 0 ? flops >= kX3MinFlops : mode == 1;
-}
-
-// A float32 [rows, cols] matrix as its exact TF32 parts (tf32_parts), one after another `part`
-// elements apart: big, small, and big' (non-finite values as 0), or only big and small for a
-// weight operand (then big' = big: an inf in the weight reaches small·big too, NaN where the
-// other operand's small part is 0, as in the x3 steps).
-struct X3Parts {
-  float* big;
-  int64_t part;
-  bool has_big_finite;
-  const float* small() const { return big + part; }
-  const float* big_finite() const { return has_big_finite ? big + 2 * part : big; }
-};
-
-// The [rows, cols] block of src (row stride src_ld) into dst's parts.
-void x3_split(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols, const X3Parts& dst) {
-  split_tf32(stream, src, src_ld, rows, cols, dst.big, cols, 0, dst.part, dst.has_big_finite ? 2 * dst.part : -1);
-}
-
-// The [rows, cols] block of src transposed into dst's parts: [cols, rows] with row stride dst_ld.
-void x3_split_transposed(cudaStream_t stream, const float* src, int64_t src_ld, int64_t rows, int64_t cols,
-                         const X3Parts& dst, int64_t dst_ld) {
-  if (rows * cols == 0) return;
-  const int64_t tiles = ((rows + kSplitTile - 1) / kSplitTile) * ((cols + kSplitTile - 1) / kSplitTile);
-  split_tf32_transposed_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, kMaxBlocks)),
-                                 dim3(kSplitTile, kSplitTileRows), 0, stream>>>(
-      src, src_ld, rows, cols, dst.big, dst_ld, 0, dst.part, dst.has_big_finite ? 2 * dst.part : -1);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // C[M, N] = beta·C + a·b as gemm's three TF32 products a_big·b_big + a_big'·b_small + a_small·b_big'
