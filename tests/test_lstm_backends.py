@@ -1118,6 +1118,20 @@ def test_x3_dh_matches_reference(monkeypatch, B, H, parts, reverse):
                           seed=B + H + call, what=f"x3 dh, call {call}")
 
 
+@pytest.mark.parametrize("I", [5, 100])
+def test_x3_dh_with_split_products_matches_reference(monkeypatch, I):
+    """x3 dh with the backward's split products forced: dx's W_ih parts go into the loop's idle
+    W_hh parts where they fit (I = 5 <= H), else into a buffer of their own (I = 100 > H = 64);
+    two calls, outputs and every gradient against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+    with _Precision("float32"):
+        for call in range(2):
+            compare_layer([6] * REPLAY_T, I, 64, reverse=call == 1, bias=True, precision="float32", seed=I + call,
+                          what=f"x3 dh and split products, call {call}")
+
+
 @pytest.mark.parametrize("precision_name,B,H,env,taken", [
     ("float32", 64, 768, None, True), ("float32", 64, 512, None, False), ("float32", 48, 1024, None, False),
     ("float32", 4, 32, "1", True), ("float32", 64, 768, "0", False), ("tf32", 64, 768, None, False),

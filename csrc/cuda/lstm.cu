@@ -1218,12 +1218,16 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
 
 // The backward time loop replayed (see above); false, having launched nothing, where it does
 // not apply. Fills dG and hprev as the plain loop does, and grad_h0 and grad_c0 (scalar_t) as
-// new tensors.
+// new tensors. `held` keeps the loop's entry (and its pool locked) until the caller resets it:
+// with x3 dh, `idle_x3_weights` is its kept [H, 2G] buffer of W_hh's parts, idle once the loop
+// is done, which the caller may use as scratch while it holds the entry (the pool orders its next
+// call, which rewrites the buffer, after the work queued until then).
 template <class scalar_t>
 bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasContext& blas, const Tensor& w_hh,
                             const scalar_t* gates, const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y,
                             const Tensor& h0, const Tensor& c0, const Tensor& grad_h_n, const Tensor& grad_c_n,
-                            scalar_t* dG, scalar_t* hprev, Tensor& grad_h0, Tensor& grad_c0) {
+                            scalar_t* dG, scalar_t* hprev, Tensor& grad_h0, Tensor& grad_c0,
+                            std::optional<ReplayedSteps>& held, Tensor& idle_x3_weights) {
   using acc_t = at::opmath_type<scalar_t>;
   using Args = BackwardReplayArgs<scalar_t>;
   if (!replay_applies(s)) return false;
@@ -1240,10 +1244,13 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   const bool half_dh = use_half_dh<scalar_t>(s, blas.tf32(), k_parts);
   if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), x3);
   const int dh_blocks = (x3 ? 2 : 1) * k_parts;  // [B, H] blocks of dhbuf that sum to dh
-  ReplayedSteps replay(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, s, /*training=*/true, blas.tf32(),
-                                  /*vec4=*/false, x3, k_parts),
-                       "the cuBLAS loop's");
-  if (replay.capture_failed()) return false;
+  ReplayedSteps& replay = held.emplace(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, s,
+                                                 /*training=*/true, blas.tf32(), /*vec4=*/false, x3, k_parts),
+                                      "the cuBLAS loop's");
+  if (replay.capture_failed()) {
+    held.reset();
+    return false;
+  }
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
   const auto half_opts = opts.dtype(at::kHalf), float_opts = opts.dtype(at::kFloat);
@@ -1331,7 +1338,11 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
                  : ReplayGemm<scalar_t, acc_t>{Trans::N, B, H, G, dG_step.data_ptr<scalar_t>(),
                                                w_hh.data_ptr<scalar_t>(), dhbuf_p, k_parts});
   }
-  if (!ran) return false;
+  if (!ran) {
+    held.reset();
+    return false;
+  }
+  idle_x3_weights = wxt;
   // The last step's blocks (processing step T - 1) unscaled as the step kernel would.
   const Tensor parts = dhbuf.view({dh_blocks, B, H});
   const Tensor dh0 = half_dh ? parts.mul(row_unscale[(T - 1) % 2].t().unsqueeze(-1)).mul(w_unscale.unsqueeze(1)).sum(0)
@@ -1435,14 +1446,17 @@ bool x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float*
 // The backward's grad_x[N, I] = dG·W_ih in float32 without TF32 as x3_products, or false, having
 // done nothing (a chunk's GEMM below kX3MinFlops): row chunks of dG split as they are, W_ih split
 // once transposed ([I, G], K-contiguous) in two parts (X3Parts). The buffers take at most
-// `budget` bytes (the caller's: hprev's, released before grad_x) and kX3SplitBytes.
+// `budget` bytes (the caller's: hprev's, released before grad_x) and kX3SplitBytes. W_ih's parts
+// go into `room` where it holds them (float32 scratch of the caller's: x3 dh's idle W_hh parts,
+// whose 32 MiB at H = 1024 would otherwise raise the call's peak above cuDNN's), else into a
+// buffer of their own.
 bool x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x, int64_t budget,
-                   const at::TensorOptions& opts) {
+                   const Tensor& room, const at::TensorOptions& opts) {
   const int64_t chunk =
       x3_chunk_rows(std::min(kX3SplitBytes, std::max(budget - 8 * G * I, kX3MinSplitBytes)), 12 * G, N);
   if (N == 0 || !use_x3_products(2.0 * chunk * G * I)) return false;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  Tensor w_split = at::empty({2, I, G}, opts);
+  const Tensor w_split = room.defined() && room.numel() >= 2 * I * G ? room : at::empty({2, I, G}, opts);
   const X3Parts w{w_split.data_ptr<float>(), I * G, false};
   x3_split_transposed(stream, w_ih, I, G, I, w, G);
   Tensor g_split = at::empty({3, chunk, G}, opts);
@@ -1732,10 +1746,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
        cuda::lstm_fused_backward<scalar_t>(s, reverse, blas.tf32(), w_hh_p, gates_p, cells_p, y_p, grad_y_p, h0_p,
                                            c0_p, grad_h_n_p, grad_c_n_p, dG_p, hprev_p, dhbuf_p, dcbuf_p, x));
   // Else the cuBLAS loop's steps replayed from CUDA graphs, where that applies (above).
-  Tensor grad_h0, grad_c0;
+  // Held until dx below, which may use the loop's idle x3 dh weights as scratch.
+  Tensor grad_h0, grad_c0, idle_x3_weights;
+  std::optional<ReplayedSteps> replay_held;
   const bool replayed = !native && lstm_backward_replayed<scalar_t>(s, reverse, blas, w_hh, gates_p, cells_p, y_p,
                                                                     grad_y_p, h0, c0, grad_h_n, grad_c_n, dG_p,
-                                                                    hprev_p, grad_h0, grad_c0);
+                                                                    hprev_p, grad_h0, grad_c0, replay_held,
+                                                                    idle_x3_weights);
   const bool plain = !native && !replayed;
   if (plain) {
     dhbuf.copy_(grad_h_n);
@@ -1807,8 +1824,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   scalar_t* grad_x_p = grad_x.data_ptr<scalar_t>();
   bool x3_input = false;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    x3_input = !blas.tf32() && x3_input_grad(N, G, I, dG_p, w_ih_p, grad_x_p, hprev_bytes, opts);
+    x3_input = !blas.tf32() && x3_input_grad(N, G, I, dG_p, w_ih_p, grad_x_p, hprev_bytes, idle_x3_weights, opts);
   }
+  replay_held.reset();
   if (!x3_input) {
     cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::N, Trans::N, N, I, G, sc_t(1), dG_p, G, w_ih_p, I, sc_t(0),
                                          grad_x_p, I);
