@@ -990,15 +990,17 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
 // on stacked parts, dh[2B, H] = dGx[2B, 2G] · wxt[H, 2G]ᵀ: the step kernel writes dG's parts as
 // store_x3_stacked writes h's (width G), and wxt's row j holds the big and small parts of W_hh's
 // column j (split transposed once per call), so that both operands are K-contiguous, as Hopper's
-// TF32 kernels want them (stacked with W_hh's parts as stored, the seventh session's version
-// above, cuBLAS ran sm80 kernels no faster than float32's). The step sums both halves of each K
-// part (kX3DhParts: 4). It reads twice W_hh's bytes a step, so it pays where the step is
-// compute-bound: from kX3DhMinBatch rows and B·H >= kX3DhMinUnits. H200, the loop's `train`
-// call, TF32 off, ms, float32's GEMM / x3 dh in 4 parts (two rounds, one build, 2026-11-27,
-// docs/benchmarks.md): H = 512 B = 64 / 128 / 256 7.87 / 12.65 / 21.77 against 7.92 / 12.14 /
-// 19.64; H = 768 14.92 / 23.93 / 39.76 against 13.33 / 21.92 / 36.28; H = 1024 18.63 / 32.11 /
-// 59.24 against 18.12 / 30.08 / 55.33. In 2 parts B = 32 was slower (H = 512 5.16 against 5.71,
-// H = 1024 13.07 against 13.49), and B = 64, H = 1024 took 18.98 (1 part: 20.66).
+// TF32 kernels want them (with W_hh's parts as stored, the x3 steps' note above, cuBLAS ran sm80
+// kernels no faster than float32's). The step sums both halves of each K part (kX3DhParts: 4).
+// wxt is kept (the graphs read it) and idle after the loop: dx borrows it for W_ih's parts
+// (x3_input_grad), so that it adds nothing to the call's peak there. It reads twice W_hh's bytes
+// a step, so it pays where the step is compute-bound: from kX3DhMinBatch rows and B·H >=
+// kX3DhMinUnits. H200, the loop's `train` call, TF32 off, ms, float32's GEMM / x3 dh in 4 parts
+// (two rounds, one build, 2026-11-27, docs/benchmarks.md): H = 512 B = 64 / 128 / 256 7.87 /
+// 12.65 / 21.77 against 7.92 / 12.14 / 19.64; H = 768 14.92 / 23.93 / 39.76 against 13.33 /
+// 21.92 / 36.28; H = 1024 18.63 / 32.11 / 59.24 against 18.12 / 30.08 / 55.33. In 2 parts B = 32
+// was slower (H = 512 5.16 against 5.71, H = 1024 13.07 against 13.49), and B = 64, H = 1024 took
+// 18.98 (1 part: 20.66).
 // The plain loop (unequal batch sizes, or inside a caller's capture) keeps float32's GEMM.
 // SEQKERNELS_LSTM_X3_DH (diagnostic): 0, never; 1, at any batch size.
 constexpr int64_t kX3DhMinBatch = 64;
@@ -1070,6 +1072,10 @@ void x3_split_transposed(cudaStream_t stream, const float* src, int64_t src_ld, 
 // W_hh [G, H] as the x3 steps' weight operand wx [G, 2H] (store_x3_stacked).
 void split_w_hh_x3(cudaStream_t stream, const float* w_hh, int64_t G, int64_t H, float* wx) {
   split_tf32(stream, w_hh, H, G, H, wx, 2 * H, /*off_big=*/0, /*off_small=*/H, /*off_big_finite=*/-1);
+}
+// W_hh [G, H] as x3 dh's weight operand wxt [H, 2G]: row j the big, then the small parts of W_hh's column j.
+void split_w_hh_x3_transposed(cudaStream_t stream, const float* w_hh, int64_t G, int64_t H, float* wxt) {
+  x3_split_transposed(stream, w_hh, H, G, H, X3Parts{wxt, G, false}, 2 * G);
 }
 // The name of wx's kept buffer for W_hh in the replayed loop (ReplayedSteps::shared_buffer): one
 // per W_hh, read by the graphs of its training and inference forwards; `transposed`, the
@@ -1279,6 +1285,10 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // GEMM runs (backward_step_rows). Step 0 follows the prologue or a chunk's graph: no PDL.
   const bool pdl = cuda::pdl_supported(*at::cuda::getCurrentDeviceProperties());
   auto step = [&](int k, cudaStream_t stream) {
+    auto launch = [&](auto kernel) {  // one unit per thread
+      cuda::launch_kernel(kernel, dim3(blocks_for(B * H)), dim3(kThreads), 0, stream, pdl && k > 0, args_p, k, dhbuf_p,
+                          dh_blocks, dcbuf_p, dG_step.data_ptr<scalar_t>(), B, H, half);
+    };
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (half_dh) {  // a block per row part (HalfDhStep)
         cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, true, false>, dim3(B * k_parts),
@@ -1286,16 +1296,9 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
                             static_cast<scalar_t*>(nullptr), B, H, half);
         return;
       }
-      if (x3) {
-        cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, true>, dim3(blocks_for(B * H)),
-                            dim3(kThreads), 0, stream, pdl && k > 0, args_p, k, dhbuf_p, dh_blocks, dcbuf_p,
-                            dG_step.data_ptr<scalar_t>(), B, H, half);
-        return;
-      }
+      if (x3) return launch(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, true>);
     }
-    cuda::launch_kernel(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, false>, dim3(blocks_for(B * H)),
-                        dim3(kThreads), 0, stream, pdl && k > 0, args_p, k, dhbuf_p, k_parts, dcbuf_p,
-                        dG_step.data_ptr<scalar_t>(), B, H, half);
+    launch(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, false>);
   };
   auto prologue = [&](cudaStream_t stream) {
     if constexpr (std::is_same_v<scalar_t, float>) {
@@ -1304,9 +1307,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
             w_hh.data_ptr<float>(), H, k_parts, w_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      if (x3) {
-        x3_split_transposed(stream, w_hh.data_ptr<float>(), H, G, H, X3Parts{wxt.data_ptr<float>(), G, false}, 2 * G);
-      }
+      if (x3) split_w_hh_x3_transposed(stream, w_hh.data_ptr<float>(), G, H, wxt.data_ptr<float>());
     }
     const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
