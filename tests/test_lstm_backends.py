@@ -647,7 +647,13 @@ def test_float32_backward_products_keep_inf(monkeypatch):
         got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
     ref = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
     assert torch.isinf(ref["grad_w_ih"][:, :4]).any() and torch.isinf(ref["grad_w_hh"][:, :4]).any()
-    for key in ("grad_x", "grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_h0"):
+    _check_nonfinite_as_reference(got, ref, ("grad_x", "grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_h0"))
+
+
+def _check_nonfinite_as_reference(got, ref, keys):
+    """NaN and inf exactly where the float64 reference has them, its values elsewhere within
+    float32's bound."""
+    for key in keys:
         g, r = got[key].double().cpu(), ref[key]
         for what, f in (("NaN", torch.isnan), ("inf", torch.isinf)):
             assert torch.equal(f(g), f(r)), f"{key}: {what} elsewhere than the reference's"
@@ -1067,6 +1073,20 @@ def test_x3_steps_match_reference(monkeypatch, batch_sizes, H, reverse):
                           seed=sum(batch_sizes) + H + call, what=f"x3 steps, call {call}")
 
 
+def _cublas_training_runs(monkeypatch, switch, env, precision_name, B, H, T, kernel) -> bool:
+    """Whether a training call of the cuBLAS loop runs a kernel whose name holds `kernel`, with the
+    diagnostic `switch` set to env (unset where None)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    if env is None:
+        monkeypatch.delenv(switch, raising=False)
+    else:
+        monkeypatch.setenv(switch, env)
+    with _Precision(precision_name):
+        run = _train_call(DTYPE[precision_name], B, H, T=T)
+        run()
+        return any(kernel in n for n in kernel_names(run))
+
+
 @pytest.mark.parametrize("precision_name,B,env,taken", [
     ("float32", 17, None, True), ("float32", 16, None, False), ("float32", 4, "1", True),
     ("float32", 64, "0", False), ("tf32", 32, None, False), ("float64", 32, "1", False)])
@@ -1074,15 +1094,8 @@ def test_x3_steps_are_taken(monkeypatch, precision_name, B, env, taken):
     """Where the cuBLAS loop runs x3 steps: float32 without TF32 from B = 17, or as
     SEQKERNELS_LSTM_X3_STEPS says; never with TF32 or another dtype. They split W_hh at the start
     of the forward (the input projection is too small here to split)."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
-    if env is None:
-        monkeypatch.delenv("SEQKERNELS_LSTM_X3_STEPS", raising=False)
-    else:
-        monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", env)
-    with _Precision(precision_name):
-        run = _train_call(DTYPE[precision_name], B, 32, T=4)
-        run()
-        assert any("split_tf32" in n for n in kernel_names(run)) == taken
+    assert _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_STEPS", env, precision_name, B, 32, 4,
+                                 "split_tf32") == taken
 
 
 def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
@@ -1141,16 +1154,9 @@ def test_x3_dh_is_taken(monkeypatch, precision_name, B, H, env, taken):
     or as SEQKERNELS_LSTM_X3_DH says; never with TF32 or another dtype. It splits W_hh
     transposed at the start of the backward (the only transposed split here: the weight
     gradients' split products are switched off)."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "0")
-    if env is None:
-        monkeypatch.delenv("SEQKERNELS_LSTM_X3_DH", raising=False)
-    else:
-        monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", env)
-    with _Precision(precision_name):
-        run = _train_call(DTYPE[precision_name], B, H, T=REPLAY_T)
-        run()
-        assert any("split_tf32_transposed" in n for n in kernel_names(run)) == taken
+    assert _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_DH", env, precision_name, B, H, REPLAY_T,
+                                 "split_tf32_transposed") == taken
 
 
 def test_x3_dh_keeps_inf_as_float32(monkeypatch):
@@ -1166,12 +1172,7 @@ def test_x3_dh_keeps_inf_as_float32(monkeypatch):
         got = run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
     ref = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
     assert not torch.isfinite(ref["grad_x"]).all() and torch.isfinite(ref["grad_x"]).any()
-    for key in ("grad_x", "grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_h0", "grad_c0"):
-        g, r = got[key].double().cpu(), ref[key]
-        for what, f in (("NaN", torch.isnan), ("inf", torch.isinf)):
-            assert torch.equal(f(g), f(r)), f"{key}: {what} elsewhere than the reference's"
-        ok = torch.isfinite(r)
-        assert max_abs(g[ok] - r[ok]) <= TOL["float32"] * max(1.0, max_abs(r[ok])), key
+    _check_nonfinite_as_reference(got, ref, ("grad_x", "grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_h0", "grad_c0"))
 
 
 # The replayed cuBLAS loop's step GEMMs split along K (step_k_parts, forced): the step kernels
