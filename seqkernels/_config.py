@@ -350,9 +350,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                              f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}")
         return "cublas", (f"auto: TF32, B*H = {bh} > {CUDA_FUSED_MAX_BACKWARD_BH_TF32} or H = {hidden} > "
                           f"{CUDA_FUSED_MAX_BACKWARD_HIDDEN_TF32}, and not {CUDA_FUSED_BACKWARD_WIDE_HIDDEN_TF32} < H <= "
-                          f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} with B <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32}"
-                          f" (from B = {CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE} where H / {CUDA_HALF_DH_PARTS} is a "
-                          f"multiple of 32 in [{CUDA_HALF_DH_MIN_UNITS}, {CUDA_HALF_DH_MAX_UNITS}] the cuBLAS loop's "
+                          f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32} with B <= "
+                          f"{CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32} (from B = "
+                          f"{CUDA_CUBLAS_MIN_BACKWARD_BATCH_TF32_WIDE} where H / {CUDA_HALF_DH_PARTS} is a multiple of "
+                          f"32 in [{CUDA_HALF_DH_MIN_UNITS}, {CUDA_HALF_DH_MAX_UNITS}] the cuBLAS loop's "
                           "dh GEMM runs on scaled fp16 operands)")
     max_hidden = CUDA_FUSED_MAX_HIDDEN_HALF if half else CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32
     if bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= max_hidden:

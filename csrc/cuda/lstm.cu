@@ -420,8 +420,8 @@ struct HalfDhStep {
 };
 
 // kHalfDh's store of unit j's four gate gradients in row b of bt (backward_step_rows; `parts` K
-// parts, U = H / parts): the block, row b's part p = j / U, agrees on the power of two that takes its largest finite magnitude into
-// [2^14, 2^15). Once per block (its shared maxima are not reused).
+// parts, U = H / parts): the block, row b's part p = j / U, agrees on the power of two that takes
+// its largest finite magnitude into [2^14, 2^15). Once per block (its shared maxima are not reused).
 __device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int parts, int64_t b, int64_t bt, int64_t j,
                                               int64_t H, float di, float df, float dg, float dout) {
   __shared__ float warp_maxima[kThreads / 32];
@@ -1019,13 +1019,14 @@ bool step_half_products() { return cuda::switch_on("SEQKERNELS_LSTM_STEP_HALF");
 
 // Whether the replayed backward's dh GEMM runs on scaled fp16 operands (HalfDhStep): float32 with
 // TF32, where a row part's U = H / k_parts units fill 2 to 8 warps of one block
-// (cuda::half_dh_units_fit). k_parts is then cuda::kHalfDhParts from B = 8 (step_k_parts). H200, `train` ms, eager calls, two rounds each
-// (docs/benchmarks.md): TF32 operands in 8 parts against fp16 in 8, H = 256 (32-unit blocks,
-// not taken) B = 32 / 64 / 256 2.87 / 3.21 / 5.17 against 2.79 / 3.25 / 5.31; H = 512 3.46 / 4.13 /
-// 8.43 against 3.30 / 3.99 / 8.01; H = 1024 5.06 / 6.99 / 18.67 against 4.55 / 6.61 / 16.89. fp16
-// in 4 parts against 8 (the same machine, another build): H = 1024 4.44 / 6.31 / 16.33 against
-// 4.57 / 6.56 / 16.79, H = 512 3.20 / 3.89 / 7.70 against 3.29 / 4.00 / 8.00, H = 256 (64-unit blocks
-// against TF32 operands in 8 parts) 2.87 / 3.12 / 5.06 against 2.89 / 3.21 / 5.10.
+// (cuda::half_dh_units_fit). k_parts is then cuda::kHalfDhParts from B = 8 (step_k_parts). H200,
+// `train` ms, eager calls, two rounds each (docs/benchmarks.md): TF32 operands in 8 parts against
+// fp16 in 8, H = 256 (32-unit blocks, not taken) B = 32 / 64 / 256 2.87 / 3.21 / 5.17 against
+// 2.79 / 3.25 / 5.31; H = 512 3.46 / 4.13 / 8.43 against 3.30 / 3.99 / 8.01; H = 1024 5.06 / 6.99 /
+// 18.67 against 4.55 / 6.61 / 16.89. fp16 in 4 parts against 8 (the same machine, another build):
+// H = 1024 4.44 / 6.31 / 16.33 against 4.57 / 6.56 / 16.79, H = 512 3.20 / 3.89 / 7.70 against
+// 3.29 / 4.00 / 8.00, H = 256 (64-unit blocks against TF32 operands in 8 parts) 2.87 / 3.12 / 5.06
+// against 2.89 / 3.21 / 5.10.
 static_assert(cuda::kHalfDhMaxUnits <= kThreads, "a row part's units are one block of the step kernel");
 template <class scalar_t>
 bool use_half_dh(const LstmSizes& s, bool tf32, int k_parts) {
@@ -1121,7 +1122,8 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
   const int k_parts = step_k_parts<scalar_t>(/*backward=*/false, s, blas.tf32(), x3);
   const int rec_blocks = (x3 ? 2 : 1) * k_parts;
-  const bool half_rec = use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>());
+  const bool half_rec =
+      use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>());
   ReplayedSteps replay(replay_key(half_rec ? "forward, fp16 rec" : "forward", w_hh, s, training, blas.tf32(), vec4, x3,
                                   k_parts),
                        "the cuBLAS loop's");
