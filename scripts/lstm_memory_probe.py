@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 from torch import nn
 
 import seqkernels
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from harness import DTYPES, set_tf32  # noqa: E402  the benchmark's dtypes and TF32 switches
+
 
 
 def peaks(model, x):
@@ -43,8 +46,7 @@ def main() -> None:
     ap.add_argument("--env", nargs="+", default=[], help="VAR=VALUE, then =VALUE for the same variable; - unsets")
     args = ap.parse_args()
     if args.tf32 == "off":
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        set_tf32(False)
     settings, var = [], None
     for e in args.env or ["-"]:
         name, _, value = e.rpartition("=")

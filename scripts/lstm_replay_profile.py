@@ -13,7 +13,9 @@ I = H) and the kernels of one call by their summed GPU time (torch.profiler). Di
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -22,7 +24,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import seqkernels
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from harness import DTYPES, set_tf32  # noqa: E402  the benchmark's dtypes and TF32 switches
+
 
 
 def train_call(dtype, B, H, T, ragged):
@@ -53,8 +57,7 @@ def main() -> None:
     ap.add_argument("--no-ragged", action="store_true", help="the replayed (equal lengths) variant only")
     args = ap.parse_args()
     if args.tf32 == "off":
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        set_tf32(False)
     for case in args.cases:
         name, B, H = case.split(":")
         # B = 1 has no ragged batch (one sequence a step shorter is a shorter uniform one).
