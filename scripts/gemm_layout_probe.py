@@ -100,8 +100,9 @@ def x3_table(args):
     """dh = dG·W_hh in float32 against split TF32 GEMMs (module docstring), cuBLASLt."""
     torch.backends.cuda.preferred_blas_library("cublaslt")
     print(torch.cuda.get_device_name(), torch.__version__)
-    print("| B | H | float32 NN µs | stacked NN | stacked TN | 3 parts NN | 3 parts TN |")
-    print("|--:|--:|--:|--:|--:|--:|--:|")
+    print("| B | H | float32 NN µs | stacked NN | stacked TN | 3 parts NN | 3 parts TN | stacked TN, 4 K parts"
+          " | fp16 stacked NN | fp16 stacked NN, 4 K parts | fp16, 8 K parts |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for H in args.hidden:
         G = 4 * H
         w = torch.randn(G, H, device="cuda") / H**0.5
@@ -109,18 +110,35 @@ def x3_table(args):
         w2_t = w2.t().contiguous()  # [H, 2G]: K contiguous
         w3 = torch.randn(3 * G, H, device="cuda")
         w3_t = w3.t().contiguous()
+        w2h = w2.half()
         for B in args.batch:
             dG = torch.randn(B, G, device="cuda")
             a2 = torch.randn(2 * B, 2 * G, device="cuda")
             a3 = torch.randn(B, 3 * G, device="cuda")
             dh = torch.empty(B, H, device="cuda")
             dh2 = torch.empty(2 * B, H, device="cuda")
+            a2h = a2.half()
+
+            def parts(p, half):
+                """The stacked GEMM as p K parts of one strided batch (the loop's ReplayGemm)."""
+                kp = 2 * G // p
+                a = (a2h if half else a2).as_strided((p, 2 * B, kp), (kp, 2 * G, 1))
+                if half:
+                    b = w2h.as_strided((p, kp, H), (kp * H, H, 1))
+                else:
+                    b = w2_t.as_strided((p, H, kp), (kp, 2 * G, 1)).transpose(1, 2)
+                out = torch.empty(p, 2 * B, H, device="cuda", dtype=torch.half if half else torch.float)
+                return lambda: torch.bmm(a, b, out=out)
             calls = {
                 "fp32": (False, lambda: torch.mm(dG, w, out=dh)),
                 "stacked NN": (True, lambda: torch.mm(a2, w2, out=dh2)),
                 "stacked TN": (True, lambda: torch.mm(a2, w2_t.t(), out=dh2)),
                 "3 NN": (True, lambda: torch.mm(a3, w3, out=dh)),
                 "3 TN": (True, lambda: torch.mm(a3, w3_t.t(), out=dh)),
+                "stacked TN 4": (True, parts(4, False)),
+                "fp16 stacked NN": (True, lambda: torch.mm(a2h, w2h)),
+                "fp16 4": (True, parts(4, True)),
+                "fp16 8": (True, parts(8, True)),
             }
             times = []
             for name, (tf32, fn) in calls.items():

@@ -234,10 +234,11 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
             print(line + "  (fp16 step GEMMs)", flush=True)
         # float32 without TF32 from B = 17: the forward's steps as split TF32 GEMMs (x3 steps),
         # replayed (T = 36; H = 8 vectorised) and plain (packed: the GEMM over B + bt rows, H = 5
-        # scalar), both directions; replayed, the backward's dh too (x3 dh, forced: 4 K parts).
+        # scalar), both directions; replayed, the backward's dh too (x3 dh, forced: 4 K parts; on
+        # TF32 parts at H = 8, on fp16 parts at H = 256).
         os.environ["SEQKERNELS_LSTM_X3_DH"] = "1"
         try:
-            for batch_sizes, H in [([17] * 36, 8), ([20, 20, 17, 3], 5)]:
+            for batch_sizes, H in [([17] * 36, 8), ([17] * 36, 256), ([20, 20, 17, 3], 5)]:
                 for reverse, training in itertools.product([False, True], modes):
                     with rnn_tf32(False):
                         ok, line = run_case(torch.float32, False, reverse, training, True, batch_sizes, 4, H, gen)

@@ -42,7 +42,10 @@ CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 # lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps, beyond the persistent forward's B
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
-# lstm.cu's kX3DhMinBatch and kX3DhMinUnits: the replayed cuBLAS backward's split TF32 dh GEMMs
+# lstm.cu's kX3HalfDhMinBatch / kX3HalfDhMinUnits and kX3DhMinBatch / kX3DhMinUnits: the replayed
+# cuBLAS backward's split dh GEMMs, on fp16 parts where a row part's units fit, else on TF32 parts
+CUDA_X3_HALF_DH_MIN_BATCH = 32
+CUDA_X3_HALF_DH_MIN_UNITS = 16384
 CUDA_X3_DH_MIN_BATCH = 64
 CUDA_X3_DH_MIN_UNITS = 49152
 CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHalf
@@ -268,8 +271,9 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                                  f"{CUDA_FUSED_MAX_BACKWARD_BATCH_FP32} or B*H = {bh} <= "
                                  f"{CUDA_FUSED_MAX_BACKWARD_BH_FP32})")
             return "cublas", (f"{what}: neither the persistent nor the fused backward's bounds (its dh steps, "
-                              f"replayed, as split TF32 GEMMs from B = {CUDA_X3_DH_MIN_BATCH} with B*H >= "
-                              f"{CUDA_X3_DH_MIN_UNITS})")
+                              f"replayed, as split GEMMs: on fp16 parts from B = {CUDA_X3_HALF_DH_MIN_BATCH} with "
+                              f"B*H >= {CUDA_X3_HALF_DH_MIN_UNITS} where a part's units fit, else on TF32 parts "
+                              f"from B = {CUDA_X3_DH_MIN_BATCH} with B*H >= {CUDA_X3_DH_MIN_UNITS})")
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:
             return "persistent", f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}"
         if (why := _cluster_forward(batch, hidden, elem, clusters, x3=True)) is not None:

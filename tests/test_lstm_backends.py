@@ -1108,11 +1108,13 @@ def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
         _check_inf_in_h0_as_float32(batch_sizes, 64)
 
 
-# x3 dh: the replayed cuBLAS loop's backward step GEMM dh = dG·W_hh in float32 without TF32 as
-# one TF32 GEMM on stacked parts, W_hh's split transposed (lstm.cu's use_x3_dh: from B = 64 with
-# B·H >= 49152, at any B with SEQKERNELS_LSTM_X3_DH=1); in its default K parts and forced to 1, 4 and 3 (3 does
-# not divide K here: halves that do). The forward keeps float32's GEMMs (X3_STEPS=0) so that the
-# gradients' error is the backward's.
+# x3 dh: the replayed cuBLAS loop's backward step GEMM dh = dG·W_hh in float32 without TF32 on
+# exact split operands (lstm.cu's use_x3_dh: from B = 64 with B·H >= 49152, at any B with
+# SEQKERNELS_LSTM_X3_DH=1): on scaled fp16 parts where a row part's units fit (HalfDhStep: here
+# B = 5, H = 64 in one part and H = 256), else one TF32 GEMM on stacked parts, W_hh's split
+# transposed (H = 7, and B = 5, H = 64 in 4 parts); in its default K parts and forced to 1, 4 and 3
+# (3 does not divide K here: halves that do). The forward keeps float32's GEMMs (X3_STEPS=0) so
+# that the gradients' error is the backward's.
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("B,H,parts", [(3, 7, None), (5, 64, None), (5, 64, "1,1"), (20, 64, "1,4"), (40, 256, None),
                                        (40, 256, "1,3")])
@@ -1151,21 +1153,34 @@ def test_x3_dh_with_split_products_matches_reference(monkeypatch, I):
     ("float64", 32, 32, "1", False)])
 def test_x3_dh_is_taken(monkeypatch, precision_name, B, H, env, taken):
     """Where the replayed backward runs x3 dh: float32 without TF32 from B = 64 with B·H >= 49152,
-    or as SEQKERNELS_LSTM_X3_DH says; never with TF32 or another dtype. It splits W_hh
-    transposed at the start of the backward (the only transposed split here: the weight
-    gradients' split products are switched off)."""
+    or as SEQKERNELS_LSTM_X3_DH says; never with TF32 or another dtype. On TF32 parts
+    (SEQKERNELS_LSTM_STEP_HALF=0) it splits W_hh transposed at the start of the backward (the only
+    transposed split here: the weight gradients' split products are switched off)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_STEP_HALF", "0")
     assert _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_DH", env, precision_name, B, H, REPLAY_T,
                                  "split_tf32_transposed") == taken
 
 
-def test_x3_dh_keeps_inf_as_float32(monkeypatch):
+@pytest.mark.parametrize("B,H,env,taken", [
+    (32, 512, None, True), (64, 256, None, True), (32, 256, None, False), (16, 1024, None, False),
+    (4, 64, "1", True), (64, 512, "0", False)])
+def test_x3_dh_on_half_parts_is_taken(monkeypatch, B, H, env, taken):
+    """Where x3 dh runs on fp16 parts (its units fit): from B = 32 with B·H >= 16384, or as
+    SEQKERNELS_LSTM_X3_DH says; it scales W_hh's parts at the start of the backward."""
+    assert _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_DH", env, "float32", B, H, REPLAY_T,
+                                 "scale_w_hh_parts_kernel") == taken
+
+
+@pytest.mark.parametrize("H", [32, 256])
+def test_x3_dh_keeps_inf_as_float32(monkeypatch, H):
     """An inf in grad_y at a middle step (row 2) reaches the earlier steps through dh: the x3
-    dh GEMM gives inf and NaN where the float64 reference has them (its cross terms take the
-    inf's big part as 0, and its small part is 0), and the reference's values elsewhere."""
+    dh GEMM gives inf and NaN where the float64 reference has them, and the reference's values
+    elsewhere. On TF32 parts (H = 32) its cross terms take the inf's big part as 0, and its small
+    part is 0; on fp16 parts (H = 256) the step keeps big·big alone where it is not finite."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
-    batch_sizes, I, H = [4] * REPLAY_T, 6, 32
+    batch_sizes, I = [4] * REPLAY_T, 6
     t, up = layer_case(batch_sizes, I, H, bias=True, seed=53)
     up["y"][20 * 4 + 2, 5] = float("inf")
     with _Precision("float32"):
@@ -1498,12 +1513,43 @@ def test_replayed_backward_half_dh_matches_reference(monkeypatch, B, H, reverse)
         assert not _half_dh_taken(_train_call(torch.float32, B, H, T=20))
 
 
-def test_replayed_backward_half_dh_scales_rows_and_columns(monkeypatch):
+# x3 dh on fp16 parts (float32 without TF32, HalfDhStep's x3): dG's and W_hh's scaled parts and
+# their remainders, 1 K part (B = 5, H = 64), 4 (the default from B = 8) and 8 (forced).
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("B,H,parts", [(5, 64, "1,1"), (8, 256, None), (20, 512, "1,8"), (64, 1024, None)])
+def test_x3_dh_on_half_parts_matches_reference(monkeypatch, B, H, parts, reverse):
+    """Two calls (capture, then replay; 37 steps: two chunks and five eager steps): outputs and
+    every gradient against the float64 reference within float32's bound, on fp16 parts (W_hh
+    scaled by scale_w_hh_parts_kernel, no transposed TF32 split); SEQKERNELS_LSTM_STEP_HALF=0
+    keeps TF32 parts."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "0")
+    if parts is not None:
+        monkeypatch.setenv("SEQKERNELS_LSTM_K_PARTS", parts)
+    with _Precision("float32"):
+        names = kernel_names(_train_call(torch.float32, B, H, T=20))
+        assert any("scale_w_hh_parts_kernel" in n for n in names)
+        assert not any("split_tf32_transposed" in n for n in names)
+        for call in range(2):
+            compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=True, precision="float32",
+                          seed=B + H + call, what=f"x3 dh on fp16 parts, call {call}")
+        monkeypatch.setenv("SEQKERNELS_LSTM_STEP_HALF", "0")
+        names = kernel_names(_train_call(torch.float32, B, H, T=20))
+        assert not any("scale_w_hh_parts_kernel" in n for n in names)
+        assert any("split_tf32_transposed" in n for n in names)
+
+
+@pytest.mark.parametrize("precision_name", ["tf32", "float32"])
+def test_replayed_backward_half_dh_scales_rows_and_columns(monkeypatch, precision_name):
     """Batch rows of the upstream gradients at 1e5 and 1e-5 (2^33 apart: one scale for all rows
     would leave the small row's dG subnormal in fp16) and W_hh's columns 0-7 at 1e-9 of the rest
     (likewise for one scale per part): those rows' grad_h0, grad_c0 and grad_x and those columns'
-    grad_h0 within TF32's bound of the float64 reference, relative to their own size."""
+    grad_h0 within the bound of the float64 reference, relative to their own size. TF32: the
+    scaled fp16 product; float32 without TF32: x3 dh on fp16 parts (forced)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
     B, H, T = 8, 512, REPLAY_T
     t, up = layer_case([B] * T, 9, H, True, seed=71)
     rows = torch.arange(T * B) % B  # the packed rows' batch rows
@@ -1512,13 +1558,13 @@ def test_replayed_backward_half_dh_scales_rows_and_columns(monkeypatch):
         up["h_n"][b] *= f
         up["c_n"][b] *= f
     t["w_hh"][:, :8] *= 1e-9
-    with _Precision("tf32"):
+    with _Precision(precision_name):
         got = run_layer(lstm_layer, t, up, [B] * T, False, torch.float32, "cuda")
     ref = run_layer(_reference, t, up, [B] * T, False, torch.float64, "cpu")
 
     def close(g, r, what):
         err, size = max_abs(g.double().cpu() - r), max_abs(r)
-        assert size > 0 and err <= TOL["tf32"] * size, f"{what}: error {err:.3g} against values of {size:.3g}"
+        assert size > 0 and err <= TOL[precision_name] * size, f"{what}: error {err:.3g} against values of {size:.3g}"
 
     for b in (0, 1):
         close(got["grad_h0"][b], ref["grad_h0"][b], f"grad_h0, row {b}")
@@ -1527,15 +1573,17 @@ def test_replayed_backward_half_dh_scales_rows_and_columns(monkeypatch):
     close(got["grad_h0"][2:, :8], ref["grad_h0"][2:, :8], "grad_h0, columns 0-7")
 
 
-def test_replayed_backward_half_dh_keeps_inf(monkeypatch):
-    """An inf in grad_y (batch row 2, step 30) reaches dh as in a TF32 GEMM: the gradients it
-    reaches turn non-finite where the float64 reference's do, and the other rows keep the
-    reference's values within TF32's bound."""
+@pytest.mark.parametrize("precision_name", ["tf32", "float32"])
+def test_replayed_backward_half_dh_keeps_inf(monkeypatch, precision_name):
+    """An inf in grad_y (batch row 2, step 30) reaches dh as in a TF32 (or float32) GEMM: the
+    gradients it reaches turn non-finite where the float64 reference's do, and the other rows keep
+    the reference's values within the bound. float32 without TF32: x3 dh on fp16 parts (forced)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
     B, H, T = 8, 512, REPLAY_T
     t, up = layer_case([B] * T, 9, H, True, seed=72)
     up["y"][30 * B + 2, 17] = float("inf")
-    with _Precision("tf32"):
+    with _Precision(precision_name):
         got = run_layer(lstm_layer, t, up, [B] * T, False, torch.float32, "cuda")
     ref = run_layer(_reference, t, up, [B] * T, False, torch.float64, "cpu")
     assert not torch.isfinite(ref["grad_h0"][2]).any()
@@ -1543,7 +1591,7 @@ def test_replayed_backward_half_dh_keeps_inf(monkeypatch):
         g, r = got[key].double().cpu(), ref[key]
         ok = torch.isfinite(r)
         assert torch.equal(torch.isfinite(g), ok), f"{key}: non-finite elsewhere than the reference's"
-        assert max_abs(g[ok] - r[ok]) <= TOL["tf32"] * max(1.0, max_abs(r[ok])), key
+        assert max_abs(g[ok] - r[ok]) <= TOL[precision_name] * max(1.0, max_abs(r[ok])), key
 
 
 def _force_replayed_loop(monkeypatch, loop):

@@ -411,13 +411,32 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
 // that one block of U threads writes all of it and can scale it by its own largest magnitude.
 // W_hh's rows are in the same order, scaled per (part, column) (scale_w_hh_parts_kernel); a part's
 // product is then unscaled by its row's and its column's inverse scales, where the step sums it.
+//
+// x3 dh on fp16 parts (float32 without TF32, `x3`): each scaled operand is also kept as its
+// remainder, scaled by 2^11 (half_remainder: the two fp16 values hold 22 bits, as x3's two TF32
+// parts do), dG's remainders in rows [B, 2B) of the A operand and W_hh's in columns [H, 2H) of the
+// B operand, so that each K part's product is one [2B, 2H] block holding big·big (rows < B, columns
+// < H) and the two cross terms big·small' and small'·big (half_dh_part adds them at 2^-11; the
+// fourth quadrant, small'·small', is not read). Against x3's TF32 parts: half the bytes of W_hh's
+// parts a step and fp16's tensor-core rate (H200, one GEMM of B = 64, H = 512 in 4 K parts: 4.3
+// against 9.5 µs; docs/benchmarks.md).
 struct HalfDhStep {
-  c10::Half* dG;             // [B, G] out: this step's dG, scaled, in part order
+  c10::Half* dG;             // [B, G] ([2B, G] x3) out: this step's dG, scaled, in part order
   float* row_unscale;        // [2][B, parts]: the inverse scales of the rows' parts; step s writes
                              // half s % 2 and reads the previous step's (dh_in's) from the other
   const float* w_unscale;    // [parts, H]: W_hh's (part, column) inverse scales
   int64_t step;              // the processing step; 0: dh_in is grad_h_n (unscaled), not a product
+  bool x3;                   // the split operands above
 };
+
+// x3 on fp16 parts: the remainder of a scaled value past its fp16 part big, times 2^11 (the
+// subtraction is exact); 0 for inf and NaN, whose big part carries them (so an inf reaches the
+// sum only through big·big, as in a float32 GEMM: half_dh_part).
+constexpr float kHalfRemainderScale = 2048.0f;
+constexpr float kHalfRemainderUnscale = 1.0f / 2048.0f;
+__device__ __forceinline__ c10::Half half_remainder(float scaled, c10::Half big) {
+  return c10::Half(isfinite(scaled) ? (scaled - static_cast<float>(big)) * kHalfRemainderScale : 0.0f);
+}
 
 // kHalfDh's store of unit j's four gate gradients in row b of bt (backward_step_rows; `parts` K
 // parts, U = H / parts): the block, row b's part p = j / U, agrees on the power of two that takes
@@ -434,11 +453,36 @@ __device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int parts,
   cuda::power_of_two_scales(m, scale, unscale);
   const int64_t U = H / parts, p = j / U, u = j - p * U;
   c10::Half* d = half.dG + b * 4 * H + p * 4 * U + u;
-  d[0] = c10::Half(di * scale);
-  d[U] = c10::Half(df * scale);
-  d[2 * U] = c10::Half(dg * scale);
-  d[3 * U] = c10::Half(dout * scale);
+  const float gates[4] = {di, df, dg, dout};
+#pragma unroll
+  for (int gate = 0; gate < 4; ++gate) {
+    const float scaled = gates[gate] * scale;
+    const c10::Half big(scaled);
+    d[gate * U] = big;
+    if (half.x3) d[bt * 4 * H + gate * U] = half_remainder(scaled, big);  // row bt + b
+  }
   if (u == 0) half.row_unscale[((half.step & 1) * bt + b) * parts + p] = unscale;
+}
+
+// kHalfDh: part r's term of dL/dh_t[b, j] from the previous step's dh GEMM (dh_in: `parts`
+// [bt, H] blocks, x3 [2bt, 2H]), unscaled; at the first step block r of grad_h_n as the
+// prologue wrote it ([bt, H] blocks, block 0 grad_h_n, the others zero). x3: where big·big is not
+// finite (an inf or NaN in dG, or in W_hh) it is the term, as in a float32 GEMM; the cross terms
+// would add NaN (inf times a remainder of either sign).
+__device__ __forceinline__ float half_dh_part(const HalfDhStep& half, const float* __restrict__ dh_in, int parts,
+                                              int r, int64_t b, int64_t bt, int64_t j, int64_t H) {
+  if (half.step == 0) return __ldcg(dh_in + (r * bt + b) * H + j);
+  float v;
+  if (half.x3) {
+    const float* c = dh_in + (r * 4 * bt + b * 2) * H + j;  // part r's block, row b, column j
+    const float whole = __ldcg(c);
+    const float cross = __ldcg(c + H) + __ldcg(c + bt * 2 * H);  // big·small', small'·big
+    v = isfinite(whole) ? fmaf(cross, kHalfRemainderUnscale, whole) : whole;
+  } else {
+    v = __ldcg(dh_in + (r * bt + b) * H + j);
+  }
+  const float* prev = half.row_unscale + ((half.step + 1) & 1) * bt * parts;
+  return v * __ldcg(prev + b * parts + r) * half.w_unscale[r * H + j];
 }
 
 // One backward time step, fused: gradients of the pre-activations, of c_{t-1}, the
@@ -509,15 +553,13 @@ __device__ __forceinline__ void backward_step_rows(
 #pragma unroll
       for (int k = 0; k < V; ++k) dm.v[k] = static_cast<acc_t>(gy.v[k]);
       for_each_block<kMaxDhBlocks>(dh_blocks, [&](int r) {
-        Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
-        if constexpr (kHalfDh) {  // two exact products (the previous step wrote the row's scale)
-          if (half.step > 0) {
-            const float* prev = half.row_unscale + ((half.step + 1) & 1) * bt * dh_blocks;
-            dh.v[0] = dh.v[0] * __ldcg(prev + b * dh_blocks + r) * half.w_unscale[r * H + j];
-          }
-        }
+        if constexpr (kHalfDh) {  // exact products (the previous step wrote the row's scale)
+          dm.v[0] += half_dh_part(half, dh_in, dh_blocks, r, b, bt, j, H);
+        } else {
+          const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
 #pragma unroll
-        for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
+          for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
+        }
       });
     }
     Vec<scalar_t, V> di, df, dg, dout, m;
@@ -864,10 +906,11 @@ __global__ void scale_rows_to_half_kernel(const float* __restrict__ src, int64_t
 // HalfDhStep's B operand: W_hh [G, H] in fp16 with its rows in part order (row p·4U + gate·U + u
 // from W_hh's row gate·H + p·U + u, U = H / parts) and each (part, column) scaled by the power of
 // two that takes its largest finite magnitude into [2^14, 2^15); w_unscale [parts, H] the inverse
-// scales. A block per (part, 32 columns): its warps walk the part's rows, a lane a column.
+// scales. x3: [G, 2H], the remainders (half_remainder) in columns [H, 2H). A block per (part, 32
+// columns): its warps walk the part's rows, a lane a column.
 constexpr int kWarpsPerBlock = kThreads / 32;
 __global__ void __launch_bounds__(kThreads) scale_w_hh_parts_kernel(const float* __restrict__ w_hh, int64_t H,
-                                                                    int parts, c10::Half* __restrict__ w_half,
+                                                                    int parts, bool x3, c10::Half* __restrict__ w_half,
                                                                     float* __restrict__ w_unscale) {
   __shared__ float maxima[kWarpsPerBlock][32];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
@@ -884,9 +927,14 @@ __global__ void __launch_bounds__(kThreads) scale_w_hh_parts_kernel(const float*
   for (int w = 0; w < kWarpsPerBlock; ++w) m = fmaxf(m, maxima[w][lane]);
   float scale, unscale;
   cuda::power_of_two_scales(m, scale, unscale);
+  const int64_t ld = x3 ? 2 * H : H;
   for (int gate = 0; gate < 4 && in; ++gate) {
     for (int64_t u = warp; u < U; u += kWarpsPerBlock) {
-      w_half[(p * 4 * U + gate * U + u) * H + col] = c10::Half(w_hh[(gate * H + p * U + u) * H + col] * scale);
+      const float scaled = w_hh[(gate * H + p * U + u) * H + col] * scale;
+      const c10::Half big(scaled);
+      c10::Half* dst = w_half + (p * 4 * U + gate * U + u) * ld + col;
+      dst[0] = big;
+      if (x3) dst[H] = half_remainder(scaled, big);
     }
   }
   if (in && warp == 0) w_unscale[p * H + col] = unscale;
@@ -974,9 +1022,11 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
              s.B <= kTf32ForwardPartsMaxBatch) {
     parts = 2;
   }
-  // x3: each part's product is two row blocks (the stacked parts' halves), K the parts' 2G or 2H.
-  const int64_t K = (x3 ? 2 : 1) * (backward ? s.G : s.H);
-  const int max_parts = (backward ? kMaxDhBlocks : kMaxRecBlocks) / (x3 ? 2 : 1);
+  // x3 on TF32 parts: each part's product is two row blocks (the stacked parts' halves), K the
+  // parts' 2G or 2H (on fp16 parts, HalfDhStep, one [2B, 2H] block over K = G).
+  const bool stacked = x3 && !half_dh;
+  const int64_t K = (stacked ? 2 : 1) * (backward ? s.G : s.H);
+  const int max_parts = (backward ? kMaxDhBlocks : kMaxRecBlocks) / (stacked ? 2 : 1);
   // Every part's slices of A and B, and (backward) every [B, H] block of C, 16-byte aligned.
   auto fits = [&](int p) {
     return p <= max_parts && K % p == 0 && (K / p * int64_t(sizeof(scalar_t))) % 16 == 0 && (s.B * s.H) % 4 == 0;
@@ -1001,15 +1051,27 @@ int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool hal
 // 21.92 / 36.28; H = 1024 18.63 / 32.11 / 59.24 against 18.12 / 30.08 / 55.33. In 2 parts B = 32
 // was slower (H = 512 5.16 against 5.71, H = 1024 13.07 against 13.49), and B = 64, H = 1024 took
 // 18.98 (1 part: 20.66).
+// Where a row part's units fit (half_dh_units_fit; SEQKERNELS_LSTM_STEP_HALF not 0) x3 dh runs
+// on scaled fp16 parts instead (HalfDhStep's x3: half the bytes of W_hh's parts a step, fp16's
+// tensor-core rate) and pays from kX3HalfDhMinBatch rows with B·H >= kX3HalfDhMinUnits. H200,
+// `train` ms, float32's GEMM against x3 dh on fp16 parts in 4 K parts (two rounds, one build,
+// 2026-11-27, docs/benchmarks.md): B = 32, H = 256 / 512 / 1024 3.64 / 5.16 / 12.95 against 3.66 /
+// 4.90 / 11.39 (H = 256: the fused backward ran in both); B = 64 4.52 / 7.88 / 18.47 against
+// 4.30 / 7.24 / 16.09. Against TF32 parts, B = 64, H = 512 / 1024: 7.90 / 18.15 against 7.18 /
+// 15.99; 8 K parts: 7.67 / 16.76 against 7.14 / 15.92 in 4.
 // The plain loop (unequal batch sizes, or inside a caller's capture) keeps float32's GEMM.
 // SEQKERNELS_LSTM_X3_DH (diagnostic): 0, never; 1, at any batch size.
 constexpr int64_t kX3DhMinBatch = 64;
 constexpr int64_t kX3DhMinUnits = 49152;  // B·H: B = 64 from H = 768
+constexpr int64_t kX3HalfDhMinBatch = 32;
+constexpr int64_t kX3HalfDhMinUnits = 16384;  // B·H: B = 32 from H = 512, B = 64 from H = 256
 template <class scalar_t>
-bool use_x3_dh(const LstmSizes& s, bool tf32) {
+bool use_x3_dh(const LstmSizes& s, bool tf32, bool half_parts) {
   if (!std::is_same_v<scalar_t, float> || tf32 || s.P > 0) return false;
   const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_DH");
-  return mode < 0 ? s.B >= kX3DhMinBatch && s.B * s.H >= kX3DhMinUnits : mode == 1;
+  if (mode >= 0) return mode == 1;
+  return half_parts ? s.B >= kX3HalfDhMinBatch && s.B * s.H >= kX3HalfDhMinUnits
+                    : s.B >= kX3DhMinBatch && s.B * s.H >= kX3DhMinUnits;
 }
 
 // Whether float32 with TF32 may run the replayed cuBLAS loop's step GEMMs on fp16 operands scaled
@@ -1018,7 +1080,8 @@ bool use_x3_dh(const LstmSizes& s, bool tf32) {
 bool step_half_products() { return cuda::switch_on("SEQKERNELS_LSTM_STEP_HALF"); }
 
 // Whether the replayed backward's dh GEMM runs on scaled fp16 operands (HalfDhStep): float32 with
-// TF32, where a row part's U = H / k_parts units fill 2 to 8 warps of one block
+// TF32, or without it the x3 dh GEMM (x3: its operands' remainders too), where a row part's
+// U = H / k_parts units fill 2 to 8 warps of one block
 // (cuda::half_dh_units_fit). k_parts is then cuda::kHalfDhParts from B = 8 (step_k_parts). H200,
 // `train` ms, eager calls, two rounds each (docs/benchmarks.md): TF32 operands in 8 parts against
 // fp16 in 8, H = 256 (32-unit blocks, not taken) B = 32 / 64 / 256 2.87 / 3.21 / 5.17 against
@@ -1029,8 +1092,9 @@ bool step_half_products() { return cuda::switch_on("SEQKERNELS_LSTM_STEP_HALF");
 // against 2.89 / 3.21 / 5.10.
 static_assert(cuda::kHalfDhMaxUnits <= kThreads, "a row part's units are one block of the step kernel");
 template <class scalar_t>
-bool use_half_dh(const LstmSizes& s, bool tf32, int k_parts) {
-  return std::is_same_v<scalar_t, float> && tf32 && step_half_products() && cuda::half_dh_units_fit(s.H, k_parts);
+bool use_half_dh(const LstmSizes& s, bool tf32, bool x3, int k_parts) {
+  return std::is_same_v<scalar_t, float> && (tf32 || x3) && step_half_products() &&
+         cuda::half_dh_units_fit(s.H, k_parts);
 }
 
 // Whether the replayed forward's product runs on scaled fp16 operands (HalfRecStep): float32 with
@@ -1245,13 +1309,16 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
   // thread (V = 1): 4x the threads of V = 4, and with them training calls 0-10 % shorter (forced
   // cuBLAS loop, B <= 256, H200, 2026-11-26, docs/benchmarks.md).
-  // The parts of fp16 operands where they fit (use_half_dh), else TF32's, or the x3 dh GEMM's
-  // (float32 without TF32, so never with fp16 operands).
-  const bool x3 = use_x3_dh<scalar_t>(s, blas.tf32());
-  int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), x3, /*half_dh=*/true);
-  const bool half_dh = use_half_dh<scalar_t>(s, blas.tf32(), k_parts);
-  if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, blas.tf32(), x3);
-  const int dh_blocks = (x3 ? 2 : 1) * k_parts;  // [B, H] blocks of dhbuf that sum to dh
+  // The parts of fp16 operands where they fit (use_half_dh; x3 dh's split ones), else TF32's or
+  // x3 dh's stacked TF32 parts.
+  const bool tf32 = blas.tf32(), x3_dtype = std::is_same_v<scalar_t, float> && !tf32;
+  int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, tf32, x3_dtype, /*half_dh=*/true);
+  const bool half_fits = use_half_dh<scalar_t>(s, tf32, x3_dtype, k_parts);
+  const bool x3 = use_x3_dh<scalar_t>(s, tf32, half_fits);
+  const bool half_dh = half_fits && (tf32 || x3);
+  if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, tf32, x3);
+  const bool x3_tf32 = x3 && !half_dh;
+  const int dh_blocks = (x3_tf32 ? 2 : 1) * k_parts;  // blocks of dhbuf that sum to dh ([2B, 2H] with x3 on fp16)
   ReplayedSteps& replay = held.emplace(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, s,
                                                  /*training=*/true, blas.tf32(), /*vec4=*/false, x3, k_parts),
                                       "the cuBLAS loop's");
@@ -1262,14 +1329,19 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
   const auto half_opts = opts.dtype(at::kHalf), float_opts = opts.dtype(at::kFloat);
-  Tensor dhbuf = replay.buffer(0, {dh_blocks * B, H}, acc_opts);  // the dh GEMM's blocks, summed by the step
+  // The dh GEMM's output blocks, summed by the step; M and N of one: x3 on fp16 parts [2B, 2H].
+  const int64_t dh_rows = x3 && half_dh ? 2 * B : B, dh_cols = x3 && half_dh ? 2 * H : H;
+  Tensor dhbuf = replay.buffer(0, {dh_blocks * dh_rows, dh_cols}, acc_opts);
   Tensor dcbuf = replay.buffer(1, {B, H}, acc_opts);
-  // The dh GEMM's A operand (x3: dG's parts, stacked) and, x3, its B operand: W_hh's parts
-  // transposed, [H, 2G] (x3 dh above), kept once per W_hh.
-  const std::vector<int64_t> dG_step_sizes = x3 ? std::vector<int64_t>{2 * B, 2 * G} : std::vector<int64_t>{B, G};
+  // The dh GEMM's A operand (x3: dG's parts, stacked; on fp16, big rows then remainders) and,
+  // x3 on TF32 parts, its B operand: W_hh's parts transposed, [H, 2G] (x3 dh above), kept once
+  // per W_hh.
+  const std::vector<int64_t> dG_step_sizes = x3_tf32 ? std::vector<int64_t>{2 * B, 2 * G}
+                                                     : std::vector<int64_t>{x3 ? 2 * B : B, G};
   Tensor dG_step = replay.buffer(2, dG_step_sizes, half_dh ? half_opts : opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
-  Tensor wxt = x3 ? replay.shared_buffer(4, x3_weights_name(w_hh, /*transposed=*/true), {H, 2 * G}, opts) : Tensor();
+  Tensor wxt =
+      x3_tf32 ? replay.shared_buffer(4, x3_weights_name(w_hh, /*transposed=*/true), {H, 2 * G}, opts) : Tensor();
   acc_t* dhbuf_p = dhbuf.data_ptr<acc_t>();
   acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
@@ -1277,10 +1349,11 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   Tensor w_half, w_unscale, row_unscale;
   HalfDhStep half{};
   if (half_dh) {
-    w_half = replay.buffer(4, {G, H}, half_opts);
+    w_half = replay.buffer(4, {G, dh_cols}, half_opts);
     w_unscale = replay.buffer(5, {k_parts, H}, float_opts);
     row_unscale = replay.buffer(6, {2, B, k_parts}, float_opts);
-    half = HalfDhStep{dG_step.data_ptr<c10::Half>(), row_unscale.data_ptr<float>(), w_unscale.data_ptr<float>(), 0};
+    half = HalfDhStep{dG_step.data_ptr<c10::Half>(), row_unscale.data_ptr<float>(), w_unscale.data_ptr<float>(), 0,
+                      x3};
   }
 
   // Step k > 0 follows the previous step's dh GEMM: with PDL it loads all but dhbuf while that
@@ -1298,7 +1371,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
                             static_cast<scalar_t*>(nullptr), B, H, half);
         return;
       }
-      if (x3) return launch(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, true>);
+      if (x3_tf32) return launch(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, true>);
     }
     launch(lstm_backward_replay_step_kernel<scalar_t, acc_t, false, false>);
   };
@@ -1306,10 +1379,10 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (half_dh) {
         scale_w_hh_parts_kernel<<<dim3((H + 31) / 32, k_parts), kThreads, 0, stream>>>(
-            w_hh.data_ptr<float>(), H, k_parts, w_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>());
+            w_hh.data_ptr<float>(), H, k_parts, x3, w_half.data_ptr<c10::Half>(), w_unscale.data_ptr<float>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      if (x3) split_w_hh_x3_transposed(stream, w_hh.data_ptr<float>(), G, H, wxt.data_ptr<float>());
+      if (x3_tf32) split_w_hh_x3_transposed(stream, w_hh.data_ptr<float>(), G, H, wxt.data_ptr<float>());
     }
     const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
@@ -1321,22 +1394,23 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
     }
   };
   // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H] (k_parts
-  // such blocks; x3: [2B, H] = dG_step[2B, 2G] · wxt[H, 2G]ᵀ in TF32 each).
-  std::optional<cuda::BlasContext> tf32_blas;  // x3: the handle's settings of `blas`, TF32 compute
-  if (x3) tf32_blas.emplace(true);
+  // such blocks; x3 on TF32 parts: [2B, H] = dG_step[2B, 2G] · wxt[H, 2G]ᵀ in TF32 each; on fp16
+  // parts [2B, 2H] = dG_step[2B, G] · w_half[G, 2H]).
+  std::optional<cuda::BlasContext> tf32_blas;  // x3 on TF32 parts: the handle's settings of `blas`, TF32 compute
+  if (x3_tf32) tf32_blas.emplace(true);
   auto run = [&](const auto& gemm) {
-    return run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/false, T, &args_p->step, step,
-                              prologue);
+    return run_replayed_steps(replay, x3_tf32 ? *tf32_blas : blas, gemm, /*gemm_first=*/false, T, &args_p->step,
+                              step, prologue);
   };
   bool ran = false;
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (half_dh) {
-      ran = run(ReplayGemm<c10::Half, float>{Trans::N, B, H, G, half.dG, w_half.data_ptr<c10::Half>(), dhbuf_p,
-                                             k_parts});
+      ran = run(ReplayGemm<c10::Half, float>{Trans::N, dh_rows, dh_cols, G, half.dG, w_half.data_ptr<c10::Half>(),
+                                             dhbuf_p, k_parts});
     }
   }
   if (!half_dh) {
-    ran = run(x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, H, 2 * G, dG_step.data_ptr<scalar_t>(),
+    ran = run(x3_tf32 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, H, 2 * G, dG_step.data_ptr<scalar_t>(),
                                                wxt.data_ptr<scalar_t>(), dhbuf_p, k_parts}
                  : ReplayGemm<scalar_t, acc_t>{Trans::N, B, H, G, dG_step.data_ptr<scalar_t>(),
                                                w_hh.data_ptr<scalar_t>(), dhbuf_p, k_parts});
@@ -1347,7 +1421,12 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   }
   idle_x3_weights = wxt;
   // The last step's blocks (processing step T - 1) unscaled as the step kernel would.
-  const Tensor parts = dhbuf.view({dh_blocks, B, H});
+  Tensor parts = dhbuf.view({dh_blocks, dh_rows, dh_cols});
+  if (x3 && half_dh) {  // big·big, and the cross terms where it is finite (half_dh_part)
+    const Tensor whole = parts.narrow(1, 0, B).narrow(2, 0, H);
+    const Tensor cross = parts.narrow(1, 0, B).narrow(2, H, H).add(parts.narrow(1, B, B).narrow(2, 0, H));
+    parts = whole.add(cross, kHalfRemainderUnscale).where(whole.isfinite(), whole);
+  }
   const Tensor dh0 = half_dh ? parts.mul(row_unscale[(T - 1) % 2].t().unsqueeze(-1)).mul(w_unscale.unsqueeze(1)).sum(0)
                      : dh_blocks > 1 ? parts.sum(0)
                                      : dhbuf;
