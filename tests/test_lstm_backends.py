@@ -575,26 +575,55 @@ def test_float32_input_projection_in_tf32_gemms_keeps_inf_and_nan(monkeypatch, b
 # three TF32 GEMMs on exact splits where every GEMM of a row chunk has 2^32 flops (lstm.cu's
 # x3_weight_grads and x3_input_grad; T = 256, B = 64, H = 1024 is such a size);
 # SEQKERNELS_LSTM_X3_PRODUCTS=1 takes them (and the input projection's) at any size, =0 never.
+# The weight gradients run on scaled fp16 parts first where their scratch fits within grad_x's
+# bytes (half_x3_weight_grads; SEQKERNELS_LSTM_X3_HALF_PRODUCTS=1 at any size, =0 never): "tf32"
+# below forces the TF32 parts for all three products, "half" the fp16 parts for the weight
+# gradients.
+def _set_products(monkeypatch, parts):
+    if parts == "tf32":
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_HALF_PRODUCTS", "0")
+    else:
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_HALF_PRODUCTS", "1")
+
+
+@pytest.mark.parametrize("parts", ["tf32", "half"])
 @pytest.mark.parametrize("loop", ["persistent", "fused", "cublas"])
 @pytest.mark.parametrize("batch_sizes,I,H,reverse", [([4] * 6, 9, 36, False), ([7, 7, 5, 2, 2], 12, 64, True),
                                                      ([3] * 20, 33, 128, False)])
-def test_float32_backward_products_in_tf32_gemms_match_reference(monkeypatch, loop, batch_sizes, I, H, reverse):
+def test_float32_backward_products_in_split_gemms_match_reference(monkeypatch, parts, loop, batch_sizes, I, H,
+                                                                  reverse):
     """Every loop's outputs and gradients with the split products at a small size (odd I: the
     split parts' rows unaligned), packed and reverse, against the float64 reference within
     float32's bound."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
-    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+    _set_products(monkeypatch, parts)
     with _Precision("float32"):
         compare_layer(batch_sizes, I, H, reverse=reverse, bias=True, precision="float32", seed=I + H, what=loop)
 
 
-def test_float32_backward_products_in_row_chunks_match_reference(monkeypatch):
-    """N = 2080 packed rows at I = 2048, H = 256: the weight gradients' split operands in 5 row
-    chunks (the last one short), dx's in 4, against the float64 reference."""
+@pytest.mark.parametrize("parts", ["tf32", "half"])
+def test_float32_backward_products_in_row_chunks_match_reference(monkeypatch, parts):
+    """N = 2080 packed rows at I = 2048, H = 256: the weight gradients' split operands in row chunks
+    (TF32: 5, fp16: 4, the last one short), dx's in 4, against the float64 reference."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    _set_products(monkeypatch, parts)
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
     with _Precision("float32"):
         compare_layer([32] * 40 + [20] * 40, 2048, 256, reverse=False, bias=True, precision="float32", seed=47)
+
+
+@pytest.mark.parametrize("B,H,env,taken", [(64, 512, None, True), (32, 512, None, True), (16, 512, None, False),
+                                           (32, 1024, None, False), (64, 1024, None, True), (2, 32, "1", True),
+                                           (64, 512, "0", False)])
+def test_float32_weight_grads_on_half_parts_are_taken(monkeypatch, B, H, env, taken):
+    """Where the weight gradients run on fp16 parts: where X ([4H, 2H] floats) and 256 rows of
+    parts fit within grad_x's bytes (at T = 256 and I = H: N >= 8H + 1536 rows), or as
+    SEQKERNELS_LSTM_X3_HALF_PRODUCTS says; never with TF32."""
+    assert _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_HALF_PRODUCTS", env, "float32", B, H, 256,
+                                 "split_half_columns") == taken
+    assert not _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_HALF_PRODUCTS", env, "tf32", B, H, 256,
+                                     "split_half_columns")
 
 
 def test_float32_backward_products_switch_decides(monkeypatch):
@@ -605,6 +634,7 @@ def test_float32_backward_products_switch_decides(monkeypatch):
     t, up = layer_case(batch_sizes, I, H, bias=True, seed=31)
     ref = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
     got = {}
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_HALF_PRODUCTS", "0")
     for env in ("0", "1", ""):
         monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", env)
         with _Precision("float32"):
@@ -615,10 +645,11 @@ def test_float32_backward_products_switch_decides(monkeypatch):
         assert torch.equal(got["0"][key], got[""][key]), f"{key}: the default is not float32's GEMMs here"
 
 
-def test_float32_backward_products_with_projection_match_reference(monkeypatch):
+@pytest.mark.parametrize("parts", ["tf32", "half"])
+def test_float32_backward_products_with_projection_match_reference(monkeypatch, parts):
     """proj_size: the split products with hprev of P columns (the projected h), in training
     against nn.LSTM in float64 holding the same weights."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
+    _set_products(monkeypatch, parts)
     torch.manual_seed(41)
     ref = nn.LSTM(20, 64, proj_size=24, dtype=torch.float64)
     model = seqkernels.LSTM(20, 64, proj_size=24).cuda()
@@ -631,12 +662,15 @@ def test_float32_backward_products_with_projection_match_reference(monkeypatch):
         assert max_abs(g - r) <= TOL["float32"] * max(1.0, max_abs(r)), f"result {i}"
 
 
-def test_float32_backward_products_keep_inf(monkeypatch):
+@pytest.mark.parametrize("parts", ["tf32", "half"])
+def test_float32_backward_products_keep_inf(monkeypatch, parts):
     """An inf in grad_y at step 0 (row 2; backward's last step, so dG holds no NaN) makes dG's row
     ±inf, and dW and dx take it through the split products as float32 GEMMs do: inf where the
     float64 reference has inf, NaN where it has NaN, its values elsewhere. Row 2's x and h0 hold
-    exact TF32 values (small parts 0), where a cross term inf · 0 would have made dW NaN."""
+    exact TF32 values (small parts 0), where a cross term inf · 0 would have made dW NaN (fp16
+    parts: the last kernel keeps big·big alone where it is not finite)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    _set_products(monkeypatch, parts)
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "1")
     batch_sizes, I, H = [4] * 6, 24, 32
     t, up = layer_case(batch_sizes, I, H, bias=True, seed=43)
@@ -1164,10 +1198,11 @@ def test_x3_dh_is_taken(monkeypatch, precision_name, B, H, env, taken):
 
 @pytest.mark.parametrize("B,H,env,taken", [
     (32, 512, None, True), (64, 256, None, True), (32, 256, None, False), (16, 1024, None, False),
-    (4, 64, "1", True), (64, 512, "0", False)])
+    (4, 256, "1", True), (4, 64, "1", False), (64, 512, "0", False)])
 def test_x3_dh_on_half_parts_is_taken(monkeypatch, B, H, env, taken):
-    """Where x3 dh runs on fp16 parts (its units fit): from B = 32 with B·H >= 16384, or as
-    SEQKERNELS_LSTM_X3_DH says; it scales W_hh's parts at the start of the backward."""
+    """Where x3 dh runs on fp16 parts (its units fit: not B = 4, H = 64, whose 4 K parts have 16
+    units): from B = 32 with B·H >= 16384, or as SEQKERNELS_LSTM_X3_DH says; it scales W_hh's
+    parts at the start of the backward."""
     assert _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_DH", env, "float32", B, H, REPLAY_T,
                                  "scale_w_hh_parts_kernel") == taken
 

@@ -1548,6 +1548,156 @@ bool x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float
   return true;
 }
 
+// ---- Whole-sequence products on scaled fp16 parts (float32 without TF32) ----
+// x3 dh's split (HalfDhStep) for a GEMM whose K runs down the operands' rows: the weight
+// gradients dW[G, J] = dGᵀ[G, N] · [x | hprev][N, J]. Each column of dG and of [x | hprev] is
+// scaled by the power of two that takes its largest finite magnitude over all N rows into
+// [2^14, 2^15) (a first pass), then split into fp16 parts, big and remainder (half_remainder).
+// Per row chunk, along K (rows):
+//   S  (+)= bigᵀ · big                                  into grad_w_ih / grad_w_hh (scaled space)
+//   X  (+)= [big ; rem]ᵀ · [rem_xh ; big_xh]            [G, J] scratch: both cross terms, one size
+// and a last kernel writes (S + 2^-11·X, or S alone where S is not finite) times both columns'
+// inverse scales. Three fp16 products where x3 runs three TF32 ones (or float32's SIMT GEMM),
+// at twice TF32's rate on half the bytes; S keeps its own accumulator, as the TF32 products do.
+
+// Largest finite magnitude of each column of src [rows, cols] (row stride ld), max-combined as
+// float bits into col_max_bits (zeroed by the caller): order-free, so deterministic. A block per
+// (32 columns, slab of rows): lanes walk columns (coalesced), warps rows.
+__global__ void __launch_bounds__(kThreads) column_abs_max_kernel(const float* __restrict__ src, int64_t rows,
+                                                                  int64_t cols, int64_t ld,
+                                                                  unsigned* __restrict__ col_max_bits) {
+  __shared__ float maxima[kWarpsPerBlock][32];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t col = int64_t{blockIdx.x} * 32 + lane;
+  float m = 0.0f;
+  if (col < cols) {
+    for (int64_t r = int64_t{blockIdx.y} * kWarpsPerBlock + warp; r < rows; r += int64_t{gridDim.y} * kWarpsPerBlock) {
+      m = cuda::finite_abs_max(m, src[r * ld + col]);
+    }
+  }
+  maxima[warp][lane] = m;
+  __syncthreads();
+  if (warp == 0 && col < cols) {
+    for (int w = 1; w < kWarpsPerBlock; ++w) m = fmaxf(m, maxima[w][lane]);
+    atomicMax(col_max_bits + col, __float_as_uint(m));  // non-negative floats order as their bits
+  }
+}
+
+// Rows [0, rows) of src (row stride src_ld, cols columns) scaled per column (power_of_two_scales
+// of col_max_bits) into fp16: big at dst_big[r * dst_ld + c], the remainder at dst_rem[r * dst_ld + c].
+__global__ void __launch_bounds__(kThreads) split_half_columns_kernel(const float* __restrict__ src, int64_t src_ld,
+                                                                      int64_t rows, int64_t cols,
+                                                                      const unsigned* __restrict__ col_max_bits,
+                                                                      c10::Half* __restrict__ dst_big,
+                                                                      c10::Half* __restrict__ dst_rem, int64_t dst_ld) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; c < cols; c += int64_t{gridDim.x} * blockDim.x) {
+      float scale, unscale;
+      cuda::power_of_two_scales(__uint_as_float(col_max_bits[c]), scale, unscale);
+      const float scaled = src[r * src_ld + c] * scale;
+      const c10::Half big(scaled);
+      dst_big[r * dst_ld + c] = big;
+      dst_rem[r * dst_ld + c] = half_remainder(scaled, big);
+    }
+  }
+}
+
+// The last kernel of half_x3_weight_grads: grad_w_ih [G, I] and grad_w_hh [G, Hout] hold S, x
+// [G, ldx] holds X (columns: x's I, then hprev's Hout); both overwritten with the unscaled sum.
+__global__ void __launch_bounds__(kThreads) half_x3_weight_grads_out_kernel(
+    const float* __restrict__ x, int64_t ldx, int64_t G, int64_t I, int64_t Hout,
+    const unsigned* __restrict__ g_max_bits, const unsigned* __restrict__ xh_max_bits, float* __restrict__ grad_w_ih,
+    float* __restrict__ grad_w_hh) {
+  const int64_t J = I + Hout;
+  for (int64_t r = blockIdx.y; r < G; r += gridDim.y) {
+    float scale, row_unscale;
+    cuda::power_of_two_scales(__uint_as_float(g_max_bits[r]), scale, row_unscale);
+    for (int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; c < J; c += int64_t{gridDim.x} * blockDim.x) {
+      float col_unscale;
+      cuda::power_of_two_scales(__uint_as_float(xh_max_bits[c]), scale, col_unscale);
+      float* out = c < I ? grad_w_ih + r * I + c : grad_w_hh + r * Hout + (c - I);
+      const float whole = *out;
+      const float v = isfinite(whole) ? fmaf(x[r * ldx + c], kHalfRemainderUnscale, whole) : whole;
+      *out = v * row_unscale * col_unscale;
+    }
+  }
+}
+
+// Grids of the two kernels above: `cols` columns (x) by `rows` rows (y, at most 65535).
+dim3 column_grid(int64_t cols, int64_t rows, int64_t cols_per_block) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>((cols + cols_per_block - 1) / cols_per_block, 1024)),
+              static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, 65535))));
+}
+
+// The weight gradients as above (the block comment), or false, having done nothing: where X
+// ([G, J] floats) and the parts of a chunk of kHalfX3MinChunkRows rows fit within grad_x's bytes
+// (lstm_backward_impl allocates grad_x after them, so the scratch stays within what dx's phase
+// holds, as x3_weight_grads' does), or as SEQKERNELS_LSTM_X3_HALF_PRODUCTS says (diagnostic: 0
+// never, 1 at any size). The chunks take what is left of grad_x's bytes, at most kX3SplitBytes.
+constexpr int64_t kHalfX3MinChunkRows = 256;
+bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
+                          const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
+  const int64_t J = I + Hout;
+  // Operand rows padded to 16-byte vectors of fp16 (cuBLASLt's aligned kernels).
+  auto vectors = [](int64_t n) { return (n + 7) / 8 * 8; };
+  const int64_t ldg = vectors(G), ldj = vectors(J);
+  const int64_t row_bytes = 2 * (ldg + ldj) * int64_t(sizeof(c10::Half));  // big and remainder rows
+  const int64_t budget = N * I * 4 - G * ldj * 4;  // grad_x's bytes less X's
+  const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_HALF_PRODUCTS");
+  if (N == 0 || (mode < 0 ? budget < kHalfX3MinChunkRows * row_bytes : mode == 0)) return false;
+  const int64_t chunk = x3_chunk_rows(std::min(kX3SplitBytes, std::max(budget, row_bytes)), row_bytes, N);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  Tensor maxima = at::empty({ldg + ldj}, opts.dtype(at::kInt));
+  auto* g_max = reinterpret_cast<unsigned*>(maxima.data_ptr<int>());
+  unsigned* xh_max = g_max + ldg;
+  C10_CUDA_CHECK(cudaMemsetAsync(g_max, 0, maxima.nbytes(), stream));
+  auto column_max = [&](const float* src, int64_t cols, unsigned* out) {
+    if (cols == 0) return;
+    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(std::min<int64_t>((N + 511) / 512, 65535)));
+    column_abs_max_kernel<<<grid, kThreads, 0, stream>>>(src, N, cols, cols, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  column_max(dG, G, g_max);
+  column_max(x, I, xh_max);
+  column_max(hprev, Hout, xh_max + I);
+  // Per chunk: dG's parts [2·rows, ldg] (big rows, then remainders) and [x | hprev]'s [2·rows, ldj]
+  // (remainders, then big rows): X's operands are the whole buffers, S's their big halves.
+  Tensor parts = at::empty({2 * chunk * (ldg + ldj)}, opts.dtype(at::kHalf));
+  Tensor cross = at::empty({G, ldj}, opts);
+  c10::Half* const gp = parts.data_ptr<c10::Half>();
+  c10::Half* const xp = gp + 2 * chunk * ldg;
+  const cuda::BlasContext blas(false);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    auto split = [&](const float* src, int64_t cols, const unsigned* max_bits, c10::Half* big, c10::Half* rem,
+                     int64_t ld) {
+      if (cols == 0) return;
+      split_half_columns_kernel<<<column_grid(cols, rows, kThreads), kThreads, 0, stream>>>(
+          src + r0 * cols, cols, rows, cols, max_bits, big, rem, ld);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    split(dG, G, g_max, gp, gp + rows * ldg, ldg);
+    split(x, I, xh_max, xp + rows * ldj, xp, ldj);
+    split(hprev, Hout, xh_max + I, xp + rows * ldj + I, xp + I, ldj);
+    const float beta = r0 == 0 ? 0.f : 1.f;
+    const c10::Half* x_big = xp + rows * ldj;
+    // S: grad_w_ih[G, I] (+)= big_dG[rows, G]ᵀ · big_x[rows, I], and hprev's columns likewise.
+    cuda::StepGemm<c10::Half, float, float> s_ih(blas, Trans::T, Trans::N, I, rows, ldg, ldj, I);
+    s_ih(G, 1.f, gp, x_big, beta, grad_w_ih);
+    if (Hout > 0) {
+      cuda::StepGemm<c10::Half, float, float> s_hh(blas, Trans::T, Trans::N, Hout, rows, ldg, ldj, Hout);
+      s_hh(G, 1.f, gp, x_big + I, beta, grad_w_hh);
+    }
+    // X[G, J] (+)= [big ; rem][2·rows, G]ᵀ · [rem_xh ; big_xh][2·rows, J]
+    cuda::StepGemm<c10::Half, float, float> x_gemm(blas, Trans::T, Trans::N, J, 2 * rows, ldg, ldj, ldj);
+    x_gemm(G, 1.f, gp, xp, beta, cross.data_ptr<float>());
+  }
+  half_x3_weight_grads_out_kernel<<<column_grid(J, G, kThreads), kThreads, 0, stream>>>(
+      cross.data_ptr<float>(), ldj, G, I, Hout, g_max, xh_max, grad_w_ih, grad_w_hh);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 // The forward's input projection pre[N, G] = x[N, I] · W_ihᵀ, in float32 without TF32 as
 // x3_products from kX3MinFlops, in row chunks of x whose split buffers stay within
 // kX3SplitBytes. Smaller GEMMs, and every other dtype, run one GEMM.
@@ -1892,7 +2042,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   scalar_t* grad_w_hh_p = grad_w_hh.data_ptr<scalar_t>();
   bool x3_weights = false;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    x3_weights = !blas.tf32() && x3_weight_grads(N, G, I, Hout, dG_p, x_p, hprev_p, grad_w_ih_p, grad_w_hh_p, opts);
+    x3_weights = !blas.tf32() &&
+                 (half_x3_weight_grads(N, G, I, Hout, dG_p, x_p, hprev_p, grad_w_ih_p, grad_w_hh_p, opts) ||
+                  x3_weight_grads(N, G, I, Hout, dG_p, x_p, hprev_p, grad_w_ih_p, grad_w_hh_p, opts));
   }
   if (!x3_weights) {
     cuda::gemm<scalar_t, scalar_t, sc_t>(blas, Trans::T, Trans::N, G, I, N, sc_t(1), dG_p, G, x_p, I, sc_t(0),
