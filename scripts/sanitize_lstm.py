@@ -235,8 +235,10 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         # float32 without TF32 from B = 17: the forward's steps as split TF32 GEMMs (x3 steps),
         # replayed (T = 36; H = 8 vectorised) and plain (packed: the GEMM over B + bt rows, H = 5
         # scalar), both directions; replayed, the backward's dh too (x3 dh, forced: 4 K parts; on
-        # TF32 parts at H = 8, on fp16 parts at H = 256).
+        # TF32 parts at H = 8, on fp16 parts at H = 256); the backward's whole-sequence products on
+        # fp16 parts (forced).
         os.environ["SEQKERNELS_LSTM_X3_DH"] = "1"
+        os.environ["SEQKERNELS_LSTM_X3_HALF_PRODUCTS"] = "1"
         try:
             for batch_sizes, H in [([17] * 36, 8), ([17] * 36, 256), ([20, 20, 17, 3], 5)]:
                 for reverse, training in itertools.product([False, True], modes):
@@ -246,6 +248,7 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                     print(line + "  (TF32 off)", flush=True)
         finally:
             del os.environ["SEQKERNELS_LSTM_X3_DH"]
+            del os.environ["SEQKERNELS_LSTM_X3_HALF_PRODUCTS"]
         # float32 without TF32: the whole-sequence products as split TF32 GEMMs at any size
         # (SEQKERNELS_LSTM_X3_PRODUCTS=1; the backward's operands split transposed through shared
         # memory), I = 33 (unaligned rows), packed, both directions.

@@ -255,15 +255,20 @@ def test_module_matches_nn_lstm(backend, precision, B, H, packed):
 # --------------------------------------------------------------------------------------
 # Which path ran: the profiler sees the kernels by name
 # --------------------------------------------------------------------------------------
-def kernel_names(fn) -> set[str]:
-    """The names of the CUDA kernels that ran during fn() (torch.profiler)."""
+def kernel_counts(fn) -> dict[str, int]:
+    """How many times each CUDA kernel (by name) ran during fn() (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return {e.key for e in prof.key_averages()}
+    return {e.key: e.count for e in prof.key_averages()}
+
+
+def kernel_names(fn) -> set[str]:
+    """The names of the CUDA kernels that ran during fn()."""
+    return set(kernel_counts(fn))
 
 
 def loop_kernels(fn) -> set[str]:
@@ -613,17 +618,31 @@ def test_float32_backward_products_in_row_chunks_match_reference(monkeypatch, pa
         compare_layer([32] * 40 + [20] * 40, 2048, 256, reverse=False, bias=True, precision="float32", seed=47)
 
 
-@pytest.mark.parametrize("B,H,env,taken", [(64, 512, None, True), (32, 512, None, True), (16, 512, None, False),
-                                           (32, 1024, None, False), (64, 1024, None, True), (2, 32, "1", True),
-                                           (64, 512, "0", False)])
-def test_float32_weight_grads_on_half_parts_are_taken(monkeypatch, B, H, env, taken):
-    """Where the weight gradients run on fp16 parts: where X ([4H, 2H] floats) and 256 rows of
-    parts fit within grad_x's bytes (at T = 256 and I = H: N >= 8H + 1536 rows), or as
-    SEQKERNELS_LSTM_X3_HALF_PRODUCTS says; never with TF32."""
-    assert _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_HALF_PRODUCTS", env, "float32", B, H, 256,
-                                 "split_half_columns") == taken
-    assert not _cublas_training_runs(monkeypatch, "SEQKERNELS_LSTM_X3_HALF_PRODUCTS", env, "tf32", B, H, 256,
-                                     "split_half_columns")
+@pytest.mark.parametrize("B,H,env,weights,inputs", [
+    (64, 512, None, True, True), (32, 512, None, True, True), (16, 512, None, False, True),
+    (32, 256, None, True, True), (16, 256, None, True, False), (32, 1024, None, False, True),
+    (64, 1024, None, True, True), (2, 32, "1", True, True), (64, 512, "0", False, False)])
+def test_float32_products_on_half_parts_are_taken(monkeypatch, B, H, env, weights, inputs):
+    """Where the backward's products run on fp16 parts (T = 256, I = H), or as
+    SEQKERNELS_LSTM_X3_HALF_PRODUCTS says; never with TF32. The weight gradients (three column
+    splits a chunk): where X ([4H, 2H] floats) and 256 rows of parts fit within grad_x's bytes,
+    N >= 8H + 1536 rows. dx (its row split): where W_ih's parts and 256 rows' buffers fit within
+    hprev's bytes. Both: products of at least 2^32 flops (B = 16, H = 256: dx 2.1e9)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    if env is None:
+        monkeypatch.delenv("SEQKERNELS_LSTM_X3_HALF_PRODUCTS", raising=False)
+    else:
+        monkeypatch.setenv("SEQKERNELS_LSTM_X3_HALF_PRODUCTS", env)
+    for precision_name in ("float32", "tf32"):
+        with _Precision(precision_name):
+            run = _train_call(torch.float32, B, H, T=256)
+            run()
+            counts = kernel_counts(run)
+        column_splits = sum(n for k, n in counts.items() if "split_half_columns" in k)
+        row_splits = sum(n for k, n in counts.items() if "split_half_rows" in k)
+        tf32 = precision_name == "tf32"
+        assert (column_splits >= 3) == (weights and not tf32), f"{precision_name}: weight gradients"
+        assert (row_splits > 0) == (inputs and not tf32), f"{precision_name}: dx"
 
 
 def test_float32_backward_products_switch_decides(monkeypatch):

@@ -1602,24 +1602,53 @@ __global__ void __launch_bounds__(kThreads) split_half_columns_kernel(const floa
   }
 }
 
-// The last kernel of half_x3_weight_grads: grad_w_ih [G, I] and grad_w_hh [G, Hout] hold S, x
-// [G, ldx] holds X (columns: x's I, then hprev's Hout); both overwritten with the unscaled sum.
-__global__ void __launch_bounds__(kThreads) half_x3_weight_grads_out_kernel(
-    const float* __restrict__ x, int64_t ldx, int64_t G, int64_t I, int64_t Hout,
-    const unsigned* __restrict__ g_max_bits, const unsigned* __restrict__ xh_max_bits, float* __restrict__ grad_w_ih,
-    float* __restrict__ grad_w_hh) {
-  const int64_t J = I + Hout;
-  for (int64_t r = blockIdx.y; r < G; r += gridDim.y) {
+// The last kernel of the products on fp16 parts: out0 [rows, cols0] (row stride ld0) and out1
+// [rows, cols - cols0] (ld1) hold S, x [rows, ldx] holds X (columns: out0's, then out1's); both
+// overwritten with the sum unscaled by their row's and column's powers of two (of row_max_bits
+// and col_max_bits, as the parts were scaled).
+__global__ void __launch_bounds__(kThreads) half_x3_out_kernel(const float* __restrict__ x, int64_t ldx, int64_t rows,
+                                                               int64_t cols, const unsigned* __restrict__ row_max_bits,
+                                                               const unsigned* __restrict__ col_max_bits,
+                                                               float* __restrict__ out0, int64_t ld0, int64_t cols0,
+                                                               float* __restrict__ out1, int64_t ld1) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     float scale, row_unscale;
-    cuda::power_of_two_scales(__uint_as_float(g_max_bits[r]), scale, row_unscale);
-    for (int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; c < J; c += int64_t{gridDim.x} * blockDim.x) {
+    cuda::power_of_two_scales(__uint_as_float(row_max_bits[r]), scale, row_unscale);
+    for (int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; c < cols; c += int64_t{gridDim.x} * blockDim.x) {
       float col_unscale;
-      cuda::power_of_two_scales(__uint_as_float(xh_max_bits[c]), scale, col_unscale);
-      float* out = c < I ? grad_w_ih + r * I + c : grad_w_hh + r * Hout + (c - I);
+      cuda::power_of_two_scales(__uint_as_float(col_max_bits[c]), scale, col_unscale);
+      float* out = c < cols0 ? out0 + r * ld0 + c : out1 + r * ld1 + (c - cols0);
       const float whole = *out;
       const float v = isfinite(whole) ? fmaf(x[r * ldx + c], kHalfRemainderUnscale, whole) : whole;
       *out = v * row_unscale * col_unscale;
     }
+  }
+}
+
+// dx's A operand on fp16 parts: each row of src [rows, cols] (row stride src_ld) scaled by the power
+// of two of its own largest finite magnitude (a warp per row), big at dst[r * dst_ld + c], the
+// remainder at dst[r * dst_ld + off_rem + c]; the row's maximum as float bits into row_max_bits[r].
+__global__ void __launch_bounds__(kThreads) split_half_rows_kernel(const float* __restrict__ src, int64_t src_ld,
+                                                                   int64_t rows, int64_t cols,
+                                                                   c10::Half* __restrict__ dst, int64_t dst_ld,
+                                                                   int64_t off_rem,
+                                                                   unsigned* __restrict__ row_max_bits) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int64_t r = global_thread() / 32; r < rows; r += global_stride() / 32) {  // warp-uniform
+    const float* row = src + r * src_ld;
+    float m = 0.0f;
+    for (int64_t c = lane; c < cols; c += 32) m = cuda::finite_abs_max(m, row[c]);
+    m = cuda::warp_max(m);
+    float scale, unscale;
+    cuda::power_of_two_scales(m, scale, unscale);
+    c10::Half* d = dst + r * dst_ld;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float scaled = row[c] * scale;
+      const c10::Half big(scaled);
+      d[c] = big;
+      d[off_rem + c] = half_remainder(scaled, big);
+    }
+    if (lane == 0) row_max_bits[r] = __float_as_uint(m);
   }
 }
 
@@ -1629,12 +1658,24 @@ dim3 column_grid(int64_t cols, int64_t rows, int64_t cols_per_block) {
               static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, 65535))));
 }
 
+// Whether products of `flops` run on fp16 parts: where they have kX3MinFlops and their buffers
+// `fit` (the caller's memory rule), or as SEQKERNELS_LSTM_X3_HALF_PRODUCTS says (diagnostic: 0
+// never, 1 at any size). Their row chunks' buffers take at most `budget` bytes and kX3SplitBytes
+// (forced: at least kX3MinSplitBytes).
+constexpr int64_t kHalfX3MinChunkRows = 256;
+bool use_half_x3_products(double flops, bool fit) {
+  const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_HALF_PRODUCTS");
+  return mode < 0 ? fit && flops >= kX3MinFlops : mode == 1;
+}
+int64_t half_x3_chunk_bytes(int64_t budget) {
+  const bool forced = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_HALF_PRODUCTS") == 1;
+  return std::min(kX3SplitBytes, std::max(budget, forced ? kX3MinSplitBytes : 0));
+}
+
 // The weight gradients as above (the block comment), or false, having done nothing: where X
 // ([G, J] floats) and the parts of a chunk of kHalfX3MinChunkRows rows fit within grad_x's bytes
 // (lstm_backward_impl allocates grad_x after them, so the scratch stays within what dx's phase
-// holds, as x3_weight_grads' does), or as SEQKERNELS_LSTM_X3_HALF_PRODUCTS says (diagnostic: 0
-// never, 1 at any size). The chunks take what is left of grad_x's bytes, at most kX3SplitBytes.
-constexpr int64_t kHalfX3MinChunkRows = 256;
+// holds, as x3_weight_grads' does; use_half_x3_products). The chunks take what is left.
 bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
                           const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
   const int64_t J = I + Hout;
@@ -1643,9 +1684,8 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
   const int64_t ldg = vectors(G), ldj = vectors(J);
   const int64_t row_bytes = 2 * (ldg + ldj) * int64_t(sizeof(c10::Half));  // big and remainder rows
   const int64_t budget = N * I * 4 - G * ldj * 4;  // grad_x's bytes less X's
-  const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_HALF_PRODUCTS");
-  if (N == 0 || (mode < 0 ? budget < kHalfX3MinChunkRows * row_bytes : mode == 0)) return false;
-  const int64_t chunk = x3_chunk_rows(std::min(kX3SplitBytes, std::max(budget, row_bytes)), row_bytes, N);
+  if (N == 0 || !use_half_x3_products(2.0 * N * G * J, budget >= kHalfX3MinChunkRows * row_bytes)) return false;
+  const int64_t chunk = x3_chunk_rows(half_x3_chunk_bytes(budget), row_bytes, N);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor maxima = at::empty({ldg + ldj}, opts.dtype(at::kInt));
   auto* g_max = reinterpret_cast<unsigned*>(maxima.data_ptr<int>());
@@ -1692,9 +1732,62 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
     cuda::StepGemm<c10::Half, float, float> x_gemm(blas, Trans::T, Trans::N, J, 2 * rows, ldg, ldj, ldj);
     x_gemm(G, 1.f, gp, xp, beta, cross.data_ptr<float>());
   }
-  half_x3_weight_grads_out_kernel<<<column_grid(J, G, kThreads), kThreads, 0, stream>>>(
-      cross.data_ptr<float>(), ldj, G, I, Hout, g_max, xh_max, grad_w_ih, grad_w_hh);
+  half_x3_out_kernel<<<column_grid(J, G, kThreads), kThreads, 0, stream>>>(
+      cross.data_ptr<float>(), ldj, G, J, g_max, xh_max, grad_w_ih, I, I, grad_w_hh, Hout);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
+// The backward's grad_x[N, I] = dG[N, G] · W_ih[G, I] on fp16 parts, as the weight gradients' but
+// with K along the operands' columns: dG's rows scaled each by its own power of two
+// (split_half_rows_kernel, per row chunk: [big | rem] side by side), W_ih's columns by theirs
+// (once: [rem ; big] along K), S (+)= big·big into grad_x's rows, X = [big | rem]·[rem ; big] into
+// a [rows, I] scratch, and half_x3_out_kernel. Or false, having done nothing (use_half_x3_products:
+// where W_ih's parts and kHalfX3MinChunkRows rows' buffers exceed `budget` bytes, the caller's:
+// hprev's, released before grad_x). The chunks take what is left of `budget`.
+bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x,
+                        int64_t budget, const at::TensorOptions& opts) {
+  // dG's parts side by side along K, rows of 2G fp16 (16H bytes: 16-byte vectors); W_ih's rows
+  // padded to 16-byte vectors.
+  const int64_t ldi = (I + 7) / 8 * 8;
+  const int64_t w_bytes = 2 * G * ldi * int64_t(sizeof(c10::Half)) + ldi * 4;  // W_ih's parts, column maxima
+  const int64_t row_bytes = 2 * G * int64_t(sizeof(c10::Half)) + ldi * 4 + 4;  // dG's parts, X, the row maximum
+  if (N == 0 || I == 0 ||
+      !use_half_x3_products(2.0 * N * G * I, budget - w_bytes >= kHalfX3MinChunkRows * row_bytes)) {
+    return false;
+  }
+  const int64_t chunk = x3_chunk_rows(half_x3_chunk_bytes(budget - w_bytes), row_bytes, N);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  Tensor w_parts = at::empty({2 * G * ldi}, opts.dtype(at::kHalf));
+  Tensor maxima = at::empty({ldi + chunk}, opts.dtype(at::kInt));
+  auto* col_max = reinterpret_cast<unsigned*>(maxima.data_ptr<int>());
+  unsigned* row_max = col_max + ldi;
+  C10_CUDA_CHECK(cudaMemsetAsync(col_max, 0, ldi * sizeof(unsigned), stream));
+  const dim3 max_grid(static_cast<unsigned>((I + 31) / 32), static_cast<unsigned>(std::min<int64_t>((G + 511) / 512, 65535)));
+  column_abs_max_kernel<<<max_grid, kThreads, 0, stream>>>(w_ih, G, I, I, col_max);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  c10::Half* const wp = w_parts.data_ptr<c10::Half>();
+  split_half_columns_kernel<<<column_grid(I, G, kThreads), kThreads, 0, stream>>>(w_ih, I, G, I, col_max, wp + G * ldi,
+                                                                                  wp, ldi);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  Tensor g_parts = at::empty({chunk * 2 * G}, opts.dtype(at::kHalf));
+  Tensor cross = at::empty({chunk, ldi}, opts);
+  const cuda::BlasContext blas(false);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    split_half_rows_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(dG + r0 * G, G, rows, G,
+                                                                          g_parts.data_ptr<c10::Half>(), 2 * G, G,
+                                                                          row_max);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // S: grad_x rows [rows, I] = big[rows, G] · big_W[G, I]; X[rows, I] = [big | rem][rows, 2G] · [rem_W ; big_W]
+    cuda::StepGemm<c10::Half, float, float> s_gemm(blas, Trans::N, Trans::N, I, G, 2 * G, ldi, I);
+    s_gemm(rows, 1.f, g_parts.data_ptr<c10::Half>(), wp + G * ldi, 0.f, grad_x + r0 * I);
+    cuda::StepGemm<c10::Half, float, float> x_gemm(blas, Trans::N, Trans::N, I, 2 * G, 2 * G, ldi, ldi);
+    x_gemm(rows, 1.f, g_parts.data_ptr<c10::Half>(), wp, 0.f, cross.data_ptr<float>());
+    half_x3_out_kernel<<<column_grid(I, rows, kThreads), kThreads, 0, stream>>>(
+        cross.data_ptr<float>(), ldi, rows, I, row_max, col_max, grad_x + r0 * I, I, I, nullptr, 0);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return true;
 }
 
@@ -2058,7 +2151,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   scalar_t* grad_x_p = grad_x.data_ptr<scalar_t>();
   bool x3_input = false;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    x3_input = !blas.tf32() && x3_input_grad(N, G, I, dG_p, w_ih_p, grad_x_p, hprev_bytes, idle_x3_weights, opts);
+    x3_input = !blas.tf32() && (half_x3_input_grad(N, G, I, dG_p, w_ih_p, grad_x_p, hprev_bytes, opts) ||
+                                x3_input_grad(N, G, I, dG_p, w_ih_p, grad_x_p, hprev_bytes, idle_x3_weights, opts));
   }
   replay_held.reset();
   if (!x3_input) {
