@@ -1744,16 +1744,19 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
 // (once: [rem ; big] along K), S (+)= big·big into grad_x's rows, X = [big | rem]·[rem ; big] into
 // a [rows, I] scratch, and half_x3_out_kernel. Or false, having done nothing (use_half_x3_products:
 // where W_ih's parts and kHalfX3MinChunkRows rows' buffers exceed `budget` bytes, the caller's:
-// hprev's, released before grad_x). The chunks take what is left of `budget`.
+// hprev's, released before grad_x, or W_ih's parts alone a quarter of it: at B = 16, H = 512,
+// T = 256, where they were half, the chunks' buffers raised the training call's peak above
+// cuDNN's, 128.8 against 128.5 MB on an H200). The chunks take what is left of `budget`.
 bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x,
                         int64_t budget, const at::TensorOptions& opts) {
   // dG's parts side by side along K, rows of 2G fp16 (16H bytes: 16-byte vectors); W_ih's rows
   // padded to 16-byte vectors.
   const int64_t ldi = (I + 7) / 8 * 8;
-  const int64_t w_bytes = 2 * G * ldi * int64_t(sizeof(c10::Half)) + ldi * 4;  // W_ih's parts, column maxima
+  const int64_t w_parts_bytes = 2 * G * ldi * int64_t(sizeof(c10::Half));
+  const int64_t w_bytes = w_parts_bytes + ldi * 4;  // W_ih's parts, column maxima
   const int64_t row_bytes = 2 * G * int64_t(sizeof(c10::Half)) + ldi * 4 + 4;  // dG's parts, X, the row maximum
-  if (N == 0 || I == 0 ||
-      !use_half_x3_products(2.0 * N * G * I, budget - w_bytes >= kHalfX3MinChunkRows * row_bytes)) {
+  const bool fit = 4 * w_parts_bytes <= budget && budget - w_bytes >= kHalfX3MinChunkRows * row_bytes;
+  if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * I, fit)) {
     return false;
   }
   const int64_t chunk = x3_chunk_rows(half_x3_chunk_bytes(budget - w_bytes), row_bytes, N);
