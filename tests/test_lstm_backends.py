@@ -1163,25 +1163,32 @@ def test_x3_steps_keep_an_inf_in_h0_as_float32(monkeypatch):
 
 
 # x3 dh: the replayed cuBLAS loop's backward step GEMM dh = dG·W_hh in float32 without TF32 on
-# exact split operands (lstm.cu's use_x3_dh: from B = 64 with B·H >= 49152, at any B with
-# SEQKERNELS_LSTM_X3_DH=1): on scaled fp16 parts where a row part's units fit (HalfDhStep: here
-# B = 5, H = 64 in one part and H = 256), else one TF32 GEMM on stacked parts, W_hh's split
-# transposed (H = 7, and B = 5, H = 64 in 4 parts); in its default K parts and forced to 1, 4 and 3
-# (3 does not divide K here: halves that do). The forward keeps float32's GEMMs (X3_STEPS=0) so
-# that the gradients' error is the backward's.
+# exact split operands (lstm.cu's use_x3_dh; at any B with SEQKERNELS_LSTM_X3_DH=1): on scaled
+# fp16 parts and their remainders where a row part's units fit (HalfDhStep's x3: 1 K part at
+# B = 5, H = 64, 4 by default from B = 8, 8 forced), else one TF32 GEMM on stacked parts, W_hh's
+# split transposed (H = 7, and H = 64 in 4 parts: 16-unit parts); in its default K parts and forced
+# to 1, 4, 8 and 3 (3 does not divide K here: halves that do). The forward keeps float32's GEMMs
+# (X3_STEPS=0) so that the gradients' error is the backward's, and the products their float32
+# GEMMs or fp16 parts (X3_PRODUCTS=0), so that the only transposed TF32 split is W_hh's.
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("B,H,parts", [(3, 7, None), (5, 64, None), (5, 64, "1,1"), (20, 64, "1,4"), (40, 256, None),
-                                       (40, 256, "1,3")])
-def test_x3_dh_matches_reference(monkeypatch, B, H, parts, reverse):
+@pytest.mark.parametrize("B,H,parts,half", [
+    (3, 7, None, False), (5, 64, None, False), (5, 64, "1,1", True), (20, 64, "1,4", False), (40, 256, None, True),
+    (40, 256, "1,3", True), (20, 512, "1,8", True), (64, 1024, None, True)])
+def test_x3_dh_matches_reference(monkeypatch, B, H, parts, half, reverse):
     """Two calls of each case (the first captures its chunks, the second replays them; T = 37:
     two chunks and five eager steps): outputs and every gradient against the float64 reference
-    within float32's bound."""
+    within float32's bound; and the parts it ran on (fp16: scale_w_hh_parts_kernel; TF32:
+    split_tf32_transposed)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "0")
     if parts is not None:
         monkeypatch.setenv("SEQKERNELS_LSTM_K_PARTS", parts)
     with _Precision("float32"):
+        names = kernel_names(_train_call(torch.float32, B, H, T=20))
+        assert any("scale_w_hh_parts_kernel" in n for n in names) == half, "fp16 parts"
+        assert any("split_tf32_transposed" in n for n in names) == (not half), "TF32 parts"
         for call in range(2):
             compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=True, precision="float32",
                           seed=B + H + call, what=f"x3 dh, call {call}")
@@ -1566,34 +1573,6 @@ def test_replayed_backward_half_dh_matches_reference(monkeypatch, B, H, reverse)
         assert not _half_dh_taken(_train_call(torch.float32, 8, 128, T=20))
         monkeypatch.setenv("SEQKERNELS_LSTM_STEP_HALF", "0")
         assert not _half_dh_taken(_train_call(torch.float32, B, H, T=20))
-
-
-# x3 dh on fp16 parts (float32 without TF32, HalfDhStep's x3): dG's and W_hh's scaled parts and
-# their remainders, 1 K part (B = 5, H = 64), 4 (the default from B = 8) and 8 (forced).
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("B,H,parts", [(5, 64, "1,1"), (8, 256, None), (20, 512, "1,8"), (64, 1024, None)])
-def test_x3_dh_on_half_parts_matches_reference(monkeypatch, B, H, parts, reverse):
-    """Two calls (capture, then replay; 37 steps: two chunks and five eager steps): outputs and
-    every gradient against the float64 reference within float32's bound, on fp16 parts (W_hh
-    scaled by scale_w_hh_parts_kernel, no transposed TF32 split); SEQKERNELS_LSTM_STEP_HALF=0
-    keeps TF32 parts."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
-    monkeypatch.setenv("SEQKERNELS_LSTM_X3_DH", "1")
-    monkeypatch.setenv("SEQKERNELS_LSTM_X3_STEPS", "0")
-    monkeypatch.setenv("SEQKERNELS_LSTM_X3_PRODUCTS", "0")
-    if parts is not None:
-        monkeypatch.setenv("SEQKERNELS_LSTM_K_PARTS", parts)
-    with _Precision("float32"):
-        names = kernel_names(_train_call(torch.float32, B, H, T=20))
-        assert any("scale_w_hh_parts_kernel" in n for n in names)
-        assert not any("split_tf32_transposed" in n for n in names)
-        for call in range(2):
-            compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=True, precision="float32",
-                          seed=B + H + call, what=f"x3 dh on fp16 parts, call {call}")
-        monkeypatch.setenv("SEQKERNELS_LSTM_STEP_HALF", "0")
-        names = kernel_names(_train_call(torch.float32, B, H, T=20))
-        assert not any("scale_w_hh_parts_kernel" in n for n in names)
-        assert any("split_tf32_transposed" in n for n in names)
 
 
 @pytest.mark.parametrize("precision_name", ["tf32", "float32"])

@@ -416,8 +416,8 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
 // remainder, scaled by 2^11 (half_remainder: the two fp16 values hold 22 bits, as x3's two TF32
 // parts do), dG's remainders in rows [B, 2B) of the A operand and W_hh's in columns [H, 2H) of the
 // B operand, so that each K part's product is one [2B, 2H] block holding big·big (rows < B, columns
-// < H) and the two cross terms big·small' and small'·big (half_dh_part adds them at 2^-11; the
-// fourth quadrant, small'·small', is not read). Against x3's TF32 parts: half the bytes of W_hh's
+// < H) and the two cross terms big·rem and rem·big (half_dh_part adds them at 2^-11; the fourth
+// quadrant, rem·rem, is not read). Against x3's TF32 parts: half the bytes of W_hh's
 // parts a step and fp16's tensor-core rate (H200, one GEMM of B = 64, H = 512 in 4 K parts: 4.3
 // against 9.5 µs; docs/benchmarks.md).
 struct HalfDhStep {
@@ -476,7 +476,7 @@ __device__ __forceinline__ float half_dh_part(const HalfDhStep& half, const floa
   if (half.x3) {
     const float* c = dh_in + (r * 4 * bt + b * 2) * H + j;  // part r's block, row b, column j
     const float whole = __ldcg(c);
-    const float cross = __ldcg(c + H) + __ldcg(c + bt * 2 * H);  // big·small', small'·big
+    const float cross = __ldcg(c + H) + __ldcg(c + bt * 2 * H);  // big·rem, rem·big
     v = isfinite(whole) ? fmaf(cross, kHalfRemainderUnscale, whole) : whole;
   } else {
     v = __ldcg(dh_in + (r * bt + b) * H + j);
@@ -1291,9 +1291,9 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
 // The backward time loop replayed (see above); false, having launched nothing, where it does
 // not apply. Fills dG and hprev as the plain loop does, and grad_h0 and grad_c0 (scalar_t) as
 // new tensors. `held` keeps the loop's entry (and its pool locked) until the caller resets it:
-// with x3 dh, `idle_x3_weights` is its kept [H, 2G] buffer of W_hh's parts, idle once the loop
-// is done, which the caller may use as scratch while it holds the entry (the pool orders its next
-// call, which rewrites the buffer, after the work queued until then).
+// with x3 dh on TF32 parts, `idle_x3_weights` is its kept [H, 2G] buffer of W_hh's parts, idle
+// once the loop is done, which the caller may use as scratch while it holds the entry (the pool
+// orders its next call, which rewrites the buffer, after the work queued until then).
 template <class scalar_t>
 bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasContext& blas, const Tensor& w_hh,
                             const scalar_t* gates, const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y,
@@ -1652,10 +1652,21 @@ __global__ void __launch_bounds__(kThreads) split_half_rows_kernel(const float* 
   }
 }
 
-// Grids of the two kernels above: `cols` columns (x) by `rows` rows (y, at most 65535).
+// Grids of split_half_columns_kernel and half_x3_out_kernel: `cols` columns (x) by `rows` rows (y,
+// at most 65535).
 dim3 column_grid(int64_t cols, int64_t rows, int64_t cols_per_block) {
   return dim3(static_cast<unsigned>(std::min<int64_t>((cols + cols_per_block - 1) / cols_per_block, 1024)),
               static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, 65535))));
+}
+
+// column_abs_max_kernel over src [rows, cols] (contiguous) on `stream`: a block per 32 columns
+// and 512 rows.
+void column_abs_max(cudaStream_t stream, const float* src, int64_t rows, int64_t cols, unsigned* col_max_bits) {
+  if (rows * cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32),
+                  static_cast<unsigned>(std::min<int64_t>((rows + 511) / 512, 65535)));
+  column_abs_max_kernel<<<grid, kThreads, 0, stream>>>(src, rows, cols, cols, col_max_bits);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Whether products of `flops` run on fp16 parts: where they have kX3MinFlops and their buffers
@@ -1691,15 +1702,9 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
   auto* g_max = reinterpret_cast<unsigned*>(maxima.data_ptr<int>());
   unsigned* xh_max = g_max + ldg;
   C10_CUDA_CHECK(cudaMemsetAsync(g_max, 0, maxima.nbytes(), stream));
-  auto column_max = [&](const float* src, int64_t cols, unsigned* out) {
-    if (cols == 0) return;
-    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(std::min<int64_t>((N + 511) / 512, 65535)));
-    column_abs_max_kernel<<<grid, kThreads, 0, stream>>>(src, N, cols, cols, out);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  column_max(dG, G, g_max);
-  column_max(x, I, xh_max);
-  column_max(hprev, Hout, xh_max + I);
+  column_abs_max(stream, dG, N, G, g_max);
+  column_abs_max(stream, x, N, I, xh_max);
+  column_abs_max(stream, hprev, N, Hout, xh_max + I);
   // Per chunk: dG's parts [2·rows, ldg] (big rows, then remainders) and [x | hprev]'s [2·rows, ldj]
   // (remainders, then big rows): X's operands are the whole buffers, S's their big halves.
   Tensor parts = at::empty({2 * chunk * (ldg + ldj)}, opts.dtype(at::kHalf));
@@ -1756,9 +1761,7 @@ bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const 
   const int64_t w_bytes = w_parts_bytes + ldi * 4;  // W_ih's parts, column maxima
   const int64_t row_bytes = 2 * G * int64_t(sizeof(c10::Half)) + ldi * 4 + 4;  // dG's parts, X, the row maximum
   const bool fit = 4 * w_parts_bytes <= budget && budget - w_bytes >= kHalfX3MinChunkRows * row_bytes;
-  if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * I, fit)) {
-    return false;
-  }
+  if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * I, fit)) return false;
   const int64_t chunk = x3_chunk_rows(half_x3_chunk_bytes(budget - w_bytes), row_bytes, N);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor w_parts = at::empty({2 * G * ldi}, opts.dtype(at::kHalf));
@@ -1766,9 +1769,7 @@ bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const 
   auto* col_max = reinterpret_cast<unsigned*>(maxima.data_ptr<int>());
   unsigned* row_max = col_max + ldi;
   C10_CUDA_CHECK(cudaMemsetAsync(col_max, 0, ldi * sizeof(unsigned), stream));
-  const dim3 max_grid(static_cast<unsigned>((I + 31) / 32), static_cast<unsigned>(std::min<int64_t>((G + 511) / 512, 65535)));
-  column_abs_max_kernel<<<max_grid, kThreads, 0, stream>>>(w_ih, G, I, I, col_max);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  column_abs_max(stream, w_ih, G, I, col_max);
   c10::Half* const wp = w_parts.data_ptr<c10::Half>();
   split_half_columns_kernel<<<column_grid(I, G, kThreads), kThreads, 0, stream>>>(w_ih, I, G, I, col_max, wp + G * ldi,
                                                                                   wp, ldi);
