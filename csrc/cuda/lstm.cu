@@ -1695,7 +1695,9 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
   const int64_t ldg = vectors(G), ldj = vectors(J);
   const int64_t row_bytes = 2 * (ldg + ldj) * int64_t(sizeof(c10::Half));  // big and remainder rows
   const int64_t budget = N * I * 4 - G * ldj * 4;  // grad_x's bytes less X's
-  if (N == 0 || !use_half_x3_products(2.0 * N * G * J, budget >= kHalfX3MinChunkRows * row_bytes)) return false;
+  if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * J, budget >= kHalfX3MinChunkRows * row_bytes)) {
+    return false;
+  }
   const int64_t chunk = x3_chunk_rows(half_x3_chunk_bytes(budget), row_bytes, N);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor maxima = at::empty({ldg + ldj}, opts.dtype(at::kInt));
