@@ -437,6 +437,14 @@ constexpr float kHalfRemainderUnscale = 1.0f / 2048.0f;
 __device__ __forceinline__ c10::Half half_remainder(float scaled, c10::Half big) {
   return c10::Half(isfinite(scaled) ? (scaled - static_cast<float>(big)) * kHalfRemainderScale : 0.0f);
 }
+// A product on these parts, still scaled: big·big (`whole`) plus the two cross terms at 2^-11, or
+// `whole` alone where it is not finite (an inf or NaN in an operand: the cross terms would add
+// NaN, inf times a remainder of either sign), as in a float32 GEMM.
+__device__ __forceinline__ float half_parts_sum(float whole, float cross) {
+  return isfinite(whole) ? fmaf(cross, kHalfRemainderUnscale, whole) : whole;
+}
+// Elements of a row of fp16 padded to 16-byte vectors (cuBLASLt's aligned kernels).
+constexpr int64_t half_vectors(int64_t n) { return (n + 7) / 8 * 8; }
 
 // kHalfDh's store of unit j's four gate gradients in row b of bt (backward_step_rows; `parts` K
 // parts, U = H / parts): the block, row b's part p = j / U, agrees on the power of two that takes
@@ -465,19 +473,15 @@ __device__ __forceinline__ void store_half_dh(const HalfDhStep& half, int parts,
 }
 
 // kHalfDh: part r's term of dL/dh_t[b, j] from the previous step's dh GEMM (dh_in: `parts`
-// [bt, H] blocks, x3 [2bt, 2H]), unscaled; at the first step block r of grad_h_n as the
-// prologue wrote it ([bt, H] blocks, block 0 grad_h_n, the others zero). x3: where big·big is not
-// finite (an inf or NaN in dG, or in W_hh) it is the term, as in a float32 GEMM; the cross terms
-// would add NaN (inf times a remainder of either sign).
+// [bt, H] blocks, x3 [2bt, 2H], half_parts_sum), unscaled; at the first step block r of grad_h_n
+// as the prologue wrote it ([bt, H] blocks, block 0 grad_h_n, the others zero).
 __device__ __forceinline__ float half_dh_part(const HalfDhStep& half, const float* __restrict__ dh_in, int parts,
                                               int r, int64_t b, int64_t bt, int64_t j, int64_t H) {
   if (half.step == 0) return __ldcg(dh_in + (r * bt + b) * H + j);
   float v;
   if (half.x3) {
     const float* c = dh_in + (r * 4 * bt + b * 2) * H + j;  // part r's block, row b, column j
-    const float whole = __ldcg(c);
-    const float cross = __ldcg(c + H) + __ldcg(c + bt * 2 * H);  // big·rem, rem·big
-    v = isfinite(whole) ? fmaf(cross, kHalfRemainderUnscale, whole) : whole;
+    v = half_parts_sum(__ldcg(c), __ldcg(c + H) + __ldcg(c + bt * 2 * H));  // big·big; big·rem, rem·big
   } else {
     v = __ldcg(dh_in + (r * bt + b) * H + j);
   }
@@ -1317,10 +1321,10 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   const bool x3 = use_x3_dh<scalar_t>(s, tf32, half_fits);
   const bool half_dh = half_fits && (tf32 || x3);
   if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, tf32, x3);
-  const bool x3_tf32 = x3 && !half_dh;
+  const bool x3_tf32 = x3 && !half_dh, x3_half = x3 && half_dh;
   const int dh_blocks = (x3_tf32 ? 2 : 1) * k_parts;  // blocks of dhbuf that sum to dh ([2B, 2H] with x3 on fp16)
   ReplayedSteps& replay = held.emplace(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, s,
-                                                 /*training=*/true, blas.tf32(), /*vec4=*/false, x3, k_parts),
+                                                 /*training=*/true, tf32, /*vec4=*/false, x3, k_parts),
                                       "the cuBLAS loop's");
   if (replay.capture_failed()) {
     held.reset();
@@ -1330,14 +1334,14 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
   const auto half_opts = opts.dtype(at::kHalf), float_opts = opts.dtype(at::kFloat);
   // The dh GEMM's output blocks, summed by the step; M and N of one: x3 on fp16 parts [2B, 2H].
-  const int64_t dh_rows = x3 && half_dh ? 2 * B : B, dh_cols = x3 && half_dh ? 2 * H : H;
+  const int64_t dh_rows = x3_half ? 2 * B : B, dh_cols = x3_half ? 2 * H : H;
   Tensor dhbuf = replay.buffer(0, {dh_blocks * dh_rows, dh_cols}, acc_opts);
   Tensor dcbuf = replay.buffer(1, {B, H}, acc_opts);
   // The dh GEMM's A operand (x3: dG's parts, stacked; on fp16, big rows then remainders) and,
   // x3 on TF32 parts, its B operand: W_hh's parts transposed, [H, 2G] (x3 dh above), kept once
   // per W_hh.
   const std::vector<int64_t> dG_step_sizes = x3_tf32 ? std::vector<int64_t>{2 * B, 2 * G}
-                                                     : std::vector<int64_t>{x3 ? 2 * B : B, G};
+                                                     : std::vector<int64_t>{dh_rows, G};
   Tensor dG_step = replay.buffer(2, dG_step_sizes, half_dh ? half_opts : opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
   Tensor wxt =
@@ -1422,7 +1426,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   idle_x3_weights = wxt;
   // The last step's blocks (processing step T - 1) unscaled as the step kernel would.
   Tensor parts = dhbuf.view({dh_blocks, dh_rows, dh_cols});
-  if (x3 && half_dh) {  // big·big, and the cross terms where it is finite (half_dh_part)
+  if (x3_half) {  // big·big, and the cross terms where it is finite (half_parts_sum)
     const Tensor whole = parts.narrow(1, 0, B).narrow(2, 0, H);
     const Tensor cross = parts.narrow(1, 0, B).narrow(2, H, H).add(parts.narrow(1, B, B).narrow(2, 0, H));
     parts = whole.add(cross, kHalfRemainderUnscale).where(whole.isfinite(), whole);
@@ -1618,9 +1622,7 @@ __global__ void __launch_bounds__(kThreads) half_x3_out_kernel(const float* __re
       float col_unscale;
       cuda::power_of_two_scales(__uint_as_float(col_max_bits[c]), scale, col_unscale);
       float* out = c < cols0 ? out0 + r * ld0 + c : out1 + r * ld1 + (c - cols0);
-      const float whole = *out;
-      const float v = isfinite(whole) ? fmaf(x[r * ldx + c], kHalfRemainderUnscale, whole) : whole;
-      *out = v * row_unscale * col_unscale;
+      *out = half_parts_sum(*out, x[r * ldx + c]) * row_unscale * col_unscale;
     }
   }
 }
@@ -1690,9 +1692,7 @@ int64_t half_x3_chunk_bytes(int64_t budget) {
 bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
                           const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
   const int64_t J = I + Hout;
-  // Operand rows padded to 16-byte vectors of fp16 (cuBLASLt's aligned kernels).
-  auto vectors = [](int64_t n) { return (n + 7) / 8 * 8; };
-  const int64_t ldg = vectors(G), ldj = vectors(J);
+  const int64_t ldg = half_vectors(G), ldj = half_vectors(J);
   const int64_t row_bytes = 2 * (ldg + ldj) * int64_t(sizeof(c10::Half));  // big and remainder rows
   const int64_t budget = N * I * 4 - G * ldj * 4;  // grad_x's bytes less X's
   if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * J, budget >= kHalfX3MinChunkRows * row_bytes)) {
@@ -1756,9 +1756,8 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
 // cuDNN's, 128.8 against 128.5 MB on an H200). The chunks take what is left of `budget`.
 bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x,
                         int64_t budget, const at::TensorOptions& opts) {
-  // dG's parts side by side along K, rows of 2G fp16 (16H bytes: 16-byte vectors); W_ih's rows
-  // padded to 16-byte vectors.
-  const int64_t ldi = (I + 7) / 8 * 8;
+  // dG's parts side by side along K, rows of 2G fp16 (16H bytes: 16-byte vectors).
+  const int64_t ldi = half_vectors(I);
   const int64_t w_parts_bytes = 2 * G * ldi * int64_t(sizeof(c10::Half));
   const int64_t w_bytes = w_parts_bytes + ldi * 4;  // W_ih's parts, column maxima
   const int64_t row_bytes = 2 * G * int64_t(sizeof(c10::Half)) + ldi * 4 + 4;  // dG's parts, X, the row maximum
