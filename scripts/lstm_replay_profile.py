@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from harness import DTYPES, set_tf32  # noqa: E402  the benchmark's dtypes and TF32 switches
 
 
-
 def train_call(dtype, B, H, T, ragged):
     torch.manual_seed(0)
     model = seqkernels.LSTM(H, H).to(device="cuda", dtype=dtype)
