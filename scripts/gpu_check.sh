@@ -7,7 +7,9 @@
 # Every step runs whatever happened before it (its exit code is recorded, never fatal), under
 # a time box drawn from one overall budget (GPU_CHECK_BUDGET seconds, default 560, so the
 # whole script ends inside a 10-minute call: run it with timeout_s=600). Files written to $OUT (at most 8):
-#   build.log      pip build output, with ptxas' per-kernel register / spill report
+#   build.log      pip build output, with ptxas' per-kernel register / spill report (skipped, and the
+#                  last build's log reused, where csrc/, setup.py and the build settings hash as at
+#                  this machine's last successful build: a warm machine's second call)
 #   tests.log      pytest -m cuda over tests/ (tests/test_lstm_backends.py forces each LSTM backend
 #                  itself), the CUDA tests of tests/test_lstm.py again with SEQKERNELS_LSTM_BACKEND=
 #                  persistent, =fused and =cublas, the rest of tests/test_lstm.py, extra checks
@@ -111,9 +113,30 @@ fi
 # ---- 1. build (ptxas -v through nvcc's own NVCC_APPEND_FLAGS: no setup.py change needed) ----
 BUILD_LOG="$OUT/build.log"
 : >"$BUILD_LOG"
-run_step build build 240 "$BUILD_LOG" env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
-  SEQKERNELS_CUDA=1 NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -Xptxas -v" \
-  "$PY" -m pip install -v --no-build-isolation --no-deps -e .
+# A warm machine keeps the last call's build, but every call copies the tree anew, so ninja sees
+# new mtimes and recompiles everything (~180 s on an H200 host). The build is skipped where the
+# sources of _C and the build settings hash as the last successful build's did (its log is reused).
+BUILD_STAMP="build/gpu_check_sources.sha256"
+BUILD_LOG_KEPT="build/gpu_check_build.log"
+build_hash() {
+  { find csrc setup.py -type f | LC_ALL=C sort | xargs sha256sum
+    echo "${TORCH_CUDA_ARCH_LIST:-9.0} ${NVCC_APPEND_FLAGS:-} ${DEBUG:-}"; } | sha256sum | cut -c1-64
+}
+SOURCES_HASH="$(build_hash)"
+if [[ "$SKIP" != *" build "* ]] && [ -f "$BUILD_STAMP" ] && [ "$(cat "$BUILD_STAMP")" = "$SOURCES_HASH" ] \
+  && "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' >/dev/null 2>&1; then
+  cp "$BUILD_LOG_KEPT" "$BUILD_LOG" 2>/dev/null
+  STEPS+=("build: up to date (sources and settings unchanged since this machine's last build)")
+  echo "=== build: up to date, the last build's log reused" | tee -a "$BUILD_LOG"
+else
+  [[ "$SKIP" == *" build "* ]] || rm -f "$BUILD_STAMP"
+  run_step build build 240 "$BUILD_LOG" env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
+    SEQKERNELS_CUDA=1 NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -Xptxas -v" \
+    "$PY" -m pip install -v --no-build-isolation --no-deps -e .
+  if [[ "${STEPS[-1]}" == "build: rc=0,"* ]]; then
+    mkdir -p build && cp "$BUILD_LOG" "$BUILD_LOG_KEPT" && echo "$SOURCES_HASH" >"$BUILD_STAMP"
+  fi
+fi
 if ! "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' >>"$BUILD_LOG" 2>&1; then
   note "import seqkernels FAILED (see build.log)"
 fi
