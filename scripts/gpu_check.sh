@@ -130,8 +130,9 @@ if [[ "$SKIP" != *" build "* ]] && [ -f "$BUILD_STAMP" ] && [ "$(cat "$BUILD_STA
   echo "=== build: up to date, the last build's log reused" | tee -a "$BUILD_LOG"
 else
   [[ "$SKIP" == *" build "* ]] || rm -f "$BUILD_STAMP"
-  run_step build build 240 "$BUILD_LOG" env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
-    SEQKERNELS_CUDA=1 NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -Xptxas -v" \
+  run_step build build 240 "$BUILD_LOG" \
+    env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" SEQKERNELS_CUDA=1 \
+    NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -Xptxas -v" \
     "$PY" -m pip install -v --no-build-isolation --no-deps -e .
   if [[ "${STEPS[-1]}" == "build: rc=0,"* ]]; then
     mkdir -p build && cp "$BUILD_LOG" "$BUILD_LOG_KEPT" && echo "$SOURCES_HASH" >"$BUILD_STAMP"
