@@ -137,9 +137,9 @@ else
   if [[ "${STEPS[-1]}" == "build: rc=0,"* ]]; then
     mkdir -p build && cp "$BUILD_LOG" "$BUILD_LOG_KEPT" && echo "$SOURCES_HASH" >"$BUILD_STAMP"
   fi
-fi
-if ! "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' >>"$BUILD_LOG" 2>&1; then
-  note "import seqkernels FAILED (see build.log)"
+  if ! "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' >>"$BUILD_LOG" 2>&1; then
+    note "import seqkernels FAILED (see build.log)"
+  fi
 fi
 
 # ---- 2. tests -----------------------------------------------------------------------------
