@@ -387,16 +387,18 @@ def _direct_branch_free_rows(fn) -> set[int]:
 
 @pytest.mark.parametrize("precision_name,B,H,rows", [
     ("bfloat16", 1, 1024, 1), ("tf32", 2, 512, 1), ("tf32", 4, 512, 1), ("bfloat16", 5, 1024, 1),
-    ("bfloat16", 8, 512, 1), ("tf32", 8, 1024, 1), ("bfloat16", 9, 512, 2), ("bfloat16", 16, 256, 2),
-    ("tf32", 16, 1024, 2), ("bfloat16", 8, 768, 1), ("float16", 16, 640, 2), ("bfloat16", 6, 1024, 0),
+    ("bfloat16", 8, 512, 1), ("tf32", 8, 1024, 0), ("bfloat16", 9, 512, 2), ("bfloat16", 16, 256, 2),
+    ("tf32", 16, 1024, 0), ("tf32", 5, 1024, 1), ("bfloat16", 8, 768, 1), ("float16", 16, 640, 2),
+    ("bfloat16", 6, 1024, 0),
     ("float16", 12, 1024, 0), ("bfloat16", 8, 900, 0), ("float32", 8, 512, 1), ("float32", 16, 256, 2),
     ("float32", 8, 1024, 1), ("float32", 16, 1024, 2), ("float32", 12, 600, 2),
 ])
 def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_name, B, H, rows):
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
-    except 16-bit types at H > 768 from B = 6: the per-word loop (0). (Not the cluster kernel, which
-    takes H = 1024 from B = 6 in 16-bit types and TF32.)"""
+    except 16-bit exchanges (16-bit types, and float32 with TF32 on scaled fp16 operands) at H > 768
+    from B = 6: the per-word loop (0). (Not the cluster kernel, which takes H = 1024 from B = 6 in
+    16-bit types and TF32.)"""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
     with _Precision(precision_name):
@@ -497,6 +499,59 @@ def test_float32_direct_forward_is_as_accurate_as_fma(monkeypatch, B, H):
             errs[direct] = max(max_abs(got[k].double().cpu() - ref64[k]) / max(1.0, max_abs(ref64[k]))
                                for k in ("y", "h_n", "c_n"))
     assert errs["1"] <= 2 * errs["0"] + 1e-6, f"direct (3xTF32) {errs['1']:.3g} against FFMA {errs['0']:.3g}"
+
+
+def _direct_paths(fn) -> set[str]:
+    """The arithmetic paths of the direct forward kernels that ran during fn(): their second
+    template argument (Path) as "16-bit", "TF32", "x3" or "scaled fp16"."""
+    names = {0: "16-bit", 1: "TF32", 3: "x3", 4: "scaled fp16"}
+    paths = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_forward_direct_kernel" in n:
+            m = re.search(r"Path\)(\d+)", n)
+            assert m, n
+            paths.add(names[int(m.group(1))])
+    return paths
+
+
+@pytest.mark.parametrize("half", [True, False])
+@pytest.mark.parametrize("batch_sizes,H,reverse", [
+    ([1] * 6, 1024, False), ([4, 4, 3, 1], 1024, True), ([8, 7, 5, 2], 604, True), ([12, 12, 9, 4, 1], 300, True),
+    ([16] * 5, 512, False), ([3, 3, 1], 48, True), ([8, 8, 6, 3], 1000, True),
+])
+def test_direct_forward_tf32_operands(monkeypatch, half, batch_sizes, H, reverse):
+    """float32 with TF32 on the direct kernel: by default the 16-bit path's fp16 MMAs on W_hh scaled
+    per warp and h0 per row by powers of two (Path::kHalfScaled), with SEQKERNELS_LSTM_DIRECT_HALF=0
+    on TF32 operands: which ran, and the outputs and every gradient of a packed input (reversed:
+    rows that start late read h0) against the float64 reference within TF32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")  # (it takes H = 1024 from B = 6)
+    if not half:
+        monkeypatch.setenv("SEQKERNELS_LSTM_DIRECT_HALF", "0")
+    with _Precision("tf32"):
+        assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {"scaled fp16" if half else "TF32"}
+        compare_layer(batch_sizes, 8, H, reverse=reverse, bias=True, precision="tf32", seed=H + len(batch_sizes),
+                      what=f"direct forward, {'scaled fp16' if half else 'TF32'} operands")
+
+
+@pytest.mark.parametrize("batch_sizes,I,H", [([4] * 4, 9, 1024), ([12] * 4, 12, 512), ([2] * 4, 9, 300)])
+def test_direct_forward_half_products_scale_h0_and_w_hh(monkeypatch, batch_sizes, I, H):
+    """The direct kernel's scaled fp16 operands: an h0 row beyond fp16's range (~1e5) and one far
+    below it (~1e-5), W_hh at 1e-5 of nn.LSTM's range (fp16 subnormals unscaled): within TF32's bound
+    of the float64 reference. Unscaled, row 0 would overflow to inf and W_hh keep ~2 significant bits."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
+    _check_scaled_h0_and_w_hh(batch_sizes, I, H, 29, lambda run: _direct_paths(run) == {"scaled fp16"},
+                              f"direct forward, scaled fp16 operands B={batch_sizes[0]} H={H}")
+
+
+@pytest.mark.parametrize("batch_sizes,H", [([4] * 4, 1024), ([12, 12, 9], 512)])
+def test_direct_forward_half_products_keep_infs(monkeypatch, batch_sizes, H):
+    """The direct kernel's scaled fp16 operands: an inf in h0 (which sets no scale) reaches the first
+    step's pre-activations as in a TF32 GEMM (the row's gates saturate, its outputs stay finite)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
+    _check_inf_in_h0_as_float32(batch_sizes, H, "tf32")
 
 
 @pytest.mark.parametrize("loop", ["persistent", "fused", "cublas"])

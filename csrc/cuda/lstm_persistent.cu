@@ -122,6 +122,11 @@ enum class Path : int {
   // each split into a TF32 value and the TF32 value of its remainder; big·big + big·small +
   // small·big), float32 accuracy on tensor cores.
   kTf32x3,
+  // float32 with TF32 allowed, direct forward kernel only: the 16-bit path's fp16 MMAs, W_hh's
+  // fragments scaled per warp and h0's rows per row by powers of two (exact), h exchanged as fp16
+  // (h_t = o·tanh(c) is in [-1, 1]); TF32's 10-bit mantissa with float32 sums, as the cluster
+  // kernel's ClusterOperands::kHalfScaled.
+  kHalfScaled,
 };
 
 // Tensor-core shapes. Per warp, the resident B fragments are [kNT n8 tiles][kKS k-steps][2]
@@ -898,7 +903,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kDirectKS = 8;  // k-steps of 8 LL words per warp
 // Resident W_hh fragments per k-step and n8 tile (pairs of 32-bit registers): 16-bit 1 (one
 // MMA), TF32 2 (two MMAs), x3 4 (W's big and small parts for each of the two).
-constexpr int direct_frags(Path P) { return P == Path::kMma16 ? 1 : P == Path::kTf32 ? 2 : 4; }
+constexpr int direct_frags(Path P) {
+  return P == Path::kMma16 || P == Path::kHalfScaled ? 1 : P == Path::kTf32 ? 2 : 4;
+}
 constexpr int kTf32PairFlagShift = 38;
 constexpr unsigned kTf32PairFlagPeriod = (1u << 26) - 1;
 __device__ __forceinline__ unsigned tf32_pair_flag(int step) {
@@ -935,22 +942,24 @@ constexpr int kDirectWarp = 16 * kDirectRow;
 //   1: row gq only (B <= 8), branch-free: loads predicated on the pending bits, flags checked
 //      into a bit mask (~5 instructions per word instead of a branch and ~13);
 //   2: rows gq and gq + 8 (8 < B <= 16), branch-free;
-//   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit types at H > 768 from
-//      B = 6, where the branch-free polling's L2 traffic (112 or 128 blocks polling every
-//      word) costs more than it saves (bf16 B = 8, H = 1024: 7-8 % slower; Nsight Compute: 56 %
-//      more L2 read sectors).
+//   0: rows gq and gq + 8, a branch per word (the per-word loop): 16-bit exchanges (16-bit types;
+//      float32 on scaled fp16 operands, by the same rule unmeasured) at H > 768 from B = 6, where
+//      the branch-free polling's L2 traffic (112 or 128 blocks polling every word) costs more
+//      than it saves (bf16 B = 8, H = 1024: 7-8 % slower; Nsight Compute: 56 % more L2 read
+//      sectors).
 // A/Bs on an H200 (2026-11-26, T = 256 infer, CUDA-graph replays; docs/kernels.md): branch-free
 // 11-32 % faster at H <= 512 for B = 5-16, 3-20 % for 16-bit at H = 640 and 768, 0-9 % for TF32
 // at H = 1024.
 constexpr int direct_branch_free_rows(Path P, int64_t H, int64_t B) {
-  return P == Path::kMma16 && H > 768 && B > 5 ? 0 : B <= 8 ? 1 : 2;
+  return (P == Path::kMma16 || P == Path::kHalfScaled) && H > 768 && B > 5 ? 0 : B <= 8 ? 1 : 2;
 }
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
-// start late in the reverse direction. Two elements per word: 16-bit values, TF32 pairs or
-// (kX3) x3_bits pairs (float). Cold path, out of line.
-template <class scalar_t, bool kX3>
-__device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word) {
+// start late in the reverse direction. Two elements per word: 16-bit values, TF32 pairs, x3_bits
+// pairs (float) or (kHalfScaled) fp16 values of the row times its scale. Cold path, out of line.
+template <class scalar_t, Path P>
+__device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word, float scale) {
+  constexpr bool kX3 = P == Path::kTf32x3;
   u64 p[2];
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
@@ -962,6 +971,8 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
         const scalar_t v = h0_row[k];
         if constexpr (kX3) {
           bits |= static_cast<u64>(x3_bits(static_cast<float>(v))) << (30 * e);
+        } else if constexpr (P == Path::kHalfScaled) {
+          bits |= static_cast<u64>(c10::Half(static_cast<float>(v) * scale).x) << (16 * e);
         } else if constexpr (sizeof(scalar_t) == 4) {
           bits |= static_cast<u64>(to_tf32(static_cast<float>(v)) >> 13) << (19 * e);
         } else {
@@ -975,11 +986,12 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
 }
 
 // Rows [nll, bt) of the A fragments from h0 (step 0, and rows that start late in reverse):
-// the payloads of this lane's pairs, as the LL buffer would hold them. Cold path (its loads
-// are out of line in h0_pair; the arrays stay in registers, hence inline here).
-template <class scalar_t, bool kX3, int KPC>
+// the payloads of this lane's pairs, as the LL buffer would hold them (kHalfScaled: each row times
+// row_scale[row]). Cold path (its loads are out of line in h0_pair; the arrays stay in registers,
+// hence inline here).
+template <class scalar_t, Path P, int KPC>
 __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_words, int word0, int nll, int bt,
-                                          u64 (&lo)[2][KPC], u64 (&hi)[2][KPC]) {
+                                          const float* row_scale, u64 (&lo)[2][KPC], u64 (&hi)[2][KPC]) {
   const int gq = (threadIdx.x & 31) >> 2;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -989,7 +1001,8 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
     for (int f = 0; f < KPC; ++f) {
       const int word = word0 + f * 8;
       if (word < row_words) {
-        const ulonglong2 v = h0_pair<scalar_t, kX3>(h0 + static_cast<int64_t>(row) * H, H, word);
+        const float scale = P == Path::kHalfScaled ? row_scale[row] : 1.0f;
+        const ulonglong2 v = h0_pair<scalar_t, P>(h0 + static_cast<int64_t>(row) * H, H, word, scale);
         lo[r][f] = v.x;
         hi[r][f] = v.y;
       }
@@ -1015,8 +1028,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kNT = U4 ? 2 : 4;
   constexpr bool kX3 = P == Path::kTf32x3;                // float32, TF32 off: x3_bits pairs
   constexpr bool kTf32Pairs = P == Path::kTf32 || kX3;  // float h, two units per word
-  static_assert(kTf32Pairs || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or float32");
-  static_assert(!kTf32Pairs || std::is_same_v<scalar_t, float>, "direct kernel: TF32 words hold float32");
+  constexpr bool kHalf = P == Path::kHalfScaled;        // float32, TF32: fp16 words, scaled W_hh and h0
+  static_assert(kTf32Pairs || kHalf || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or float32");
+  static_assert(!(kTf32Pairs || kHalf) || std::is_same_v<scalar_t, float>, "direct kernel: float32 paths");
+  using MmaT = std::conditional_t<kHalf, c10::Half, scalar_t>;  // the MMA's operand type
   // MMAs per k-step of 8 LL words (16 elements): 16-bit 1; TF32 2; x3 6 (4 with kStacked). The
   // resident fragments per k-step: [kFrag][2] registers (x3: W's big and small parts of each
   // of the two TF32 MMAs, m = 2 * mma + part).
@@ -1035,6 +1050,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem);  // [2][kWarps][16][kDirectRow] partial sums, by step parity
   SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
+  // kHalf: h0's row scales [0, 16) and their inverses [16, 32), after the step table.
+  float* const h0_scale = reinterpret_cast<float*>(smem + g.off_seg + sizeof(SegTable));
 
   const int H = g.H, U = g.U, B = g.B, T = g.T;
   const int j0 = blockIdx.x * U;
@@ -1049,6 +1066,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(KREG >= 1 && KREG <= KPC, "direct kernel instance");
   uint32_t bfr[kNT][KREG][kFrag][2];
   uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w) + warp * (KPC - KREG) * kFrag * kNT * 32 + lane;
+  // kHalf: this warp's fragments scaled by w_scale, its partial sums by w_unscale (powers of two).
+  float w_scale = 1.0f, w_unscale = 1.0f;
   {
     const scalar_t* __restrict__ w_hh = a.w_hh;
     auto wf = [&](int k, int c) -> scalar_t {
@@ -1056,6 +1075,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (gate >= 4 || j0 + u >= H || k >= H) return static_cast<scalar_t>(0.0f);
       return w_hh[static_cast<int64_t>(gate * H + j0 + u) * H + k];
     };
+    if constexpr (kHalf) {  // the largest finite magnitude of this warp's fragments (loaded below)
+      float m = 0.0f;
+#pragma unroll 1
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll 1
+        for (int f = 0; f < KPC; ++f) {
+          const int k0 = (warp * KPC + f) * 16 + 4 * tq;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) m = finite_abs_max(m, static_cast<float>(wf(k0 + e, nt * 8 + gq)));
+        }
+      }
+      power_of_two_scales(warp_max(m), w_scale, w_unscale);
+    }
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -1073,6 +1105,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           } else if constexpr (kTf32Pairs) {
             b0 = to_tf32(static_cast<float>(wf(k0 + 2 * m, col)));
             b1 = to_tf32(static_cast<float>(wf(k0 + 2 * m + 1, col)));
+          } else if constexpr (kHalf) {  // the 16-bit layout below, of the scaled values
+            auto half_of = [&](int k) { return c10::Half(static_cast<float>(wf(k, col)) * w_scale); };
+            b0 = pack2(half_of(k0), half_of(k0 + 1));
+            b1 = pack2(half_of(k0 + 2), half_of(k0 + 3));
           } else {
             b0 = pack2(wf(k0, col), wf(k0 + 1, col));
             b1 = pack2(wf(k0 + 2, col), wf(k0 + 3, col));
@@ -1095,6 +1131,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   acc_t bias_r[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) bias_r[q] = it.valid ? bias_sum(a.b_ih, a.b_hh, q * H + it.j) : acc_t(0);
+  if constexpr (kHalf) {
+    // h0 may hold any value: each row as fp16 times the power of two that takes its largest finite
+    // magnitude into [2^14, 2^15); the partial sums of the rows that read h0 are multiplied back.
+    for (int r = warp; r < B; r += kWarps) {
+      float m = 0.0f;
+      const scalar_t* h0_row = a.h0 + static_cast<int64_t>(r) * H;
+      for (int k = lane; k < H; k += 32) m = finite_abs_max(m, static_cast<float>(h0_row[k]));
+      float scale, unscale;
+      power_of_two_scales(warp_max(m), scale, unscale);
+      if (lane == 0) {
+        h0_scale[r] = scale;
+        h0_scale[16 + r] = unscale;
+      }
+    }
+  }
   __syncthreads();
 
   // pre of this step (pv) and of the next (pv_next, requested while this step's loads are in
@@ -1166,7 +1217,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    if (__builtin_expect(nll < bt, 0)) h0_fragments<scalar_t, kX3, KPC>(a.h0, H, data_words, word0, nll, bt, lo, hi);
+    if (__builtin_expect(nll < bt, 0)) {
+      h0_fragments<scalar_t, P, KPC>(a.h0, H, data_words, word0, nll, bt, h0_scale, lo, hi);
+    }
     if (s + 1 < T) {
       nxt = step_at(seg, a.reverse ? T - 2 - s : s + 1, k_nxt);
       prefetch(nxt, pv_next);
@@ -1317,12 +1370,19 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int nt = 0; nt < kNT; ++nt) {
             if (f < KREG) {
               const uint32_t(&b)[2] = bfr[nt][f < KREG ? f : 0][m];
-              MmaInst<scalar_t>::run(acc[nt], af, b[0], b[1]);
+              MmaInst<MmaT>::run(acc[nt], af, b[0], b[1]);
             } else {
               const uint2 w = wsm[(((f - KREG) * kFrag + m) * kNT + nt) * 32];
-              MmaInst<scalar_t>::run(acc[nt], af, w.x, w.y);
+              MmaInst<MmaT>::run(acc[nt], af, w.x, w.y);
             }
           }
+        }
+      }
+      if constexpr (kHalf) {  // back from the scaled fragments (exact: a power of two)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] *= w_unscale;
         }
       }
     }
@@ -1342,7 +1402,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (active && it.valid) {
       const float* rr = red + (s & 1) * kWarps * kDirectWarp + it.n * kDirectRow + it.u;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) pq[q] = pv[q] + bias_r[q] + sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
+      for (int q = 0; q < 4; ++q) {
+        acc_t partial = sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
+        // kHalf: the rows that read h0 this step ([nll, bt)) read it times their row's power of two.
+        if constexpr (kHalf) partial *= it.n >= nll ? h0_scale[16 + it.n] : 1.0f;
+        pq[q] = pv[q] + bias_r[q] + partial;
+      }
     }
     acc_t act_r[4] = {0, 0, 0, 0}, c_new = 0;
     scalar_t h = static_cast<scalar_t>(0.0f);
@@ -1376,7 +1441,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                (static_cast<u64>(tf32_pair_flag(s)) << kTf32PairFlagShift));
       }
     } else {
-      const uint32_t bits = static_cast<uint32_t>(h.x);
+      uint32_t bits;
+      if constexpr (kHalf) {
+        bits = static_cast<uint32_t>(c10::Half(static_cast<float>(h)).x);  // y keeps the float32 h
+      } else {
+        bits = static_cast<uint32_t>(h.x);
+      }
       const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
       if (s + 1 < T && active && (it.u & 1) == 0) ll_store(pub, bits | (hi_bits << 16), static_cast<uint32_t>(s + 1));
     }
@@ -2876,7 +2946,9 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   constexpr int kMaxNT = MmaCfg<Path::kMma16, false>::kNT;  // 4 n8 tiles at most, whatever the path
   off += static_cast<size_t>(kWarps) * (KPC - KREG) * direct_frags(P) * kMaxNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
-  g.smem = g.off_seg + static_cast<int>(sizeof(SegTable));
+  // kHalfScaled: h0's 16 row scales and their inverses after the step table.
+  const size_t h0_scales = P == Path::kHalfScaled ? 32 * sizeof(float) : 0;
+  g.smem = g.off_seg + static_cast<int>(sizeof(SegTable) + h0_scales);
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
 }
 
@@ -2971,8 +3043,8 @@ using IntConst = std::integral_constant<int, V>;
 // switch, so that one device run can time both forward kernels side by side.
 bool direct_forward_enabled() { return switch_on("SEQKERNELS_LSTM_PERSISTENT_DIRECT"); }
 
-// The direct forward kernel (DP: kMma16, kTf32 or kTf32x3) where one of its instances takes the
-// call; false otherwise, having launched nothing.
+// The direct forward kernel (DP: kMma16, kTf32, kTf32x3 or kHalfScaled) where one of its instances
+// takes the call; false otherwise, having launched nothing.
 template <class scalar_t, Path DP, bool kTraining>
 bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                         const at::Tensor& like) {
@@ -3000,7 +3072,7 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
            try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
   };
   const int rows = direct_branch_free_rows(DP, s.H, s.B);
-  if constexpr (DP == Path::kMma16) {
+  if constexpr (DP == Path::kMma16 || DP == Path::kHalfScaled) {
     if (rows == 0) return try_each(IntConst<0>{});
   }
   return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
@@ -3095,6 +3167,12 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32x3>(s, prop, args, like)) return true;
   }
   if (direct_forward_enabled()) {
+    if constexpr (P == Path::kTf32) {
+      // float32 with TF32 allowed: scaled fp16 operands unless SEQKERNELS_LSTM_DIRECT_HALF=0.
+      if (direct_half_products() && run_direct_forward<scalar_t, Path::kHalfScaled, kTraining>(s, prop, args, like)) {
+        return true;
+      }
+    }
     if constexpr (P != Path::kFma) {
       if (run_direct_forward<scalar_t, P, kTraining>(s, prop, args, like)) return true;
     } else if constexpr (std::is_same_v<scalar_t, float>) {

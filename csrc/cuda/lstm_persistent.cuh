@@ -54,6 +54,9 @@ inline int diagnostic_mode(const char* name) {
 // SEQKERNELS_LSTM_CLUSTER_HALF (diagnostic): "0" never (TF32 operands; then H = 1024 only up to
 // B = 32); unset or anything else, always: they were faster at every shape measured (H200, below).
 inline bool cluster_half_products() { return switch_on("SEQKERNELS_LSTM_CLUSTER_HALF"); }
+// Whether float32 with TF32 allowed takes scaled fp16 operands in the direct forward kernel
+// (Path::kHalfScaled); SEQKERNELS_LSTM_DIRECT_HALF=0 (diagnostic) keeps TF32 operands there.
+inline bool direct_half_products() { return switch_on("SEQKERNELS_LSTM_DIRECT_HALF"); }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
