@@ -443,8 +443,12 @@ __device__ __forceinline__ c10::Half half_remainder(float scaled, c10::Half big)
 __device__ __forceinline__ float half_parts_sum(float whole, float cross) {
   return isfinite(whole) ? fmaf(cross, kHalfRemainderUnscale, whole) : whole;
 }
-// Elements of a row of fp16 padded to 16-byte vectors (cuBLASLt's aligned kernels).
-constexpr int64_t half_vectors(int64_t n) { return (n + 7) / 8 * 8; }
+// n elements of T padded to whole 16-byte vectors: rows that cuBLASLt's aligned kernels take.
+template <class T>
+constexpr int64_t padded_to_vectors(int64_t n) {
+  constexpr int64_t kPerVector = 16 / sizeof(T);
+  return (n + kPerVector - 1) / kPerVector * kPerVector;
+}
 
 // kHalfDh's store of unit j's four gate gradients in row b of bt (backward_step_rows; `parts` K
 // parts, U = H / parts): the block, row b's part p = j / U, agrees on the power of two that takes
@@ -1505,14 +1509,13 @@ bool x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float*
   // Transposed parts dGᵀ [G, rows], xᵀ [I, rows], hprevᵀ [Hout, rows] whose rows hold ld floats, rows
   // rounded up to 16-byte vectors: on 4-byte-aligned rows cuBLAS ran these TF32 GEMMs on sm80
   // kernels 2.5x slower (docs/benchmarks.md).
-  auto row_vectors = [](int64_t rows) { return (rows + 3) / 4 * 4; };
-  Tensor split = at::empty({row_vectors(chunk) * row_floats}, opts);
+  Tensor split = at::empty({padded_to_vectors<float>(chunk) * row_floats}, opts);
   float* const base = split.data_ptr<float>();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cuda::BlasContext tf32_blas(true);
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
-    const int64_t ld = row_vectors(rows);
+    const int64_t ld = padded_to_vectors<float>(rows);
     const X3Parts g{base, G * ld, true};
     const X3Parts xs{base + 3 * G * ld, I * ld, true};
     const X3Parts hs{base + 3 * (G + I) * ld, Hout * ld, true};
@@ -1692,7 +1695,7 @@ int64_t half_x3_chunk_bytes(int64_t budget) {
 bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
                           const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
   const int64_t J = I + Hout;
-  const int64_t ldg = half_vectors(G), ldj = half_vectors(J);
+  const int64_t ldg = padded_to_vectors<c10::Half>(G), ldj = padded_to_vectors<c10::Half>(J);
   const int64_t row_bytes = 2 * (ldg + ldj) * int64_t(sizeof(c10::Half));  // big and remainder rows
   const int64_t budget = N * I * 4 - G * ldj * 4;  // grad_x's bytes less X's
   if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * J, budget >= kHalfX3MinChunkRows * row_bytes)) {
@@ -1757,7 +1760,7 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
 bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const float* w_ih, float* grad_x,
                         int64_t budget, const at::TensorOptions& opts) {
   // dG's parts side by side along K, rows of 2G fp16 (16H bytes: 16-byte vectors).
-  const int64_t ldi = half_vectors(I);
+  const int64_t ldi = padded_to_vectors<c10::Half>(I);
   const int64_t w_parts_bytes = 2 * G * ldi * int64_t(sizeof(c10::Half));
   const int64_t w_bytes = w_parts_bytes + ldi * 4;  // W_ih's parts, column maxima
   const int64_t row_bytes = 2 * G * int64_t(sizeof(c10::Half)) + ldi * 4 + 4;  // dG's parts, X, the row maximum
@@ -1778,16 +1781,16 @@ bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const 
   Tensor g_parts = at::empty({chunk * 2 * G}, opts.dtype(at::kHalf));
   Tensor cross = at::empty({chunk, ldi}, opts);
   const cuda::BlasContext blas(false);
+  // S: grad_x rows [rows, I] = big[rows, G] · big_W[G, I]; X[rows, I] = [big | rem][rows, 2G] · [rem_W ; big_W]
+  cuda::StepGemm<c10::Half, float, float> s_gemm(blas, Trans::N, Trans::N, I, G, 2 * G, ldi, I);
+  cuda::StepGemm<c10::Half, float, float> x_gemm(blas, Trans::N, Trans::N, I, 2 * G, 2 * G, ldi, ldi);
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     split_half_rows_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(dG + r0 * G, G, rows, G,
                                                                           g_parts.data_ptr<c10::Half>(), 2 * G, G,
                                                                           row_max);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    // S: grad_x rows [rows, I] = big[rows, G] · big_W[G, I]; X[rows, I] = [big | rem][rows, 2G] · [rem_W ; big_W]
-    cuda::StepGemm<c10::Half, float, float> s_gemm(blas, Trans::N, Trans::N, I, G, 2 * G, ldi, I);
     s_gemm(rows, 1.f, g_parts.data_ptr<c10::Half>(), wp + G * ldi, 0.f, grad_x + r0 * I);
-    cuda::StepGemm<c10::Half, float, float> x_gemm(blas, Trans::N, Trans::N, I, 2 * G, 2 * G, ldi, ldi);
     x_gemm(rows, 1.f, g_parts.data_ptr<c10::Half>(), wp, 0.f, cross.data_ptr<float>());
     half_x3_out_kernel<<<column_grid(I, rows, kThreads), kThreads, 0, stream>>>(
         cross.data_ptr<float>(), ldi, rows, I, row_max, col_max, grad_x + r0 * I, I, I, nullptr, 0);
