@@ -2,11 +2,12 @@
 
     python scripts/lstm_eager_gap.py [--iters 30] [--sleep-cycles 600000] [--cases bf16:64:1024 ...]
 
-For each case (T = 256, I = H, random initial states, PyTorch's default TF32 switches) it times,
-interleaved (benchmarks/harness.py's measure_interleaved): the eager call, its graph replay,
-and the eager call behind a device sleep (torch.cuda._sleep) that its launches queue behind,
-for seqkernels and for nn.LSTM (cuDNN). (sleep + call) - sleep is the eager call's device time
-with the host's launch latency hidden: eager minus that is what the host adds. Then the
+For each case (T = 256, I = H, random initial states, PyTorch's default TF32 switches, or both
+off with --tf32 off) it times, interleaved (benchmarks/harness.py's measure_interleaved): the
+eager call, its graph replay, and the eager call behind a device sleep (torch.cuda._sleep) that
+its launches queue behind, for seqkernels and for nn.LSTM (cuDNN). (sleep + call) - sleep is the
+eager call's device time with the host's launch latency hidden: eager minus that is what the host
+adds. Then the
 profiler's device time per kernel, eager against replayed. Diagnostic only: the benchmark is
 what the tables come from (docs/benchmarks.md, eighth session).
 """
@@ -30,7 +31,10 @@ parser.add_argument("--cases", nargs="+", metavar="DTYPE:B:H",
                     default=["bf16:16:1024", "bf16:8:1024", "fp32:8:1024", "fp32:16:1024", "fp32:1:1024",
                              "bf16:16:256"],
                     help="cases as dtype (bf16, fp16, fp32):batch:hidden")
+parser.add_argument("--tf32", choices=["default", "off"], default="default",
+                    help="off: TF32 off for cuDNN and matmuls, both sides (the benchmark's --tf32 off)")
 args = parser.parse_args()
+harness.set_tf32(False if args.tf32 == "off" else None)
 SLEEP = args.sleep_cycles
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
