@@ -28,6 +28,15 @@ TORCH_LIBRARY(seqkernels, m) {
       "lstm_forward(Tensor x, Tensor batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
       "Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse, bool training) "
       "-> (Tensor y, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
+  // The common module call as one operator, inference only (no autograd formula: it raises where
+  // autograd would record it): one layer, one direction, no projection, a padded sequence.
+  //   input [T, B, I] ([B, T, I] if batch_first), h0 / c0 [1, B, H] or both None (zeros),
+  //   w_ih [G, I], w_hh [G, H], b_ih / b_hh [G] (both or neither)
+  // Returns output [T, B, H] ([B, T, H] if batch_first: a transposed view), h_n / c_n [1, B, H]:
+  //   nn.LSTM's outputs.
+  m.def(
+      "lstm_infer(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, "
+      "bool batch_first) -> (Tensor output, Tensor h_n, Tensor c_n)");
   // Gradients of lstm_forward (training=True) given the gradients of y, h_n and c_n.
   // Returns grad_x [N, I], grad_h0 [B, Hout], grad_c0 [B, H], grad_w_ih [G, I],
   //   grad_w_hh [G, Hout], grad_bias [G] (the gradient of b_ih and of b_hh; [0] if has_bias

@@ -1090,6 +1090,96 @@ def test_short_path_taken_only_where_it_applies(device):
         assert module._forward_one_layer(inp, hx) is None
 
 
+def _op_names(fn):
+    """fn's result and the names of the operators it ran (profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn()
+    return out, {e.name for e in prof.events()}
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device, batch_first, with_state):
+    """Where autograd records nothing (no_grad, or no tensor requires grad) the short path runs the
+    lstm_infer operator: the same lstm_forward as lstm_layer, so the outputs are lstm_layer's
+    bitwise, and nn.LSTM's within float32's tolerance. Where autograd records, it runs lstm_layer."""
+    torch.manual_seed(17)
+    T, B, I, H = 5, 3, 4, 6
+    ours = LSTM(I, H, batch_first=batch_first, device=device)
+    ref = nn.LSTM(I, H, batch_first=batch_first, device=device)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(B, T, I, device=device) if batch_first else torch.randn(T, B, I, device=device)
+    state = (torch.randn(1, B, H, device=device), torch.randn(1, B, H, device=device)) if with_state else None
+    with torch.no_grad():
+        (y, (h_n, c_n)), names = _op_names(lambda: ours(x, state))
+        expected_y, (expected_h, expected_c) = ref(x, state)
+    assert "seqkernels::lstm_infer" in names and "seqkernels::lstm_forward" not in names
+    assert y.shape == expected_y.shape and y.stride() == expected_y.stride()
+    h0 = state[0][0] if with_state else torch.zeros(B, H, device=device)
+    c0 = state[1][0] if with_state else torch.zeros(B, H, device=device)
+    seq = x.transpose(0, 1) if batch_first else x
+    layer_y, layer_h, layer_c = lstm_layer(seq.reshape(T * B, I), torch.full((T,), B, dtype=torch.int64), h0, c0,
+                                           ours.weight_ih_l0.detach(), ours.weight_hh_l0.detach(),
+                                           ours.bias_ih_l0.detach(), ours.bias_hh_l0.detach())
+    layer_y = layer_y.view(T, B, H)
+    torch.testing.assert_close(y, layer_y.transpose(0, 1) if batch_first else layer_y, rtol=0, atol=0)
+    torch.testing.assert_close(h_n, layer_h.unsqueeze(0), rtol=0, atol=0)
+    torch.testing.assert_close(c_n, layer_c.unsqueeze(0), rtol=0, atol=0)
+    for name, a, b in (("y", y, expected_y), ("h_n", h_n, expected_h), ("c_n", c_n, expected_c)):
+        assert_close(a, b, torch.float32, name)
+    # Parameters that require grad with grad mode on: autograd records, so lstm_layer's op runs.
+    (y_grad, _), names = _op_names(lambda: ours(x, state))
+    assert "seqkernels::lstm_forward" in names and "seqkernels::lstm_infer" not in names
+    torch.testing.assert_close(y_grad.detach(), y, rtol=0, atol=0)
+
+
+def _infer_args(device, bias=True, state=True, batch_first=False, dtype=torch.float32):
+    T, B, I, H = 4, 3, 5, 6
+    x = torch.randn(B, T, I, device=device, dtype=dtype) if batch_first else torch.randn(T, B, I, device=device,
+                                                                                          dtype=dtype)
+    h0 = torch.randn(1, B, H, device=device, dtype=dtype) if state else None
+    c0 = torch.randn(1, B, H, device=device, dtype=dtype) if state else None
+    w_ih = torch.randn(4 * H, I, device=device, dtype=dtype)
+    w_hh = torch.randn(4 * H, H, device=device, dtype=dtype)
+    b_ih = torch.randn(4 * H, device=device, dtype=dtype) if bias else None
+    b_hh = torch.randn(4 * H, device=device, dtype=dtype) if bias else None
+    return x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first
+
+
+@pytest.mark.parametrize("bias, state, batch_first", [(True, True, False), (False, True, True), (True, False, True),
+                                                      (False, False, False)])
+def test_opcheck_lstm_infer(device, bias, state, batch_first):
+    torch.manual_seed(18)
+    torch.library.opcheck(torch.ops.seqkernels.lstm_infer.default, _infer_args(device, bias, state, batch_first))
+
+
+BAD_INFER = {
+    "input-2d": (lambda a: a.__setitem__(0, a[0][0]), RuntimeError, "3-D"),
+    "empty-batch": (lambda a: a.__setitem__(0, a[0][:, :0]), RuntimeError, "empty"),
+    "h0-without-c0": (lambda a: a.__setitem__(2, None), RuntimeError, "both h0 and c0"),
+    "h0-2d": (lambda a: a.__setitem__(1, a[1][0]), RuntimeError, "h0 and c0 must have shape"),
+    "c0-wrong-batch": (lambda a: a.__setitem__(2, a[2][:, :2]), RuntimeError, "h0 and c0 must have shape"),
+    "w_hh-1d": (lambda a: a.__setitem__(4, a[4].reshape(-1)), RuntimeError, "w_hh must be 2-D"),
+    "w_ih-wrong-input": (lambda a: a.__setitem__(3, a[3][:, :4].contiguous()), RuntimeError, "w_ih must have shape"),
+    "h0-float64": (lambda a: a.__setitem__(1, a[1].double()), TypeError, "dtype"),
+    "only-b_ih": (lambda a: a.__setitem__(6, None), RuntimeError, None),
+    "input-requires-grad": (lambda a: a.__setitem__(0, a[0].requires_grad_()), RuntimeError, "computes no gradients"),
+    "w_hh-requires-grad": (lambda a: a.__setitem__(4, a[4].requires_grad_()), RuntimeError, "computes no gradients"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INFER))
+def test_lstm_infer_rejects_bad_arguments(device, case):
+    """Direct calls of lstm_infer with bad arguments raise (its own checks, then lstm_forward's),
+    and with a tensor that requires grad under grad mode (it has no autograd formula)."""
+    mutate, expected, match = BAD_INFER[case]
+    args = list(_infer_args(device))
+    torch.ops.seqkernels.lstm_infer(*args)  # the unmutated call is valid
+    mutate(args)
+    with pytest.raises(expected, match=match):
+        torch.ops.seqkernels.lstm_infer(*args)
+
+
 def test_functional_call_weights_reach_the_short_path(device):
     """torch.func.functional_call swaps the weights for one call: the one-layer call (the short
     path) must compute with the swapped weights, as nn.LSTM does with them loaded."""

@@ -30,6 +30,7 @@
 #include "seqkernels/lstm_backend.h"
 #include "seqkernels/lstm_cell.h"
 #include "seqkernels/lstm_checks.h"
+#include "seqkernels/lstm_infer.h"
 #include "vec_math.h"
 
 namespace seqkernels::cpu {
@@ -912,8 +913,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 
 }  // namespace
 
+std::tuple<Tensor, Tensor, Tensor> lstm_infer_cpu(const Tensor& input, const std::optional<Tensor>& h0,
+                                                  const std::optional<Tensor>& c0, const Tensor& w_ih,
+                                                  const Tensor& w_hh, const std::optional<Tensor>& b_ih,
+                                                  const std::optional<Tensor>& b_hh, bool batch_first) {
+  return lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, &lstm_forward_cpu);
+}
+
 TORCH_LIBRARY_IMPL(seqkernels, CPU, m) {
   m.impl("lstm_forward", &lstm_forward_cpu);
+  m.impl("lstm_infer", &lstm_infer_cpu);
   m.impl("lstm_backward", &lstm_backward_cpu);
 }
 

@@ -82,6 +82,7 @@
 #include "replayed_steps.cuh"
 #include "seqkernels/lstm_cell.h"
 #include "seqkernels/lstm_checks.h"
+#include "seqkernels/lstm_infer.h"
 
 namespace seqkernels {
 namespace {
@@ -2219,6 +2220,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   });
 }
 
+std::tuple<Tensor, Tensor, Tensor> lstm_infer_cuda(const Tensor& input, const std::optional<Tensor>& h0,
+                                                   const std::optional<Tensor>& c0, const Tensor& w_ih,
+                                                   const Tensor& w_hh, const std::optional<Tensor>& b_ih,
+                                                   const std::optional<Tensor>& b_hh, bool batch_first) {
+  return lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, &lstm_forward_cuda);
+}
+
 }  // namespace
 
 namespace cuda {
@@ -2230,5 +2238,6 @@ void release_lstm_step_graphs() {
 
 TORCH_LIBRARY_IMPL(seqkernels, CUDA, m) {
   m.impl("lstm_forward", &seqkernels::lstm_forward_cuda);
+  m.impl("lstm_infer", &seqkernels::lstm_infer_cuda);
   m.impl("lstm_backward", &seqkernels::lstm_backward_cuda);
 }

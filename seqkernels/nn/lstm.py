@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from ..ops.lstm import lstm_layer
+from ..ops._autograd import records_grad, transformed
+from ..ops.lstm import lstm_infer, lstm_layer
 
 __all__ = ["LSTM", "LSTMCell", "replace_lstm"]
 
@@ -205,7 +206,8 @@ class LSTM(nn.RNNBase):
         valid batched 3-D tensor, no state or a valid (h_0, c_0), no autocast. None for anything
         else, which the general path below handles (and validates, raising nn.LSTM's errors).
         On a GPU the module's Python precedes the loop's launch and adds to a small call's time
-        one for one (~20 us of host time here on a 2-core x86 host against the general path)."""
+        one for one (~20 us of host time here on a 2-core x86 host against the general path).
+        Where autograd records nothing and nothing traces, one lstm_infer call; else lstm_layer."""
         if (type(input) is not Tensor or self.num_layers != 1 or self.bidirectional or self.proj_size
                 or input.dim() != 3 or input.size(2) != self.input_size or torch._C._is_any_autocast_enabled()):
             return None
@@ -214,12 +216,8 @@ class LSTM(nn.RNNBase):
         steps, batch = (input.size(1), input.size(0)) if self.batch_first else (input.size(0), input.size(1))
         if steps == 0 or batch == 0:
             return None
-        if hx is None:
-            # _zero_state's zeros, made [B, H] directly: its [L*D, B, H] views would cost two more
-            # index operations per call (~4 us here, measured).
-            zeros = torch.zeros(2, batch, self.hidden_size, dtype=input.dtype, device=input.device)
-            h0, c0 = zeros[0], zeros[1]
-        else:
+        h0 = c0 = None
+        if hx is not None:
             if type(hx) is not tuple or len(hx) != 2:
                 return None
             h0, c0 = hx
@@ -227,11 +225,22 @@ class LSTM(nn.RNNBase):
             if (type(h0) is not Tensor or type(c0) is not Tensor or h0.shape != expected or c0.shape != expected
                     or h0.dtype != input.dtype or c0.dtype != input.dtype):
                 return None
+        w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(0)
+        if not (records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh) or torch.compiler.is_compiling() or transformed()):
+            # One operator does the rest: 13-19 us of host time less than the path below on a 2-core
+            # x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
+            output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
+            return output, (h_n, c_n)
+        if hx is None:
+            # _zero_state's zeros, made [B, H] directly: its [L*D, B, H] views would cost two more
+            # index operations per call (~4 us here, measured).
+            zeros = torch.zeros(2, batch, self.hidden_size, dtype=input.dtype, device=input.device)
+            h0, c0 = zeros[0], zeros[1]
+        else:
             h0, c0 = h0[0], c0[0]
         seq = input.transpose(0, 1) if self.batch_first else input  # [T, B, I]
         batch_sizes = torch.full((steps,), batch, dtype=torch.int64)
         # _run_layers' one call of lstm_layer, without its loop over layers and directions.
-        w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(0)
         y, h_n, c_n = lstm_layer(seq.reshape(steps * batch, self.input_size), batch_sizes, h0, c0, w_ih, w_hh,
                                  b_ih, b_hh)
         output = y.view(steps, batch, self.hidden_size)

@@ -77,7 +77,7 @@ def register_autograd(op, backward, setup_context) -> None:
     _EAGER_FUNCTIONS[op] = _op_function(op, _label(op), backward, setup_context)
 
 
-def _transformed() -> bool:
+def transformed() -> bool:
     """A torch.func transform, or a forward-mode AD level, is active."""
     return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
@@ -96,7 +96,7 @@ def call_op(op, recording: bool, *args, extra: tuple = ()):
       ~30 us)."""
     if torch.compiler.is_compiling():
         return op(*args)
-    if recording or _transformed():
+    if recording or transformed():
         return _EAGER_FUNCTIONS[op].apply(*args, *extra)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)

@@ -20,6 +20,7 @@ from ._autograd import (
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
+_infer = torch.ops.seqkernels.lstm_infer.default
 _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
 
 
@@ -59,6 +60,35 @@ def lstm_layer(
         training,
     )
     return y, h_n, c_n
+
+
+def lstm_infer(
+    input: Tensor,
+    h0: Tensor | None,
+    c0: Tensor | None,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor | None,
+    b_hh: Tensor | None,
+    batch_first: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """seqkernels.LSTM's common call in one operator, for calls autograd does not record (it
+    raises where autograd would): one layer, one direction, no projection, input [T, B, I]
+    ([B, T, I] if batch_first), h0 / c0 [1, B, H] or both None. Returns nn.LSTM's output
+    [T, B, H] ([B, T, H]), h_n and c_n [1, B, H]. The same lstm_forward as lstm_layer, with its
+    reshapes, views, zero state and batch sizes made in C++ (host time, which precedes a GPU
+    call's launch); called below autograd, where the op has nothing to do."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return _infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first)
+
+
+@torch.library.register_fake("seqkernels::lstm_infer")
+def _lstm_infer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
+    torch._check(input.dim() == 3, lambda: "seqkernels.lstm_infer: input must be 3-D [T, B, I]")
+    steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
+    h = w_hh.shape[1]
+    output = input.new_empty(steps, batch, h)
+    return output.transpose(0, 1) if batch_first else output, input.new_empty(1, batch, h), input.new_empty(1, batch, h)
 
 
 @torch.library.register_fake("seqkernels::lstm_forward")
