@@ -7,9 +7,8 @@ off with --tf32 off) it times, interleaved (benchmarks/harness.py's measure_inte
 eager call, its graph replay, and the eager call behind a device sleep (torch.cuda._sleep) that
 its launches queue behind, for seqkernels and for nn.LSTM (cuDNN). (sleep + call) - sleep is the
 eager call's device time with the host's launch latency hidden: eager minus that is what the host
-adds. Then the
-profiler's device time per kernel, eager against replayed. Diagnostic only: the benchmark is
-what the tables come from (docs/benchmarks.md, eighth session).
+adds. Then the profiler's device time per kernel, eager against replayed. Diagnostic only: the
+benchmark is what the tables come from (docs/benchmarks.md, eighth session).
 """
 import argparse
 import os
