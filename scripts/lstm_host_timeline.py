@@ -15,7 +15,8 @@ median time (CUDA events, 30 interleaved calls, each after an untimed one:
 benchmarks/harness.py's measure_interleaved) with the op's eager
 autograd.Function (seqkernels.ops._autograd.register_autograd, the default) and with the op's
 registered torch.library formula. Last, the host time (no profiler) of an `infer` call's layers:
-the module call, the functional lstm_layer, the op below autograd, a default zero state, and
+the module call, its lstm_infer operator, the functional lstm_layer, the op below autograd, a
+default zero state, and
 for scale one allocation and one small kernel. With --cpu-ops, each `infer` case also lists
 the operators the call ran on the host (the profiler's cpu_op events: the module's, the op's
 own span and the allocations and copies inside it). --case traces only the cases whose name
@@ -142,7 +143,7 @@ def host_us(fn, iters=60):
 
 
 def host_breakdown(device):
-    from seqkernels.ops.lstm import lstm_layer
+    from seqkernels.ops.lstm import lstm_infer, lstm_layer
 
     op = torch.ops.seqkernels.lstm_forward.default
     print("\n== host time of an infer call's layers (us, median of 60, no profiler)")
@@ -158,6 +159,7 @@ def host_breakdown(device):
         with torch.no_grad():
             rows = {
                 "module call": lambda: m(x),
+                "lstm_infer (the module's op)": lambda: lstm_infer(x, None, None, *w, False),
                 "lstm_layer": lambda: lstm_layer(x2, bs, h0, h0, *w),
                 "op below autograd": lambda: _below(op, args),
                 "zero state (torch.zeros)": lambda: torch.zeros(2, 1, B, H, device=device, dtype=dtype),
