@@ -1133,6 +1133,40 @@ def test_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device
     torch.testing.assert_close(y_grad.detach(), y, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("with_state", [False, True])
+def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device, with_state):
+    """LSTMCell's common call where autograd records nothing is one lstm_infer call of one step:
+    lstm_layer's results bitwise, nn.LSTMCell's within float32's tolerance; where autograd records,
+    lstm_layer; anything unusual (unbatched input, a list state, another dtype, a wrong state
+    shape) goes to the general path, which raises nn.LSTMCell's errors."""
+    torch.manual_seed(19)
+    B, I, H = 3, 4, 6
+    ours = LSTMCell(I, H, device=device)
+    ref = nn.LSTMCell(I, H, device=device)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(B, I, device=device)
+    state = (torch.randn(B, H, device=device), torch.randn(B, H, device=device)) if with_state else None
+    with torch.no_grad():
+        (h, c), names = _op_names(lambda: ours(x, state))
+        expected_h, expected_c = ref(x, state)
+    assert "seqkernels::lstm_infer" in names and "seqkernels::lstm_forward" not in names
+    h0, c0 = state if with_state else (torch.zeros(B, H, device=device), torch.zeros(B, H, device=device))
+    _, layer_h, layer_c = lstm_layer(x, torch.tensor([B]), h0, c0, ours.weight_ih.detach(), ours.weight_hh.detach(),
+                                     ours.bias_ih.detach(), ours.bias_hh.detach())
+    torch.testing.assert_close(h, layer_h, rtol=0, atol=0)
+    torch.testing.assert_close(c, layer_c, rtol=0, atol=0)
+    assert_close(h, expected_h, torch.float32, "h")
+    assert_close(c, expected_c, torch.float32, "c")
+    (h_grad, _), names = _op_names(lambda: ours(x, state))
+    assert "seqkernels::lstm_forward" in names and "seqkernels::lstm_infer" not in names
+    torch.testing.assert_close(h_grad.detach(), h, rtol=0, atol=0)
+    if with_state:
+        declined = [(x[0], None), (x, list(state)), (x.double(), None), (x, (state[0][:2], state[1])),
+                    (x, (state[0], state[1].double()))]
+        for inp, hx in declined:
+            assert ours._forward_short(inp, hx) is None
+
+
 def _infer_args(device, bias=True, state=True, batch_first=False, dtype=torch.float32):
     T, B, I, H = 4, 3, 5, 6
     x = torch.randn(B, T, I, device=device, dtype=dtype) if batch_first else torch.randn(T, B, I, device=device,
