@@ -2,7 +2,10 @@
 against the same call through lstm_layer (what the short path ran before), interleaved in one
 process, with cuDNN's call beside them (GPU; on the CPU nn.LSTM).
 
-    python scripts/lstm_infer_op_ab.py [--device cuda] [--iters 50] [--tf32 default|off] [--cases bf16:8:1024 ...]
+    python scripts/lstm_infer_op_ab.py [--device cuda] [--iters 50] [--tf32 default|off] [--cell]
+                                       [--cases bf16:8:1024 ...]
+
+--cell times seqkernels.LSTMCell's one-step call (input [B, H]) against nn.LSTMCell instead.
 
 Per case (T = 256, I = H, random initial states): the median ms per call (benchmarks/harness.py's
 measure_interleaved: CUDA events after a synchronize, each timed call after an untimed one of the
@@ -32,6 +35,8 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 parser.add_argument("--iters", type=int, default=50)
 parser.add_argument("--tf32", choices=["default", "off"], default="default")
+parser.add_argument("--cell", action="store_true",
+                    help="time seqkernels.LSTMCell's one-step call (input [B, H]) against nn.LSTMCell instead")
 parser.add_argument("--cases", nargs="+", metavar="DTYPE:B:H",
                     default=["fp32:1:256", "bf16:1:256", "fp32:8:512", "bf16:8:512", "fp32:1:1024", "bf16:8:1024",
                              "fp32:8:1024", "bf16:16:1024"])
@@ -72,12 +77,14 @@ for case in args.cases:
     name, batch, hidden = case.split(":")
     dtype, B, H = DTYPES[name], int(batch), int(hidden)
     torch.manual_seed(0)
-    x = torch.randn(256, B, H, device=dev, dtype=dtype)
-    state = (torch.randn(1, B, H, device=dev, dtype=dtype), torch.randn(1, B, H, device=dev, dtype=dtype))
-    ours = seqkernels.LSTM(H, H, device=dev, dtype=dtype)
-    peer = torch.nn.LSTM(H, H, device=dev, dtype=dtype)
+    shape = (B, H) if args.cell else (1, B, H)
+    x = torch.randn(B, H, device=dev, dtype=dtype) if args.cell else torch.randn(256, B, H, device=dev, dtype=dtype)
+    state = (torch.randn(*shape, device=dev, dtype=dtype), torch.randn(*shape, device=dev, dtype=dtype))
+    ours = (seqkernels.LSTMCell if args.cell else seqkernels.LSTM)(H, H, device=dev, dtype=dtype)
+    peer = (torch.nn.LSTMCell if args.cell else torch.nn.LSTM)(H, H, device=dev, dtype=dtype)
     peer.load_state_dict(ours.state_dict())
-    peer.flatten_parameters()
+    if not args.cell:
+        peer.flatten_parameters()
 
     def call(m):
         def run():
