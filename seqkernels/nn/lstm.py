@@ -25,6 +25,24 @@ from ..ops.lstm import lstm_infer, lstm_layer
 __all__ = ["LSTM", "LSTMCell", "replace_lstm"]
 
 
+def _plain_state(hx, shape: tuple, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+    """hx as the short paths take it: a tuple of two plain tensors of this shape and dtype; None
+    for anything else (the general paths validate it and raise nn's errors)."""
+    if type(hx) is not tuple or len(hx) != 2:
+        return None
+    h, c = hx
+    if (type(h) is not Tensor or type(c) is not Tensor or h.shape != shape or c.shape != shape or h.dtype != dtype
+            or c.dtype != dtype):
+        return None
+    return h, c
+
+
+def _one_operator_applies(*tensors) -> bool:
+    """Whether a short path may run as one lstm_infer call: autograd records nothing (the op has no
+    autograd formula), and nothing compiles or transforms the call (those take lstm_layer)."""
+    return not (records_grad(*tensors) or torch.compiler.is_compiling() or transformed())
+
+
 def _apply_permutation(tensor: Tensor, permutation: Tensor, dim: int = 1) -> Tensor:
     return tensor.index_select(dim, permutation)
 
@@ -218,15 +236,12 @@ class LSTM(nn.RNNBase):
             return None
         h0 = c0 = None
         if hx is not None:
-            if type(hx) is not tuple or len(hx) != 2:
+            state = _plain_state(hx, (1, batch, self.hidden_size), input.dtype)
+            if state is None:
                 return None
-            h0, c0 = hx
-            expected = (1, batch, self.hidden_size)
-            if (type(h0) is not Tensor or type(c0) is not Tensor or h0.shape != expected or c0.shape != expected
-                    or h0.dtype != input.dtype or c0.dtype != input.dtype):
-                return None
+            h0, c0 = state
         w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(0)
-        if not (records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh) or torch.compiler.is_compiling() or transformed()):
+        if _one_operator_applies(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
             # One operator does the rest: 13-19 us of host time less than the path below on a 2-core
             # x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
             output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
@@ -388,15 +403,11 @@ class LSTMCell(nn.RNNCellBase):
             return None
         h0 = c0 = None
         if hx is not None:
-            if type(hx) is not tuple or len(hx) != 2:
+            state = _plain_state(hx, (input.size(0), self.hidden_size), input.dtype)
+            if state is None:
                 return None
-            h, c = hx
-            expected = (input.size(0), self.hidden_size)
-            if (type(h) is not Tensor or type(c) is not Tensor or h.shape != expected or c.shape != expected
-                    or h.dtype != input.dtype or c.dtype != input.dtype):
-                return None
-            h0, c0 = h.unsqueeze(0), c.unsqueeze(0)
-        if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh) or torch.compiler.is_compiling() or transformed():
+            h0, c0 = state[0].unsqueeze(0), state[1].unsqueeze(0)
+        if not _one_operator_applies(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
             return None
         _, h_n, c_n = lstm_infer(input.unsqueeze(0), h0, c0, w_ih, w_hh, b_ih, b_hh, False)
         return h_n[0], c_n[0]
