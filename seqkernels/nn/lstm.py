@@ -242,7 +242,7 @@ class LSTM(nn.RNNBase):
             h0, c0 = state
         w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(0)
         if _one_operator_applies(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
-            # One operator does the rest: 13-19 us of host time less than the path below on a 2-core
+            # One operator does the rest: 13-21 us of host time less than the path below on a 2-core
             # x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
             output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
             return output, (h_n, c_n)
