@@ -1167,6 +1167,22 @@ def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(d
             assert ours._forward_short(inp, hx) is None
 
 
+def test_short_paths_under_inference_mode(device):
+    """torch.inference_mode (grad mode off, inference tensors): the module and the cell take
+    lstm_infer there too, with no_grad's results bitwise."""
+    torch.manual_seed(20)
+    lstm, cell = LSTM(4, 6, device=device), LSTMCell(4, 6, device=device)
+    x = torch.randn(5, 3, 4, device=device)
+    state = (torch.randn(1, 3, 6, device=device), torch.randn(1, 3, 6, device=device))
+    with torch.no_grad():
+        expected = lstm(x, state), cell(x[0], (state[0][0], state[1][0]))
+    with torch.inference_mode():
+        got, names = _op_names(lambda: (lstm(x, state), cell(x[0], (state[0][0], state[1][0]))))
+    assert "seqkernels::lstm_infer" in names and "seqkernels::lstm_forward" not in names
+    for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def _infer_args(device, bias=True, state=True, batch_first=False, dtype=torch.float32):
     T, B, I, H = 4, 3, 5, 6
     x = torch.randn(B, T, I, device=device, dtype=dtype) if batch_first else torch.randn(T, B, I, device=device,
