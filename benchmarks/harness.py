@@ -55,6 +55,8 @@ import torch
 
 MIN_TIMED_CALLS = 20
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+# The short dtype names of the diagnostic scripts' DTYPE:B:H cases (scripts/lstm_*.py).
+SHORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Error floors of the correctness checks, relative to max|reference| of each tensor:
 # err(seqkernels) <= 2 * err(peer) + floor, both against a float64 reference.
 FLOOR = {"float64": 1e-9, "float32": 1e-4, "tf32": 5e-3, "float16": 5e-3, "bfloat16": 3e-2}
@@ -246,6 +248,29 @@ class Timing:
             "iqr_ms": self.iqr_ms,
             "calls": len(self.samples_ms),
         }
+
+
+def parse_case(text: str) -> tuple[torch.dtype, int, int]:
+    """A diagnostic script's case "DTYPE:B:H" (DTYPE one of SHORT_DTYPES) as (dtype, B, H);
+    ValueError for anything else."""
+    try:
+        name, batch, hidden = text.split(":")
+        return SHORT_DTYPES[name], int(batch), int(hidden)
+    except (KeyError, ValueError):
+        raise ValueError(f"{text!r} is not DTYPE:B:H with DTYPE one of {', '.join(SHORT_DTYPES)}") from None
+
+
+def host_time_us(fn: Callable[[], object], device: torch.device, iters: int = 60) -> float:
+    """Median host time of fn() in us: the device drained before each call, not waited for after
+    (on a GPU, what the host spends before its launches are queued)."""
+    samples = []
+    for _ in range(iters):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    synchronize(device)
+    return statistics.median(samples)
 
 
 def synchronize(device: torch.device) -> None:

@@ -35,15 +35,13 @@ parser.add_argument("--tf32", choices=["default", "off"], default="default",
 args = parser.parse_args()
 harness.set_tf32(False if args.tf32 == "off" else None)
 SLEEP = args.sleep_cycles
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def parse_case(text):
     try:
-        name, batch, hidden = text.split(":")
-        return DTYPES[name], int(batch), int(hidden)
-    except (KeyError, ValueError):
-        parser.error(f"--cases: {text!r} is not DTYPE:B:H with DTYPE one of {', '.join(DTYPES)}")
+        return harness.parse_case(text)
+    except ValueError as e:
+        parser.error(f"--cases: {e}")
 
 
 CASES = [parse_case(c) for c in args.cases]

@@ -128,20 +128,6 @@ def compare_autograd(device):
         print(f"   {name:28s} function {f:.3f}  registered {r:.3f}  ({(r - f) * 1e3:.0f} us less)")
 
 
-def host_us(fn, iters=60):
-    """Median host time of fn() in us (the GPU drained before each call, not waited for after)."""
-    import time
-
-    samples = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return sorted(samples)[len(samples) // 2]
-
-
 def host_breakdown(device):
     from seqkernels.ops.lstm import lstm_infer, lstm_layer
 
@@ -170,7 +156,8 @@ def host_breakdown(device):
             for label, fn in rows.items():
                 for _ in range(5):
                     fn()
-                print(f"   {str(dtype).replace('torch.', '')} B={B} H={H}  {label:30s} {host_us(fn):8.1f}")
+                us = harness.host_time_us(fn, device)
+                print(f"   {str(dtype).replace('torch.', '')} B={B} H={H}  {label:30s} {us:8.1f}")
 
 
 def _below(op, args):

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -30,7 +28,6 @@ import harness  # noqa: E402
 import seqkernels  # noqa: E402
 import seqkernels.nn.lstm as lstm_module  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 parser.add_argument("--iters", type=int, default=50)
@@ -57,25 +54,11 @@ def through_layer(fn):
     return run
 
 
-def host_ms(fn, n=40):
-    times = []
-    for _ in range(n):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    return statistics.median(times)
-
-
 print(f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}, torch {torch.__version__}, TF32 {args.tf32}")
 print("| case | lstm_infer ms | lstm_layer ms | peer ms | host ms, lstm_infer / lstm_layer |")
 print("|---|---:|---:|---:|---|")
 for case in args.cases:
-    name, batch, hidden = case.split(":")
-    dtype, B, H = DTYPES[name], int(batch), int(hidden)
+    dtype, B, H = harness.parse_case(case)
     torch.manual_seed(0)
     shape = (B, H) if args.cell else (1, B, H)
     x = torch.randn(B, H, device=dev, dtype=dtype) if args.cell else torch.randn(256, B, H, device=dev, dtype=dtype)
@@ -94,6 +77,6 @@ for case in args.cases:
 
     fns = {"infer_op": call(ours), "layer": through_layer(call(ours)), "peer": call(peer)}
     t = {k: v.median_ms for k, v in harness.measure_interleaved(fns, dev, iters=args.iters).items()}
-    host = {k: host_ms(fns[k]) for k in ("infer_op", "layer")}
+    host = {k: harness.host_time_us(fns[k], dev, iters=40) / 1e3 for k in ("infer_op", "layer")}
     print(f"| {case} | {t['infer_op']:.3f} | {t['layer']:.3f} | {t['peer']:.3f} | "
           f"{host['infer_op']:.3f} / {host['layer']:.3f} |", flush=True)
