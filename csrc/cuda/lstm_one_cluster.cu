@@ -7,7 +7,7 @@
 // 1024 on an H200, docs/kernels.md). Up to H = 512 all of W_hh (4H x H 16-bit values, 2 MB at
 // H = 512) fits the registers of 16 SMs, which one thread-block cluster can hold (16 blocks is
 // a non-portable cluster size that Hopper allows). Then h_t never leaves the cluster: each
-// block sends its slice into every block's shared memory with st.async, counted in bytes on the
+// block copies its slice into every block's shared memory (bulk copies), counted in bytes on the
 // receiver's mbarrier, and a step waits for one mbarrier phase. No L2 round trip, no flags, no
 // exchange buffer in global memory (nothing to allocate or zero before the launch).
 //
@@ -19,22 +19,27 @@
 // m / 4 of unit j0 + m % 4, over the whole K = H, resident in registers as A fragments
 // (4 KS registers: 128 at H = 512). The step's product is D[m][n] = sum_k W_hh[row m][k] ·
 // h_{t-1}[n][k] with h_{t-1} as the B operand (n = batch row), read from shared memory with
-// ldmatrix (rows of H + 8 elements: 16 mod 128 bytes, conflict-free). A warp needs no other
+// ldmatrix. A warp needs no other
 // warp's result: its D holds all four gates of its units, so the step has no block barrier.
 // In the D fragment (g = lane / 4, t = lane % 4) lanes g < 4 hold gates i and g of unit j0 + g
 // at batch columns 2t, 2t + 1, lanes g >= 4 gates f and o of unit j0 + g - 4: one shuffle pair
 // across lane ^ 16 gives each lane all four gates of one (unit, batch row), the lower half
 // column 2t, the upper 2t + 1. The gate math keeps c in a register for the whole sequence.
 //
-// Exchange. Two shuffles gather a batch row's four units of the warp (8 bytes) in each of the
-// four lanes that hold them; lane (g % 4) sends them to the blocks r' with r' % 4 == g % 4
-// (st.async.v2.b32 into r''s buffer s % 2, complete_tx on r''s mbarrier of that buffer). Each
-// phase of a buffer's mbarrier expects B·H·2 bytes (every block's slice, its own included) and
-// one arrival, thread 0's, which re-arms it for step s + 2 right after the wait for step s. A
-// producer can only send h_{s+2} into buffer s % 2 after every block sent it h_{s+1}, which each
-// warp does after its product has read h_s there, so no value is overwritten before it was read;
-// for the same reason no complete_tx of step s + 2 can reach a phase before step s's completed.
-// h0 sits in buffer 1 before the first step; rows b >= B stay zero (read by the MMA, never used).
+// Exchange. A buffer of h holds CL slices [16 rows][32 units + 8] (80-byte rows: ldmatrix's 8 rows
+// hit distinct banks), slice r' from block r'. The gate lanes write h_s into a staging slice
+// (by step parity), one block barrier, then thread d < CL copies the B staged rows into slice r of
+// block d's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta -> shared::cluster, the
+// TMA unit), complete_tx on block d's mbarrier of that buffer. (The first version sent each lane's
+// four units with 8-byte st.async: the network's cost per transaction made B = 16, H = 512 3.8 µs
+// a step on an H100, B = 1 1.2.) Each phase of a buffer's mbarrier expects CL·B·80 bytes (every
+// block's slice, its own included) and one arrival, thread 0's, which re-arms it for step s + 2
+// right after the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after every
+// block sent it h_{s+1}, which each block does after its product has read h_s there, so no value
+// is overwritten before it was read; for the same reason no complete_tx of step s + 2 can reach a
+// phase before step s's completed, and a staging slice is read by all its copies before it is
+// written again two steps later. h0 sits in buffer 1 before the first step; rows b >= B stay zero
+// (read by the MMA, never used).
 // The last step sends nothing. The launch is a cluster launch (all 16 blocks co-scheduled by the
 // hardware): the occupancy API's cluster answer is checked first, so it never waits for SMs that
 // cannot come; a wait longer than ~10 s traps (lstm_device.cuh's guard).
@@ -64,7 +69,8 @@ namespace {
 constexpr int kThreads = 256;       // 8 warps
 constexpr int kUnitsPerBlock = 32;  // 4 per warp: one m16 tile of 4 gates x 4 units
 constexpr int kMaxBatch = 16;       // two n8 tiles
-constexpr int kRowPad = 8;          // elements after each h row: its stride is 16 mod 128 bytes
+constexpr int kSliceRow = kUnitsPerBlock + 8;                  // elements per row of a slice (80 bytes)
+constexpr int kSliceElems = kMaxBatch * kSliceRow;              // one block's slice of a buffer
 
 template <class scalar_t>
 struct OneClusterArgs {
@@ -83,11 +89,13 @@ struct OneClusterArgs {
   float* c_n;            // [B, H]
 };
 
-// st.async of 8 bytes (v0 at the lower address) into another block's shared memory, counted on
-// its mbarrier at remote_bar.
-__device__ __forceinline__ void store_async_pair(uint32_t remote, uint32_t v0, uint32_t v1, uint32_t remote_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(remote),
-               "r"(v0), "r"(v1), "r"(remote_bar)
+// A bulk copy of `bytes` (a multiple of 16) from this block's shared memory into block-cluster
+// shared memory (another block's), counted on the mbarrier at remote_bar (in that block).
+__device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t local, uint32_t bytes,
+                                                     uint32_t remote_bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   remote),
+               "r"(local), "r"(bytes), "r"(remote_bar)
                : "memory");
 }
 
@@ -97,13 +105,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int H = KS * 16;
   constexpr int CL = H / kUnitsPerBlock;   // blocks in the cluster (the whole grid)
-  constexpr int kRow = H + kRowPad;        // h row stride (elements)
   constexpr int kAcc = 4 / NT;             // accumulators per n8 tile: independent MMA chains
-  constexpr int kDests = (CL + 3) / 4;     // blocks each lane sends to
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
   static_assert(KS % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
-  __shared__ __align__(16) scalar_t hbuf[2][kMaxBatch][kRow];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
-  __shared__ __align__(8) uint64_t bars[2];                      // one mbarrier per buffer
+  __shared__ __align__(128) scalar_t hbuf[2][CL][kSliceElems];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
+  __shared__ __align__(128) scalar_t stage[2][kSliceElems];      // the block's h_s, by step parity
+  __shared__ __align__(8) uint64_t bars[2];                       // one mbarrier per buffer
 
   const int T = a.T, B = a.B;
   const int rank = static_cast<int>(blockIdx.x);  // the grid is one cluster
@@ -112,7 +119,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int uq = gq & 3;        // the lane's unit within the warp's four
   const int j0 = rank * kUnitsPerBlock + warp * 4;
   const int j = j0 + uq;
-  const uint32_t step_bytes = static_cast<uint32_t>(B) * H * sizeof(scalar_t);
+  const uint32_t slice_bytes = static_cast<uint32_t>(B) * kSliceRow * sizeof(scalar_t);  // the B rows sent
+  const uint32_t step_bytes = CL * slice_bytes;
 
   // The resident A fragments: a0/a2 of tile row gq (gate gq / 4), a1/a3 of row gq + 8 (gate
   // 2 + gq / 4), both of unit j0 + gq % 4; k = 16 ks + 2 tq (+ 8 for a2/a3).
@@ -134,7 +142,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // h0 into buffer 1, zeros in the rows b >= B of both buffers.
   for (int i = threadIdx.x; i < 2 * kMaxBatch * H; i += kThreads) {
     const int buf = i / (kMaxBatch * H), rem = i - buf * kMaxBatch * H, b = rem / H, k = rem - b * H;
-    hbuf[buf][b][k] = buf == 1 && b < B ? a.h0[static_cast<int64_t>(b) * H + k] : scalar_t(0.0f);
+    hbuf[buf][k / kUnitsPerBlock][b * kSliceRow + k % kUnitsPerBlock] =
+        buf == 1 && b < B ? a.h0[static_cast<int64_t>(b) * H + k] : scalar_t(0.0f);
   }
   if (threadIdx.x == 0) {
     mbarrier_init(&bars[0], 1);
@@ -166,19 +175,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     h_st[nt] = scalar_t(0.0f);
   }
 
-  // Where this lane sends (blocks uq, uq + 4, ...): h buffer and mbarrier addresses in each.
+  // Thread d < CL sends to block d: this block's slice of d's buffers, and d's mbarriers.
+  constexpr uint32_t kBufBytes = CL * kSliceElems * sizeof(scalar_t);
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
-  uint32_t h_remote[kDests], bar_remote[kDests];
-#pragma unroll
-  for (int d = 0; d < kDests; ++d) {
-    const int dest = uq + 4 * d < CL ? uq + 4 * d : uq;  // (CL < 4: lanes uq >= CL send nothing)
-    h_remote[d] = cluster_address(h_local, dest);
-    bar_remote[d] = cluster_address(bar_local, dest);
-  }
-  // The lane's ldmatrix row: matrix lane / 8 of a pair of k-steps (k offsets 0, 8, 16, 24),
-  // batch row lane % 8 of the n8 tile.
-  const uint32_t ld_lane = h_local + ((lane & 7) * kRow + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16) *
+  const uint32_t stage_local = shared_address(&stage[0][0]);
+  const int dest = threadIdx.x < CL ? threadIdx.x : 0;
+  const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
+  const uint32_t bar_remote = cluster_address(bar_local, dest);
+  // The lane's ldmatrix row: matrix lane / 8 of a pair of k-steps (k offsets 0, 8, 16, 24 in the
+  // slice of those 32 units), batch row lane % 8 of the n8 tile.
+  const uint32_t ld_lane = h_local + ((lane & 7) * kSliceRow + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16) *
                                          static_cast<uint32_t>(sizeof(scalar_t));
 
   auto load_pre = [&](int s, float (&pv)[NT][4]) {
@@ -209,20 +216,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int c = 0; c < kAcc; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[nt][c][e] = 0.0f;
-    const uint32_t ld_buf = ld_lane + rd * (kMaxBatch * kRow * static_cast<uint32_t>(sizeof(scalar_t)));
+    const uint32_t ld_buf = ld_lane + rd * kBufBytes;
 #pragma unroll
     for (int ks = 0; ks < KS; ks += 2) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1
-        ldmatrix_x4(bf, ld_buf + (nt * 8 * kRow + ks * 16) * static_cast<uint32_t>(sizeof(scalar_t)));
+        uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1 (units 16 ks .. 16 ks + 31: slice ks / 2)
+        ldmatrix_x4(bf, ld_buf + ((ks / 2) * kSliceElems + nt * 8 * kSliceRow) * static_cast<uint32_t>(sizeof(scalar_t)));
         MmaInst<scalar_t>::run(acc[nt][ks % kAcc], wf[ks], bf[0], bf[1]);
         MmaInst<scalar_t>::run(acc[nt][(ks + 1) % kAcc], wf[ks + 1], bf[2], bf[3]);
       }
     }
 
     const int64_t t = a.reverse ? T - 1 - s : s;
-    const uint32_t h_off = (s & 1) * (kMaxBatch * kRow * static_cast<uint32_t>(sizeof(scalar_t)));
+    float act_q[NT][4], c_new[NT];
+    scalar_t h[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       float d[4];
@@ -238,34 +246,36 @@ __global__ void __launch_bounds__(kThreads, 1)
       const LstmGates<float> pre_g{(upper ? r0 : d[0]) + pv[nt][0] + bias[0], (upper ? d[1] : r0) + pv[nt][1] + bias[1],
                                    (upper ? r1 : d[2]) + pv[nt][2] + bias[2], (upper ? d[3] : r1) + pv[nt][3] + bias[3]};
       LstmGates<float> act;
-      float c_new, m;
-      lstm_cell_forward<CudaMath>(pre_g, c_st[nt], act, c_new, m);
-      const scalar_t h = static_cast<scalar_t>(m);
-      // The batch row's four units of the warp in 8 bytes, in each of the four lanes holding them.
-      const uint32_t bits = static_cast<uint32_t>(h.x);
-      const uint32_t other = __shfl_xor_sync(0xffffffffu, bits, 4);  // unit uq ^ 1
-      const uint32_t pair = (uq & 1) ? other | (bits << 16) : bits | (other << 16);
-      const uint32_t other_pair = __shfl_xor_sync(0xffffffffu, pair, 8);  // units uq ^ 2, uq ^ 3
-      const uint32_t lo = (uq & 2) ? other_pair : pair, hi = (uq & 2) ? pair : other_pair;
-      if (live[nt]) {
-        if (s + 1 < T) {
-          const uint32_t off = h_off + (b_of[nt] * kRow + j0) * static_cast<uint32_t>(sizeof(scalar_t));
+      float m;
+      lstm_cell_forward<CudaMath>(pre_g, c_st[nt], act, c_new[nt], m);
+      h[nt] = static_cast<scalar_t>(m);
+      act_q[nt][0] = act.i;
+      act_q[nt][1] = act.f;
+      act_q[nt][2] = act.g;
+      act_q[nt][3] = act.o;
+      if (live[nt]) stage[s & 1][b_of[nt] * kSliceRow + warp * 4 + uq] = h[nt];
+    }
+    if (s + 1 < T) {
+      // The staged slice to every block (the async proxy reads what the threads wrote).
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+      if (threadIdx.x < CL) {
+        bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceElems * sizeof(scalar_t),
+                             slice_bytes, bar_remote + (s & 1) * 8);
+      }
+    }
 #pragma unroll
-          for (int dd = 0; dd < kDests; ++dd) {
-            if (uq + 4 * dd < CL) store_async_pair(h_remote[dd] + off, lo, hi, bar_remote[dd] + (s & 1) * 8);
-          }
-        }
-        c_st[nt] = c_new;
-        h_st[nt] = h;
+    for (int nt = 0; nt < NT; ++nt) {
+      if (live[nt]) {
+        c_st[nt] = c_new[nt];
+        h_st[nt] = h[nt];
         const int64_t row = t * B + b_of[nt];
-        a.y[row * H + j] = h;
+        a.y[row * H + j] = h[nt];
         if constexpr (kTraining) {
           scalar_t* gr = a.gates + row * G + j;
-          gr[0] = static_cast<scalar_t>(act.i);
-          gr[H] = static_cast<scalar_t>(act.f);
-          gr[2 * H] = static_cast<scalar_t>(act.g);
-          gr[3 * H] = static_cast<scalar_t>(act.o);
-          a.cells[row * H + j] = static_cast<scalar_t>(c_new);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) gr[q * H] = static_cast<scalar_t>(act_q[nt][q]);
+          a.cells[row * H + j] = static_cast<scalar_t>(c_new[nt]);
         }
       }
     }
