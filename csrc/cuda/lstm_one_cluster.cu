@@ -69,8 +69,15 @@ namespace {
 constexpr int kThreads = 256;       // 8 warps
 constexpr int kUnitsPerBlock = 32;  // 4 per warp: one m16 tile of 4 gates x 4 units
 constexpr int kMaxBatch = 16;       // two n8 tiles
-constexpr int kSliceRow = kUnitsPerBlock + 8;                  // elements per row of a slice (80 bytes)
-constexpr int kSliceElems = kMaxBatch * kSliceRow;              // one block's slice of a buffer
+// A block's slice of h (16 rows x 32 units) as 8x8 core matrices of 128 contiguous bytes,
+// [row group b / 8][unit group u / 8][b % 8][u % 8]: the layout wgmma's descriptors read (no
+// swizzle) and one ldmatrix matrix per core matrix (8 rows x 16 bytes: every bank once).
+constexpr int kSliceElems = kMaxBatch * kUnitsPerBlock;
+constexpr int kCoreElems = 64;
+constexpr int kRowGroupElems = kUnitsPerBlock / 8 * kCoreElems;  // one n8 tile of rows: 4 core matrices
+__host__ __device__ constexpr int slice_index(int b, int u) {
+  return (b >> 3) * kRowGroupElems + (u >> 3) * kCoreElems + (b & 7) * 8 + (u & 7);
+}
 
 template <class scalar_t>
 struct OneClusterArgs {
@@ -89,6 +96,63 @@ struct OneClusterArgs {
   float* c_n;            // [B, H]
 };
 
+// A wgmma shared-memory descriptor of a K-major operand without swizzle: start address, the
+// byte offsets between core matrices adjacent in K (lbo) and in N (sbo).
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((address & 0x3ffff) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+// d (+)= A · B on the warpgroup's tensor cores (sm_90): A 64 x 16 from registers (each warp's 16
+// rows as mma.m16n8k16 A fragments), B 16 x 8 NT from shared memory (desc), fp32 d in each warp's
+// mma.m16n8 D fragments per n8 tile; d is overwritten where accumulate == 0.
+// (sm_90a code only: __CUDA_ARCH_FEAT_SM90_ALL; the kernel traps in a build without it.)
+template <class scalar_t, int NT>
+__device__ __forceinline__ void wgmma_rs(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+  static_assert(NT == 1 || NT == 2, "wgmma_rs: N = 8 or 16");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (NT == 1) {
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
+          : "memory");
+    }
+  } else {
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+            "+f"(d[1][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+            "+f"(d[1][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
+          : "memory");
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
 // A bulk copy of `bytes` (a multiple of 16) from this block's shared memory into block-cluster
 // shared memory (another block's), counted on the mbarrier at remote_bar (in that block).
 __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t local, uint32_t bytes,
@@ -99,7 +163,7 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t l
                : "memory");
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT>
+template <class scalar_t, bool kTraining, int KS, int NT, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -119,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int uq = gq & 3;        // the lane's unit within the warp's four
   const int j0 = rank * kUnitsPerBlock + warp * 4;
   const int j = j0 + uq;
-  const uint32_t slice_bytes = static_cast<uint32_t>(B) * kSliceRow * sizeof(scalar_t);  // the B rows sent
+  const uint32_t slice_bytes = NT * kRowGroupElems * sizeof(scalar_t);  // the row groups sent: n8 tiles
   const uint32_t step_bytes = CL * slice_bytes;
 
   // The resident A fragments: a0/a2 of tile row gq (gate gq / 4), a1/a3 of row gq + 8 (gate
@@ -139,12 +203,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // h0 into buffer 1, zeros in the rows b >= B of both buffers.
+  // h0 into buffer 1; zeros in the rows b >= B of both buffers and of the staging slices (rows that
+  // are sent but never computed: B < 8 NT).
   for (int i = threadIdx.x; i < 2 * kMaxBatch * H; i += kThreads) {
     const int buf = i / (kMaxBatch * H), rem = i - buf * kMaxBatch * H, b = rem / H, k = rem - b * H;
-    hbuf[buf][k / kUnitsPerBlock][b * kSliceRow + k % kUnitsPerBlock] =
+    hbuf[buf][k / kUnitsPerBlock][slice_index(b, k % kUnitsPerBlock)] =
         buf == 1 && b < B ? a.h0[static_cast<int64_t>(b) * H + k] : scalar_t(0.0f);
   }
+  for (int i = threadIdx.x; i < 2 * kSliceElems; i += kThreads) (&stage[0][0])[i] = scalar_t(0.0f);
+  // (wgmma reads shared memory through the async proxy.)
+  if constexpr (kWgmma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   if (threadIdx.x == 0) {
     mbarrier_init(&bars[0], 1);
     mbarrier_init(&bars[1], 1);
@@ -183,10 +251,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int dest = threadIdx.x < CL ? threadIdx.x : 0;
   const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
   const uint32_t bar_remote = cluster_address(bar_local, dest);
-  // The lane's ldmatrix row: matrix lane / 8 of a pair of k-steps (k offsets 0, 8, 16, 24 in the
-  // slice of those 32 units), batch row lane % 8 of the n8 tile.
-  const uint32_t ld_lane = h_local + ((lane & 7) * kSliceRow + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16) *
-                                         static_cast<uint32_t>(sizeof(scalar_t));
+  // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
+  // offsets 0, 8, 16, 24 of a pair of k-steps). wgmma: k-step ks starts at unit group 2 (ks % 2) of
+  // slice ks / 2; core matrices 128 bytes apart in K, a row group's 512 apart in N.
+  const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
+  const uint64_t desc0 = wgmma_descriptor(h_local, kCoreElems * sizeof(scalar_t), kRowGroupElems * sizeof(scalar_t));
 
   auto load_pre = [&](int s, float (&pv)[NT][4]) {
     const int64_t t = a.reverse ? T - 1 - s : s;
@@ -208,23 +277,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (s + 1 < T) load_pre(s + 1, pv_next);
 
-    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per n8 tile.
+    // D = W_hh tile · h_{s-1}ᵀ: per warpgroup, KS wgmma (64 rows, N = 8 NT); or per warp, kAcc
+    // chains of mma.sync per n8 tile (SEQKERNELS_LSTM_ONE_CLUSTER_WGMMA=0, diagnostic).
     float acc[NT][kAcc][4];
+    float wg[NT][4];
+    if constexpr (kWgmma) {
+      const uint64_t desc_buf = desc0 + ((rd * kBufBytes) >> 4);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int ks = 0; ks < KS; ++ks) {
+        const uint32_t offset = ((ks / 2) * kSliceElems + (ks & 1) * 2 * kCoreElems) * sizeof(scalar_t);
+        wgmma_rs<scalar_t, NT>(wg, wf[ks], desc_buf + (offset >> 4), ks > 0);
+      }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      asm volatile("wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+    } else {
 #pragma unroll
-      for (int c = 0; c < kAcc; ++c)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][c][e] = 0.0f;
-    const uint32_t ld_buf = ld_lane + rd * kBufBytes;
+        for (int c = 0; c < kAcc; ++c)
 #pragma unroll
-    for (int ks = 0; ks < KS; ks += 2) {
+          for (int e = 0; e < 4; ++e) acc[nt][c][e] = 0.0f;
+      const uint32_t ld_buf = ld_lane + rd * kBufBytes;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1 (units 16 ks .. 16 ks + 31: slice ks / 2)
-        ldmatrix_x4(bf, ld_buf + ((ks / 2) * kSliceElems + nt * 8 * kSliceRow) * static_cast<uint32_t>(sizeof(scalar_t)));
-        MmaInst<scalar_t>::run(acc[nt][ks % kAcc], wf[ks], bf[0], bf[1]);
-        MmaInst<scalar_t>::run(acc[nt][(ks + 1) % kAcc], wf[ks + 1], bf[2], bf[3]);
+      for (int ks = 0; ks < KS; ks += 2) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1 (unit groups 0-3 of slice ks / 2)
+          ldmatrix_x4(bf, ld_buf + ((ks / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
+          MmaInst<scalar_t>::run(acc[nt][ks % kAcc], wf[ks], bf[0], bf[1]);
+          MmaInst<scalar_t>::run(acc[nt][(ks + 1) % kAcc], wf[ks + 1], bf[2], bf[3]);
+        }
       }
     }
 
@@ -236,9 +322,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       float d[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        d[e] = acc[nt][0][e];
+        if constexpr (kWgmma) {
+          d[e] = wg[nt][e];
+        } else {
+          d[e] = acc[nt][0][e];
 #pragma unroll
-        for (int c = 1; c < kAcc; ++c) d[e] += acc[nt][c][e];
+          for (int c = 1; c < kAcc; ++c) d[e] += acc[nt][c][e];
+        }
       }
       // All four gates of (unit j, row b_of[nt]): the lower lanes keep column 2t, the upper 2t + 1.
       const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
@@ -253,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       act_q[nt][1] = act.f;
       act_q[nt][2] = act.g;
       act_q[nt][3] = act.o;
-      if (live[nt]) stage[s & 1][b_of[nt] * kSliceRow + warp * 4 + uq] = h[nt];
+      if (live[nt]) stage[s & 1][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];
     }
     if (s + 1 < T) {
       // The staged slice to every block (the async proxy reads what the threads wrote).
@@ -306,9 +396,9 @@ bool allow_large_clusters(const void* kernel) {
       kernel);
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT>
+template <class scalar_t, bool kTraining, int KS, int NT, bool kWgmma>
 bool launch(const OneClusterArgs<scalar_t>& args) {
-  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT>;
+  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT, kWgmma>;
   const void* fn = reinterpret_cast<const void*>(kernel);
   const int cluster = KS * 16 / kUnitsPerBlock;
   if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < 1) {
@@ -333,9 +423,17 @@ bool launch(const OneClusterArgs<scalar_t>& args) {
 template <class scalar_t, bool kTraining>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
   const bool two_tiles = s.B > 8;
+#if defined(SEQKERNELS_SM90A)
+  const bool wgmma = switch_on("SEQKERNELS_LSTM_ONE_CLUSTER_WGMMA");
+#else
+  const bool wgmma = false;  // built without sm_90a code (setup.py: TORCH_CUDA_ARCH_LIST)
+#endif
   auto with_tiles = [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    return two_tiles ? launch<scalar_t, kTraining, KS, 2>(args) : launch<scalar_t, kTraining, KS, 1>(args);
+    if (wgmma) {
+      return two_tiles ? launch<scalar_t, kTraining, KS, 2, true>(args) : launch<scalar_t, kTraining, KS, 1, true>(args);
+    }
+    return two_tiles ? launch<scalar_t, kTraining, KS, 2, false>(args) : launch<scalar_t, kTraining, KS, 1, false>(args);
   };
   switch (s.H) {
     case 128: return with_tiles(std::integral_constant<int, 8>{});
