@@ -4,10 +4,7 @@ Environment:
   SEQKERNELS_CUDA=auto|0|1   build the CUDA sources (auto: when a CUDA toolkit and a CUDA
                              build of torch are both present; 1: required, error otherwise)
   DEBUG=1                    -O0 -g instead of optimised code
-  TORCH_CUDA_ARCH_LIST       honoured by torch's cpp_extension (e.g. "9.0"); an entry "9.0" is
-                             built as "9.0a" (Hopper's arch-specific code, which runs on every
-                             compute capability 9.0 GPU), which the one-cluster LSTM kernel's
-                             wgmma products need (csrc/cuda/lstm_one_cluster.cu)
+  TORCH_CUDA_ARCH_LIST       honoured by torch's cpp_extension (e.g. "9.0")
   MAX_JOBS                   parallel ninja jobs
 Build without isolation so that pip never downloads torch:
   pip install --no-build-isolation -e .
@@ -52,18 +49,6 @@ def want_cuda() -> bool:
     return available
 
 
-def hopper_arch_specific() -> bool:
-    """Rewrites an entry "9.0" of TORCH_CUDA_ARCH_LIST as "9.0a" (sm_90a SASS runs on every compute
-    capability 9.0 GPU, and only there, like sm_90 SASS); returns whether the list has 9.0a. An
-    empty list (torch's default: the GPUs visible at build time) and "9.0+PTX" stay as they are."""
-    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-    entries = [e for e in re.split(r"[;, ]+", arch) if e]
-    entries = ["9.0a" if e == "9.0" else e for e in entries]
-    if entries:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(entries)
-    return "9.0a" in entries
-
-
 def extension():
     debug = os.environ.get("DEBUG", "0") == "1"
     use_cuda = want_cuda()
@@ -98,8 +83,6 @@ def extension():
     if use_cuda:
         sources += sorted(glob.glob("csrc/cuda/*.cu"))
         define_macros.append(("SEQKERNELS_WITH_CUDA", "1"))
-        if hopper_arch_specific():
-            define_macros.append(("SEQKERNELS_SM90A", "1"))  # wgmma instances exist
         nvcc = opt + ["-lineinfo", "--expt-relaxed-constexpr"]
         if debug:
             nvcc += ["-G"]

@@ -70,8 +70,8 @@ constexpr int kThreads = 256;       // 8 warps
 constexpr int kUnitsPerBlock = 32;  // 4 per warp: one m16 tile of 4 gates x 4 units
 constexpr int kMaxBatch = 16;       // two n8 tiles
 // A block's slice of h (16 rows x 32 units) as 8x8 core matrices of 128 contiguous bytes,
-// [row group b / 8][unit group u / 8][b % 8][u % 8]: the layout wgmma's descriptors read (no
-// swizzle) and one ldmatrix matrix per core matrix (8 rows x 16 bytes: every bank once).
+// [row group b / 8][unit group u / 8][b % 8][u % 8]: one ldmatrix matrix per core matrix (8 rows x
+// 16 bytes: every bank once), no padding to send.
 constexpr int kSliceElems = kMaxBatch * kUnitsPerBlock;
 constexpr int kCoreElems = 64;
 constexpr int kRowGroupElems = kUnitsPerBlock / 8 * kCoreElems;  // one n8 tile of rows: 4 core matrices
@@ -96,63 +96,6 @@ struct OneClusterArgs {
   float* c_n;            // [B, H]
 };
 
-// A wgmma shared-memory descriptor of a K-major operand without swizzle: start address, the
-// byte offsets between core matrices adjacent in K (lbo) and in N (sbo).
-__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((address & 0x3ffff) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32);
-}
-
-// d (+)= A · B on the warpgroup's tensor cores (sm_90): A 64 x 16 from registers (each warp's 16
-// rows as mma.m16n8k16 A fragments), B 16 x 8 NT from shared memory (desc), fp32 d in each warp's
-// mma.m16n8 D fragments per n8 tile; d is overwritten where accumulate == 0.
-// (sm_90a code only: __CUDA_ARCH_FEAT_SM90_ALL; the kernel traps in a build without it.)
-template <class scalar_t, int NT>
-__device__ __forceinline__ void wgmma_rs(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-  static_assert(NT == 1 || NT == 2, "wgmma_rs: N = 8 or 16");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (NT == 1) {
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
-          : "memory");
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
-          : "memory");
-    }
-  } else {
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-            "+f"(d[1][3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
-          : "memory");
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-            "+f"(d[1][3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
-          : "memory");
-    }
-  }
-#else
-  __trap();
-#endif
-}
-
 // A bulk copy of `bytes` (a multiple of 16) from this block's shared memory into block-cluster
 // shared memory (another block's), counted on the mbarrier at remote_bar (in that block).
 __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t local, uint32_t bytes,
@@ -163,7 +106,7 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t l
                : "memory");
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT, bool kWgmma>
+template <class scalar_t, bool kTraining, int KS, int NT>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -211,8 +154,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         buf == 1 && b < B ? a.h0[static_cast<int64_t>(b) * H + k] : scalar_t(0.0f);
   }
   for (int i = threadIdx.x; i < 2 * kSliceElems; i += kThreads) (&stage[0][0])[i] = scalar_t(0.0f);
-  // (wgmma reads shared memory through the async proxy.)
-  if constexpr (kWgmma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   if (threadIdx.x == 0) {
     mbarrier_init(&bars[0], 1);
     mbarrier_init(&bars[1], 1);
@@ -252,10 +193,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
   const uint32_t bar_remote = cluster_address(bar_local, dest);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
-  // offsets 0, 8, 16, 24 of a pair of k-steps). wgmma: k-step ks starts at unit group 2 (ks % 2) of
-  // slice ks / 2; core matrices 128 bytes apart in K, a row group's 512 apart in N.
+  // offsets 0, 8, 16, 24 of a pair of k-steps).
   const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
-  const uint64_t desc0 = wgmma_descriptor(h_local, kCoreElems * sizeof(scalar_t), kRowGroupElems * sizeof(scalar_t));
 
   auto load_pre = [&](int s, float (&pv)[NT][4]) {
     const int64_t t = a.reverse ? T - 1 - s : s;
@@ -277,40 +216,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (s + 1 < T) load_pre(s + 1, pv_next);
 
-    // D = W_hh tile · h_{s-1}ᵀ: per warpgroup, KS wgmma (64 rows, N = 8 NT); or per warp, kAcc
-    // chains of mma.sync per n8 tile (SEQKERNELS_LSTM_ONE_CLUSTER_WGMMA=0, diagnostic).
+    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per n8 tile. (wgmma, A from registers and B from
+    // shared memory, measured slower: H200, bf16 B = 8, H = 512 0.50 against 0.36 ms a call.)
     float acc[NT][kAcc][4];
-    float wg[NT][4];
-    if constexpr (kWgmma) {
-      const uint64_t desc_buf = desc0 + ((rd * kBufBytes) >> 4);
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#endif
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const uint32_t offset = ((ks / 2) * kSliceElems + (ks & 1) * 2 * kCoreElems) * sizeof(scalar_t);
-        wgmma_rs<scalar_t, NT>(wg, wf[ks], desc_buf + (offset >> 4), ks > 0);
-      }
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-      asm volatile("wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;" ::: "memory");
-#endif
-    } else {
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int c = 0; c < kAcc; ++c)
 #pragma unroll
-        for (int c = 0; c < kAcc; ++c)
+        for (int e = 0; e < 4; ++e) acc[nt][c][e] = 0.0f;
+    const uint32_t ld_buf = ld_lane + rd * kBufBytes;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[nt][c][e] = 0.0f;
-      const uint32_t ld_buf = ld_lane + rd * kBufBytes;
+    for (int ks = 0; ks < KS; ks += 2) {
 #pragma unroll
-      for (int ks = 0; ks < KS; ks += 2) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1 (unit groups 0-3 of slice ks / 2)
-          ldmatrix_x4(bf, ld_buf + ((ks / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
-          MmaInst<scalar_t>::run(acc[nt][ks % kAcc], wf[ks], bf[0], bf[1]);
-          MmaInst<scalar_t>::run(acc[nt][(ks + 1) % kAcc], wf[ks + 1], bf[2], bf[3]);
-        }
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1 (unit groups 0-3 of slice ks / 2)
+        ldmatrix_x4(bf, ld_buf + ((ks / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
+        MmaInst<scalar_t>::run(acc[nt][ks % kAcc], wf[ks], bf[0], bf[1]);
+        MmaInst<scalar_t>::run(acc[nt][(ks + 1) % kAcc], wf[ks + 1], bf[2], bf[3]);
       }
     }
 
@@ -322,13 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float d[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if constexpr (kWgmma) {
-          d[e] = wg[nt][e];
-        } else {
-          d[e] = acc[nt][0][e];
+        d[e] = acc[nt][0][e];
 #pragma unroll
-          for (int c = 1; c < kAcc; ++c) d[e] += acc[nt][c][e];
-        }
+        for (int c = 1; c < kAcc; ++c) d[e] += acc[nt][c][e];
       }
       // All four gates of (unit j, row b_of[nt]): the lower lanes keep column 2t, the upper 2t + 1.
       const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
@@ -396,9 +315,9 @@ bool allow_large_clusters(const void* kernel) {
       kernel);
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT, bool kWgmma>
+template <class scalar_t, bool kTraining, int KS, int NT>
 bool launch(const OneClusterArgs<scalar_t>& args) {
-  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT, kWgmma>;
+  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT>;
   const void* fn = reinterpret_cast<const void*>(kernel);
   const int cluster = KS * 16 / kUnitsPerBlock;
   if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < 1) {
@@ -423,17 +342,9 @@ bool launch(const OneClusterArgs<scalar_t>& args) {
 template <class scalar_t, bool kTraining>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
   const bool two_tiles = s.B > 8;
-#if defined(SEQKERNELS_SM90A)
-  const bool wgmma = switch_on("SEQKERNELS_LSTM_ONE_CLUSTER_WGMMA");
-#else
-  const bool wgmma = false;  // built without sm_90a code (setup.py: TORCH_CUDA_ARCH_LIST)
-#endif
   auto with_tiles = [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    if (wgmma) {
-      return two_tiles ? launch<scalar_t, kTraining, KS, 2, true>(args) : launch<scalar_t, kTraining, KS, 1, true>(args);
-    }
-    return two_tiles ? launch<scalar_t, kTraining, KS, 2, false>(args) : launch<scalar_t, kTraining, KS, 1, false>(args);
+    return two_tiles ? launch<scalar_t, kTraining, KS, 2>(args) : launch<scalar_t, kTraining, KS, 1>(args);
   };
   switch (s.H) {
     case 128: return with_tiles(std::integral_constant<int, 8>{});
@@ -446,8 +357,13 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
 }  // namespace
 
 bool one_cluster_forward_fits(const LstmSizes& s, int sm_major) {
-  return diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER") != 0 && sm_major >= 9 && s.P == 0 && s.T >= 1 && s.B >= 1 &&
-         s.B <= kMaxBatch && (s.H == 128 || s.H == 256 || s.H == 512) && all_steps_full(s);
+  return sm_major >= 9 && s.P == 0 && s.T >= 1 && s.B >= 1 && s.B <= kMaxBatch &&
+         (s.H == 128 || s.H == 256 || s.H == 512) && all_steps_full(s);
+}
+
+bool one_cluster_forward_applies(const LstmSizes& s, int sm_major) {
+  const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER");
+  return mode != 0 && one_cluster_forward_fits(s, sm_major) && (mode == 1 || s.B <= kOneClusterMaxBatch);
 }
 
 template <class scalar_t>
@@ -457,7 +373,7 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, c
   static_assert(kHalfType<scalar_t>, "the one-cluster kernel multiplies bf16 / fp16");
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   // W_hh's pairs are read as 32-bit words.
-  if (!one_cluster_forward_fits(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
+  if (!one_cluster_forward_applies(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
   const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, pre, b_ih, b_hh, w_hh,
                                       h0, c0, y, gates, cells, h_n, c_n};
   return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);

@@ -15,10 +15,19 @@
 namespace seqkernels {
 namespace cuda {
 
-// Whether the kernel runs a call of these sizes: bf16 / fp16 (the caller's), 1 <= B <= 16,
+// Whether the kernel can run a call of these sizes: bf16 / fp16 (the caller's), 1 <= B <= 16,
 // H in {128, 256, 512}, no projection, every step full (no ragged PackedSequence), on sm_90 or
-// later. SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never.
+// later.
 bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
+
+// Where it takes the call: where it fits, up to B = kOneClusterMaxBatch (one n8 tile of rows).
+// At 8 < B <= 16 (two tiles: twice the MMAs and ldmatrix reads of each warp) the direct kernel was
+// faster (H200, bf16 `infer` CUDA-graph replays, T = 256, ms, one-cluster / direct: B = 1 0.24 /
+// 0.33 (H = 256), 0.34 / 0.36 (H = 512); B = 8 0.25 / 0.36, 0.36 / 0.47; B = 16 0.49 / 0.41,
+// 0.67 / 0.60; docs/kernels.md). SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never, "1" wherever
+// it fits.
+constexpr int64_t kOneClusterMaxBatch = 8;
+bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 
 // Forward of one layer and direction after the input projection, with lstm_persistent_forward's
 // contract (lstm_persistent.cuh): pre [N, G] float (no bias); b_ih, b_hh [G] or nullptr; w_hh [G, H];
