@@ -154,6 +154,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         buf == 1 && b < B ? a.h0[static_cast<int64_t>(b) * H + k] : scalar_t(0.0f);
   }
   for (int i = threadIdx.x; i < 2 * kSliceElems; i += kThreads) (&stage[0][0])[i] = scalar_t(0.0f);
+  // The bulk copies (the async proxy) write these buffers after the threads' stores above.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   if (threadIdx.x == 0) {
     mbarrier_init(&bars[0], 1);
     mbarrier_init(&bars[1], 1);
