@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int j0 = rank * kUnitsPerBlock + warp * 4;
   const int j = j0 + uq;
   const uint32_t slice_bytes = NT * kRowGroupElems * sizeof(scalar_t);  // the row groups sent: n8 tiles
-  const uint32_t step_bytes = CL * slice_bytes;
+  const uint32_t step_bytes = (CL - 1) * slice_bytes;  // the other blocks' slices (the own one: stores)
 
   // The resident A fragments: a0/a2 of tile row gq (gate gq / 4), a1/a3 of row gq + 8 (gate
   // 2 + gq / 4), both of unit j0 + gq % 4; k = 16 ks + 2 tq (+ 8 for a2/a3).
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
-  const int dest = threadIdx.x < CL ? threadIdx.x : 0;
+  const int dest = (rank + 1 + (threadIdx.x < CL - 1 ? threadIdx.x : 0)) % CL;  // thread d < CL - 1: the others
   const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
   const uint32_t bar_remote = cluster_address(bar_local, dest);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
@@ -264,13 +264,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       act_q[nt][1] = act.f;
       act_q[nt][2] = act.g;
       act_q[nt][3] = act.o;
-      if (live[nt]) stage[s & 1][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];
+      if (live[nt]) {
+        stage[s & 1][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];
+        hbuf[s & 1][rank][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];  // read after the barrier below
+      }
     }
     if (s + 1 < T) {
       // The staged slice to every block (the async proxy reads what the threads wrote).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
-      if (threadIdx.x < CL) {
+      if (threadIdx.x < CL - 1) {
         bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceElems * sizeof(scalar_t),
                              slice_bytes, bar_remote + (s & 1) * 8);
       }
