@@ -53,6 +53,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "cluster.cuh"
@@ -83,6 +85,7 @@ template <class scalar_t>
 struct OneClusterArgs {
   int T, B;
   bool reverse;
+  bool trace;            // SEQKERNELS_LSTM_TRACE: thread 0 of block 0 prints cycles per step and phase
   const float* pre;      // [N, G]
   const scalar_t* b_ih;  // [G] or nullptr (no bias)
   const scalar_t* b_hh;  // [G]
@@ -209,6 +212,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   float pv[NT][4], pv_next[NT][4];
   load_pre(0, pv);
+  // SEQKERNELS_LSTM_TRACE: SM cycles of thread 0 of block 0 per phase (a uniform branch when off).
+  const bool tracing = a.trace && rank == 0 && threadIdx.x == 0;
+  long long trace_last = tracing ? clock64() : 0, trace_begin = trace_last, trace_cycles[5] = {0, 0, 0, 0, 0};
+  auto trace_mark = [&](int phase) {
+    if (tracing) {
+      const long long now = clock64();
+      trace_cycles[phase] += now - trace_last;
+      trace_last = now;
+    }
+  };
 
   for (int s = 0; s < T; ++s) {
     const int rd = (s + 1) & 1;  // h_{s-1}'s buffer (h0's at s = 0)
@@ -217,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0 && s + 2 < T) mbarrier_arrive_expect(&bars[rd], step_bytes);  // h_{s+1}'s phase
     }
     if (s + 1 < T) load_pre(s + 1, pv_next);
+    trace_mark(0);
 
     // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per n8 tile. (wgmma, A from registers and B from
     // shared memory, measured slower: H200, bf16 B = 8, H = 512 0.50 against 0.36 ms a call.)
@@ -239,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
+    trace_mark(1);
     const int64_t t = a.reverse ? T - 1 - s : s;
     float act_q[NT][4], c_new[NT];
     scalar_t h[NT];
@@ -254,8 +269,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // All four gates of (unit j, row b_of[nt]): the lower lanes keep column 2t, the upper 2t + 1.
       const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
       const float r1 = __shfl_xor_sync(0xffffffffu, upper ? d[2] : d[3], 16);
-      const LstmGates<float> pre_g{(upper ? r0 : d[0]) + pv[nt][0] + bias[0], (upper ? d[1] : r0) + pv[nt][1] + bias[1],
-                                   (upper ? r1 : d[2]) + pv[nt][2] + bias[2], (upper ? d[3] : r1) + pv[nt][3] + bias[3]};
+      const LstmGates<float> pre_g{
+          (upper ? r0 : d[0]) + pv[nt][0] + bias[0], (upper ? d[1] : r0) + pv[nt][1] + bias[1],
+          (upper ? r1 : d[2]) + pv[nt][2] + bias[2], (upper ? d[3] : r1) + pv[nt][3] + bias[3]};
       LstmGates<float> act;
       float m;
       lstm_cell_forward<CudaMath>(pre_g, c_st[nt], act, c_new[nt], m);
@@ -269,6 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         hbuf[s & 1][rank][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];  // read after the barrier below
       }
     }
+    trace_mark(2);
     if (s + 1 < T) {
       // The staged slice to every block (the async proxy reads what the threads wrote).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -278,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                              slice_bytes, bar_remote + (s & 1) * 8);
       }
     }
+    trace_mark(3);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if (live[nt]) {
@@ -297,6 +315,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int q = 0; q < 4; ++q) pv[nt][q] = pv_next[nt][q];
+    trace_mark(4);
+  }
+  if (tracing) {
+    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d | cycles/step: total %.0f = wait %.0f"
+           " + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
+           kTraining ? "training" : "inference", T, B, H, CL, double(clock64() - trace_begin) / T,
+           double(trace_cycles[0]) / T, double(trace_cycles[1]) / T, double(trace_cycles[2]) / T,
+           double(trace_cycles[3]) / T, double(trace_cycles[4]) / T);
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -379,8 +405,10 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, c
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   // W_hh's pairs are read as 32-bit words.
   if (!one_cluster_forward_applies(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
-  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, pre, b_ih, b_hh, w_hh,
-                                      h0, c0, y, gates, cells, h_n, c_n};
+  const char* trace = std::getenv("SEQKERNELS_LSTM_TRACE");
+  const bool tracing = trace != nullptr && trace[0] != '\0' && std::strcmp(trace, "0") != 0;
+  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, tracing, pre, b_ih,
+                                      b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
   return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
 }
 
