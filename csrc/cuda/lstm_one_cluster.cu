@@ -1,5 +1,5 @@
-// The one-cluster forward kernel of the persistent LSTM loop (sm_90, bf16 / fp16, B <= 16,
-// H in {128, 256, 512}).
+// The one-cluster forward kernel of the persistent LSTM loop (sm_90, bf16 / fp16, B <= 8 by default,
+// B <= 16 forced; H in {128, 256, 512}).
 //
 // Why. The other persistent forward kernels spread a layer over 64-128 SMs and exchange h_t
 // through L2 each step: a producer's store, a consumer's polling loads and the slowest of ~100
@@ -7,7 +7,7 @@
 // 1024 on an H200, docs/kernels.md). Up to H = 512 all of W_hh (4H x H 16-bit values, 2 MB at
 // H = 512) fits the registers of 16 SMs, which one thread-block cluster can hold (16 blocks is
 // a non-portable cluster size that Hopper allows). Then h_t never leaves the cluster: each
-// block copies its slice into every block's shared memory (bulk copies), counted in bytes on the
+// block copies its slice into every other block's shared memory (bulk copies), counted in bytes on the
 // receiver's mbarrier, and a step waits for one mbarrier phase. No L2 round trip, no flags, no
 // exchange buffer in global memory (nothing to allocate or zero before the launch).
 //
@@ -19,30 +19,36 @@
 // m / 4 of unit j0 + m % 4, over the whole K = H, resident in registers as A fragments
 // (4 KS registers: 128 at H = 512). The step's product is D[m][n] = sum_k W_hh[row m][k] ·
 // h_{t-1}[n][k] with h_{t-1} as the B operand (n = batch row), read from shared memory with
-// ldmatrix. A warp needs no other
-// warp's result: its D holds all four gates of its units, so the step has no block barrier.
-// In the D fragment (g = lane / 4, t = lane % 4) lanes g < 4 hold gates i and g of unit j0 + g
-// at batch columns 2t, 2t + 1, lanes g >= 4 gates f and o of unit j0 + g - 4: one shuffle pair
-// across lane ^ 16 gives each lane all four gates of one (unit, batch row), the lower half
-// column 2t, the upper 2t + 1. The gate math keeps c in a register for the whole sequence.
+// ldmatrix. A warp needs no other warp's result: its D holds all four gates of its units, so no
+// block barrier sits between the product and the gate math. In the D fragment (g = lane / 4,
+// t = lane % 4) lanes g < 4 hold gates i and g of unit j0 + g at batch columns 2t, 2t + 1, lanes
+// g >= 4 gates f and o of unit j0 + g - 4: one shuffle pair across lane ^ 16 gives each lane all
+// four gates of one (unit, batch row), the lower half column 2t, the upper 2t + 1. The gate math
+// keeps c in a register for the whole sequence.
 //
-// Exchange. A buffer of h holds CL slices [16 rows][32 units + 8] (80-byte rows: ldmatrix's 8 rows
-// hit distinct banks), slice r' from block r'. The gate lanes write h_s into a staging slice
-// (by step parity), one block barrier, then thread d < CL copies the B staged rows into slice r of
-// block d's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta -> shared::cluster, the
-// TMA unit), complete_tx on block d's mbarrier of that buffer. (The first version sent each lane's
-// four units with 8-byte st.async: the network's cost per transaction made B = 16, H = 512 3.8 µs
-// a step on an H100, B = 1 1.2.) Each phase of a buffer's mbarrier expects CL·B·80 bytes (every
-// block's slice, its own included) and one arrival, thread 0's, which re-arms it for step s + 2
-// right after the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after every
-// block sent it h_{s+1}, which each block does after its product has read h_s there, so no value
-// is overwritten before it was read; for the same reason no complete_tx of step s + 2 can reach a
-// phase before step s's completed, and a staging slice is read by all its copies before it is
-// written again two steps later. h0 sits in buffer 1 before the first step; rows b >= B stay zero
-// (read by the MMA, never used).
-// The last step sends nothing. The launch is a cluster launch (all 16 blocks co-scheduled by the
-// hardware): the occupancy API's cluster answer is checked first, so it never waits for SMs that
-// cannot come; a wait longer than ~10 s traps (lstm_device.cuh's guard).
+// Exchange. A buffer of h holds CL slices (slice r' from block r') of 16 rows x 32 units as 8x8
+// core matrices (slice_index). The gate lanes store h_s into the block's own slice of buffer s % 2
+// and into a staging slice (by step parity); after a proxy fence and one block barrier, thread
+// d < CL - 1 copies the staged row groups (NT n8 tiles, 512 bytes each) into slice r of block
+// (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta -> shared::cluster),
+// complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's mbarrier expects
+// (CL - 1) · NT · 512 bytes and one arrival, thread 0's, which re-arms it for step s + 2 right after
+// the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after every block sent it
+// h_{s+1}, which each block does after its product has read h_s there (and after its block barrier,
+// which all its warps pass only after their products: the own slice's stores are ordered the same
+// way), so no value is overwritten before it was read; for the same reason no complete_tx of step
+// s + 2 can reach a phase before step s's completed, and a staging slice is read by all its copies
+// before it is written again two steps later. h0 sits in buffer 1 before the first step; rows
+// b >= B stay zero (read by the MMA, never used). The last step sends nothing.
+//
+// Dropped on the way (H100 / H200, docs/benchmarks.md): each lane sending its row's four units with
+// 8-byte st.async (the network's cost per transaction: 3.8 µs a step at B = 16, H = 512); the copy
+// into the issuing block itself (compute-sanitizer memcheck: "not located in remote CTA"); wgmma
+// with A from registers (~37 cycles per dependent wgmma).
+//
+// The launch is one cluster (all CL blocks co-scheduled by the hardware): the occupancy API's
+// cluster answer is checked first, so it never waits for SMs that cannot come; a wait longer than
+// ~10 s traps (lstm_device.cuh's guard).
 #include "lstm_one_cluster.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -189,12 +195,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     h_st[nt] = scalar_t(0.0f);
   }
 
-  // Thread d < CL sends to block d: this block's slice of d's buffers, and d's mbarriers.
+  // Thread d < CL - 1 sends to block (rank + 1 + d) % CL: this block's slice of that block's
+  // buffers, and its mbarriers.
   constexpr uint32_t kBufBytes = CL * kSliceElems * sizeof(scalar_t);
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
-  const int dest = (rank + 1 + (threadIdx.x < CL - 1 ? threadIdx.x : 0)) % CL;  // thread d < CL - 1: the others
+  const int dest = (rank + 1 + (threadIdx.x < CL - 1 ? threadIdx.x : 0)) % CL;
   const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
   const uint32_t bar_remote = cluster_address(bar_local, dest);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
