@@ -343,16 +343,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Lets the kernel launch in clusters of more than 8 blocks (non-portable sizes), once per device.
-bool allow_large_clusters(const void* kernel) {
-  return cached_per_device(
-      [&] {
-        return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess ||
-               (static_cast<void>(cudaGetLastError()), false);
-      },
-      kernel);
-}
-
 template <class scalar_t, bool kTraining, int KS, int NT>
 bool launch(const OneClusterArgs<scalar_t>& args) {
   auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT>;
@@ -366,11 +356,7 @@ bool launch(const OneClusterArgs<scalar_t>& args) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = at::cuda::getCurrentCUDAStream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[1] = {cluster_dimension(cluster)};
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));

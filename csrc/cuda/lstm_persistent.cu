@@ -2956,10 +2956,7 @@ bool launch_cooperative(Kernel kernel, const Args& args, cudaStream_t stream) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   if (args.g.cl > 1) {
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = static_cast<unsigned>(args.g.cl);
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
+    attr[1] = cluster_dimension(args.g.cl);
     cfg.numAttrs = 2;
   }
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args);
