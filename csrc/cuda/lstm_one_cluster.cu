@@ -59,8 +59,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cluster.cuh"
@@ -391,25 +389,24 @@ bool one_cluster_forward_applies(const LstmSizes& s, int sm_major) {
 }
 
 template <class scalar_t>
-bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, const float* pre, const scalar_t* b_ih,
+bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, bool trace, const float* pre,
+                              const scalar_t* b_ih,
                               const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
                               scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n, float* c_n) {
   static_assert(kHalfType<scalar_t>, "the one-cluster kernel multiplies bf16 / fp16");
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   // W_hh's pairs are read as 32-bit words.
   if (!one_cluster_forward_applies(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
-  const char* trace = std::getenv("SEQKERNELS_LSTM_TRACE");
-  const bool tracing = trace != nullptr && trace[0] != '\0' && std::strcmp(trace, "0") != 0;
-  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, tracing, pre, b_ih,
+  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, pre, b_ih,
                                       b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
   return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
 }
 
-template bool lstm_one_cluster_forward<c10::Half>(const LstmSizes&, bool, bool, const float*, const c10::Half*,
+template bool lstm_one_cluster_forward<c10::Half>(const LstmSizes&, bool, bool, bool, const float*, const c10::Half*,
                                                   const c10::Half*, const c10::Half*, const c10::Half*,
                                                   const c10::Half*, c10::Half*, c10::Half*, c10::Half*, c10::Half*,
                                                   float*);
-template bool lstm_one_cluster_forward<c10::BFloat16>(const LstmSizes&, bool, bool, const float*,
+template bool lstm_one_cluster_forward<c10::BFloat16>(const LstmSizes&, bool, bool, bool, const float*,
                                                       const c10::BFloat16*, const c10::BFloat16*,
                                                       const c10::BFloat16*, const c10::BFloat16*,
                                                       const c10::BFloat16*, c10::BFloat16*, c10::BFloat16*,

@@ -1,8 +1,9 @@
 // The one-cluster forward kernel of the persistent LSTM loop (sm_90): a whole layer's time loop
 // in one thread-block cluster of H / 32 blocks, h exchanged in distributed shared memory.
-// lstm_persistent.cu calls it first for bf16 / fp16 where it applies; it returns false, having
-// launched nothing, where it does not (and the other persistent kernels take the call). Design
-// notes: the top of lstm_one_cluster.cu and docs/kernels.md.
+// lstm_persistent.cu's run_forward calls it for bf16 / fp16 after the cluster kernel (which takes
+// B <= 16 only at H = 1024, or forced); it returns false, having launched nothing, where it does
+// not apply (and the direct kernel takes the call). Design notes: the top of lstm_one_cluster.cu
+// and docs/kernels.md.
 //
 // Shape legend: T steps, N = T·B rows (every step full), B batch, H hidden, G = 4H gate rows
 // (i, f, g, o).
@@ -32,10 +33,11 @@ bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 // Forward of one layer and direction after the input projection, with lstm_persistent_forward's
 // contract (lstm_persistent.cuh): pre [N, G] float (no bias); b_ih, b_hh [G] or nullptr; w_hh [G, H];
 // h0, c0 [B, H]; writes y [N, H], gates [N, G] / cells [N, H] (training, else nullptr), h_n [B, H]
-// and c_n [B, H] float. False, having launched nothing, where it does not fit or its cluster cannot
-// be resident.
+// and c_n [B, H] float. trace: SEQKERNELS_LSTM_TRACE (the caller's reading of it). False, having
+// launched nothing, where it does not apply or its cluster cannot be resident.
 template <class scalar_t>
-bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, const float* pre, const scalar_t* b_ih,
+bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, bool trace, const float* pre,
+                              const scalar_t* b_ih,
                               const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
                               scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n, float* c_n);
 

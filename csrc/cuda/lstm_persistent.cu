@@ -3123,6 +3123,12 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     }
   } else if constexpr (P == Path::kMma16) {
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
+    // B <= 8, H <= 512: the whole layer in one cluster (lstm_one_cluster.cu).
+    if (lstm_one_cluster_forward<scalar_t>(s, args.reverse, kTraining, args.trace != 0, args.pre, args.b_ih, args.b_hh,
+                                           args.w_hh, args.h0, args.c0, args.y, args.gates, args.cells, args.h_n,
+                                           args.c_n)) {
+      return true;
+    }
   } else if constexpr (std::is_same_v<scalar_t, float>) {
     // float32 with TF32 off: three TF32 MMAs per product.
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32x3>(s, prop, args, like)) return true;
@@ -3244,14 +3250,6 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
   args.cells = cells;
   args.h_n = h_n;
   args.c_n = c_n;
-  if constexpr (kHalfType<scalar_t>) {
-    // bf16 / fp16 at B <= 16, H <= 512: the whole layer in one cluster (lstm_one_cluster.cu), unless
-    // the diagnostic SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=1 asks for the cluster kernel.
-    if (cluster_forward_mode() != 1 && lstm_one_cluster_forward<scalar_t>(s, reverse, training, pre, b_ih, b_hh, w_hh,
-                                                                          h0, c0, y, gates, cells, h_n, c_n)) {
-      return true;
-    }
-  }
   return with_path<scalar_t>(tf32, [&](auto path) {
     constexpr Path kPath = decltype(path)::value;
     return training ? run_forward<scalar_t, kPath, true>(s, prop, args, like)
