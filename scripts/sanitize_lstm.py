@@ -5,6 +5,7 @@
     python scripts/sanitize_lstm.py --backend persistent   # SEQKERNELS_LSTM_BACKEND for the run
     python scripts/sanitize_lstm.py --backend fused        # the fused-step loop (and its own shapes)
     python scripts/sanitize_lstm.py --mode infer           # only the inference cases (or --mode train)
+    python scripts/sanitize_lstm.py --one-cluster          # only the one-cluster forward kernel's cases
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
@@ -156,6 +157,23 @@ def rnn_tf32(allowed: bool):
         torch.backends.cudnn.allow_tf32 = saved
 
 
+# The one-cluster forward kernel (16-bit, B <= 8, H in {128, 256, 512}, equal batch sizes, sm_90: one
+# thread-block cluster of H / 32 blocks, h sent with bulk copies into every block's shared memory).
+ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128, torch.float16, True),
+                     ([5, 5, 5, 5], 8, 256, torch.bfloat16, True)]
+
+
+def one_cluster_sweep(gen, modes) -> int:
+    """ONE_CLUSTER_CASES in both directions and the given modes (True: train), persistent backend."""
+    failures = 0
+    for (batch_sizes, I, H, dtype, _), reverse, training in itertools.product(ONE_CLUSTER_CASES, [False, True],
+                                                                              modes):
+        ok, line = run_case(dtype, False, reverse, training, True, batch_sizes, I, H, gen)
+        failures += not ok
+        print(line, flush=True)
+    return failures
+
+
 def sweep(gen, backend: str, modes=(True, False)) -> int:
     """Every case of the backend's sweep whose training flag is in `modes` (True: train)."""
     persistent = backend == "persistent"
@@ -206,6 +224,7 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),
                 ([8, 8], 8, 1024, torch.float32, True), ([20, 20], 8, 1024, torch.float32, True),
                 ([64, 64], 8, 1024, torch.float32, True)]
+        big += ONE_CLUSTER_CASES
         for batch_sizes, I, H, dtype, tf32 in big:
             for reverse in (False, True):
                 with rnn_tf32(tf32):
@@ -359,7 +378,11 @@ def main() -> int:
     parser.add_argument("--mode", choices=["both", "infer", "train"], default="both",
                         help="only the sweep's inference or training cases (e.g. to tell which results an "
                              "initcheck report reads)")
+    parser.add_argument("--one-cluster", action="store_true",
+                        help="only the one-cluster forward kernel's cases (sets --backend persistent)")
     args = parser.parse_args()
+    if args.one_cluster:
+        args.backend = "persistent"
     if args.backend is not None:
         os.environ["SEQKERNELS_LSTM_BACKEND"] = args.backend
     if not torch.cuda.is_available():
@@ -371,7 +394,7 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cudnn rnn fp32_precision: {rnn_precision}  SEQKERNELS_LSTM_BACKEND={backend}", flush=True)
     modes = {"both": (True, False), "infer": (False,), "train": (True,)}[args.mode]
-    failures = sweep(gen, backend, modes)
+    failures = one_cluster_sweep(gen, modes) if args.one_cluster else sweep(gen, backend, modes)
     if args.extra:
         failures += extra(gen)
     print(f"sanitize_lstm: {failures} failure(s)", flush=True)

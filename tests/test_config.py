@@ -284,6 +284,9 @@ def test_cli_prints_the_choice_and_why():
     assert "B*H = 16384 <= 20480" in out.stdout
     out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert "forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the direct forward kernel)" in out.stdout
+    out = run_cli("--batch", "8", "--hidden", "512", "--dtype", "float16", "--device", "cuda")
+    assert ("forward: persistent (auto: B = 8 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 8"
+            in out.stdout)
     out = run_cli("--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")
     assert "forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one" in out.stdout
     out = run_cli("--batch", "5", "--hidden", "1024", "--dtype", "float16", "--device", "cuda")

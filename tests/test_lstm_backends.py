@@ -401,6 +401,7 @@ def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_na
     16-bit types and TF32.)"""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
     with _Precision(precision_name):
         assert _direct_branch_free_rows(_train_call(DTYPE[precision_name], B, H, T=3)) == {rows}
 
@@ -439,6 +440,7 @@ def test_direct_forward_kernel_is_taken(monkeypatch, precision_name, B, H, direc
     dtype = DTYPE[precision_name]
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")  # (it takes tf32 B = 17, H = 1024)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")  # (it takes 16-bit B <= 16 at H in {128, 256, 512})
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
@@ -909,6 +911,67 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
                       what="cluster forward")
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
         assert "cluster" not in _persistent_variants(run, "forward", "cluster")
+
+
+# (precision, B, H, reverse, bias): the one-cluster kernel (lstm_one_cluster.cu) at each of its
+# hidden sizes (clusters of 4, 8 and 16 blocks), one n8 tile of batch rows (B <= 8, rows past B
+# zero) and two (B = 9..16).
+_ONE_CLUSTER_CASES = [
+    ("bfloat16", 1, 512, False, True), ("float16", 16, 512, True, True), ("bfloat16", 9, 512, False, False),
+    ("bfloat16", 8, 256, True, True), ("float16", 13, 256, False, True), ("bfloat16", 5, 128, True, True),
+    ("float16", 16, 128, False, False),
+]
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,B,H,reverse,bias", _ONE_CLUSTER_CASES)
+def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
+    """bf16 / fp16 at B <= 8 (and forced with SEQKERNELS_LSTM_ONE_CLUSTER=1 to B = 16), H in {128,
+    256, 512}, equal batch sizes: the persistent forward runs the whole layer in one thread-block
+    cluster (h exchanged in distributed shared memory): which kernel ran, and the outputs and every
+    gradient (the backward reads the gates and cells it saved) against the float64 reference, for 6
+    steps and for 1, 2 and 67 (the mbarrier phases of the two buffers: none armed, one, many);
+    SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, H, T=3)
+        run()
+        assert (_persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}) == (B <= 8)
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "1")  # two n8 tiles: forced (the direct kernel's)
+        assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
+        for steps in (6, 1, 2, 67):
+            compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
+                          what=f"one-cluster forward, {steps} steps")
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
+        assert "one_cluster" not in _persistent_variants(run, "forward", "one_cluster")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("batch_sizes,H", [([8, 8, 5, 1], 512), ([16, 12, 3], 256)])
+def test_one_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
+    """A packed sequence whose batch shrinks is not the one-cluster kernel's (every step full): the
+    direct kernel takes it, right against the reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision("bfloat16"):
+        names = kernel_names(lambda: compare_layer(batch_sizes, 5, H, reverse=False, bias=True, precision="bfloat16",
+                                                   what="ragged, not one cluster"))
+        assert not any("one_cluster" in n for n in names) and any("forward_direct" in n for n in names)
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name", ["bfloat16", "float16"])
+def test_one_cluster_forward_in_cuda_graph(monkeypatch, precision_name):
+    """Inference on the one-cluster kernel captured in a CUDA graph: replays on fresh input data
+    agree with eager calls of an identical model."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision(precision_name):
+        dtype = DTYPE[precision_name]
+        torch.manual_seed(7)
+        model = seqkernels.LSTM(512, 512).to(device="cuda", dtype=dtype)
+        static_x = torch.randn(5, 7, 512, device="cuda", dtype=dtype)
+        assert any("one_cluster" in n for n in kernel_names(lambda: model(static_x)))
+        check_cuda_graph_replays(model, static_x)
 
 
 # (precision, B, H, reverse, bias): the one-m16-tile instances (B <= 16), forced at every H and

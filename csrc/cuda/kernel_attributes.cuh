@@ -59,6 +59,28 @@ inline int max_blocks_per_sm(const void* kernel, int threads, int smem) {
       kernel, threads, smem);
 }
 
+// The launch attribute of a 1-D thread-block cluster of `cluster` blocks.
+inline cudaLaunchAttribute cluster_dimension(int cluster) {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
+// Lets the kernel launch in clusters of more than 8 blocks (non-portable sizes) on the current
+// device; false where the device refuses.
+inline bool allow_large_clusters(const void* kernel) {
+  return cached_per_device(
+      [&] {
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) return true;
+        (void)cudaGetLastError();
+        return false;
+      },
+      kernel);
+}
+
 // Clusters of `cluster` blocks (of `threads` threads and `smem` bytes) that can be resident at
 // once on the current device (the occupancy API's answer for clusters; 0 where a cluster of
 // that size cannot run; call ensure_dynamic_smem first).
@@ -69,11 +91,7 @@ inline int max_active_clusters(const void* kernel, int threads, int smem, int cl
         cfg.gridDim = dim3(static_cast<unsigned>(cluster));
         cfg.blockDim = dim3(static_cast<unsigned>(threads));
         cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
+        cudaLaunchAttribute attr[1] = {cluster_dimension(cluster)};
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         int clusters = 0;

@@ -165,6 +165,45 @@ struct MmaInst<float> {  // TF32 operands
   }
 };
 
+// Four 8x8 matrices of 16-bit values from shared memory (lane l gives the address of row l % 8
+// of matrix l / 8), e.g. a 16x16 tile as the A fragments of mma.m16n8k16 (lane l: row l % 16,
+// columns 8 (l / 16) ...). Volatile: it must stay after the waits that make its data valid.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Spin-wait guard: a wait longer than this (in SM clock cycles, ~10 s) means a bug or a
+// broken co-residency assumption; trap so that the launch fails instead of hanging.
+constexpr long long kSpinTimeoutCycles = 20'000'000'000LL;
+
+__device__ __forceinline__ void check_spin_timeout(long long t0, unsigned want) {
+  if (clock64() - t0 > kSpinTimeoutCycles) {
+    printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
+           static_cast<int>(blockIdx.x), want);
+    __trap();
+  }
+}
+
+// Waits for the phase of parity `parity` of the mbarrier at shared address `bar` to complete,
+// with the spin guard (cluster.cuh's mbarrier_wait has none) and an acquire at
+// cluster scope (the st.async data of other blocks of the cluster). sm_90.
+__device__ __forceinline__ void mbarrier_wait_guarded(uint32_t bar, uint32_t parity, unsigned step) {
+  uint32_t done = 0;
+  const long long t0 = clock64();
+  while (true) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) break;
+    check_spin_timeout(t0, step);
+  }
+}
+
 // Programmatic dependent launch (sm_90+; no-ops below, and in a kernel launched without the
 // attribute). A kernel launched with it (launch_kernel's `overlap`) may start before the
 // kernel launched before it on the stream has finished, and must call pdl_wait() before it

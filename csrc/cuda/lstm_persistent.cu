@@ -95,6 +95,7 @@
 #include "cluster.cuh"
 #include "kernel_attributes.cuh"
 #include "lstm_device.cuh"
+#include "lstm_one_cluster.cuh"
 #include "seqkernels/lstm_cell.h"
 
 namespace seqkernels {
@@ -255,18 +256,6 @@ __device__ __forceinline__ void ll_store_word(u64* p, u64 v) {
 // One LL word: payload in the low half, flag in the high half.
 __device__ __forceinline__ void ll_store(u64* p, uint32_t payload, uint32_t flag) {
   ll_store_word(p, (static_cast<u64>(flag) << 32) | payload);
-}
-
-// Spin-wait guard: a wait longer than this (in SM clock cycles, ~10 s) means a bug or a
-// broken co-residency assumption; trap so that the launch fails instead of hanging.
-constexpr long long kSpinTimeoutCycles = 20'000'000'000LL;
-
-__device__ __forceinline__ void check_spin_timeout(long long t0, unsigned want) {
-  if (clock64() - t0 > kSpinTimeoutCycles) {
-    printf("seqkernels: persistent LSTM block %d waited > 10 s for flag %u; aborting the kernel\n",
-           static_cast<int>(blockIdx.x), want);
-    __trap();
-  }
 }
 
 // Both words carry flag `want` in their bits [flag_shift, 64) (32: ll_store's format; the
@@ -2230,14 +2219,6 @@ struct ClusterForwardLayout {
   static constexpr int kRowScaleBytes = ROWS * 4;
 };
 
-// A 16x16 tile of 16-bit values from shared memory as the A fragments of mma.m16n8k16 (lane l
-// gives the address of row l % 16, columns 8 (l / 16) ...).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // The cluster forward kernel's exchange: step flags and raw 16-bit pairs (relaxed, at GPU scope:
 // never a stale L1 line from the buffer's use four steps earlier).
 __device__ __forceinline__ uint4 ld_relaxed_v4(const uint32_t* p) {
@@ -2298,23 +2279,6 @@ __device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
 // mbarrier, with no fence and no cluster barrier (whose release is a GPU-scope MEMBAR).
 __device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
-}
-// Waits for the phase of parity `parity` of the mbarrier at shared address `bar` to complete,
-// with the persistent kernels' spin guard (cluster.cuh's mbarrier_wait has none) and an acquire at
-// cluster scope (the partner's st.async data).
-__device__ __forceinline__ void mbarrier_wait_guarded(uint32_t bar, uint32_t parity, unsigned step) {
-  uint32_t done = 0;
-  const long long t0 = clock64();
-  while (true) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) break;
-    check_spin_timeout(t0, step);
-  }
 }
 
 // The cluster forward kernel's MMA operand type: the dtype's, but fp16 for kHalfScaled.
@@ -2992,10 +2956,7 @@ bool launch_cooperative(Kernel kernel, const Args& args, cudaStream_t stream) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   if (args.g.cl > 1) {
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = static_cast<unsigned>(args.g.cl);
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
+    attr[1] = cluster_dimension(args.g.cl);
     cfg.numAttrs = 2;
   }
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args);
@@ -3162,6 +3123,12 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     }
   } else if constexpr (P == Path::kMma16) {
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
+    // B <= 8, H <= 512: the whole layer in one cluster (lstm_one_cluster.cu).
+    if (lstm_one_cluster_forward<scalar_t>(s, args.reverse, kTraining, args.trace != 0, args.pre, args.b_ih, args.b_hh,
+                                           args.w_hh, args.h0, args.c0, args.y, args.gates, args.cells, args.h_n,
+                                           args.c_n)) {
+      return true;
+    }
   } else if constexpr (std::is_same_v<scalar_t, float>) {
     // float32 with TF32 off: three TF32 MMAs per product.
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32x3>(s, prop, args, like)) return true;

@@ -1,0 +1,416 @@
+// The one-cluster forward kernel of the persistent LSTM loop (sm_90, bf16 / fp16, B <= 8 by default,
+// B <= 16 forced; H in {128, 256, 512}).
+//
+// Why. The other persistent forward kernels spread a layer over 64-128 SMs and exchange h_t
+// through L2 each step: a producer's store, a consumer's polling loads and the slowest of ~100
+// producers sit on every step's critical path (2.4-3.3 µs a step at bf16 B = 8 / 16, H = 512 /
+// 1024 on an H200, docs/kernels.md). Up to H = 512 all of W_hh (4H x H 16-bit values, 2 MB at
+// H = 512) fits the registers of 16 SMs, which one thread-block cluster can hold (16 blocks is
+// a non-portable cluster size that Hopper allows). Then h_t never leaves the cluster: each
+// block copies its slice into every other block's shared memory (bulk copies), counted in bytes on the
+// receiver's mbarrier, and a step waits for one mbarrier phase. No L2 round trip, no flags, no
+// exchange buffer in global memory (nothing to allocate or zero before the launch).
+//
+// Shape legend: T steps, B batch (<= 16), H hidden, G = 4H, CL = H / 32 blocks in the cluster,
+// KS = H / 16 k-steps of mma.m16n8k16, NT = ceil(B / 8) n8 tiles of batch rows.
+//
+// Decomposition. Block r owns units [32 r, 32 r + 32); warp w of its 8 owns four of them,
+// j0 = 32 r + 4 w, and all four gates of those: a 16-row m16 tile of W_hh whose row m is gate
+// m / 4 of unit j0 + m % 4, over the whole K = H, resident in registers as A fragments
+// (4 KS registers: 128 at H = 512). The step's product is D[m][n] = sum_k W_hh[row m][k] ·
+// h_{t-1}[n][k] with h_{t-1} as the B operand (n = batch row), read from shared memory with
+// ldmatrix. A warp needs no other warp's result: its D holds all four gates of its units, so no
+// block barrier sits between the product and the gate math. In the D fragment (g = lane / 4,
+// t = lane % 4) lanes g < 4 hold gates i and g of unit j0 + g at batch columns 2t, 2t + 1, lanes
+// g >= 4 gates f and o of unit j0 + g - 4: one shuffle pair across lane ^ 16 gives each lane all
+// four gates of one (unit, batch row), the lower half column 2t, the upper 2t + 1. The gate math
+// keeps c in a register for the whole sequence.
+//
+// Exchange. A buffer of h holds CL slices (slice r' from block r') of 16 rows x 32 units as 8x8
+// core matrices (slice_index). The gate lanes store h_s into the block's own slice of buffer s % 2
+// and into a staging slice (by step parity); after a proxy fence and one block barrier, thread
+// d < CL - 1 copies the staged row groups (NT n8 tiles, 512 bytes each) into slice r of block
+// (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta -> shared::cluster),
+// complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's mbarrier expects
+// (CL - 1) · NT · 512 bytes and one arrival, thread 0's, which re-arms it for step s + 2 right after
+// the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after every block sent it
+// h_{s+1}, which each block does after its product has read h_s there (and after its block barrier,
+// which all its warps pass only after their products: the own slice's stores are ordered the same
+// way), so no value is overwritten before it was read; for the same reason no complete_tx of step
+// s + 2 can reach a phase before step s's completed, and a staging slice is read by all its copies
+// before it is written again two steps later. h0 sits in buffer 1 before the first step; rows
+// b >= B stay zero (read by the MMA, never used). The last step sends nothing.
+//
+// Dropped on the way (H100 / H200, docs/benchmarks.md): each lane sending its row's four units with
+// 8-byte st.async (the network's cost per transaction: 3.8 µs a step at B = 16, H = 512); the copy
+// into the issuing block itself (compute-sanitizer memcheck: "not located in remote CTA"); wgmma
+// with A from registers (~37 cycles per dependent wgmma).
+//
+// The launch is one cluster (all CL blocks co-scheduled by the hardware): the occupancy API's
+// cluster answer is checked first, so it never waits for SMs that cannot come; a wait longer than
+// ~10 s traps (lstm_device.cuh's guard).
+#include "lstm_one_cluster.cuh"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cluster.cuh"
+#include "kernel_attributes.cuh"
+#include "lstm_device.cuh"
+#include "lstm_persistent.cuh"
+#include "seqkernels/lstm_cell.h"
+
+namespace seqkernels {
+namespace cuda {
+
+namespace {
+
+constexpr int kThreads = 256;       // 8 warps
+constexpr int kUnitsPerBlock = 32;  // 4 per warp: one m16 tile of 4 gates x 4 units
+constexpr int kMaxBatch = 16;       // two n8 tiles
+// A block's slice of h (16 rows x 32 units) as 8x8 core matrices of 128 contiguous bytes,
+// [row group b / 8][unit group u / 8][b % 8][u % 8]: one ldmatrix matrix per core matrix (8 rows x
+// 16 bytes: every bank once), no padding to send.
+constexpr int kSliceElems = kMaxBatch * kUnitsPerBlock;
+constexpr int kCoreElems = 64;
+constexpr int kRowGroupElems = kUnitsPerBlock / 8 * kCoreElems;  // one n8 tile of rows: 4 core matrices
+__host__ __device__ constexpr int slice_index(int b, int u) {
+  return (b >> 3) * kRowGroupElems + (u >> 3) * kCoreElems + (b & 7) * 8 + (u & 7);
+}
+
+template <class scalar_t>
+struct OneClusterArgs {
+  int T, B;
+  bool reverse;
+  bool trace;            // SEQKERNELS_LSTM_TRACE: thread 0 of block 0 prints cycles per step and phase
+  const float* pre;      // [N, G]
+  const scalar_t* b_ih;  // [G] or nullptr (no bias)
+  const scalar_t* b_hh;  // [G]
+  const scalar_t* w_hh;  // [G, H]
+  const scalar_t* h0;    // [B, H]
+  const scalar_t* c0;    // [B, H]
+  scalar_t* y;           // [N, H]
+  scalar_t* gates;       // [N, G] (training) activated gates
+  scalar_t* cells;       // [N, H] (training) c_t
+  scalar_t* h_n;         // [B, H]
+  float* c_n;            // [B, H]
+};
+
+// A bulk copy of `bytes` (a multiple of 16) from this block's shared memory into block-cluster
+// shared memory (another block's), counted on the mbarrier at remote_bar (in that block).
+__device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t local, uint32_t bytes,
+                                                     uint32_t remote_bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   remote),
+               "r"(local), "r"(bytes), "r"(remote_bar)
+               : "memory");
+}
+
+template <class scalar_t, bool kTraining, int KS, int NT>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int H = KS * 16;
+  constexpr int CL = H / kUnitsPerBlock;   // blocks in the cluster (the whole grid)
+  constexpr int kAcc = 4 / NT;             // accumulators per n8 tile: independent MMA chains
+  constexpr int64_t G = 4 * static_cast<int64_t>(H);
+  static_assert(KS % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
+  __shared__ __align__(128) scalar_t hbuf[2][CL][kSliceElems];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
+  __shared__ __align__(128) scalar_t stage[2][kSliceElems];      // the block's h_s, by step parity
+  __shared__ __align__(8) uint64_t bars[2];                       // one mbarrier per buffer
+
+  const int T = a.T, B = a.B;
+  const int rank = static_cast<int>(blockIdx.x);  // the grid is one cluster
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int upper = lane >> 4;  // 0: gates i, g of unit gq; 1: f, o of unit gq - 4
+  const int uq = gq & 3;        // the lane's unit within the warp's four
+  const int j0 = rank * kUnitsPerBlock + warp * 4;
+  const int j = j0 + uq;
+  const uint32_t slice_bytes = NT * kRowGroupElems * sizeof(scalar_t);  // the row groups sent: n8 tiles
+  const uint32_t step_bytes = (CL - 1) * slice_bytes;  // the other blocks' slices (the own one: stores)
+
+  // The resident A fragments: a0/a2 of tile row gq (gate gq / 4), a1/a3 of row gq + 8 (gate
+  // 2 + gq / 4), both of unit j0 + gq % 4; k = 16 ks + 2 tq (+ 8 for a2/a3).
+  uint32_t wf[KS][4];
+  {
+    const uint32_t* w32 = reinterpret_cast<const uint32_t*>(a.w_hh);
+    const int64_t r_lo = ((gq >> 2) * static_cast<int64_t>(H) + j) * H;
+    const int64_t r_hi = ((2 + (gq >> 2)) * static_cast<int64_t>(H) + j) * H;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const int64_t k = ks * 16 + 2 * tq;
+      wf[ks][0] = w32[(r_lo + k) / 2];
+      wf[ks][1] = w32[(r_hi + k) / 2];
+      wf[ks][2] = w32[(r_lo + k + 8) / 2];
+      wf[ks][3] = w32[(r_hi + k + 8) / 2];
+    }
+  }
+
+  // h0 into buffer 1; zeros in the rows b >= B of both buffers and of the staging slices (rows that
+  // are sent but never computed: B < 8 NT).
+  for (int i = threadIdx.x; i < 2 * kMaxBatch * H; i += kThreads) {
+    const int buf = i / (kMaxBatch * H), rem = i - buf * kMaxBatch * H, b = rem / H, k = rem - b * H;
+    hbuf[buf][k / kUnitsPerBlock][slice_index(b, k % kUnitsPerBlock)] =
+        buf == 1 && b < B ? a.h0[static_cast<int64_t>(b) * H + k] : scalar_t(0.0f);
+  }
+  for (int i = threadIdx.x; i < 2 * kSliceElems; i += kThreads) (&stage[0][0])[i] = scalar_t(0.0f);
+  // The bulk copies (the async proxy) write these buffers after the threads' stores above.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
+    // h_s is sent while s + 1 < T: arm the phases of h_0 and h_1.
+    if (T > 1) mbarrier_arrive_expect(&bars[0], step_bytes);
+    if (T > 2) mbarrier_arrive_expect(&bars[1], step_bytes);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // Every block's mbarriers and zeroed rows are in place before anyone sends.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+
+  // The lane's items: (unit j, batch row b[nt]) for each n8 tile.
+  int b_of[NT];
+  bool live[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    b_of[nt] = nt * 8 + 2 * tq + upper;
+    live[nt] = b_of[nt] < B;
+  }
+  float bias[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) bias[q] = bias_sum(a.b_ih, a.b_hh, q * static_cast<int64_t>(H) + j);
+  float c_st[NT];
+  scalar_t h_st[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    c_st[nt] = live[nt] ? static_cast<float>(a.c0[static_cast<int64_t>(b_of[nt]) * H + j]) : 0.0f;
+    h_st[nt] = scalar_t(0.0f);
+  }
+
+  // Thread d < CL - 1 sends to block (rank + 1 + d) % CL: this block's slice of that block's
+  // buffers, and its mbarriers.
+  constexpr uint32_t kBufBytes = CL * kSliceElems * sizeof(scalar_t);
+  const uint32_t h_local = shared_address(&hbuf[0][0][0]);
+  const uint32_t bar_local = shared_address(&bars[0]);
+  const uint32_t stage_local = shared_address(&stage[0][0]);
+  const int dest = (rank + 1 + (threadIdx.x < CL - 1 ? threadIdx.x : 0)) % CL;
+  const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
+  const uint32_t bar_remote = cluster_address(bar_local, dest);
+  // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
+  // offsets 0, 8, 16, 24 of a pair of k-steps).
+  const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
+
+  auto load_pre = [&](int s, float (&pv)[NT][4]) {
+    const int64_t t = a.reverse ? T - 1 - s : s;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float* p = a.pre + (t * B + b_of[nt]) * G + j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pv[nt][q] = live[nt] ? p[q * static_cast<int64_t>(H)] : 0.0f;
+    }
+  };
+  float pv[NT][4], pv_next[NT][4];
+  load_pre(0, pv);
+  // SEQKERNELS_LSTM_TRACE: SM cycles of thread 0 of block 0 per phase (a uniform branch when off).
+  const bool tracing = a.trace && rank == 0 && threadIdx.x == 0;
+  long long trace_last = tracing ? clock64() : 0, trace_begin = trace_last, trace_cycles[5] = {0, 0, 0, 0, 0};
+  auto trace_mark = [&](int phase) {
+    if (tracing) {
+      const long long now = clock64();
+      trace_cycles[phase] += now - trace_last;
+      trace_last = now;
+    }
+  };
+
+  for (int s = 0; s < T; ++s) {
+    const int rd = (s + 1) & 1;  // h_{s-1}'s buffer (h0's at s = 0)
+    if (s > 0) {
+      mbarrier_wait_guarded(bar_local + rd * 8, ((s - 1) >> 1) & 1, static_cast<unsigned>(s));
+      if (threadIdx.x == 0 && s + 2 < T) mbarrier_arrive_expect(&bars[rd], step_bytes);  // h_{s+1}'s phase
+    }
+    if (s + 1 < T) load_pre(s + 1, pv_next);
+    trace_mark(0);
+
+    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per n8 tile. (wgmma, A from registers and B from
+    // shared memory, measured slower: H200, bf16 B = 8, H = 512 0.50 against 0.36 ms a call.)
+    float acc[NT][kAcc][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < kAcc; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][c][e] = 0.0f;
+    const uint32_t ld_buf = ld_lane + rd * kBufBytes;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks += 2) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1 (unit groups 0-3 of slice ks / 2)
+        ldmatrix_x4(bf, ld_buf + ((ks / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
+        MmaInst<scalar_t>::run(acc[nt][ks % kAcc], wf[ks], bf[0], bf[1]);
+        MmaInst<scalar_t>::run(acc[nt][(ks + 1) % kAcc], wf[ks + 1], bf[2], bf[3]);
+      }
+    }
+
+    trace_mark(1);
+    const int64_t t = a.reverse ? T - 1 - s : s;
+    float act_q[NT][4], c_new[NT];
+    scalar_t h[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float d[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        d[e] = acc[nt][0][e];
+#pragma unroll
+        for (int c = 1; c < kAcc; ++c) d[e] += acc[nt][c][e];
+      }
+      // All four gates of (unit j, row b_of[nt]): the lower lanes keep column 2t, the upper 2t + 1.
+      const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
+      const float r1 = __shfl_xor_sync(0xffffffffu, upper ? d[2] : d[3], 16);
+      const LstmGates<float> pre_g{
+          (upper ? r0 : d[0]) + pv[nt][0] + bias[0], (upper ? d[1] : r0) + pv[nt][1] + bias[1],
+          (upper ? r1 : d[2]) + pv[nt][2] + bias[2], (upper ? d[3] : r1) + pv[nt][3] + bias[3]};
+      LstmGates<float> act;
+      float m;
+      lstm_cell_forward<CudaMath>(pre_g, c_st[nt], act, c_new[nt], m);
+      h[nt] = static_cast<scalar_t>(m);
+      act_q[nt][0] = act.i;
+      act_q[nt][1] = act.f;
+      act_q[nt][2] = act.g;
+      act_q[nt][3] = act.o;
+      if (live[nt]) {
+        stage[s & 1][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];
+        hbuf[s & 1][rank][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];  // read after the barrier below
+      }
+    }
+    trace_mark(2);
+    if (s + 1 < T) {
+      // The staged slice to every block (the async proxy reads what the threads wrote).
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+      if (threadIdx.x < CL - 1) {
+        bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceElems * sizeof(scalar_t),
+                             slice_bytes, bar_remote + (s & 1) * 8);
+      }
+    }
+    trace_mark(3);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      if (live[nt]) {
+        c_st[nt] = c_new[nt];
+        h_st[nt] = h[nt];
+        const int64_t row = t * B + b_of[nt];
+        a.y[row * H + j] = h[nt];
+        if constexpr (kTraining) {
+          scalar_t* gr = a.gates + row * G + j;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) gr[q * H] = static_cast<scalar_t>(act_q[nt][q]);
+          a.cells[row * H + j] = static_cast<scalar_t>(c_new[nt]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pv[nt][q] = pv_next[nt][q];
+    trace_mark(4);
+  }
+  if (tracing) {
+    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d | cycles/step: total %.0f = wait %.0f"
+           " + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
+           kTraining ? "training" : "inference", T, B, H, CL, double(clock64() - trace_begin) / T,
+           double(trace_cycles[0]) / T, double(trace_cycles[1]) / T, double(trace_cycles[2]) / T,
+           double(trace_cycles[3]) / T, double(trace_cycles[4]) / T);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (live[nt]) {
+      a.h_n[static_cast<int64_t>(b_of[nt]) * H + j] = h_st[nt];
+      a.c_n[static_cast<int64_t>(b_of[nt]) * H + j] = c_st[nt];
+    }
+  }
+  // No block leaves while another may still address its shared memory.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+template <class scalar_t, bool kTraining, int KS, int NT>
+bool launch(const OneClusterArgs<scalar_t>& args) {
+  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT>;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  const int cluster = KS * 16 / kUnitsPerBlock;
+  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < 1) {
+    return false;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = at::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1] = {cluster_dimension(cluster)};
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+  return true;
+}
+
+template <class scalar_t, bool kTraining>
+bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
+  const bool two_tiles = s.B > 8;
+  auto with_tiles = [&](auto ks_c) {
+    constexpr int KS = decltype(ks_c)::value;
+    return two_tiles ? launch<scalar_t, kTraining, KS, 2>(args) : launch<scalar_t, kTraining, KS, 1>(args);
+  };
+  switch (s.H) {
+    case 128: return with_tiles(std::integral_constant<int, 8>{});
+    case 256: return with_tiles(std::integral_constant<int, 16>{});
+    case 512: return with_tiles(std::integral_constant<int, 32>{});
+    default: return false;
+  }
+}
+
+}  // namespace
+
+bool one_cluster_forward_fits(const LstmSizes& s, int sm_major) {
+  return sm_major >= 9 && s.P == 0 && s.T >= 1 && s.B >= 1 && s.B <= kMaxBatch &&
+         (s.H == 128 || s.H == 256 || s.H == 512) && all_steps_full(s);
+}
+
+bool one_cluster_forward_applies(const LstmSizes& s, int sm_major) {
+  const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER");
+  return mode != 0 && one_cluster_forward_fits(s, sm_major) && (mode == 1 || s.B <= kOneClusterMaxBatch);
+}
+
+template <class scalar_t>
+bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, bool trace, const float* pre,
+                              const scalar_t* b_ih,
+                              const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
+                              scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n, float* c_n) {
+  static_assert(kHalfType<scalar_t>, "the one-cluster kernel multiplies bf16 / fp16");
+  const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+  // W_hh's pairs are read as 32-bit words.
+  if (!one_cluster_forward_applies(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
+  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, pre, b_ih,
+                                      b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
+  return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
+}
+
+template bool lstm_one_cluster_forward<c10::Half>(const LstmSizes&, bool, bool, bool, const float*, const c10::Half*,
+                                                  const c10::Half*, const c10::Half*, const c10::Half*,
+                                                  const c10::Half*, c10::Half*, c10::Half*, c10::Half*, c10::Half*,
+                                                  float*);
+template bool lstm_one_cluster_forward<c10::BFloat16>(const LstmSizes&, bool, bool, bool, const float*,
+                                                      const c10::BFloat16*, const c10::BFloat16*,
+                                                      const c10::BFloat16*, const c10::BFloat16*,
+                                                      const c10::BFloat16*, c10::BFloat16*, c10::BFloat16*,
+                                                      c10::BFloat16*, c10::BFloat16*, float*);
+
+}  // namespace cuda
+}  // namespace seqkernels

@@ -1,0 +1,45 @@
+// The one-cluster forward kernel of the persistent LSTM loop (sm_90): a whole layer's time loop
+// in one thread-block cluster of H / 32 blocks, h exchanged in distributed shared memory.
+// lstm_persistent.cu's run_forward calls it for bf16 / fp16 after the cluster kernel (which takes
+// B <= 16 only at H = 1024, or forced); it returns false, having launched nothing, where it does
+// not apply (and the direct kernel takes the call). Design notes: the top of lstm_one_cluster.cu
+// and docs/kernels.md.
+//
+// Shape legend: T steps, N = T·B rows (every step full), B batch, H hidden, G = 4H gate rows
+// (i, f, g, o).
+#pragma once
+
+#include <cstdint>
+
+#include "seqkernels/lstm_checks.h"
+
+namespace seqkernels {
+namespace cuda {
+
+// Whether the kernel can run a call of these sizes: bf16 / fp16 (the caller's), 1 <= B <= 16,
+// H in {128, 256, 512}, no projection, every step full (no ragged PackedSequence), on sm_90 or
+// later.
+bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
+
+// Where it takes the call: where it fits, up to B = kOneClusterMaxBatch (one n8 tile of rows).
+// At 8 < B <= 16 (two tiles: twice the MMAs and ldmatrix reads of each warp) the direct kernel was
+// faster (H200, bf16 `infer` CUDA-graph replays, T = 256, ms, one-cluster / direct: B = 1 0.24 /
+// 0.33 (H = 256), 0.34 / 0.36 (H = 512); B = 8 0.25 / 0.36, 0.36 / 0.47; B = 16 0.49 / 0.41,
+// 0.67 / 0.60; docs/kernels.md). SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never, "1" wherever
+// it fits.
+constexpr int64_t kOneClusterMaxBatch = 8;
+bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
+
+// Forward of one layer and direction after the input projection, with lstm_persistent_forward's
+// contract (lstm_persistent.cuh): pre [N, G] float (no bias); b_ih, b_hh [G] or nullptr; w_hh [G, H];
+// h0, c0 [B, H]; writes y [N, H], gates [N, G] / cells [N, H] (training, else nullptr), h_n [B, H]
+// and c_n [B, H] float. trace: SEQKERNELS_LSTM_TRACE (the caller's reading of it). False, having
+// launched nothing, where it does not apply or its cluster cannot be resident.
+template <class scalar_t>
+bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, bool trace, const float* pre,
+                              const scalar_t* b_ih,
+                              const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
+                              scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n, float* c_n);
+
+}  // namespace cuda
+}  // namespace seqkernels
