@@ -158,9 +158,10 @@ def rnn_tf32(allowed: bool):
 
 
 # The one-cluster forward kernel (16-bit, B <= 8, H in {128, 256, 512}, equal batch sizes, sm_90: one
-# thread-block cluster of H / 32 blocks, h sent with bulk copies into every block's shared memory).
+# thread-block cluster of H / 32 blocks, h sent with bulk copies into every block's shared memory);
+# its two-tile instances (B = 12 here) with SEQKERNELS_LSTM_ONE_CLUSTER=1 (else the direct kernel's).
 ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128, torch.float16, True),
-                     ([5, 5, 5, 5], 8, 256, torch.bfloat16, True)]
+                     ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True)]
 
 
 def one_cluster_sweep(gen, modes) -> int:

@@ -923,16 +923,33 @@ _ONE_CLUSTER_CASES = [
 ]
 
 
+def _one_cluster_split_k(fn) -> set[bool]:
+    """The kSplitK template argument (the last) of the one-cluster kernels that ran in fn()."""
+    found = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_forward_one_cluster_kernel" in n:
+            m = re.search(r"one_cluster_kernel<[^>]*, (true|false)>", n)
+            assert m, n
+            found.add(m.group(1) == "true")
+    return found
+
+
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("split_k,spread", [("", ""), ("0", ""), ("", "1")],
+                         ids=["split-k", "one-warp-per-tile", "split-k-spread-copies"])
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _ONE_CLUSTER_CASES)
-def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
+def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias, split_k, spread):
     """bf16 / fp16 at B <= 8 (and forced with SEQKERNELS_LSTM_ONE_CLUSTER=1 to B = 16), H in {128,
     256, 512}, equal batch sizes: the persistent forward runs the whole layer in one thread-block
     cluster (h exchanged in distributed shared memory): which kernel ran, and the outputs and every
     gradient (the backward reads the gates and cells it saved) against the float64 reference, for 6
     steps and for 1, 2 and 67 (the mbarrier phases of the two buffers: none armed, one, many);
-    SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels."""
+    SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case with warp pairs splitting K
+    (the default), with one warp per tile over all of K (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0), and
+    with the bulk copies issued from every warp (SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD=1)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K", split_k)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD", spread)
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
@@ -940,6 +957,7 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
         assert (_persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}) == (B <= 8)
         monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "1")  # two n8 tiles: forced (the direct kernel's)
         assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
+        assert _one_cluster_split_k(run) == {split_k != "0"}
         for steps in (6, 1, 2, 67):
             compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
                           what=f"one-cluster forward, {steps} steps")

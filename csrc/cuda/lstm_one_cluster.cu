@@ -90,6 +90,7 @@ struct OneClusterArgs {
   int T, B;
   bool reverse;
   bool trace;            // SEQKERNELS_LSTM_TRACE: thread 0 of block 0 prints cycles per step and phase
+  bool spread_copies;    // the bulk copies issued by lanes 0-1 of every warp (else lanes of warp 0)
   const float* pre;      // [N, G]
   const scalar_t* b_ih;  // [G] or nullptr (no bias)
   const scalar_t* b_hh;  // [G]
@@ -113,43 +114,58 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t l
                : "memory");
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT>
+template <class scalar_t, bool kTraining, int KS, int NT, bool kSplitK>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int H = KS * 16;
-  constexpr int CL = H / kUnitsPerBlock;   // blocks in the cluster (the whole grid)
-  constexpr int kAcc = 4 / NT;             // accumulators per n8 tile: independent MMA chains
+  constexpr int CL = H / kUnitsPerBlock;    // blocks in the cluster (the whole grid)
+  constexpr int kTiles = kSplitK ? 2 : 1;   // m16 tiles of a warp
+  constexpr int kSteps = KS / kTiles;       // the warp's k-steps (its half of K where split)
+  constexpr int kAcc = 4 / (NT * kTiles);   // accumulators per (tile, n8 tile): independent MMA chains
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
-  static_assert(KS % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
+  static_assert(kSteps % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
   __shared__ __align__(128) scalar_t hbuf[2][CL][kSliceElems];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
   __shared__ __align__(128) scalar_t stage[2][kSliceElems];      // the block's h_s, by step parity
   __shared__ __align__(8) uint64_t bars[2];                       // one mbarrier per buffer
+  // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][n8 tile][lane].
+  __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * NT * 32 : 1];
 
   const int T = a.T, B = a.B;
   const int rank = static_cast<int>(blockIdx.x);  // the grid is one cluster
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int upper = lane >> 4;  // 0: gates i, g of unit gq; 1: f, o of unit gq - 4
   const int uq = gq & 3;        // the lane's unit within the warp's four
-  const int j0 = rank * kUnitsPerBlock + warp * 4;
+  // kSplitK: warps w and w + 4 (pair w % 4, K half w / 4) multiply the same two m16 tiles (units
+  // 8 (w % 4) .. + 7 of the block) over one half of K each, then swap partial sums so that warp
+  // (pair p, half kh) finishes tile kh: its gate math is that of unit quad `quad` = 2 p + kh.
+  const int pair = warp & 3, half = warp >> 2;
+  const int quad = kSplitK ? 2 * pair + half : warp;  // the warp's four units of the block
+  const int j0 = rank * kUnitsPerBlock + quad * 4;
   const int j = j0 + uq;
   const uint32_t slice_bytes = NT * kRowGroupElems * sizeof(scalar_t);  // the row groups sent: n8 tiles
   const uint32_t step_bytes = (CL - 1) * slice_bytes;  // the other blocks' slices (the own one: stores)
 
-  // The resident A fragments: a0/a2 of tile row gq (gate gq / 4), a1/a3 of row gq + 8 (gate
-  // 2 + gq / 4), both of unit j0 + gq % 4; k = 16 ks + 2 tq (+ 8 for a2/a3).
-  uint32_t wf[KS][4];
+  // The resident A fragments of tile ti (units of quad q_ti): a0/a2 of tile row gq (gate gq / 4),
+  // a1/a3 of row gq + 8 (gate 2 + gq / 4), both of unit 4 q_ti + gq % 4; k = 16 (k0 + ks) + 2 tq
+  // (+ 8 for a2/a3), k0 the first k-step of the warp's half of K.
+  const int k0 = kSplitK ? half * kSteps : 0;
+  uint32_t wf[kTiles][kSteps][4];
   {
     const uint32_t* w32 = reinterpret_cast<const uint32_t*>(a.w_hh);
-    const int64_t r_lo = ((gq >> 2) * static_cast<int64_t>(H) + j) * H;
-    const int64_t r_hi = ((2 + (gq >> 2)) * static_cast<int64_t>(H) + j) * H;
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      const int64_t k = ks * 16 + 2 * tq;
-      wf[ks][0] = w32[(r_lo + k) / 2];
-      wf[ks][1] = w32[(r_hi + k) / 2];
-      wf[ks][2] = w32[(r_lo + k + 8) / 2];
-      wf[ks][3] = w32[(r_hi + k + 8) / 2];
+    for (int ti = 0; ti < kTiles; ++ti) {
+      const int jt = rank * kUnitsPerBlock + (kSplitK ? 2 * pair + ti : warp) * 4 + uq;
+      const int64_t r_lo = ((gq >> 2) * static_cast<int64_t>(H) + jt) * H;
+      const int64_t r_hi = ((2 + (gq >> 2)) * static_cast<int64_t>(H) + jt) * H;
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        const int64_t k = (k0 + ks) * 16 + 2 * tq;
+        wf[ti][ks][0] = w32[(r_lo + k) / 2];
+        wf[ti][ks][1] = w32[(r_hi + k) / 2];
+        wf[ti][ks][2] = w32[(r_lo + k + 8) / 2];
+        wf[ti][ks][3] = w32[(r_hi + k + 8) / 2];
+      }
     }
   }
 
@@ -193,13 +209,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     h_st[nt] = scalar_t(0.0f);
   }
 
-  // Thread d < CL - 1 sends to block (rank + 1 + d) % CL: this block's slice of that block's
-  // buffers, and its mbarriers.
+  // Sender d < CL - 1 sends to block (rank + 1 + d) % CL: this block's slice of that block's
+  // buffers, and its mbarriers. Sender d is thread d, or with spread_copies lane d / 8 of warp
+  // d % 8 (one copy or two per warp instead of CL - 1 from warp 0).
   constexpr uint32_t kBufBytes = CL * kSliceElems * sizeof(scalar_t);
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
-  const int dest = (rank + 1 + (threadIdx.x < CL - 1 ? threadIdx.x : 0)) % CL;
+  const int sender = a.spread_copies ? (lane < 2 ? lane * 8 + warp : CL) : static_cast<int>(threadIdx.x);
+  const bool sends = sender < CL - 1;
+  const int dest = (rank + 1 + (sends ? sender : 0)) % CL;
   const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
   const uint32_t bar_remote = cluster_address(bar_local, dest);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
@@ -237,24 +256,64 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (s + 1 < T) load_pre(s + 1, pv_next);
     trace_mark(0);
 
-    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per n8 tile. (wgmma, A from registers and B from
-    // shared memory, measured slower: H200, bf16 B = 8, H = 512 0.50 against 0.36 ms a call.)
-    float acc[NT][kAcc][4];
+    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per (tile, n8 tile). Each ldmatrix feeds kTiles · 2
+    // MMAs: split K halves the shared-memory reads of h (256 bytes per MMA unsplit: 64 KB a step
+    // per block at H = 512, B = 8). (wgmma, A from registers and B from shared memory, measured
+    // slower: H200, bf16 B = 8, H = 512 0.50 against 0.36 ms a call.)
+    float acc[kTiles][NT][kAcc][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int ti = 0; ti < kTiles; ++ti)
 #pragma unroll
-      for (int c = 0; c < kAcc; ++c)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][c][e] = 0.0f;
+        for (int c = 0; c < kAcc; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[ti][nt][c][e] = 0.0f;
     const uint32_t ld_buf = ld_lane + rd * kBufBytes;
 #pragma unroll
-    for (int ks = 0; ks < KS; ks += 2) {
+    for (int ks = 0; ks < kSteps; ks += 2) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bf[4];  // b0, b1 of k-step ks, then of ks + 1 (unit groups 0-3 of slice ks / 2)
-        ldmatrix_x4(bf, ld_buf + ((ks / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
-        MmaInst<scalar_t>::run(acc[nt][ks % kAcc], wf[ks], bf[0], bf[1]);
-        MmaInst<scalar_t>::run(acc[nt][(ks + 1) % kAcc], wf[ks + 1], bf[2], bf[3]);
+        uint32_t bf[4];  // b0, b1 of k-step k0 + ks, then of k0 + ks + 1 (unit groups 0-3 of a slice)
+        ldmatrix_x4(bf, ld_buf + (((k0 + ks) / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
+#pragma unroll
+        for (int ti = 0; ti < kTiles; ++ti) {
+          MmaInst<scalar_t>::run(acc[ti][nt][ks % kAcc], wf[ti][ks], bf[0], bf[1]);
+          MmaInst<scalar_t>::run(acc[ti][nt][(ks + 1) % kAcc], wf[ti][ks + 1], bf[2], bf[3]);
+        }
+      }
+    }
+    // dsum[ti][nt]: the chains summed.
+    float dsum[kTiles][NT][4];
+#pragma unroll
+    for (int ti = 0; ti < kTiles; ++ti)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dsum[ti][nt][e] = acc[ti][nt][0][e];
+#pragma unroll
+          for (int c = 1; c < kAcc; ++c) dsum[ti][nt][e] += acc[ti][nt][c][e];
+        }
+    if constexpr (kSplitK) {
+      // The other tile's partial sums to the partner, then the partner's of this warp's tile (the
+      // same fragment positions: lane for lane). The partner overwrites its slot only after the
+      // next step's block barrier, which this warp passes only after its read here.
+      // (Selects by value, not pointers: the arrays stay in registers.)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][nt][e] : dsum[1][nt][e];
+        partials[((pair * 2 + (1 - half)) * NT + nt) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
+      }
+      asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float4 p = partials[((pair * 2 + half) * NT + nt) * 32 + lane];
+        const float q[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dsum[0][nt][e] = (half ? dsum[1][nt][e] : dsum[0][nt][e]) + q[e];
       }
     }
 
@@ -264,13 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     scalar_t h[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      float d[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        d[e] = acc[nt][0][e];
-#pragma unroll
-        for (int c = 1; c < kAcc; ++c) d[e] += acc[nt][c][e];
-      }
+      const float* d = dsum[0][nt];  // this warp's tile (kSplitK: both halves of K)
       // All four gates of (unit j, row b_of[nt]): the lower lanes keep column 2t, the upper 2t + 1.
       const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
       const float r1 = __shfl_xor_sync(0xffffffffu, upper ? d[2] : d[3], 16);
@@ -286,8 +339,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       act_q[nt][2] = act.g;
       act_q[nt][3] = act.o;
       if (live[nt]) {
-        stage[s & 1][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];
-        hbuf[s & 1][rank][slice_index(b_of[nt], warp * 4 + uq)] = h[nt];  // read after the barrier below
+        stage[s & 1][slice_index(b_of[nt], quad * 4 + uq)] = h[nt];
+        hbuf[s & 1][rank][slice_index(b_of[nt], quad * 4 + uq)] = h[nt];  // read after the barrier below
       }
     }
     trace_mark(2);
@@ -295,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The staged slice to every block (the async proxy reads what the threads wrote).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
-      if (threadIdx.x < CL - 1) {
+      if (sends) {
         bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceElems * sizeof(scalar_t),
                              slice_bytes, bar_remote + (s & 1) * 8);
       }
@@ -341,9 +394,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT>
+template <class scalar_t, bool kTraining, int KS, int NT, bool kSplitK>
 bool launch(const OneClusterArgs<scalar_t>& args) {
-  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT>;
+  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT, kSplitK>;
   const void* fn = reinterpret_cast<const void*>(kernel);
   const int cluster = KS * 16 / kUnitsPerBlock;
   if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < 1) {
@@ -361,12 +414,20 @@ bool launch(const OneClusterArgs<scalar_t>& args) {
   return true;
 }
 
+// SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K (diagnostic): unset or "1", warp pairs split K (each
+// ldmatrix of h feeds two tiles); "0", each warp one tile over all of K.
+bool split_k_wanted() { return diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K") != 0; }
+
 template <class scalar_t, bool kTraining>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
-  const bool two_tiles = s.B > 8;
+  const bool two_tiles = s.B > 8, split_k = split_k_wanted();
   auto with_tiles = [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    return two_tiles ? launch<scalar_t, kTraining, KS, 2>(args) : launch<scalar_t, kTraining, KS, 1>(args);
+    auto with_split = [&](auto nt_c) {
+      constexpr int NT = decltype(nt_c)::value;
+      return split_k ? launch<scalar_t, kTraining, KS, NT, true>(args) : launch<scalar_t, kTraining, KS, NT, false>(args);
+    };
+    return two_tiles ? with_split(std::integral_constant<int, 2>{}) : with_split(std::integral_constant<int, 1>{});
   };
   switch (s.H) {
     case 128: return with_tiles(std::integral_constant<int, 8>{});
@@ -397,8 +458,10 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   // W_hh's pairs are read as 32-bit words.
   if (!one_cluster_forward_applies(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
-  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, pre, b_ih,
-                                      b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
+  // SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD (diagnostic): "1", the bulk copies issued from every warp.
+  const bool spread = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD") == 1;
+  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, spread, pre,
+                                      b_ih, b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
   return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
 }
 
