@@ -919,7 +919,7 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
 _ONE_CLUSTER_CASES = [
     ("bfloat16", 1, 512, False, True), ("float16", 16, 512, True, True), ("bfloat16", 9, 512, False, False),
     ("bfloat16", 8, 256, True, True), ("float16", 13, 256, False, True), ("bfloat16", 5, 128, True, True),
-    ("float16", 16, 128, False, False),
+    ("float16", 16, 128, False, False), ("float16", 6, 512, True, False),
 ]
 
 
@@ -935,21 +935,19 @@ def _one_cluster_split_k(fn) -> set[bool]:
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("split_k,spread", [("", ""), ("0", ""), ("", "1")],
-                         ids=["split-k", "one-warp-per-tile", "split-k-spread-copies"])
+@pytest.mark.parametrize("split_k", ["", "0", "1"], ids=["split-k-rule", "one-warp-per-tile", "split-k"])
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _ONE_CLUSTER_CASES)
-def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias, split_k, spread):
+def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias, split_k):
     """bf16 / fp16 at B <= 8 (and forced with SEQKERNELS_LSTM_ONE_CLUSTER=1 to B = 16), H in {128,
     256, 512}, equal batch sizes: the persistent forward runs the whole layer in one thread-block
     cluster (h exchanged in distributed shared memory): which kernel ran, and the outputs and every
     gradient (the backward reads the gates and cells it saved) against the float64 reference, for 6
     steps and for 1, 2 and 67 (the mbarrier phases of the two buffers: none armed, one, many);
-    SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case with warp pairs splitting K
-    (the default), with one warp per tile over all of K (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0), and
-    with the bulk copies issued from every warp (SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD=1)."""
+    SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case under the rule for warp pairs
+    splitting K (B <= 8 at H = 512), with one warp per tile over all of K
+    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1; one n8 tile only)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K", split_k)
-    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD", spread)
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
@@ -957,7 +955,7 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
         assert (_persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}) == (B <= 8)
         monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "1")  # two n8 tiles: forced (the direct kernel's)
         assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
-        assert _one_cluster_split_k(run) == {split_k != "0"}
+        assert _one_cluster_split_k(run) == {B <= 8 and (split_k == "1" or (split_k == "" and H == 512))}
         for steps in (6, 1, 2, 67):
             compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
                           what=f"one-cluster forward, {steps} steps")

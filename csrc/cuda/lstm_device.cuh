@@ -186,6 +186,13 @@ __device__ __forceinline__ void check_spin_timeout(long long t0, unsigned want) 
   }
 }
 
+// The GPU's global timer in ns (SEQKERNELS_LSTM_TRACE: wall time beside the SM cycles).
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Waits for the phase of parity `parity` of the mbarrier at shared address `bar` to complete,
 // with the spin guard (cluster.cuh's mbarrier_wait has none) and an acquire at
 // cluster scope (the st.async data of other blocks of the cluster). sm_90.

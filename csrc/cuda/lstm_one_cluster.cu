@@ -90,7 +90,6 @@ struct OneClusterArgs {
   int T, B;
   bool reverse;
   bool trace;            // SEQKERNELS_LSTM_TRACE: thread 0 of block 0 prints cycles per step and phase
-  bool spread_copies;    // the bulk copies issued by lanes 0-1 of every warp (else lanes of warp 0)
   const float* pre;      // [N, G]
   const scalar_t* b_ih;  // [G] or nullptr (no bias)
   const scalar_t* b_hh;  // [G]
@@ -125,11 +124,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAcc = 4 / (NT * kTiles);   // accumulators per (tile, n8 tile): independent MMA chains
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
   static_assert(kSteps % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
+  static_assert(!kSplitK || NT == 1, "split K: one n8 tile of rows");
   __shared__ __align__(128) scalar_t hbuf[2][CL][kSliceElems];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
   __shared__ __align__(128) scalar_t stage[2][kSliceElems];      // the block's h_s, by step parity
   __shared__ __align__(8) uint64_t bars[2];                       // one mbarrier per buffer
-  // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][n8 tile][lane].
-  __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * NT * 32 : 1];
+  // kSplitK (one n8 tile): the partial sums a warp pair swaps, [pair][the receiver's K half][lane].
+  __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * 32 : 1];
 
   const int T = a.T, B = a.B;
   const int rank = static_cast<int>(blockIdx.x);  // the grid is one cluster
@@ -209,14 +209,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     h_st[nt] = scalar_t(0.0f);
   }
 
-  // Sender d < CL - 1 sends to block (rank + 1 + d) % CL: this block's slice of that block's
-  // buffers, and its mbarriers. Sender d is thread d, or with spread_copies lane d / 8 of warp
-  // d % 8 (one copy or two per warp instead of CL - 1 from warp 0).
+  // Sender d < CL - 1, lane d / 8 of warp d % 8, sends to block (rank + 1 + d) % CL: this block's
+  // slice of that block's buffers, and its mbarriers. (Senders 0..CL - 2 all in warp 0, whose
+  // instruction issues its lanes' copies one after the other, took 923 against 296 cycles a step
+  // from the barrier to the last copy's issue at H = 512 and 0.397 against 0.365-0.368 ms a call at
+  // B = 8: H200, docs/benchmarks.md.)
   constexpr uint32_t kBufBytes = CL * kSliceElems * sizeof(scalar_t);
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
-  const int sender = a.spread_copies ? (lane < 2 ? lane * 8 + warp : CL) : static_cast<int>(threadIdx.x);
+  const int sender = lane < 2 ? lane * 8 + warp : CL;
   const bool sends = sender < CL - 1;
   const int dest = (rank + 1 + (sends ? sender : 0)) % CL;
   const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
@@ -239,6 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // SEQKERNELS_LSTM_TRACE: SM cycles of thread 0 of block 0 per phase (a uniform branch when off).
   const bool tracing = a.trace && rank == 0 && threadIdx.x == 0;
   long long trace_last = tracing ? clock64() : 0, trace_begin = trace_last, trace_cycles[5] = {0, 0, 0, 0, 0};
+  const uint64_t trace_ns_begin = tracing ? global_timer_ns() : 0;  // with the cycles: the SM clock
   auto trace_mark = [&](int phase) {
     if (tracing) {
       const long long now = clock64();
@@ -305,12 +308,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         float o[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][nt][e] : dsum[1][nt][e];
-        partials[((pair * 2 + (1 - half)) * NT + nt) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
+        partials[(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
       }
       asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const float4 p = partials[((pair * 2 + half) * NT + nt) * 32 + lane];
+        const float4 p = partials[(pair * 2 + half) * 32 + lane];
         const float q[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) dsum[0][nt][e] = (half ? dsum[1][nt][e] : dsum[0][nt][e]) + q[e];
@@ -376,9 +379,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     trace_mark(4);
   }
   if (tracing) {
-    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d | cycles/step: total %.0f = wait %.0f"
-           " + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
-           kTraining ? "training" : "inference", T, B, H, CL, double(clock64() - trace_begin) / T,
+    const double ns = double(global_timer_ns() - trace_ns_begin);
+    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d | ns/step %.0f (%.2f GHz) |"
+           " cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
+           kTraining ? "training" : "inference", T, B, H, CL, ns / T, double(clock64() - trace_begin) / ns,
+           double(clock64() - trace_begin) / T,
            double(trace_cycles[0]) / T, double(trace_cycles[1]) / T, double(trace_cycles[2]) / T,
            double(trace_cycles[3]) / T, double(trace_cycles[4]) / T);
   }
@@ -414,20 +419,23 @@ bool launch(const OneClusterArgs<scalar_t>& args) {
   return true;
 }
 
-// SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K (diagnostic): unset or "1", warp pairs split K (each
-// ldmatrix of h feeds two tiles); "0", each warp one tile over all of K.
-bool split_k_wanted() { return diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K") != 0; }
+// Whether warp pairs split K (one n8 tile of rows, B <= 8): at H = 512, where it was faster (H200,
+// bf16 `infer` CUDA-graph replays, split / one warp per tile: B = 8 0.397-0.402 / 0.426-0.428 ms,
+// B = 1 0.385-0.391 / 0.395-0.397); not at H = 256 (the partial sums' swap outweighs the halved
+// reads of a shorter product: B = 8 0.297-0.306 / 0.288). SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K
+// (diagnostic): "0" never, "1" at every H.
+bool split_k_wanted(const LstmSizes& s) {
+  const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K");
+  return s.B <= 8 && (mode == 1 || (mode == -1 && s.H == 512));
+}
 
 template <class scalar_t, bool kTraining>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
-  const bool two_tiles = s.B > 8, split_k = split_k_wanted();
+  const bool two_tiles = s.B > 8, split_k = split_k_wanted(s);
   auto with_tiles = [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    auto with_split = [&](auto nt_c) {
-      constexpr int NT = decltype(nt_c)::value;
-      return split_k ? launch<scalar_t, kTraining, KS, NT, true>(args) : launch<scalar_t, kTraining, KS, NT, false>(args);
-    };
-    return two_tiles ? with_split(std::integral_constant<int, 2>{}) : with_split(std::integral_constant<int, 1>{});
+    if (two_tiles) return launch<scalar_t, kTraining, KS, 2, false>(args);
+    return split_k ? launch<scalar_t, kTraining, KS, 1, true>(args) : launch<scalar_t, kTraining, KS, 1, false>(args);
   };
   switch (s.H) {
     case 128: return with_tiles(std::integral_constant<int, 8>{});
@@ -458,10 +466,8 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   // W_hh's pairs are read as 32-bit words.
   if (!one_cluster_forward_applies(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
-  // SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD (diagnostic): "1", the bulk copies issued from every warp.
-  const bool spread = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_SPREAD") == 1;
-  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, spread, pre,
-                                      b_ih, b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
+  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, pre, b_ih,
+                                      b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
   return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
 }
 
