@@ -26,10 +26,18 @@
 // four gates of one (unit, batch row), the lower half column 2t, the upper 2t + 1. The gate math
 // keeps c in a register for the whole sequence.
 //
+// Split K (one n8 tile, H = 512 by default: split_k_wanted). Every warp reading all of h_{t-1}
+// for one tile costs 256 bytes of ldmatrix per MMA, 64 KB a step per block at H = 512: ~512 of a
+// ~800-cycle product. So warps w and w + 4 hold both tiles of units 8 (w % 4) .. + 7, each over
+// one half of K (the same registers), each ldmatrix feeding both tiles; the pair then swaps the
+// partial sums of the tile the other finishes through shared memory (one named barrier of the two
+// warps), and each warp goes on as above with its tile. At H = 256 the swap costs what the halved
+// reads save.
+//
 // Exchange. A buffer of h holds CL slices (slice r' from block r') of 16 rows x 32 units as 8x8
 // core matrices (slice_index). The gate lanes store h_s into the block's own slice of buffer s % 2
-// and into a staging slice (by step parity); after a proxy fence and one block barrier, thread
-// d < CL - 1 copies the staged row groups (NT n8 tiles, 512 bytes each) into slice r of block
+// and into a staging slice (by step parity); after a proxy fence and one block barrier, sender
+// d < CL - 1 (lane d / 8 of warp d % 8) copies the staged row groups (NT n8 tiles, 512 bytes each) into slice r of block
 // (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta -> shared::cluster),
 // complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's mbarrier expects
 // (CL - 1) · NT · 512 bytes and one arrival, thread 0's, which re-arms it for step s + 2 right after
@@ -44,7 +52,8 @@
 // Dropped on the way (H100 / H200, docs/benchmarks.md): each lane sending its row's four units with
 // 8-byte st.async (the network's cost per transaction: 3.8 µs a step at B = 16, H = 512); the copy
 // into the issuing block itself (compute-sanitizer memcheck: "not located in remote CTA"); wgmma
-// with A from registers (~37 cycles per dependent wgmma).
+// with A from registers (~37 cycles per dependent wgmma); all senders in warp 0 (its copies issue
+// one after another); split K at two n8 tiles (slower than one warp per tile at B = 16).
 //
 // The launch is one cluster (all CL blocks co-scheduled by the hardware): the occupancy API's
 // cluster answer is checked first, so it never waits for SMs that cannot come; a wait longer than

@@ -25,8 +25,8 @@ bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
 // At 8 < B <= 16 (two tiles: twice the MMAs and ldmatrix reads of each warp) the direct kernel was
 // faster (H200, bf16 `infer` CUDA-graph replays, T = 256, ms, one-cluster / direct: B = 1 0.24 /
 // 0.33 (H = 256), 0.34 / 0.36 (H = 512); B = 8 0.25 / 0.36, 0.36 / 0.47; B = 16 0.49 / 0.41,
-// 0.67 / 0.60; docs/kernels.md). SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never, "1" wherever
-// it fits.
+// 0.67 / 0.60; with the copies issued from every warp, another H200: B = 16 0.50 / 0.41, 0.69 / 0.58;
+// docs/kernels.md). SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never, "1" wherever it fits.
 constexpr int64_t kOneClusterMaxBatch = 8;
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 
