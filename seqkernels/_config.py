@@ -67,6 +67,7 @@ CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 # at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks)
 CUDA_ONE_CLUSTER_MAX_BATCH = 8
 CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
+CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
@@ -242,8 +243,9 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     csrc/cuda/lstm_one_cluster.cuh), the cluster kernel in one m16 tile at H = 1024 from its
     threshold (16-bit, or TF32), else the direct kernel."""
     if clusters and elem == 2 and batch <= CUDA_ONE_CLUSTER_MAX_BATCH and hidden in CUDA_ONE_CLUSTER_HIDDEN:
+        split_k = "; warp pairs split K" if hidden == CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN else ""
         return (f"the one-cluster forward kernel: B = {batch} <= {CUDA_ONE_CLUSTER_MAX_BATCH} and H = {hidden} in "
-                f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, equal batch sizes, sm_90")
+                f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, equal batch sizes, sm_90{split_k}")
     # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
