@@ -37,9 +37,9 @@
 // Exchange. A buffer of h holds CL slices (slice r' from block r') of 16 rows x 32 units as 8x8
 // core matrices (slice_index). The gate lanes store h_s into the block's own slice of buffer s % 2
 // and into a staging slice (by step parity); after a proxy fence and one block barrier, sender
-// d < CL - 1 (lane d / 8 of warp d % 8) copies the staged row groups (NT n8 tiles, 512 bytes each) into slice r of block
-// (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta -> shared::cluster),
-// complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's mbarrier expects
+// d < CL - 1 (lane d / 8 of warp d % 8) copies the staged row groups (NT n8 tiles, 512 bytes
+// each) into slice r of block (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk
+// shared::cta -> shared::cluster), complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's mbarrier expects
 // (CL - 1) · NT · 512 bytes and one arrival, thread 0's, which re-arms it for step s + 2 right after
 // the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after every block sent it
 // h_{s+1}, which each block does after its product has read h_s there (and after its block barrier,
