@@ -945,7 +945,7 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
     steps and for 1, 2 and 67 (the mbarrier phases of the two buffers: none armed, one, many);
     SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case under the rule for warp pairs
     splitting K (B <= 8 at H = 512), with one warp per tile over all of K
-    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1; one n8 tile only)."""
+    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H and B (=1)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K", split_k)
     dtype = DTYPE[precision_name]
@@ -955,7 +955,7 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
         assert (_persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}) == (B <= 8)
         monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "1")  # two n8 tiles: forced (the direct kernel's)
         assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
-        assert _one_cluster_split_k(run) == {B <= 8 and (split_k == "1" or (split_k == "" and H == 512))}
+        assert _one_cluster_split_k(run) == {split_k == "1" or (split_k == "" and H == 512 and B <= 8)}
         for steps in (6, 1, 2, 67):
             compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
                           what=f"one-cluster forward, {steps} steps")

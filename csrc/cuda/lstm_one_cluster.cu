@@ -32,7 +32,7 @@
 // one half of K (the same registers), each ldmatrix feeding both tiles; the pair then swaps the
 // partial sums of the tile the other finishes through shared memory (one named barrier of the two
 // warps), and each warp goes on as above with its tile. At H = 256 the swap costs what the halved
-// reads save.
+// reads save. At two n8 tiles (B > 8) it runs only where forced (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=1).
 //
 // Exchange. A buffer of h holds CL slices (slice r' from block r') of 16 rows x 32 units as 8x8
 // core matrices (slice_index). The gate lanes store h_s into the block's own slice of buffer s % 2
@@ -53,7 +53,7 @@
 // 8-byte st.async (the network's cost per transaction: 3.8 µs a step at B = 16, H = 512); the copy
 // into the issuing block itself (compute-sanitizer memcheck: "not located in remote CTA"); wgmma
 // with A from registers (~37 cycles per dependent wgmma); all senders in warp 0 (its copies issue
-// one after another); split K at two n8 tiles (slower than one warp per tile at B = 16).
+// one after another).
 //
 // The launch is one cluster (all CL blocks co-scheduled by the hardware): the occupancy API's
 // cluster answer is checked first, so it never waits for SMs that cannot come; a wait longer than
@@ -133,12 +133,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAcc = 4 / (NT * kTiles);   // accumulators per (tile, n8 tile): independent MMA chains
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
   static_assert(kSteps % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
-  static_assert(!kSplitK || NT == 1, "split K: one n8 tile of rows");
   __shared__ __align__(128) scalar_t hbuf[2][CL][kSliceElems];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
   __shared__ __align__(128) scalar_t stage[2][kSliceElems];      // the block's h_s, by step parity
   __shared__ __align__(8) uint64_t bars[2];                       // one mbarrier per buffer
-  // kSplitK (one n8 tile): the partial sums a warp pair swaps, [pair][the receiver's K half][lane].
-  __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * 32 : 1];
+  // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][n8 tile][lane].
+  __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * NT * 32 : 1];
 
   const int T = a.T, B = a.B;
   const int rank = static_cast<int>(blockIdx.x);  // the grid is one cluster
@@ -284,16 +283,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t ld_buf = ld_lane + rd * kBufBytes;
 #pragma unroll
     for (int ks = 0; ks < kSteps; ks += 2) {
+      // Per n8 tile: b0, b1 of k-step k0 + ks, then of k0 + ks + 1 (a slice's unit groups 0-3).
+      uint32_t bf[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bf[4];  // b0, b1 of k-step k0 + ks, then of k0 + ks + 1 (unit groups 0-3 of a slice)
-        ldmatrix_x4(bf, ld_buf + (((k0 + ks) / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
-#pragma unroll
-        for (int ti = 0; ti < kTiles; ++ti) {
-          MmaInst<scalar_t>::run(acc[ti][nt][ks % kAcc], wf[ti][ks], bf[0], bf[1]);
-          MmaInst<scalar_t>::run(acc[ti][nt][(ks + 1) % kAcc], wf[ti][ks + 1], bf[2], bf[3]);
-        }
+        ldmatrix_x4(bf[nt], ld_buf + (((k0 + ks) / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
       }
+      // k-step by k-step over every (n8 tile, tile): an accumulator's consecutive MMAs are NT · kTiles
+      // MMAs apart (at kAcc = 1, split K with two n8 tiles, two back to back were slower).
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int ti = 0; ti < kTiles; ++ti) {
+            MmaInst<scalar_t>::run(acc[ti][nt][(ks + kk) % kAcc], wf[ti][ks + kk], bf[nt][2 * kk],
+                                   bf[nt][2 * kk + 1]);
+          }
     }
     // dsum[ti][nt]: the chains summed.
     float dsum[kTiles][NT][4];
@@ -317,12 +323,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         float o[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][nt][e] : dsum[1][nt][e];
-        partials[(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
+        partials[((pair * 2 + (1 - half)) * NT + nt) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
       }
       asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const float4 p = partials[(pair * 2 + half) * 32 + lane];
+        const float4 p = partials[((pair * 2 + half) * NT + nt) * 32 + lane];
         const float q[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) dsum[0][nt][e] = (half ? dsum[1][nt][e] : dsum[0][nt][e]) + q[e];
@@ -428,14 +434,16 @@ bool launch(const OneClusterArgs<scalar_t>& args) {
   return true;
 }
 
-// Whether warp pairs split K (one n8 tile of rows, B <= 8): at H = 512, where it was faster (H200,
+// Whether warp pairs split K: at H = 512 with one n8 tile of rows (B <= 8), where it was faster (H200,
 // bf16 `infer` CUDA-graph replays, split / one warp per tile: B = 8 0.397-0.402 / 0.426-0.428 ms,
 // B = 1 0.385-0.391 / 0.395-0.397); not at H = 256 (the partial sums' swap outweighs the halved
 // reads of a shorter product: B = 8 0.297-0.306 / 0.288). SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K
-// (diagnostic): "0" never, "1" at every H.
+// (diagnostic): "0" never, "1" at every H and B (two n8 tiles: the MMA order of the branch
+// next/one-cluster-b16, not yet measured; the first version, with an accumulator's two MMAs of an
+// ldmatrix back to back, was slower than one warp per tile at B = 16).
 bool split_k_wanted(const LstmSizes& s) {
   const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K");
-  return s.B <= 8 && (mode == 1 || (mode == -1 && s.H == 512));
+  return mode == 1 || (mode == -1 && s.H == 512 && s.B <= 8);
 }
 
 template <class scalar_t, bool kTraining>
@@ -443,8 +451,12 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
   const bool two_tiles = s.B > 8, split_k = split_k_wanted(s);
   auto with_tiles = [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    if (two_tiles) return launch<scalar_t, kTraining, KS, 2, false>(args);
-    return split_k ? launch<scalar_t, kTraining, KS, 1, true>(args) : launch<scalar_t, kTraining, KS, 1, false>(args);
+    auto with_split = [&](auto nt_c) {
+      constexpr int NT = decltype(nt_c)::value;
+      return split_k ? launch<scalar_t, kTraining, KS, NT, true>(args)
+                     : launch<scalar_t, kTraining, KS, NT, false>(args);
+    };
+    return two_tiles ? with_split(std::integral_constant<int, 2>{}) : with_split(std::integral_constant<int, 1>{});
   };
   switch (s.H) {
     case 128: return with_tiles(std::integral_constant<int, 8>{});
