@@ -36,18 +36,19 @@
 //
 // Exchange. A buffer of h holds CL slices (slice r' from block r') of 16 rows x 32 units as 8x8
 // core matrices (slice_index). The gate lanes store h_s into the block's own slice of buffer s % 2
-// and into a staging slice (by step parity); after a proxy fence and one block barrier, sender
-// d < CL - 1 (lane d / 8 of warp d % 8) copies the staged row groups (NT n8 tiles, 512 bytes
-// each) into slice r of block (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk
-// shared::cta -> shared::cluster), complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's mbarrier expects
-// (CL - 1) · NT · 512 bytes and one arrival, thread 0's, which re-arms it for step s + 2 right after
-// the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after every block sent it
-// h_{s+1}, which each block does after its product has read h_s there (and after its block barrier,
-// which all its warps pass only after their products: the own slice's stores are ordered the same
-// way), so no value is overwritten before it was read; for the same reason no complete_tx of step
-// s + 2 can reach a phase before step s's completed, and a staging slice is read by all its copies
-// before it is written again two steps later. h0 sits in buffer 1 before the first step; rows
-// b >= B stay zero (read by the MMA, never used). The last step sends nothing.
+// and into a staging slice (by step parity); after a proxy fence and one block barrier, sender d <
+// CL - 1 (lane d / 8 of warp d % 8) copies the staged row groups (NT n8 tiles, 512 bytes each) into
+// slice r of block (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta ->
+// shared::cluster), complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's
+// mbarrier expects (CL - 1) · NT · 512 bytes and one arrival, thread 0's, which re-arms it for step
+// s + 2 right after the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after
+// every block sent it h_{s+1}, which each block does after its product has read h_s there (and
+// after its block barrier, which all its warps pass only after their products: the own slice's
+// stores are ordered the same way), so no value is overwritten before it was read; for the same
+// reason no complete_tx of step s + 2 can reach a phase before step s's completed, and a staging
+// slice is read by all its copies before it is written again two steps later. h0 sits in buffer 1
+// before the first step; rows b >= B stay zero (read by the MMA, never used). The last step sends
+// nothing.
 //
 // Dropped on the way (H100 / H200, docs/benchmarks.md): each lane sending its row's four units with
 // 8-byte st.async (the network's cost per transaction: 3.8 µs a step at B = 16, H = 512); the copy
