@@ -247,17 +247,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   float pv[NT][4], pv_next[NT][4];
   load_pre(0, pv);
-  // SEQKERNELS_LSTM_TRACE: SM cycles of thread 0 of block 0 per phase (a uniform branch when off).
-  const bool tracing = a.trace && rank == 0 && threadIdx.x == 0;
-  long long trace_last = tracing ? clock64() : 0, trace_begin = trace_last, trace_cycles[5] = {0, 0, 0, 0, 0};
-  const uint64_t trace_ns_begin = tracing ? global_timer_ns() : 0;  // with the cycles: the SM clock
-  auto trace_mark = [&](int phase) {
-    if (tracing) {
-      const long long now = clock64();
-      trace_cycles[phase] += now - trace_last;
-      trace_last = now;
-    }
-  };
+  // SEQKERNELS_LSTM_TRACE (lstm_device.cuh): phases 0 wait, 1 product, 2 gates, 3 barrier and
+  // copies, 4 stores.
+  PhaseTrace trace;
+  trace.start(a.trace);
 
   for (int s = 0; s < T; ++s) {
     const int rd = (s + 1) & 1;  // h_{s-1}'s buffer (h0's at s = 0)
@@ -266,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0 && s + 2 < T) mbarrier_arrive_expect(&bars[rd], step_bytes);  // h_{s+1}'s phase
     }
     if (s + 1 < T) load_pre(s + 1, pv_next);
-    trace_mark(0);
+    trace.mark(0);
 
     // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per (tile, n8 tile). Each ldmatrix feeds kTiles · 2
     // MMAs: split K halves the shared-memory reads of h (256 bytes per MMA unsplit: 64 KB a step
@@ -336,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
-    trace_mark(1);
+    trace.mark(1);
     const int64_t t = a.reverse ? T - 1 - s : s;
     float act_q[NT][4], c_new[NT];
     scalar_t h[NT];
@@ -362,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         hbuf[s & 1][rank][slice_index(b_of[nt], quad * 4 + uq)] = h[nt];  // read after the barrier below
       }
     }
-    trace_mark(2);
+    trace.mark(2);
     if (s + 1 < T) {
       // The staged slice to every block (the async proxy reads what the threads wrote).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -372,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                              slice_bytes, bar_remote + (s & 1) * 8);
       }
     }
-    trace_mark(3);
+    trace.mark(3);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if (live[nt]) {
@@ -392,16 +385,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int q = 0; q < 4; ++q) pv[nt][q] = pv_next[nt][q];
-    trace_mark(4);
+    trace.mark(4);
   }
-  if (tracing) {
-    const double ns = double(global_timer_ns() - trace_ns_begin);
+  if (trace.on) {
+    const double t = T;
     printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d | ns/step %.0f (%.2f GHz) |"
            " cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
-           kTraining ? "training" : "inference", T, B, H, CL, ns / T, double(clock64() - trace_begin) / ns,
-           double(clock64() - trace_begin) / T,
-           double(trace_cycles[0]) / T, double(trace_cycles[1]) / T, double(trace_cycles[2]) / T,
-           double(trace_cycles[3]) / T, double(trace_cycles[4]) / T);
+           kTraining ? "training" : "inference", T, B, H, CL, trace.ns_per_step(T), trace.clock_ghz(T),
+           (trace.last - trace.begin) / t, trace.acc[0] / t, trace.acc[1] / t, trace.acc[2] / t, trace.acc[3] / t,
+           trace.acc[4] / t);
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
