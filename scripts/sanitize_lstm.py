@@ -164,14 +164,15 @@ ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128,
                      ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True)]
 
 
-def one_cluster_sweep(gen, modes) -> int:
-    """ONE_CLUSTER_CASES in both directions and the given modes (True: train), persistent backend."""
+def run_cases(cases, gen, modes) -> int:
+    """Each (batch_sizes, I, H, dtype, tf32) case without projection, with bias, in both directions
+    and the given modes (True: train); the number of failures."""
     failures = 0
-    for (batch_sizes, I, H, dtype, _), reverse, training in itertools.product(ONE_CLUSTER_CASES, [False, True],
-                                                                              modes):
-        ok, line = run_case(dtype, False, reverse, training, True, batch_sizes, I, H, gen)
+    for (batch_sizes, I, H, dtype, tf32), reverse, training in itertools.product(cases, [False, True], modes):
+        with rnn_tf32(tf32):
+            ok, line = run_case(dtype, False, reverse, training, True, batch_sizes, I, H, gen)
         failures += not ok
-        print(line, flush=True)
+        print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
     return failures
 
 
@@ -225,13 +226,7 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),
                 ([8, 8], 8, 1024, torch.float32, True), ([20, 20], 8, 1024, torch.float32, True),
                 ([64, 64], 8, 1024, torch.float32, True)]
-        big += ONE_CLUSTER_CASES
-        for batch_sizes, I, H, dtype, tf32 in big:
-            for reverse in (False, True):
-                with rnn_tf32(tf32):
-                    ok, line = run_case(dtype, False, reverse, True, True, batch_sizes, I, H, gen)
-                failures += not ok
-                print(line + ("" if tf32 or dtype != torch.float32 else "  (TF32 off)"), flush=True)
+        failures += run_cases(big + ONE_CLUSTER_CASES, gen, (True,))
     if backend == "cublas":
         # Equal batch sizes and T >= 16: the cuBLAS loop replays its steps from a kept CUDA graph
         # (csrc/cuda/lstm.cu; T = 36: two 16-step chunks and four eager steps); H = 8 vectorised,
@@ -395,7 +390,7 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cudnn rnn fp32_precision: {rnn_precision}  SEQKERNELS_LSTM_BACKEND={backend}", flush=True)
     modes = {"both": (True, False), "infer": (False,), "train": (True,)}[args.mode]
-    failures = one_cluster_sweep(gen, modes) if args.one_cluster else sweep(gen, backend, modes)
+    failures = run_cases(ONE_CLUSTER_CASES, gen, modes) if args.one_cluster else sweep(gen, backend, modes)
     if args.extra:
         failures += extra(gen)
     print(f"sanitize_lstm: {failures} failure(s)", flush=True)

@@ -1,6 +1,7 @@
 // Thread-block cluster helpers (sm_90) shared by the kernels that use distributed shared
 // memory: the ConvRNN cluster forward (convrnn.cu), the LSTM split backward's clustered instances
-// and the LSTM cluster forward (lstm_persistent.cu).
+// and the LSTM cluster forward (lstm_persistent.cu), and the LSTM one-cluster forward
+// (lstm_one_cluster.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +21,16 @@ __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
   return remote;
+}
+
+// Every thread of every block of the cluster: shared-memory writes before it are visible to
+// the cluster's reads after it. Compiled for an older architecture it traps.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
 }
 
 // mbarriers for exchanges by st.async between the blocks of a cluster (the ConvRNN's halo, the LSTM

@@ -196,8 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (T > 2) mbarrier_arrive_expect(&bars[1], step_bytes);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // Every block's mbarriers and zeroed rows are in place before anyone sends.
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  cluster_sync();  // every block's mbarriers and zeroed rows are in place before anyone sends
 
   // The lane's items: (unit j, batch row b[nt]) for each n8 tile.
   int b_of[NT];
@@ -402,8 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       a.c_n[static_cast<int64_t>(b_of[nt]) * H + j] = c_st[nt];
     }
   }
-  // No block leaves while another may still address its shared memory.
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  cluster_sync();  // no block leaves while another may still address its shared memory
 #endif
 }
 

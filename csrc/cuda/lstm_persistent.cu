@@ -1723,17 +1723,7 @@ __device__ __forceinline__ void ll_store2_if(bool pred, u64* p, uint32_t payload
 // Compiled for an older architecture these trap; the host takes the clustered instance only
 // where the kernel's PTX is for sm_90 or later (ptx_at_least, kernel_attributes.cuh). Clusters
 // of CL blocks tile the 1-D grid in order: a block's rank in its cluster is blockIdx.x % CL and
-// its cluster's index blockIdx.x / CL.
-
-// Every thread of every block of the cluster: shared-memory writes before it are visible to
-// the cluster's reads after it.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
+// its cluster's index blockIdx.x / CL (cluster_sync: cluster.cuh).
 
 __device__ __forceinline__ float4 ld_cluster4(uint32_t addr) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
