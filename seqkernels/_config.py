@@ -64,8 +64,9 @@ CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024 = 32
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 # one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxBatch
-# at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks)
-CUDA_ONE_CLUSTER_MAX_BATCH = 8
+# at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows)
+CUDA_ONE_CLUSTER_MAX_BATCH = 16
+CUDA_ONE_CLUSTER_GROUP_ROWS = 8  # kGroupRows, csrc/cuda/lstm_one_cluster.cu
 CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
 CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
@@ -239,13 +240,15 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
 
 def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters: bool) -> str:
     """The persistent forward's kernel at B <= 16 with tensor cores (cluster_forward_applies,
-    csrc/cuda/lstm_persistent.cuh): the one-cluster kernel (16-bit types, B <= 8, H <= 512,
+    csrc/cuda/lstm_persistent.cuh): the one-cluster kernel (16-bit types, B <= 16, H <= 512,
     csrc/cuda/lstm_one_cluster.cuh), the cluster kernel in one m16 tile at H = 1024 from its
     threshold (16-bit, or TF32), else the direct kernel."""
     if clusters and elem == 2 and batch <= CUDA_ONE_CLUSTER_MAX_BATCH and hidden in CUDA_ONE_CLUSTER_HIDDEN:
         split_k = "; warp pairs split K" if hidden == CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN else ""
+        clusters_needed = -(-batch // CUDA_ONE_CLUSTER_GROUP_ROWS)
         return (f"the one-cluster forward kernel: B = {batch} <= {CUDA_ONE_CLUSTER_MAX_BATCH} and H = {hidden} in "
-                f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, equal batch sizes, sm_90{split_k}")
+                f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, equal batch sizes, sm_90, "
+                f"{clusters_needed} cluster{'s' if clusters_needed > 1 else ''} of {hidden // 32} blocks{split_k}")
     # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32

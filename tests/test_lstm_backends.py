@@ -914,12 +914,13 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
 
 
 # (precision, B, H, reverse, bias): the one-cluster kernel (lstm_one_cluster.cu) at each of its
-# hidden sizes (clusters of 4, 8 and 16 blocks), one n8 tile of batch rows (B <= 8, rows past B
-# zero) and two (B = 9..16).
+# hidden sizes (clusters of 4, 8 and 16 blocks), in one cluster (B <= 8, rows past B zero), two
+# (B = 9..16, the second group partly empty at B = 9 and 13) and, forced, three to five (B = 17..40).
 _ONE_CLUSTER_CASES = [
     ("bfloat16", 1, 512, False, True), ("float16", 16, 512, True, True), ("bfloat16", 9, 512, False, False),
     ("bfloat16", 8, 256, True, True), ("float16", 13, 256, False, True), ("bfloat16", 5, 128, True, True),
-    ("float16", 16, 128, False, False), ("float16", 6, 512, True, False),
+    ("float16", 16, 128, False, False), ("float16", 6, 512, True, False), ("bfloat16", 40, 512, True, True),
+    ("float16", 27, 256, False, True), ("bfloat16", 17, 128, True, False),
 ]
 
 
@@ -938,24 +939,25 @@ def _one_cluster_split_k(fn) -> set[bool]:
 @pytest.mark.parametrize("split_k", ["", "0", "1"], ids=["split-k-rule", "one-warp-per-tile", "split-k"])
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _ONE_CLUSTER_CASES)
 def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias, split_k):
-    """bf16 / fp16 at B <= 8 (and forced with SEQKERNELS_LSTM_ONE_CLUSTER=1 to B = 16), H in {128,
-    256, 512}, equal batch sizes: the persistent forward runs the whole layer in one thread-block
-    cluster (h exchanged in distributed shared memory): which kernel ran, and the outputs and every
-    gradient (the backward reads the gates and cells it saved) against the float64 reference, for 6
-    steps and for 1, 2 and 67 (the mbarrier phases of the two buffers: none armed, one, many);
-    SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case under the rule for warp pairs
-    splitting K (B <= 8 at H = 512), with one warp per tile over all of K
-    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H and B (=1)."""
+    """bf16 / fp16 at B <= 16 (and forced with SEQKERNELS_LSTM_ONE_CLUSTER=1 beyond, the cluster
+    kernel off), H in {128, 256, 512}, equal batch sizes: the persistent forward runs the whole layer
+    in one thread-block cluster per 8 batch rows (h exchanged in distributed shared memory): which
+    kernel ran, and the outputs and every gradient (the backward reads the gates and cells it saved)
+    against the float64 reference, for 6 steps and for 1, 2 and 67 (the mbarrier phases of the two
+    buffers: none armed, one, many); SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case
+    under the rule for warp pairs splitting K (at H = 512), with one warp per tile over all of K
+    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K", split_k)
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
-        assert (_persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}) == (B <= 8)
-        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "1")  # two n8 tiles: forced (the direct kernel's)
+        assert (_persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}) == (B <= 16)
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "1")  # B > 16: forced, and the cluster kernel's
+        monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
         assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
-        assert _one_cluster_split_k(run) == {split_k == "1" or (split_k == "" and H == 512 and B <= 8)}
+        assert _one_cluster_split_k(run) == {split_k == "1" or (split_k == "" and H == 512)}
         for steps in (6, 1, 2, 67):
             compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
                           what=f"one-cluster forward, {steps} steps")

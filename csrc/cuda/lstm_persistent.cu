@@ -3097,7 +3097,7 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     }
   } else if constexpr (P == Path::kMma16) {
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
-    // B <= 8, H <= 512: the whole layer in one cluster (lstm_one_cluster.cu).
+    // B <= 16, H <= 512: the whole layer in one cluster per 8 batch rows (lstm_one_cluster.cu).
     if (lstm_one_cluster_forward<scalar_t>(s, args.reverse, kTraining, args.trace != 0, args.pre, args.b_ih, args.b_hh,
                                            args.w_hh, args.h0, args.c0, args.y, args.gates, args.cells, args.h_n,
                                            args.c_n)) {
