@@ -1,5 +1,5 @@
 // The one-cluster forward kernel of the persistent LSTM loop (sm_90, bf16 / fp16, H in {128, 256,
-// 512}): each group of 8 batch rows in one thread-block cluster.
+// 512}, B <= 64): each group of 8 batch rows in one thread-block cluster.
 //
 // Why. The other persistent forward kernels spread a layer over 64-128 SMs and exchange h_t
 // through L2 each step: a producer's store, a consumer's polling loads and the slowest of ~100
@@ -418,8 +418,7 @@ bool one_cluster_forward_fits(const LstmSizes& s, int sm_major) {
 }
 
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major) {
-  const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER");
-  return mode != 0 && one_cluster_forward_fits(s, sm_major) && (mode == 1 || s.B <= kOneClusterMaxBatch);
+  return switch_on("SEQKERNELS_LSTM_ONE_CLUSTER") && one_cluster_forward_fits(s, sm_major);
 }
 
 template <class scalar_t>

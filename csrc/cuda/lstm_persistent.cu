@@ -3096,13 +3096,15 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       return true;
     }
   } else if constexpr (P == Path::kMma16) {
-    if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
-    // B <= 16, H <= 512: the whole layer in one cluster per 8 batch rows (lstm_one_cluster.cu).
-    if (lstm_one_cluster_forward<scalar_t>(s, args.reverse, kTraining, args.trace != 0, args.pre, args.b_ih, args.b_hh,
+    // H <= 512: the whole layer in one cluster per 8 batch rows (lstm_one_cluster.cu), where all
+    // those clusters are resident at once; not where the cluster kernel is forced.
+    if (cluster_forward_mode() != 1 &&
+        lstm_one_cluster_forward<scalar_t>(s, args.reverse, kTraining, args.trace != 0, args.pre, args.b_ih, args.b_hh,
                                            args.w_hh, args.h0, args.c0, args.y, args.gates, args.cells, args.h_n,
                                            args.c_n)) {
       return true;
     }
+    if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
   } else if constexpr (std::is_same_v<scalar_t, float>) {
     // float32 with TF32 off: three TF32 MMAs per product.
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32x3>(s, prop, args, like)) return true;
