@@ -157,11 +157,12 @@ def rnn_tf32(allowed: bool):
         torch.backends.cudnn.allow_tf32 = saved
 
 
-# The one-cluster forward kernel (16-bit, B <= 8, H in {128, 256, 512}, equal batch sizes, sm_90: one
-# thread-block cluster of H / 32 blocks, h sent with bulk copies into every block's shared memory);
-# its two-tile instances (B = 12 here) with SEQKERNELS_LSTM_ONE_CLUSTER=1 (else the direct kernel's).
+# The one-cluster forward kernel (16-bit, B <= 64, H in {128, 256, 512}, equal batch sizes, sm_90: one
+# thread-block cluster of H / 32 blocks per 8 batch rows, h sent with bulk copies into every block's
+# shared memory of its cluster): one cluster, two (B = 12, the second half empty) and three (B = 20).
 ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128, torch.float16, True),
-                     ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True)]
+                     ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True),
+                     ([20, 20, 20], 8, 256, torch.bfloat16, True)]
 
 
 def run_cases(cases, gen, modes) -> int:

@@ -63,9 +63,11 @@ CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
 CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024 = 32
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
-# one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxBatch
-# at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks)
-CUDA_ONE_CLUSTER_MAX_BATCH = 8
+# one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxRows
+# at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows,
+# all resident at once: the occupancy API's answer at launch)
+CUDA_ONE_CLUSTER_MAX_ROWS = 64
+CUDA_ONE_CLUSTER_GROUP_ROWS = 8  # kGroupRows, csrc/cuda/lstm_one_cluster.cu
 CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
 CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
@@ -219,7 +221,8 @@ def cluster_half_products() -> bool:
 
 def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
     """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) at B > 16: why the forward's cluster
-    kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None."""
+    kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None. 16-bit
+    types at H <= 512 first try the one-cluster kernel (_one_cluster)."""
     if not (clusters and CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA < batch <= CUDA_CLUSTER_FORWARD_MAX_BATCH):
         return None
     hiddens = {2: CUDA_CLUSTER_FORWARD_HIDDEN, 4: CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32}.get(elem, ())
@@ -234,18 +237,29 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
                "and H = 1024 with TF32 (TF32 operands: SEQKERNELS_LSTM_CLUSTER_HALF=0)")
     else:
         return None
-    return f"{why} (the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes)"
+    cluster = "the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes"
+    if elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
+        return f"{why} ({_one_cluster(batch, hidden)}; else {cluster})"
+    return f"{why} ({cluster})"
+
+
+def _one_cluster(batch: int, hidden: int) -> str:
+    """The one-cluster forward kernel's line (csrc/cuda/lstm_one_cluster.cuh) for 16-bit types at
+    B <= 64 and H in {128, 256, 512}."""
+    groups = -(-batch // CUDA_ONE_CLUSTER_GROUP_ROWS)
+    split_k = "; warp pairs split K" if hidden == CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN else ""
+    return (f"the one-cluster forward kernel: B = {batch} <= {CUDA_ONE_CLUSTER_MAX_ROWS} and H = {hidden} in "
+            f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, equal batch sizes, sm_90, {groups} "
+            f"cluster{'s' if groups > 1 else ''} of {hidden // 32} blocks if all are resident at once{split_k}")
 
 
 def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters: bool) -> str:
     """The persistent forward's kernel at B <= 16 with tensor cores (cluster_forward_applies,
-    csrc/cuda/lstm_persistent.cuh): the one-cluster kernel (16-bit types, B <= 8, H <= 512,
+    csrc/cuda/lstm_persistent.cuh): the one-cluster kernel (16-bit types, H <= 512,
     csrc/cuda/lstm_one_cluster.cuh), the cluster kernel in one m16 tile at H = 1024 from its
     threshold (16-bit, or TF32), else the direct kernel."""
-    if clusters and elem == 2 and batch <= CUDA_ONE_CLUSTER_MAX_BATCH and hidden in CUDA_ONE_CLUSTER_HIDDEN:
-        split_k = "; warp pairs split K" if hidden == CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN else ""
-        return (f"the one-cluster forward kernel: B = {batch} <= {CUDA_ONE_CLUSTER_MAX_BATCH} and H = {hidden} in "
-                f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, equal batch sizes, sm_90{split_k}")
+    if clusters and elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
+        return _one_cluster(batch, hidden)
     # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32

@@ -279,17 +279,23 @@ def test_cli_prints_the_choice_and_why():
     assert "forward: fused" in out.stdout and "backward (training): cublas" in out.stdout
     out = run_cli("--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
-    assert "forward: persistent (auto: 16 < B = 32 <= 64 and H = 512 in {256, 512, 1024} (the cluster" in out.stdout
+    assert ("forward: persistent (auto: 16 < B = 32 <= 64 and H = 512 in {256, 512, 1024} (the one-cluster forward "
+            "kernel: B = 32 <= 64 and H = 512 in {128, 256, 512}, equal batch sizes, sm_90, 4 clusters of 16 blocks if "
+            "all are resident at once; warp pairs split K; else the cluster forward kernel") in out.stdout
     assert "backward (training): fused" in out.stdout
     assert "B*H = 16384 <= 20480" in out.stdout
     out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
-    assert "forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the direct forward kernel)" in out.stdout
+    assert ("forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 16 <= 64"
+            in out.stdout)
+    assert "equal batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split K)" in out.stdout
+    out = run_cli("--batch", "12", "--hidden", "640", "--dtype", "bfloat16", "--device", "cuda")
+    assert "forward: persistent (auto: B = 12 <= 16 and H = 640 <= 1024 (the direct forward kernel)" in out.stdout
     out = run_cli("--batch", "8", "--hidden", "512", "--dtype", "float16", "--device", "cuda")
     assert ("forward: persistent (auto: B = 8 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 8"
             in out.stdout)
-    assert "equal batch sizes, sm_90; warp pairs split K)" in out.stdout
+    assert "equal batch sizes, sm_90, 1 cluster of 16 blocks if all are resident at once; warp pairs split K)" in out.stdout
     out = run_cli("--batch", "8", "--hidden", "256", "--dtype", "bfloat16", "--device", "cuda")
-    assert "(the one-cluster forward kernel: B = 8 <= 8 and H = 256" in out.stdout and "split K" not in out.stdout
+    assert "(the one-cluster forward kernel: B = 8 <= 64 and H = 256" in out.stdout and "split K" not in out.stdout
     out = run_cli("--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")
     assert "forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one" in out.stdout
     out = run_cli("--batch", "5", "--hidden", "1024", "--dtype", "float16", "--device", "cuda")

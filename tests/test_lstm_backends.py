@@ -896,12 +896,13 @@ _CLUSTER_FORWARD_CASES = [
 def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
     """The persistent forward at 16 < B <= 64 (bf16 / fp16 with H in {256, 512, 1024}, float32 with
     or without TF32 with H in {256, 512}, with TF32 also at H = 1024 up to B = 32; equal batch
-    sizes) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
+    sizes; the one-cluster kernel, which takes 16-bit types at H <= 512, off) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
     added by the owner block in distributed shared memory): which
     kernel ran, and the outputs and every gradient (the backward reads the gates and cells the
     forward saved) against the float64 reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0
     keeps the general kernel (where it applies: U * B <= 256) or the cuBLAS loop."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
@@ -914,12 +915,13 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
 
 
 # (precision, B, H, reverse, bias): the one-cluster kernel (lstm_one_cluster.cu) at each of its
-# hidden sizes (clusters of 4, 8 and 16 blocks), one n8 tile of batch rows (B <= 8, rows past B
-# zero) and two (B = 9..16).
+# hidden sizes (clusters of 4, 8 and 16 blocks), in one cluster (B <= 8, rows past B zero) and two
+# to five (B = 9..40; the last group partly empty at B = 9, 13, 17 and 27).
 _ONE_CLUSTER_CASES = [
     ("bfloat16", 1, 512, False, True), ("float16", 16, 512, True, True), ("bfloat16", 9, 512, False, False),
     ("bfloat16", 8, 256, True, True), ("float16", 13, 256, False, True), ("bfloat16", 5, 128, True, True),
-    ("float16", 16, 128, False, False), ("float16", 6, 512, True, False),
+    ("float16", 16, 128, False, False), ("float16", 6, 512, True, False), ("bfloat16", 40, 512, True, True),
+    ("float16", 27, 256, False, True), ("bfloat16", 17, 128, True, False),
 ]
 
 
@@ -938,24 +940,22 @@ def _one_cluster_split_k(fn) -> set[bool]:
 @pytest.mark.parametrize("split_k", ["", "0", "1"], ids=["split-k-rule", "one-warp-per-tile", "split-k"])
 @pytest.mark.parametrize("precision_name,B,H,reverse,bias", _ONE_CLUSTER_CASES)
 def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias, split_k):
-    """bf16 / fp16 at B <= 8 (and forced with SEQKERNELS_LSTM_ONE_CLUSTER=1 to B = 16), H in {128,
-    256, 512}, equal batch sizes: the persistent forward runs the whole layer in one thread-block
-    cluster (h exchanged in distributed shared memory): which kernel ran, and the outputs and every
-    gradient (the backward reads the gates and cells it saved) against the float64 reference, for 6
-    steps and for 1, 2 and 67 (the mbarrier phases of the two buffers: none armed, one, many);
-    SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case under the rule for warp pairs
-    splitting K (B <= 8 at H = 512), with one warp per tile over all of K
-    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1; one n8 tile only)."""
+    """bf16 / fp16 at B <= 64 (where its clusters are resident together: all these cases on an
+    H100 / H200), H in {128, 256, 512}, equal batch sizes: the persistent forward runs the whole layer
+    in one thread-block cluster per 8 batch rows (h exchanged in distributed shared memory): which
+    kernel ran, and the outputs and every gradient (the backward reads the gates and cells it saved)
+    against the float64 reference, for 6 steps and for 1, 2 and 67 (the mbarrier phases of the two
+    buffers: none armed, one, many); SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case
+    under the rule for warp pairs splitting K (at H = 512), with one warp per tile over all of K
+    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K", split_k)
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
-        assert (_persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}) == (B <= 8)
-        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "1")  # two n8 tiles: forced (the direct kernel's)
         assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
-        assert _one_cluster_split_k(run) == {B <= 8 and (split_k == "1" or (split_k == "" and H == 512))}
+        assert _one_cluster_split_k(run) == {split_k == "1" or (split_k == "" and H == 512)}
         for steps in (6, 1, 2, 67):
             compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
                           what=f"one-cluster forward, {steps} steps")
@@ -976,16 +976,16 @@ def test_one_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("precision_name", ["bfloat16", "float16"])
-def test_one_cluster_forward_in_cuda_graph(monkeypatch, precision_name):
-    """Inference on the one-cluster kernel captured in a CUDA graph: replays on fresh input data
-    agree with eager calls of an identical model."""
+@pytest.mark.parametrize("precision_name,B", [("bfloat16", 7), ("float16", 7), ("bfloat16", 20)])
+def test_one_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B):
+    """Inference on the one-cluster kernel (one cluster, and three at B = 20) captured in a CUDA
+    graph: replays on fresh input data agree with eager calls of an identical model."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]
         torch.manual_seed(7)
         model = seqkernels.LSTM(512, 512).to(device="cuda", dtype=dtype)
-        static_x = torch.randn(5, 7, 512, device="cuda", dtype=dtype)
+        static_x = torch.randn(5, B, 512, device="cuda", dtype=dtype)
         assert any("one_cluster" in n for n in kernel_names(lambda: model(static_x)))
         check_cuda_graph_replays(model, static_x)
 
@@ -1151,10 +1151,11 @@ def test_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 33, 256), ("tf32", 40, 1024)])
 def test_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B, H):
-    """Inference and a training step whose forward runs the cluster kernel (bf16; float32 with TF32
-    on scaled fp16 operands), captured in CUDA graphs: replays on fresh input data agree with eager
-    calls."""
+    """Inference and a training step whose forward runs the cluster kernel (bf16, the one-cluster
+    kernel off; float32 with TF32 on scaled fp16 operands), captured in CUDA graphs: replays on
+    fresh input data agree with eager calls."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)

@@ -1675,34 +1675,31 @@ void column_abs_max(cudaStream_t stream, const float* src, int64_t rows, int64_t
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Whether products of `flops` run on fp16 parts: where they have kX3MinFlops and their buffers
-// `fit` (the caller's memory rule), or as SEQKERNELS_LSTM_X3_HALF_PRODUCTS says (diagnostic: 0
-// never, 1 at any size). Their row chunks' buffers take at most `budget` bytes and kX3SplitBytes
-// (forced: at least kX3MinSplitBytes).
+// The bytes the row chunks' buffers of products of `flops` on fp16 parts may take, or 0 where the
+// products do not run on fp16 parts. They do where they have kX3MinFlops and their buffers `fit`
+// (the caller's memory rule), or as SEQKERNELS_LSTM_X3_HALF_PRODUCTS says (diagnostic: 0 never, 1
+// at any size); the chunks take at most `budget` bytes and kX3SplitBytes (forced: at least
+// kX3MinSplitBytes).
 constexpr int64_t kHalfX3MinChunkRows = 256;
-bool use_half_x3_products(double flops, bool fit) {
+int64_t half_x3_chunk_bytes(double flops, bool fit, int64_t budget) {
   const int mode = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_HALF_PRODUCTS");
-  return mode < 0 ? fit && flops >= kX3MinFlops : mode == 1;
-}
-int64_t half_x3_chunk_bytes(int64_t budget) {
-  const bool forced = cuda::diagnostic_mode("SEQKERNELS_LSTM_X3_HALF_PRODUCTS") == 1;
-  return std::min(kX3SplitBytes, std::max(budget, forced ? kX3MinSplitBytes : 0));
+  if (mode < 0 ? !fit || flops < kX3MinFlops : mode != 1) return 0;
+  return std::min(kX3SplitBytes, std::max(budget, mode == 1 ? kX3MinSplitBytes : int64_t{0}));
 }
 
 // The weight gradients as above (the block comment), or false, having done nothing: where X
 // ([G, J] floats) and the parts of a chunk of kHalfX3MinChunkRows rows fit within grad_x's bytes
 // (lstm_backward_impl allocates grad_x after them, so the scratch stays within what dx's phase
-// holds, as x3_weight_grads' does; use_half_x3_products). The chunks take what is left.
+// holds, as x3_weight_grads' does; half_x3_chunk_bytes). The chunks take what is left.
 bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const float* dG, const float* x,
                           const float* hprev, float* grad_w_ih, float* grad_w_hh, const at::TensorOptions& opts) {
   const int64_t J = I + Hout;
   const int64_t ldg = padded_to_vectors<c10::Half>(G), ldj = padded_to_vectors<c10::Half>(J);
   const int64_t row_bytes = 2 * (ldg + ldj) * int64_t(sizeof(c10::Half));  // big and remainder rows
   const int64_t budget = N * I * 4 - G * ldj * 4;  // grad_x's bytes less X's
-  if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * J, budget >= kHalfX3MinChunkRows * row_bytes)) {
-    return false;
-  }
-  const int64_t chunk = x3_chunk_rows(half_x3_chunk_bytes(budget), row_bytes, N);
+  const int64_t chunk_bytes = half_x3_chunk_bytes(2.0 * N * G * J, budget >= kHalfX3MinChunkRows * row_bytes, budget);
+  if (N == 0 || I == 0 || chunk_bytes == 0) return false;
+  const int64_t chunk = x3_chunk_rows(chunk_bytes, row_bytes, N);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor maxima = at::empty({ldg + ldj}, opts.dtype(at::kInt));
   auto* g_max = reinterpret_cast<unsigned*>(maxima.data_ptr<int>());
@@ -1753,7 +1750,7 @@ bool half_x3_weight_grads(int64_t N, int64_t G, int64_t I, int64_t Hout, const f
 // with K along the operands' columns: dG's rows scaled each by its own power of two
 // (split_half_rows_kernel, per row chunk: [big | rem] side by side), W_ih's columns by theirs
 // (once: [rem ; big] along K), S (+)= big·big into grad_x's rows, X = [big | rem]·[rem ; big] into
-// a [rows, I] scratch, and half_x3_out_kernel. Or false, having done nothing (use_half_x3_products:
+// a [rows, I] scratch, and half_x3_out_kernel. Or false, having done nothing (half_x3_chunk_bytes:
 // where W_ih's parts and kHalfX3MinChunkRows rows' buffers exceed `budget` bytes, the caller's:
 // hprev's, released before grad_x, or W_ih's parts alone a quarter of it: at B = 16, H = 512,
 // T = 256, where they were half, the chunks' buffers raised the training call's peak above
@@ -1766,8 +1763,9 @@ bool half_x3_input_grad(int64_t N, int64_t G, int64_t I, const float* dG, const 
   const int64_t w_bytes = w_parts_bytes + ldi * 4;  // W_ih's parts, column maxima
   const int64_t row_bytes = 2 * G * int64_t(sizeof(c10::Half)) + ldi * 4 + 4;  // dG's parts, X, the row maximum
   const bool fit = 4 * w_parts_bytes <= budget && budget - w_bytes >= kHalfX3MinChunkRows * row_bytes;
-  if (N == 0 || I == 0 || !use_half_x3_products(2.0 * N * G * I, fit)) return false;
-  const int64_t chunk = x3_chunk_rows(half_x3_chunk_bytes(budget - w_bytes), row_bytes, N);
+  const int64_t chunk_bytes = half_x3_chunk_bytes(2.0 * N * G * I, fit, budget - w_bytes);
+  if (N == 0 || I == 0 || chunk_bytes == 0) return false;
+  const int64_t chunk = x3_chunk_rows(chunk_bytes, row_bytes, N);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Tensor w_parts = at::empty({2 * G * ldi}, opts.dtype(at::kHalf));
   Tensor maxima = at::empty({ldi + chunk}, opts.dtype(at::kInt));

@@ -193,6 +193,33 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
+// SEQKERNELS_LSTM_TRACE: thread 0 of block 0 accumulates the SM cycles of up to five phases of a
+// step (mark(k) ends phase k) and the wall time; each kernel prints the means per step at the end,
+// named by its own phases. A uniform branch when off.
+struct PhaseTrace {
+  bool on;
+  long long last, begin, acc[5];
+  uint64_t begin_ns;
+  __device__ __forceinline__ void start(bool flag) {
+    on = flag && blockIdx.x == 0 && threadIdx.x == 0;
+    acc[0] = acc[1] = acc[2] = acc[3] = acc[4] = 0;
+    if (on) {
+      last = begin = clock64();
+      begin_ns = global_timer_ns();
+    }
+  }
+  __device__ __forceinline__ void mark(int k) {
+    if (on) {
+      const long long now = clock64();
+      acc[k] += now - last;
+      last = now;
+    }
+  }
+  // ns per step since start(), and the SM clock in GHz over that time (at the report).
+  __device__ double ns_per_step(int T) const { return double(global_timer_ns() - begin_ns) / T; }
+  __device__ double clock_ghz(int T) const { return double(last - begin) / T / ns_per_step(T); }
+};
+
 // Waits for the phase of parity `parity` of the mbarrier at shared address `bar` to complete,
 // with the spin guard (cluster.cuh's mbarrier_wait has none) and an acquire at
 // cluster scope (the st.async data of other blocks of the cluster). sm_90.

@@ -1,5 +1,5 @@
-// The one-cluster forward kernel of the persistent LSTM loop (sm_90, bf16 / fp16, B <= 8 by default,
-// B <= 16 forced; H in {128, 256, 512}).
+// The one-cluster forward kernel of the persistent LSTM loop (sm_90, bf16 / fp16, H in {128, 256,
+// 512}, B <= 64): each group of 8 batch rows in one thread-block cluster.
 //
 // Why. The other persistent forward kernels spread a layer over 64-128 SMs and exchange h_t
 // through L2 each step: a producer's store, a consumer's polling loads and the slowest of ~100
@@ -11,54 +11,61 @@
 // receiver's mbarrier, and a step waits for one mbarrier phase. No L2 round trip, no flags, no
 // exchange buffer in global memory (nothing to allocate or zero before the launch).
 //
-// Shape legend: T steps, B batch (<= 16), H hidden, G = 4H, CL = H / 32 blocks in the cluster,
-// KS = H / 16 k-steps of mma.m16n8k16, NT = ceil(B / 8) n8 tiles of batch rows.
+// Batch groups. Rows of different batch entries never meet in an LSTM, so rows [8 g, 8 g + 8) run
+// in cluster g of their own, each holding all of W_hh (read once per cluster from L2): B = 16 costs
+// what B = 8 does wherever ceil(B / 8) clusters are resident together (the occupancy API's
+// answer, checked before the launch). The clusters never wait for each other. (The first version
+// put 16 rows in one cluster as two n8 tiles: twice each warp's MMAs, ldmatrix reads and gate math,
+// 4000 against 2500 SM cycles a step at H = 512, slower than the direct kernel; split K over both
+// tiles was slower still: H200, docs/benchmarks.md.)
 //
-// Decomposition. Block r owns units [32 r, 32 r + 32); warp w of its 8 owns four of them,
-// j0 = 32 r + 4 w, and all four gates of those: a 16-row m16 tile of W_hh whose row m is gate
+// Shape legend: T steps, B batch, H hidden, G = 4H, CL = H / 32 blocks per cluster, KS = H / 16
+// k-steps of mma.m16n8k16, ceil(B / 8) clusters (batch groups) of one n8 tile of rows each.
+//
+// Decomposition. Block r of a cluster owns units [32 r, 32 r + 32); warp w of its 8 owns four of
+// them, j0 = 32 r + 4 w, and all four gates of those: a 16-row m16 tile of W_hh whose row m is gate
 // m / 4 of unit j0 + m % 4, over the whole K = H, resident in registers as A fragments
 // (4 KS registers: 128 at H = 512). The step's product is D[m][n] = sum_k W_hh[row m][k] ·
-// h_{t-1}[n][k] with h_{t-1} as the B operand (n = batch row), read from shared memory with
-// ldmatrix. A warp needs no other warp's result: its D holds all four gates of its units, so no
+// h_{t-1}[n][k] with h_{t-1} as the B operand (n = the group's batch row), read from shared memory
+// with ldmatrix. A warp needs no other warp's result: its D holds all four gates of its units, so no
 // block barrier sits between the product and the gate math. In the D fragment (g = lane / 4,
 // t = lane % 4) lanes g < 4 hold gates i and g of unit j0 + g at batch columns 2t, 2t + 1, lanes
 // g >= 4 gates f and o of unit j0 + g - 4: one shuffle pair across lane ^ 16 gives each lane all
 // four gates of one (unit, batch row), the lower half column 2t, the upper 2t + 1. The gate math
 // keeps c in a register for the whole sequence.
 //
-// Split K (one n8 tile, H = 512 by default: split_k_wanted). Every warp reading all of h_{t-1}
-// for one tile costs 256 bytes of ldmatrix per MMA, 64 KB a step per block at H = 512: ~512 of a
-// ~800-cycle product. So warps w and w + 4 hold both tiles of units 8 (w % 4) .. + 7, each over
-// one half of K (the same registers), each ldmatrix feeding both tiles; the pair then swaps the
-// partial sums of the tile the other finishes through shared memory (one named barrier of the two
-// warps), and each warp goes on as above with its tile. At H = 256 the swap costs what the halved
-// reads save.
+// Split K (H = 512 by default: split_k_wanted). Every warp reading all of h_{t-1} costs 256 bytes
+// of ldmatrix per MMA, 64 KB a step per block at H = 512: ~512 of a ~800-cycle product. So warps w
+// and w + 4 hold both tiles of units 8 (w % 4) .. + 7, each over one half of K (the same registers),
+// each ldmatrix feeding both tiles; the pair then swaps the partial sums of the tile the other
+// finishes through shared memory (one named barrier of the two warps), and each warp goes on as
+// above with its tile. At H = 256 the swap costs what the halved reads save.
 //
-// Exchange. A buffer of h holds CL slices (slice r' from block r') of 16 rows x 32 units as 8x8
+// Exchange. A buffer of h holds CL slices (slice r' from block r') of 8 rows x 32 units as 8x8
 // core matrices (slice_index). The gate lanes store h_s into the block's own slice of buffer s % 2
 // and into a staging slice (by step parity); after a proxy fence and one block barrier, sender d <
-// CL - 1 (lane d / 8 of warp d % 8) copies the staged row groups (NT n8 tiles, 512 bytes each) into
-// slice r of block (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta ->
+// CL - 1 (lane d / 8 of warp d % 8) copies the staged slice (512 bytes) into slice r of block
+// (r + 1 + d) % CL's buffer s % 2 with one bulk copy (cp.async.bulk shared::cta ->
 // shared::cluster), complete_tx on that block's mbarrier of the buffer. Each phase of a buffer's
-// mbarrier expects (CL - 1) · NT · 512 bytes and one arrival, thread 0's, which re-arms it for step
+// mbarrier expects (CL - 1) · 512 bytes and one arrival, thread 0's, which re-arms it for step
 // s + 2 right after the wait for step s. A producer can only send h_{s+2} into buffer s % 2 after
 // every block sent it h_{s+1}, which each block does after its product has read h_s there (and
 // after its block barrier, which all its warps pass only after their products: the own slice's
 // stores are ordered the same way), so no value is overwritten before it was read; for the same
 // reason no complete_tx of step s + 2 can reach a phase before step s's completed, and a staging
 // slice is read by all its copies before it is written again two steps later. h0 sits in buffer 1
-// before the first step; rows b >= B stay zero (read by the MMA, never used). The last step sends
+// before the first step; rows past B stay zero (read by the MMA, never used). The last step sends
 // nothing.
 //
 // Dropped on the way (H100 / H200, docs/benchmarks.md): each lane sending its row's four units with
 // 8-byte st.async (the network's cost per transaction: 3.8 µs a step at B = 16, H = 512); the copy
 // into the issuing block itself (compute-sanitizer memcheck: "not located in remote CTA"); wgmma
 // with A from registers (~37 cycles per dependent wgmma); all senders in warp 0 (its copies issue
-// one after another); split K at two n8 tiles (slower than one warp per tile at B = 16).
+// one after another); two n8 tiles of rows in one cluster (above).
 //
-// The launch is one cluster (all CL blocks co-scheduled by the hardware): the occupancy API's
-// cluster answer is checked first, so it never waits for SMs that cannot come; a wait longer than
-// ~10 s traps (lstm_device.cuh's guard).
+// The launch is ceil(B / 8) clusters (each cluster's blocks co-scheduled by the hardware): the
+// occupancy API's cluster answer is checked first, so no cluster waits for SMs that cannot come; a
+// wait longer than ~10 s traps (lstm_device.cuh's guard).
 #include "lstm_one_cluster.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -84,22 +91,19 @@ namespace {
 
 constexpr int kThreads = 256;       // 8 warps
 constexpr int kUnitsPerBlock = 32;  // 4 per warp: one m16 tile of 4 gates x 4 units
-constexpr int kMaxBatch = 16;       // two n8 tiles
-// A block's slice of h (16 rows x 32 units) as 8x8 core matrices of 128 contiguous bytes,
-// [row group b / 8][unit group u / 8][b % 8][u % 8]: one ldmatrix matrix per core matrix (8 rows x
-// 16 bytes: every bank once), no padding to send.
-constexpr int kSliceElems = kMaxBatch * kUnitsPerBlock;
+constexpr int kGroupRows = 8;       // batch rows per cluster: one n8 tile
+// A block's slice of h (8 rows x 32 units) as 8x8 core matrices of 128 contiguous bytes,
+// [unit group u / 8][b][u % 8]: one ldmatrix matrix per core matrix (8 rows x 16 bytes: every bank
+// once), no padding to send.
+constexpr int kSliceElems = kGroupRows * kUnitsPerBlock;
 constexpr int kCoreElems = 64;
-constexpr int kRowGroupElems = kUnitsPerBlock / 8 * kCoreElems;  // one n8 tile of rows: 4 core matrices
-__host__ __device__ constexpr int slice_index(int b, int u) {
-  return (b >> 3) * kRowGroupElems + (u >> 3) * kCoreElems + (b & 7) * 8 + (u & 7);
-}
+__host__ __device__ constexpr int slice_index(int b, int u) { return (u >> 3) * kCoreElems + b * 8 + (u & 7); }
 
 template <class scalar_t>
 struct OneClusterArgs {
-  int T, B;
+  int T, B;              // B: all rows (cluster g runs rows [8 g, 8 g + 8))
   bool reverse;
-  bool trace;            // SEQKERNELS_LSTM_TRACE: thread 0 of block 0 prints cycles per step and phase
+  bool trace;            // SEQKERNELS_LSTM_TRACE: thread 0 of block 0 (group 0) prints cycles per step and phase
   const float* pre;      // [N, G]
   const scalar_t* b_ih;  // [G] or nullptr (no bias)
   const scalar_t* b_hh;  // [G]
@@ -123,26 +127,28 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t l
                : "memory");
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT, bool kSplitK>
+template <class scalar_t, bool kTraining, int KS, bool kSplitK>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int H = KS * 16;
-  constexpr int CL = H / kUnitsPerBlock;    // blocks in the cluster (the whole grid)
+  constexpr int CL = H / kUnitsPerBlock;    // blocks per cluster
   constexpr int kTiles = kSplitK ? 2 : 1;   // m16 tiles of a warp
   constexpr int kSteps = KS / kTiles;       // the warp's k-steps (its half of K where split)
-  constexpr int kAcc = 4 / (NT * kTiles);   // accumulators per (tile, n8 tile): independent MMA chains
+  constexpr int kAcc = 4 / kTiles;          // accumulators per tile: independent MMA chains
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
   static_assert(kSteps % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
-  static_assert(!kSplitK || NT == 1, "split K: one n8 tile of rows");
   __shared__ __align__(128) scalar_t hbuf[2][CL][kSliceElems];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
   __shared__ __align__(128) scalar_t stage[2][kSliceElems];      // the block's h_s, by step parity
   __shared__ __align__(8) uint64_t bars[2];                       // one mbarrier per buffer
-  // kSplitK (one n8 tile): the partial sums a warp pair swaps, [pair][the receiver's K half][lane].
+  // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][lane].
   __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * 32 : 1];
 
   const int T = a.T, B = a.B;
-  const int rank = static_cast<int>(blockIdx.x);  // the grid is one cluster
+  // Clusters are CL consecutive blocks: cluster g = blockIdx.x / CL runs batch rows [8 g, 8 g + 8),
+  // and a block's rank in its cluster is blockIdx.x % CL.
+  const int rank = static_cast<int>(blockIdx.x) % CL;
+  const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int upper = lane >> 4;  // 0: gates i, g of unit gq; 1: f, o of unit gq - 4
   const int uq = gq & 3;        // the lane's unit within the warp's four
@@ -153,8 +159,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int quad = kSplitK ? 2 * pair + half : warp;  // the warp's four units of the block
   const int j0 = rank * kUnitsPerBlock + quad * 4;
   const int j = j0 + uq;
-  const uint32_t slice_bytes = NT * kRowGroupElems * sizeof(scalar_t);  // the row groups sent: n8 tiles
-  const uint32_t step_bytes = (CL - 1) * slice_bytes;  // the other blocks' slices (the own one: stores)
+  constexpr uint32_t kSliceBytes = kSliceElems * sizeof(scalar_t);  // sent whole
+  constexpr uint32_t kStepBytes = (CL - 1) * kSliceBytes;  // the other blocks' slices (the own one: stores)
 
   // The resident A fragments of tile ti (units of quad q_ti): a0/a2 of tile row gq (gate gq / 4),
   // a1/a3 of row gq + 8 (gate 2 + gq / 4), both of unit 4 q_ti + gq % 4; k = 16 (k0 + ks) + 2 tq
@@ -179,12 +185,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // h0 into buffer 1; zeros in the rows b >= B of both buffers and of the staging slices (rows that
-  // are sent but never computed: B < 8 NT).
-  for (int i = threadIdx.x; i < 2 * kMaxBatch * H; i += kThreads) {
-    const int buf = i / (kMaxBatch * H), rem = i - buf * kMaxBatch * H, b = rem / H, k = rem - b * H;
+  // The group's rows of h0 into buffer 1; zeros in its rows past B in both buffers and in the
+  // staging slices (rows that are sent but never computed).
+  for (int i = threadIdx.x; i < 2 * kGroupRows * H; i += kThreads) {
+    const int buf = i / (kGroupRows * H), rem = i - buf * kGroupRows * H, b = rem / H, k = rem - b * H;
     hbuf[buf][k / kUnitsPerBlock][slice_index(b, k % kUnitsPerBlock)] =
-        buf == 1 && b < B ? a.h0[static_cast<int64_t>(b) * H + k] : scalar_t(0.0f);
+        buf == 1 && row0 + b < B ? a.h0[static_cast<int64_t>(row0 + b) * H + k] : scalar_t(0.0f);
   }
   for (int i = threadIdx.x; i < 2 * kSliceElems; i += kThreads) (&stage[0][0])[i] = scalar_t(0.0f);
   // The bulk copies (the async proxy) write these buffers after the threads' stores above.
@@ -193,230 +199,182 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbarrier_init(&bars[0], 1);
     mbarrier_init(&bars[1], 1);
     // h_s is sent while s + 1 < T: arm the phases of h_0 and h_1.
-    if (T > 1) mbarrier_arrive_expect(&bars[0], step_bytes);
-    if (T > 2) mbarrier_arrive_expect(&bars[1], step_bytes);
+    if (T > 1) mbarrier_arrive_expect(&bars[0], kStepBytes);
+    if (T > 2) mbarrier_arrive_expect(&bars[1], kStepBytes);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();  // every block's mbarriers and zeroed rows are in place before anyone sends
 
-  // The lane's items: (unit j, batch row b[nt]) for each n8 tile.
-  int b_of[NT];
-  bool live[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    b_of[nt] = nt * 8 + 2 * tq + upper;
-    live[nt] = b_of[nt] < B;
-  }
+  // The lane's item: (unit j, the group's row bl, batch row b = row0 + bl).
+  const int bl = 2 * tq + upper, b = row0 + bl;
+  const bool live = b < B;
   float bias[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) bias[q] = bias_sum(a.b_ih, a.b_hh, q * static_cast<int64_t>(H) + j);
-  float c_st[NT];
-  scalar_t h_st[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    c_st[nt] = live[nt] ? static_cast<float>(a.c0[static_cast<int64_t>(b_of[nt]) * H + j]) : 0.0f;
-    h_st[nt] = scalar_t(0.0f);
-  }
+  float c_st = live ? static_cast<float>(a.c0[static_cast<int64_t>(b) * H + j]) : 0.0f;
+  scalar_t h_st = scalar_t(0.0f);
 
   // Sender d < CL - 1, lane d / 8 of warp d % 8, sends to block (rank + 1 + d) % CL: this block's
   // slice of that block's buffers, and its mbarriers. (Senders 0..CL - 2 all in warp 0, whose
   // instruction issues its lanes' copies one after the other, took 923 against 296 cycles a step
   // from the barrier to the last copy's issue at H = 512 and 0.397 against 0.365-0.368 ms a call at
   // B = 8: H200, docs/benchmarks.md.)
-  constexpr uint32_t kBufBytes = CL * kSliceElems * sizeof(scalar_t);
+  constexpr uint32_t kBufBytes = CL * kSliceBytes;
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
   const int sender = lane < 2 ? lane * 8 + warp : CL;
   const bool sends = sender < CL - 1;
   const int dest = (rank + 1 + (sends ? sender : 0)) % CL;
-  const uint32_t slice_remote = cluster_address(h_local + rank * kSliceElems * sizeof(scalar_t), dest);
+  const uint32_t slice_remote = cluster_address(h_local + rank * kSliceBytes, dest);
   const uint32_t bar_remote = cluster_address(bar_local, dest);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
   // offsets 0, 8, 16, 24 of a pair of k-steps).
   const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
-  auto load_pre = [&](int s, float (&pv)[NT][4]) {
+  auto load_pre = [&](int s, float (&pv)[4]) {
     const int64_t t = a.reverse ? T - 1 - s : s;
+    const float* p = a.pre + (t * B + b) * G + j;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const float* p = a.pre + (t * B + b_of[nt]) * G + j;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) pv[nt][q] = live[nt] ? p[q * static_cast<int64_t>(H)] : 0.0f;
-    }
+    for (int q = 0; q < 4; ++q) pv[q] = live ? p[q * static_cast<int64_t>(H)] : 0.0f;
   };
-  float pv[NT][4], pv_next[NT][4];
+  float pv[4], pv_next[4];
   load_pre(0, pv);
-  // SEQKERNELS_LSTM_TRACE: SM cycles of thread 0 of block 0 per phase (a uniform branch when off).
-  const bool tracing = a.trace && rank == 0 && threadIdx.x == 0;
-  long long trace_last = tracing ? clock64() : 0, trace_begin = trace_last, trace_cycles[5] = {0, 0, 0, 0, 0};
-  const uint64_t trace_ns_begin = tracing ? global_timer_ns() : 0;  // with the cycles: the SM clock
-  auto trace_mark = [&](int phase) {
-    if (tracing) {
-      const long long now = clock64();
-      trace_cycles[phase] += now - trace_last;
-      trace_last = now;
-    }
-  };
+  // SEQKERNELS_LSTM_TRACE (lstm_device.cuh): phases 0 wait, 1 product, 2 gates, 3 barrier and
+  // copies, 4 stores.
+  PhaseTrace trace;
+  trace.start(a.trace);
 
   for (int s = 0; s < T; ++s) {
     const int rd = (s + 1) & 1;  // h_{s-1}'s buffer (h0's at s = 0)
     if (s > 0) {
       mbarrier_wait_guarded(bar_local + rd * 8, ((s - 1) >> 1) & 1, static_cast<unsigned>(s));
-      if (threadIdx.x == 0 && s + 2 < T) mbarrier_arrive_expect(&bars[rd], step_bytes);  // h_{s+1}'s phase
+      if (threadIdx.x == 0 && s + 2 < T) mbarrier_arrive_expect(&bars[rd], kStepBytes);  // h_{s+1}'s phase
     }
     if (s + 1 < T) load_pre(s + 1, pv_next);
-    trace_mark(0);
+    trace.mark(0);
 
-    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per (tile, n8 tile). Each ldmatrix feeds kTiles · 2
-    // MMAs: split K halves the shared-memory reads of h (256 bytes per MMA unsplit: 64 KB a step
-    // per block at H = 512, B = 8). (wgmma, A from registers and B from shared memory, measured
-    // slower: H200, bf16 B = 8, H = 512 0.50 against 0.36 ms a call.)
-    float acc[kTiles][NT][kAcc][4];
+    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per tile. Each ldmatrix feeds kTiles · 2 MMAs: split K
+    // halves the shared-memory reads of h (256 bytes per MMA unsplit: 64 KB a step per block at
+    // H = 512). (wgmma, A from registers and B from shared memory, measured slower: H200, bf16
+    // B = 8, H = 512 0.50 against 0.36 ms a call.)
+    float acc[kTiles][kAcc][4];
 #pragma unroll
     for (int ti = 0; ti < kTiles; ++ti)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int c = 0; c < kAcc; ++c)
 #pragma unroll
-        for (int c = 0; c < kAcc; ++c)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[ti][nt][c][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[ti][c][e] = 0.0f;
     const uint32_t ld_buf = ld_lane + rd * kBufBytes;
 #pragma unroll
     for (int ks = 0; ks < kSteps; ks += 2) {
+      uint32_t bf[4];  // b0, b1 of k-step k0 + ks, then of k0 + ks + 1 (unit groups 0-3 of a slice)
+      ldmatrix_x4(bf, ld_buf + ((k0 + ks) / 2) * kSliceBytes);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bf[4];  // b0, b1 of k-step k0 + ks, then of k0 + ks + 1 (unit groups 0-3 of a slice)
-        ldmatrix_x4(bf, ld_buf + (((k0 + ks) / 2) * kSliceElems + nt * kRowGroupElems) * sizeof(scalar_t));
-#pragma unroll
-        for (int ti = 0; ti < kTiles; ++ti) {
-          MmaInst<scalar_t>::run(acc[ti][nt][ks % kAcc], wf[ti][ks], bf[0], bf[1]);
-          MmaInst<scalar_t>::run(acc[ti][nt][(ks + 1) % kAcc], wf[ti][ks + 1], bf[2], bf[3]);
-        }
+      for (int ti = 0; ti < kTiles; ++ti) {
+        MmaInst<scalar_t>::run(acc[ti][ks % kAcc], wf[ti][ks], bf[0], bf[1]);
+        MmaInst<scalar_t>::run(acc[ti][(ks + 1) % kAcc], wf[ti][ks + 1], bf[2], bf[3]);
       }
     }
-    // dsum[ti][nt]: the chains summed.
-    float dsum[kTiles][NT][4];
+    // dsum[ti]: the chains summed.
+    float dsum[kTiles][4];
 #pragma unroll
     for (int ti = 0; ti < kTiles; ++ti)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int e = 0; e < 4; ++e) {
+        dsum[ti][e] = acc[ti][0][e];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dsum[ti][nt][e] = acc[ti][nt][0][e];
-#pragma unroll
-          for (int c = 1; c < kAcc; ++c) dsum[ti][nt][e] += acc[ti][nt][c][e];
-        }
+        for (int c = 1; c < kAcc; ++c) dsum[ti][e] += acc[ti][c][e];
+      }
     if constexpr (kSplitK) {
       // The other tile's partial sums to the partner, then the partner's of this warp's tile (the
       // same fragment positions: lane for lane). The partner overwrites its slot only after the
       // next step's block barrier, which this warp passes only after its read here.
       // (Selects by value, not pointers: the arrays stay in registers.)
+      float o[4];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        float o[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][nt][e] : dsum[1][nt][e];
-        partials[(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
-      }
+      for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][e] : dsum[1][e];
+      partials[(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
       asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
+      const float4 p = partials[(pair * 2 + half) * 32 + lane];
+      const float q[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float4 p = partials[(pair * 2 + half) * 32 + lane];
-        const float q[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dsum[0][nt][e] = (half ? dsum[1][nt][e] : dsum[0][nt][e]) + q[e];
-      }
+      for (int e = 0; e < 4; ++e) dsum[0][e] = (half ? dsum[1][e] : dsum[0][e]) + q[e];
     }
 
-    trace_mark(1);
+    trace.mark(1);
     const int64_t t = a.reverse ? T - 1 - s : s;
-    float act_q[NT][4], c_new[NT];
-    scalar_t h[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const float* d = dsum[0][nt];  // this warp's tile (kSplitK: both halves of K)
-      // All four gates of (unit j, row b_of[nt]): the lower lanes keep column 2t, the upper 2t + 1.
-      const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
-      const float r1 = __shfl_xor_sync(0xffffffffu, upper ? d[2] : d[3], 16);
-      const LstmGates<float> pre_g{
-          (upper ? r0 : d[0]) + pv[nt][0] + bias[0], (upper ? d[1] : r0) + pv[nt][1] + bias[1],
-          (upper ? r1 : d[2]) + pv[nt][2] + bias[2], (upper ? d[3] : r1) + pv[nt][3] + bias[3]};
-      LstmGates<float> act;
-      float m;
-      lstm_cell_forward<CudaMath>(pre_g, c_st[nt], act, c_new[nt], m);
-      h[nt] = static_cast<scalar_t>(m);
-      act_q[nt][0] = act.i;
-      act_q[nt][1] = act.f;
-      act_q[nt][2] = act.g;
-      act_q[nt][3] = act.o;
-      if (live[nt]) {
-        stage[s & 1][slice_index(b_of[nt], quad * 4 + uq)] = h[nt];
-        hbuf[s & 1][rank][slice_index(b_of[nt], quad * 4 + uq)] = h[nt];  // read after the barrier below
-      }
+    const float* d = dsum[0];  // this warp's tile (kSplitK: both halves of K)
+    // All four gates of (unit j, row bl): the lower lanes keep column 2t, the upper 2t + 1.
+    const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
+    const float r1 = __shfl_xor_sync(0xffffffffu, upper ? d[2] : d[3], 16);
+    const LstmGates<float> pre_g{(upper ? r0 : d[0]) + pv[0] + bias[0], (upper ? d[1] : r0) + pv[1] + bias[1],
+                                 (upper ? r1 : d[2]) + pv[2] + bias[2], (upper ? d[3] : r1) + pv[3] + bias[3]};
+    LstmGates<float> act;
+    float c_new, m;
+    lstm_cell_forward<CudaMath>(pre_g, c_st, act, c_new, m);
+    const scalar_t h = static_cast<scalar_t>(m);
+    if (live) {
+      stage[s & 1][slice_index(bl, quad * 4 + uq)] = h;
+      hbuf[s & 1][rank][slice_index(bl, quad * 4 + uq)] = h;  // read after the barrier below
     }
-    trace_mark(2);
+    trace.mark(2);
     if (s + 1 < T) {
       // The staged slice to every block (the async proxy reads what the threads wrote).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
       if (sends) {
-        bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceElems * sizeof(scalar_t),
-                             slice_bytes, bar_remote + (s & 1) * 8);
+        bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceBytes, kSliceBytes,
+                             bar_remote + (s & 1) * 8);
       }
     }
-    trace_mark(3);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if (live[nt]) {
-        c_st[nt] = c_new[nt];
-        h_st[nt] = h[nt];
-        const int64_t row = t * B + b_of[nt];
-        a.y[row * H + j] = h[nt];
-        if constexpr (kTraining) {
-          scalar_t* gr = a.gates + row * G + j;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) gr[q * H] = static_cast<scalar_t>(act_q[nt][q]);
-          a.cells[row * H + j] = static_cast<scalar_t>(c_new[nt]);
-        }
+    trace.mark(3);
+    if (live) {
+      c_st = c_new;
+      h_st = h;
+      const int64_t row = t * B + b;
+      a.y[row * H + j] = h;
+      if constexpr (kTraining) {
+        scalar_t* gr = a.gates + row * G + j;
+        gr[0] = static_cast<scalar_t>(act.i);
+        gr[H] = static_cast<scalar_t>(act.f);
+        gr[2 * H] = static_cast<scalar_t>(act.g);
+        gr[3 * H] = static_cast<scalar_t>(act.o);
+        a.cells[row * H + j] = static_cast<scalar_t>(c_new);
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) pv[nt][q] = pv_next[nt][q];
-    trace_mark(4);
+    for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
+    trace.mark(4);
   }
-  if (tracing) {
-    const double ns = double(global_timer_ns() - trace_ns_begin);
-    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d | ns/step %.0f (%.2f GHz) |"
+  if (trace.on) {
+    const double t = T;
+    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d x %d clusters | ns/step %.0f (%.2f GHz) |"
            " cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
-           kTraining ? "training" : "inference", T, B, H, CL, ns / T, double(clock64() - trace_begin) / ns,
-           double(clock64() - trace_begin) / T,
-           double(trace_cycles[0]) / T, double(trace_cycles[1]) / T, double(trace_cycles[2]) / T,
-           double(trace_cycles[3]) / T, double(trace_cycles[4]) / T);
+           kTraining ? "training" : "inference", T, B, H, CL, static_cast<int>(gridDim.x) / CL, trace.ns_per_step(T),
+           trace.clock_ghz(T), (trace.last - trace.begin) / t, trace.acc[0] / t, trace.acc[1] / t, trace.acc[2] / t,
+           trace.acc[3] / t, trace.acc[4] / t);
   }
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    if (live[nt]) {
-      a.h_n[static_cast<int64_t>(b_of[nt]) * H + j] = h_st[nt];
-      a.c_n[static_cast<int64_t>(b_of[nt]) * H + j] = c_st[nt];
-    }
+  if (live) {
+    a.h_n[static_cast<int64_t>(b) * H + j] = h_st;
+    a.c_n[static_cast<int64_t>(b) * H + j] = c_st;
   }
-  cluster_sync();  // no block leaves while another may still address its shared memory
+  cluster_sync();  // no block leaves while another of its cluster may still address its shared memory
 #endif
 }
 
-template <class scalar_t, bool kTraining, int KS, int NT, bool kSplitK>
+template <class scalar_t, bool kTraining, int KS, bool kSplitK>
 bool launch(const OneClusterArgs<scalar_t>& args) {
-  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, NT, kSplitK>;
+  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK>;
   const void* fn = reinterpret_cast<const void*>(kernel);
   const int cluster = KS * 16 / kUnitsPerBlock;
-  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < 1) {
+  const int groups = (args.B + kGroupRows - 1) / kGroupRows;
+  // Every group's cluster resident at once (else the later ones would run after the first).
+  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < groups) {
     return false;
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+  cfg.gridDim = dim3(static_cast<unsigned>(groups * cluster));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = at::cuda::getCurrentCUDAStream();
@@ -427,28 +385,27 @@ bool launch(const OneClusterArgs<scalar_t>& args) {
   return true;
 }
 
-// Whether warp pairs split K (one n8 tile of rows, B <= 8): at H = 512, where it was faster (H200,
-// bf16 `infer` CUDA-graph replays, split / one warp per tile: B = 8 0.397-0.402 / 0.426-0.428 ms,
-// B = 1 0.385-0.391 / 0.395-0.397); not at H = 256 (the partial sums' swap outweighs the halved
-// reads of a shorter product: B = 8 0.297-0.306 / 0.288). SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K
-// (diagnostic): "0" never, "1" at every H.
+// Whether warp pairs split K: at H = 512, where it was faster (H200, bf16 `infer` CUDA-graph
+// replays, split / one warp per tile: B = 8 0.397-0.402 / 0.426-0.428 ms, B = 1 0.385-0.391 /
+// 0.395-0.397); not at H = 256 (the partial sums' swap outweighs the halved reads of a shorter
+// product: B = 8 0.297-0.306 / 0.288). SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K (diagnostic): "0"
+// never, "1" at every H.
 bool split_k_wanted(const LstmSizes& s) {
   const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K");
-  return s.B <= 8 && (mode == 1 || (mode == -1 && s.H == 512));
+  return mode == 1 || (mode == -1 && s.H == 512);
 }
 
 template <class scalar_t, bool kTraining>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
-  const bool two_tiles = s.B > 8, split_k = split_k_wanted(s);
-  auto with_tiles = [&](auto ks_c) {
+  const bool split_k = split_k_wanted(s);
+  auto with_steps = [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    if (two_tiles) return launch<scalar_t, kTraining, KS, 2, false>(args);
-    return split_k ? launch<scalar_t, kTraining, KS, 1, true>(args) : launch<scalar_t, kTraining, KS, 1, false>(args);
+    return split_k ? launch<scalar_t, kTraining, KS, true>(args) : launch<scalar_t, kTraining, KS, false>(args);
   };
   switch (s.H) {
-    case 128: return with_tiles(std::integral_constant<int, 8>{});
-    case 256: return with_tiles(std::integral_constant<int, 16>{});
-    case 512: return with_tiles(std::integral_constant<int, 32>{});
+    case 128: return with_steps(std::integral_constant<int, 8>{});
+    case 256: return with_steps(std::integral_constant<int, 16>{});
+    case 512: return with_steps(std::integral_constant<int, 32>{});
     default: return false;
   }
 }
@@ -456,13 +413,12 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
 }  // namespace
 
 bool one_cluster_forward_fits(const LstmSizes& s, int sm_major) {
-  return sm_major >= 9 && s.P == 0 && s.T >= 1 && s.B >= 1 && s.B <= kMaxBatch &&
+  return sm_major >= 9 && s.P == 0 && s.T >= 1 && s.B >= 1 && s.B <= kOneClusterMaxRows &&
          (s.H == 128 || s.H == 256 || s.H == 512) && all_steps_full(s);
 }
 
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major) {
-  const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER");
-  return mode != 0 && one_cluster_forward_fits(s, sm_major) && (mode == 1 || s.B <= kOneClusterMaxBatch);
+  return switch_on("SEQKERNELS_LSTM_ONE_CLUSTER") && one_cluster_forward_fits(s, sm_major);
 }
 
 template <class scalar_t>

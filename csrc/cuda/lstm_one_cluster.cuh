@@ -1,8 +1,9 @@
 // The one-cluster forward kernel of the persistent LSTM loop (sm_90): a whole layer's time loop
-// in one thread-block cluster of H / 32 blocks, h exchanged in distributed shared memory.
-// lstm_persistent.cu's run_forward calls it for bf16 / fp16 after the cluster kernel (which takes
-// B <= 16 only at H = 1024, or forced); it returns false, having launched nothing, where it does
-// not apply (and the direct kernel takes the call). Design notes: the top of lstm_one_cluster.cu
+// in one thread-block cluster of H / 32 blocks per 8 batch rows, h exchanged in distributed shared
+// memory.
+// lstm_persistent.cu's run_forward calls it first for bf16 / fp16 (unless the cluster kernel is
+// forced); it returns false, having launched nothing, where it does not apply or its clusters
+// cannot all be resident (and the cluster or the direct kernel takes the call). Design notes: the top of lstm_one_cluster.cu
 // and docs/kernels.md.
 //
 // Shape legend: T steps, N = T·B rows (every step full), B batch, H hidden, G = 4H gate rows
@@ -16,18 +17,20 @@
 namespace seqkernels {
 namespace cuda {
 
-// Whether the kernel can run a call of these sizes: bf16 / fp16 (the caller's), 1 <= B <= 16,
-// H in {128, 256, 512}, no projection, every step full (no ragged PackedSequence), on sm_90 or
-// later.
+// Whether the kernel can run a call of these sizes: bf16 / fp16 (the caller's), 1 <= B <=
+// kOneClusterMaxRows (ceil(B / 8) clusters, one per 8 batch rows, which the launch also needs
+// resident at once: else it launches nothing), H in {128, 256, 512}, no projection, every step
+// full (no ragged PackedSequence), on sm_90 or later.
+constexpr int64_t kOneClusterMaxRows = 64;
 bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
 
-// Where it takes the call: where it fits, up to B = kOneClusterMaxBatch (one n8 tile of rows).
-// At 8 < B <= 16 (two tiles: twice the MMAs and ldmatrix reads of each warp) the direct kernel was
-// faster (H200, bf16 `infer` CUDA-graph replays, T = 256, ms, one-cluster / direct: B = 1 0.24 /
-// 0.33 (H = 256), 0.34 / 0.36 (H = 512); B = 8 0.25 / 0.36, 0.36 / 0.47; B = 16 0.49 / 0.41,
-// 0.67 / 0.60; with the copies issued from every warp, another H200: B = 16 0.50 / 0.41, 0.69 / 0.58;
-// docs/kernels.md). SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never, "1" wherever it fits.
-constexpr int64_t kOneClusterMaxBatch = 8;
+// Where it takes the call: wherever it fits. Faster than the kernels it replaced at every B it
+// was measured at (H200, bf16 `infer` CUDA-graph replays, T = 256, ms, one-cluster / before: B = 12
+// and 16 0.258 / 0.398-0.411 at H = 256, 0.366-0.373 / 0.506-0.593 at H = 512, against the direct
+// kernel; B = 32 and 64 0.268-0.294 / 0.725-0.903 at H = 256, B = 32 0.399-0.405 / 0.809-0.821 at
+// H = 512, against the cluster kernel; docs/kernels.md). B = 64 at H = 512 needs 8 clusters of 16
+// blocks, more than an H200 holds at once: the cluster kernel's. SEQKERNELS_LSTM_ONE_CLUSTER
+// (diagnostic): "0" never.
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 
 // Forward of one layer and direction after the input projection, with lstm_persistent_forward's

@@ -616,33 +616,17 @@ __device__ __forceinline__ Item make_item(const Geometry& g, int p) {
   return it;
 }
 
-// SEQKERNELS_LSTM_TRACE: thread 0 of block 0 accumulates SM cycles per phase of a step
-// (wait + gather of the exchanged matrix, the product, the gate math, publication and
-// output stores) and prints the means at the end. A uniform branch when off.
-struct PhaseTrace {
-  bool on;
-  long long last, begin, acc[5];  // acc[4]: a kernel's partial-sum exchange, where it marks one
-  __device__ __forceinline__ void start(int flag) {
-    on = flag != 0 && blockIdx.x == 0 && threadIdx.x == 0;
-    acc[0] = acc[1] = acc[2] = acc[3] = acc[4] = 0;
-    if (on) last = begin = clock64();
-  }
-  __device__ __forceinline__ void mark(int k) {
-    if (on) {
-      const long long now = clock64();
-      acc[k] += now - last;
-      last = now;
-    }
-  }
-  __device__ void report(const char* what, const Geometry& g) const {
-    if (!on) return;
-    const double t = g.T;
-    printf("seqkernels trace %s: T=%d B=%d H=%d blocks=%d U=%d chunks=%d | cycles/step: total %.0f = wait+gather %.0f"
-           " + product %.0f + exchange %.0f + gates %.0f + publish/stores %.0f\n",
-           what, g.T, g.B, g.H, g.nblocks, g.U, g.nch, (last - begin) / t, acc[0] / t, acc[1] / t, acc[4] / t,
-           acc[2] / t, acc[3] / t);
-  }
-};
+// SEQKERNELS_LSTM_TRACE: the means per step of a persistent kernel's PhaseTrace (lstm_device.cuh):
+// wait + gather of the exchanged matrix, the product, the partial-sum exchange (where a kernel
+// marks one), the gate math, publication and output stores.
+__device__ void report_trace(const PhaseTrace& tr, const char* what, const Geometry& g) {
+  if (!tr.on) return;
+  const double t = g.T;
+  printf("seqkernels trace %s: T=%d B=%d H=%d blocks=%d U=%d chunks=%d | ns/step %.0f (%.2f GHz) | cycles/step: total"
+         " %.0f = wait+gather %.0f + product %.0f + exchange %.0f + gates %.0f + publish/stores %.0f\n",
+         what, g.T, g.B, g.H, g.nblocks, g.U, g.nch, tr.ns_per_step(g.T), tr.clock_ghz(g.T), (tr.last - tr.begin) / t,
+         tr.acc[0] / t, tr.acc[1] / t, tr.acc[4] / t, tr.acc[2] / t, tr.acc[3] / t);
+}
 
 // ---------------------------------------------------------------------------------------
 // Forward kernel
@@ -816,7 +800,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     trace.mark(3);
     bt_prev = bt;
   }
-  trace.report(kTraining ? "forward (training)" : "forward (inference)", g);
+  report_trace(trace, kTraining ? "forward (training)" : "forward (inference)", g);
 
 #pragma unroll
   for (int p = 0; p < kItems; ++p) {
@@ -1455,7 +1439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
   }
-  trace.report(kTraining ? "forward direct (training)" : "forward direct (inference)", g);
+  report_trace(trace, kTraining ? "forward direct (training)" : "forward direct (inference)", g);
 
   if (it.valid) {
     a.h_n[it.n * H + it.j] = h_st;
@@ -1659,7 +1643,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (it.valid && it.n < bt) dh_st[p] = sum_partials<kKP>(red, g.kp, g.red_stride, it.n * g.NCp + it.u);
     }
   }
-  trace.report("backward", g);
+  report_trace(trace, "backward", g);
 
 #pragma unroll
   for (int p = 0; p < kItems; ++p) {
@@ -2103,7 +2087,7 @@ __device__ __forceinline__ void split_backward(const BwdArgs<scalar_t>& a) {
       dh_st = sum;
     }
   }
-  trace.report(CL > 1 ? "backward (split, clustered)" : "backward (split)", g);
+  report_trace(trace, CL > 1 ? "backward (split, clustered)" : "backward (split)", g);
   // Clustered: no block leaves while another may still read its partials.
   if constexpr (CL > 1) cluster_sync();
 
@@ -2707,7 +2691,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
     row_u = row_u_next;
   }
-  trace.report(kTraining ? "forward cluster (training)" : "forward cluster (inference)", g);
+  report_trace(trace, kTraining ? "forward cluster (training)" : "forward cluster (inference)", g);
   // The partner writes this block's shared memory only before this block's last wait: none waits
   // here.
   if (active) {
@@ -3112,13 +3096,15 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
       return true;
     }
   } else if constexpr (P == Path::kMma16) {
-    if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
-    // B <= 8, H <= 512: the whole layer in one cluster (lstm_one_cluster.cu).
-    if (lstm_one_cluster_forward<scalar_t>(s, args.reverse, kTraining, args.trace != 0, args.pre, args.b_ih, args.b_hh,
+    // H <= 512: the whole layer in one cluster per 8 batch rows (lstm_one_cluster.cu), where all
+    // those clusters are resident at once; not where the cluster kernel is forced.
+    if (cluster_forward_mode() != 1 &&
+        lstm_one_cluster_forward<scalar_t>(s, args.reverse, kTraining, args.trace != 0, args.pre, args.b_ih, args.b_hh,
                                            args.w_hh, args.h0, args.c0, args.y, args.gates, args.cells, args.h_n,
                                            args.c_n)) {
       return true;
     }
+    if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kSixteenBit>(s, prop, args, like)) return true;
   } else if constexpr (std::is_same_v<scalar_t, float>) {
     // float32 with TF32 off: three TF32 MMAs per product.
     if (run_cluster_forward<scalar_t, kTraining, ClusterOperands::kTf32x3>(s, prop, args, like)) return true;
