@@ -349,7 +349,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "persistent", (f"auto: backward, B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF}, B*H = {bh} "
                               f"<= {CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF}, H = {hidden} <= "
                               f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF} and H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 "
-                              "(the split backward kernel in clusters)")
+                              + ("(the one-cluster backward kernel where its clusters are resident, equal batch sizes, "
+                                 "sm_90; else the split backward kernel in clusters)"
+                                 if clusters and hidden in CUDA_ONE_CLUSTER_HIDDEN
+                                 else "(the split backward kernel in clusters)"))
     if backward and half:
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
             if hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:

@@ -3147,6 +3147,14 @@ bool split_cluster_wanted(const LstmSizes& s, const cudaDeviceProp& prop, int cl
 
 template <class scalar_t, Path P>
 bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar_t>& args, const at::Tensor& like) {
+  if constexpr (P == Path::kMma16) {
+    // H <= 512: the whole layer in one cluster per 8 batch rows (lstm_one_cluster.cu).
+    if (lstm_one_cluster_backward<scalar_t>(s, args.reverse, args.trace != 0, args.w_hh, args.gates, args.cells, args.y,
+                                            args.grad_y, args.h0, args.c0, args.grad_h_n, args.grad_c_n, args.dG,
+                                            args.hprev, args.grad_h0, args.grad_c0)) {
+      return true;
+    }
+  }
   if constexpr (P != Path::kFma) {
     auto try_split = [&](auto ntw_c, auto cl_c) {
       constexpr int NTW = decltype(ntw_c)::value, CL = decltype(cl_c)::value;
