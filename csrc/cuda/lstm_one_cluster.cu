@@ -466,12 +466,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int H = KS * 16;
   constexpr int CL = H / kUnitsPerBlock;           // blocks per cluster
-  constexpr int kQuarterSteps = 4 * KS / 4;        // k-steps of a warp's K quarter (K = 4H)
-  constexpr int kQuarterSlices = CL / 4;           // dG slices of a K quarter (8 k-steps each)
-  constexpr int kAcc = 4;                          // independent MMA chains
+  constexpr int kQuarterSteps = KS;  // k-steps of a warp's K quarter: 4H / 4 / 16
+  constexpr int kAcc = 4;            // independent MMA chains
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
-  static_assert(CL >= 4 && CL <= 16 && CL % 4 == 0 && kQuarterSteps == 8 * kQuarterSlices,
-                "one-cluster backward: H in {128, 256, 512}");
+  // A quarter is CL / 4 whole dG slices (8 k-steps each).
+  static_assert(CL >= 4 && CL <= 16 && CL % 4 == 0, "one-cluster backward: H in {128, 256, 512}");
   // Dynamic shared memory (72 KB at H = 512, over the 48 KB of static): the receive buffers
   // (iteration i's dG in dbuf[i % 2]) and the block's staged slices, by parity.
   extern __shared__ __align__(128) unsigned char one_cluster_smem[];
