@@ -3,8 +3,8 @@
 // memory.
 // lstm_persistent.cu's run_forward calls it first for bf16 / fp16 (unless the cluster kernel is
 // forced); it returns false, having launched nothing, where it does not apply or its clusters
-// cannot all be resident (and the cluster or the direct kernel takes the call). Design notes: the top of lstm_one_cluster.cu
-// and docs/kernels.md.
+// cannot all be resident (and the cluster or the direct kernel takes the call). Design notes: the
+// top of lstm_one_cluster.cu and docs/kernels.md.
 //
 // Shape legend: T steps, N = T·B rows (every step full), B batch, H hidden, G = 4H gate rows
 // (i, f, g, o).
