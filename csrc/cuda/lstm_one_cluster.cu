@@ -129,6 +129,24 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t l
                : "memory");
 }
 
+// The bulk copies' addressing in a cluster of `cl` blocks: sender d < cl - 1 (lane d / 8 of warp d % 8)
+// copies this block's slice into slice `rank` of block (rank + 1 + d) % cl's buffer (at buf_local in
+// every block, slices of slice_bytes), counted on that block's mbarrier (at bar_local).
+struct SliceSender {
+  bool sends;
+  uint32_t slice_remote, bar_remote;
+};
+__device__ __forceinline__ SliceSender slice_sender(int cl, int rank, int lane, int warp, uint32_t buf_local,
+                                                    uint32_t bar_local, uint32_t slice_bytes) {
+  const int sender = lane < 2 ? lane * 8 + warp : cl;
+  SliceSender out;
+  out.sends = sender < cl - 1;
+  const int dest = (rank + 1 + (out.sends ? sender : 0)) % cl;
+  out.slice_remote = cluster_address(buf_local + rank * slice_bytes, dest);
+  out.bar_remote = cluster_address(bar_local, dest);
+  return out;
+}
+
 template <class scalar_t, bool kTraining, int KS, bool kSplitK>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
@@ -225,11 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
-  const int sender = lane < 2 ? lane * 8 + warp : CL;
-  const bool sends = sender < CL - 1;
-  const int dest = (rank + 1 + (sends ? sender : 0)) % CL;
-  const uint32_t slice_remote = cluster_address(h_local + rank * kSliceBytes, dest);
-  const uint32_t bar_remote = cluster_address(bar_local, dest);
+  const SliceSender tx = slice_sender(CL, rank, lane, warp, h_local, bar_local, kSliceBytes);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
   // offsets 0, 8, 16, 24 of a pair of k-steps).
   const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
@@ -325,9 +339,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The staged slice to every block (the async proxy reads what the threads wrote).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
-      if (sends) {
-        bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceBytes, kSliceBytes,
-                             bar_remote + (s & 1) * 8);
+      if (tx.sends) {
+        bulk_copy_to_cluster(tx.slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceBytes, kSliceBytes,
+                             tx.bar_remote + (s & 1) * 8);
       }
     }
     trace.mark(3);
@@ -365,26 +379,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class scalar_t, bool kTraining, int KS, bool kSplitK>
-bool launch(const OneClusterArgs<scalar_t>& args) {
-  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK>;
+// Launches `kernel` on ceil(B / 8) clusters of `cluster` blocks with `smem` bytes of dynamic shared
+// memory each, or returns false, having launched nothing, where they cannot all be resident at once
+// (else the later clusters would run after the first ones finished).
+template <class Args>
+bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem) {
   const void* fn = reinterpret_cast<const void*>(kernel);
-  constexpr int cluster = cluster_of(KS);
   const int groups = (args.B + kGroupRows - 1) / kGroupRows;
-  // Every group's cluster resident at once (else the later ones would run after the first).
-  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < groups) {
-    return false;
-  }
+  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn)) return false;
+  if (smem > 0) ensure_dynamic_smem(fn, smem);
+  if (max_active_clusters(fn, kThreads, smem, cluster) < groups) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(groups * cluster));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attr[1] = {cluster_dimension(cluster)};
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
   return true;
+}
+
+template <class scalar_t, bool kTraining, int KS, bool kSplitK>
+bool launch(const OneClusterArgs<scalar_t>& args) {
+  return launch_groups(&lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK>, args,
+                       cluster_of(KS), 0);
 }
 
 // Whether warp pairs split K: at H = 512, where it was faster (H200, bf16 `infer` CUDA-graph
@@ -475,7 +495,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (iteration i's dG in dbuf[i % 2]) and the block's staged slices, by parity.
   extern __shared__ __align__(128) unsigned char one_cluster_smem[];
   auto dbuf = reinterpret_cast<scalar_t(*)[CL][kGateSliceElems]>(one_cluster_smem);
-  auto stage = reinterpret_cast<scalar_t(*)[kGateSliceElems]>(one_cluster_smem + 2 * CL * kGateSliceElems * sizeof(scalar_t));
+  auto stage =
+      reinterpret_cast<scalar_t(*)[kGateSliceElems]>(one_cluster_smem + 2 * CL * kGateSliceElems * sizeof(scalar_t));
   __shared__ __align__(16) float4 partials[2][4][32];  // [tile][K quarter][lane]
   __shared__ __align__(8) uint64_t bars[2];
 
@@ -533,11 +554,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t d_local = shared_address(&dbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
-  const int sender = lane < 2 ? lane * 8 + warp : CL;
-  const bool sends = sender < CL - 1;
-  const int dest = (rank + 1 + (sends ? sender : 0)) % CL;
-  const uint32_t slice_remote = cluster_address(d_local + rank * kSliceBytes, dest);
-  const uint32_t bar_remote = cluster_address(bar_local, dest);
+  const SliceSender tx = slice_sender(CL, rank, lane, warp, d_local, bar_local, kSliceBytes);
   const uint32_t ld_lane = d_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
   // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
@@ -633,9 +650,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // wrote; every iteration sends: iteration T multiplies the last one).
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
-    if (sends) {
-      bulk_copy_to_cluster(slice_remote + (i & 1) * kBufBytes, stage_local + (i & 1) * kSliceBytes, kSliceBytes,
-                           bar_remote + (i & 1) * 8);
+    if (tx.sends) {
+      bulk_copy_to_cluster(tx.slice_remote + (i & 1) * kBufBytes, stage_local + (i & 1) * kSliceBytes, kSliceBytes,
+                           tx.bar_remote + (i & 1) * 8);
     }
     trace.mark(3);
     if (live) {
@@ -667,24 +684,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <class scalar_t, int KS>
 bool launch_backward(const OneClusterBackwardArgs<scalar_t>& args) {
-  auto kernel = &lstm_persistent_backward_one_cluster_kernel<scalar_t, KS>;
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  constexpr int cluster = cluster_of(KS);
-  const int groups = (args.B + kGroupRows - 1) / kGroupRows;
-  constexpr int kSmem = (2 * cluster + 2) * kGateSliceElems * static_cast<int>(sizeof(scalar_t));
-  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn)) return false;
-  ensure_dynamic_smem(fn, kSmem);
-  if (max_active_clusters(fn, kThreads, kSmem, cluster) < groups) return false;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(groups * cluster));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmem;
-  cfg.stream = at::cuda::getCurrentCUDAStream();
-  cudaLaunchAttribute attr[1] = {cluster_dimension(cluster)};
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
-  return true;
+  // Dynamic shared memory: 2 receive buffers of CL slices and 2 staging slices.
+  constexpr int kSmem = (2 * cluster_of(KS) + 2) * kGateSliceElems * static_cast<int>(sizeof(scalar_t));
+  return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS>, args, cluster_of(KS), kSmem);
 }
 
 }  // namespace
