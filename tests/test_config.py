@@ -287,13 +287,15 @@ def test_cli_prints_the_choice_and_why():
     out = run_cli("--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda")
     assert ("forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 16 <= 64"
             in out.stdout)
-    assert "equal batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split K)" in out.stdout
+    assert ("equal batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split K)"
+            in out.stdout)
     out = run_cli("--batch", "12", "--hidden", "640", "--dtype", "bfloat16", "--device", "cuda")
     assert "forward: persistent (auto: B = 12 <= 16 and H = 640 <= 1024 (the direct forward kernel)" in out.stdout
     out = run_cli("--batch", "8", "--hidden", "512", "--dtype", "float16", "--device", "cuda")
     assert ("forward: persistent (auto: B = 8 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 8"
             in out.stdout)
-    assert "equal batch sizes, sm_90, 1 cluster of 16 blocks if all are resident at once; warp pairs split K)" in out.stdout
+    assert ("equal batch sizes, sm_90, 1 cluster of 16 blocks if all are resident at once; warp pairs split K)"
+            in out.stdout)
     out = run_cli("--batch", "8", "--hidden", "256", "--dtype", "bfloat16", "--device", "cuda")
     assert "(the one-cluster forward kernel: B = 8 <= 64 and H = 256" in out.stdout and "split K" not in out.stdout
     out = run_cli("--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")

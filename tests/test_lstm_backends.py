@@ -898,11 +898,12 @@ _CLUSTER_FORWARD_CASES = [
 def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
     """The persistent forward at 16 < B <= 64 (bf16 / fp16 with H in {256, 512, 1024}, float32 with
     or without TF32 with H in {256, 512}, with TF32 also at H = 1024 up to B = 32; equal batch
-    sizes; the one-cluster kernel, which takes 16-bit types at H <= 512, off) runs its cluster kernel (64 clusters of two blocks, each block half of K, partial sums
-    added by the owner block in distributed shared memory): which
-    kernel ran, and the outputs and every gradient (the backward reads the gates and cells the
-    forward saved) against the float64 reference; SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0
-    keeps the general kernel (where it applies: U * B <= 256) or the cuBLAS loop."""
+    sizes; the one-cluster kernel, which takes 16-bit types at H <= 512, off) runs its cluster
+    kernel (64 clusters of two blocks, each block half of K, partial sums added by the owner block
+    in distributed shared memory): which kernel ran, and the outputs and every gradient (the
+    backward reads the gates and cells the forward saved) against the float64 reference;
+    SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps the general kernel (where it applies:
+    U * B <= 256) or the cuBLAS loop."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
     dtype = DTYPE[precision_name]

@@ -366,7 +366,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (trace.on) {
     const double t = T;
     printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d x %d clusters |"
-           " ns/step %.0f (%.2f GHz) | cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
+           " ns/step %.0f (%.2f GHz) | cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f"
+           " + barrier and copies %.0f + stores %.0f\n",
            kTraining ? "training" : "inference", T, B, H, CL, static_cast<int>(gridDim.x) / CL, trace.ns_per_step(T),
            trace.clock_ghz(T), (trace.last - trace.begin) / t, trace.acc[0] / t, trace.acc[1] / t, trace.acc[2] / t,
            trace.acc[3] / t, trace.acc[4] / t);
