@@ -147,6 +147,16 @@ __device__ __forceinline__ SliceSender slice_sender(int cl, int rank, int lane, 
   return out;
 }
 
+// SEQKERNELS_LSTM_TRACE: the means per step of a one-cluster kernel's PhaseTrace (lstm_device.cuh).
+__device__ void report_one_cluster_trace(const PhaseTrace& tr, const char* what, int T, int B, int H, int CL) {
+  if (!tr.on) return;
+  const double t = T;
+  printf("seqkernels trace %s: T=%d B=%d H=%d blocks=%d x %d clusters | ns/step %.0f (%.2f GHz) | cycles/step:"
+         " total %.0f = wait %.0f + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
+         what, T, B, H, CL, static_cast<int>(gridDim.x) / CL, tr.ns_per_step(T), tr.clock_ghz(T),
+         (tr.last - tr.begin) / t, tr.acc[0] / t, tr.acc[1] / t, tr.acc[2] / t, tr.acc[3] / t, tr.acc[4] / t);
+}
+
 template <class scalar_t, bool kTraining, int KS, bool kSplitK>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
@@ -363,15 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
     trace.mark(4);
   }
-  if (trace.on) {
-    const double t = T;
-    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d x %d clusters |"
-           " ns/step %.0f (%.2f GHz) | cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f"
-           " + barrier and copies %.0f + stores %.0f\n",
-           kTraining ? "training" : "inference", T, B, H, CL, static_cast<int>(gridDim.x) / CL, trace.ns_per_step(T),
-           trace.clock_ghz(T), (trace.last - trace.begin) / t, trace.acc[0] / t, trace.acc[1] / t, trace.acc[2] / t,
-           trace.acc[3] / t, trace.acc[4] / t);
-  }
+  report_one_cluster_trace(trace, kTraining ? "forward one-cluster (training)" : "forward one-cluster (inference)", T,
+                           B, H, CL);
   if (live) {
     a.h_n[static_cast<int64_t>(b) * H + j] = h_st;
     a.c_n[static_cast<int64_t>(b) * H + j] = c_st;
@@ -667,14 +670,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cur = next;
     trace.mark(4);
   }
-  if (trace.on) {
-    const double t = T;
-    printf("seqkernels trace backward one-cluster: T=%d B=%d H=%d blocks=%d x %d clusters | ns/step %.0f (%.2f GHz) |"
-           " cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
-           T, B, H, CL, static_cast<int>(gridDim.x) / CL, trace.ns_per_step(T), trace.clock_ghz(T),
-           (trace.last - trace.begin) / t, trace.acc[0] / t, trace.acc[1] / t, trace.acc[2] / t, trace.acc[3] / t,
-           trace.acc[4] / t);
-  }
+  report_one_cluster_trace(trace, "backward one-cluster", T, B, H, CL);
   if (live) {
     a.grad_h0[static_cast<int64_t>(b) * H + j] = dh_rec;
     a.grad_c0[static_cast<int64_t>(b) * H + j] = dc_carry;
