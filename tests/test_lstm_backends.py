@@ -950,7 +950,10 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
     against the float64 reference, for 6 steps and for 1, 2 and 67 (the mbarrier phases of the two
     buffers: none armed, one, many); SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case
     under the rule for warp pairs splitting K (at H = 512), with one warp per tile over all of K
-    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1)."""
+    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1). The backward of these
+    calls is the one-cluster backward kernel (W_hhᵀ resident, dG exchanged in the cluster: the
+    weights' gradients from its dG and hprev, grad_h0 from its last product, grad_c0 its last dc);
+    SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD=0 keeps the split or general kernel, compared once more."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K", split_k)
     dtype = DTYPE[precision_name]
@@ -958,34 +961,17 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
         run = _train_call(dtype, B, H, T=3)
         run()
         assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
+        assert _persistent_variants(run, "backward", "one_cluster") == {"one_cluster"}
         assert _one_cluster_split_k(run) == {split_k == "1" or (split_k == "" and H == 512)}
         for steps in (6, 1, 2, 67):
             compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
-                          what=f"one-cluster forward, {steps} steps")
-        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
-        assert "one_cluster" not in _persistent_variants(run, "forward", "one_cluster")
-
-
-@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("precision_name,B,H,reverse,bias", _ONE_CLUSTER_CASES)
-def test_one_cluster_backward_matches_reference(monkeypatch, precision_name, B, H, reverse, bias):
-    """The persistent backward of bf16 / fp16 with equal batch sizes at H in {128, 256, 512} runs
-    the one-cluster backward kernel (one cluster per 8 batch rows, W_hhᵀ resident, dG exchanged in
-    distributed shared memory): which kernel ran, and every gradient (the weights' from its dG and
-    hprev, grad_h0 from its last product, grad_c0) against the float64 reference for 6 steps and
-    for 1, 2 and 67 (the mbarrier phases: one, two, many); SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD=0
-    keeps the split or general kernel."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    dtype = DTYPE[precision_name]
-    with _Precision(precision_name):
-        run = _train_call(dtype, B, H, T=3)
-        run()
-        assert _persistent_variants(run, "backward", "one_cluster") == {"one_cluster"}
-        for steps in (6, 1, 2, 67):
-            compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name,
-                          seed=B + H + steps + 1, what=f"one-cluster backward, {steps} steps")
+                          what=f"one-cluster forward and backward, {steps} steps")
         monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD", "0")
         assert "one_cluster" not in _persistent_variants(run, "backward", "one_cluster")
+        compare_layer([B] * 6, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H,
+                      what="one-cluster forward, the split or general backward")
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
+        assert "one_cluster" not in _persistent_variants(run, "forward", "one_cluster")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
