@@ -424,9 +424,9 @@ bool one_cluster_forward_applies(const LstmSizes& s, int sm_major) {
 
 template <class scalar_t>
 bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, bool trace, const float* pre,
-                              const scalar_t* b_ih,
-                              const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
-                              scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n, float* c_n) {
+                              const scalar_t* b_ih, const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0,
+                              const scalar_t* c0, scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n,
+                              float* c_n) {
   static_assert(kHalfType<scalar_t>, "the one-cluster kernel multiplies bf16 / fp16");
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   // W_hh's pairs are read as 32-bit words.

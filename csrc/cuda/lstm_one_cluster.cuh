@@ -40,9 +40,9 @@ bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 // launched nothing, where it does not apply or its cluster cannot be resident.
 template <class scalar_t>
 bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, bool trace, const float* pre,
-                              const scalar_t* b_ih,
-                              const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0, const scalar_t* c0,
-                              scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n, float* c_n);
+                              const scalar_t* b_ih, const scalar_t* b_hh, const scalar_t* w_hh, const scalar_t* h0,
+                              const scalar_t* c0, scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n,
+                              float* c_n);
 
 }  // namespace cuda
 }  // namespace seqkernels
