@@ -1057,13 +1057,14 @@ def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("poll_data", ["", "1"], ids=["flags", "poll-data"])
+@pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 16, 1024), ("float16", 40, 256), ("tf32", 24, 1024)])
 def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_name, B, H, poll_data):
     """67 steps on the cluster kernel, whose exchange cycles through four buffers of h (each
     poisoned two steps before it is written again, the step flags only hints) 16 times: the
     outputs and every gradient against the float64 reference; with the step flags waited for
-    first, and without them (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=1: the poisoned words polled)."""
+    first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0), and without them (=1: the poisoned words polled;
+    unset, the rule polls them at B <= 8)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)

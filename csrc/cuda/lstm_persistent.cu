@@ -205,7 +205,7 @@ struct FwdArgs {
   u64* xbuf;             // [2, B, row_words] LL exchange of h (flags zeroed before launch)
   int trace;             // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
   // The cluster forward kernel: poll the poisoned words of h_{t-1} themselves, without waiting for
-  // the producers' step flags first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=1, diagnostic).
+  // the producers' step flags first (cluster_polls_data, lstm_persistent.cuh).
   int poll_data;
 };
 
@@ -3226,7 +3226,7 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
   FwdArgs<scalar_t> args{};
   if (!build_segments(s, args.seg)) return false;
   args.trace = trace_requested();
-  args.poll_data = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_POLL_DATA") == 1;
+  args.poll_data = cluster_polls_data(s);
   args.reverse = reverse;
   args.pre = pre;
   args.pre_unscale = pre_unscale;
