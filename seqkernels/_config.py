@@ -63,6 +63,9 @@ CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
 CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024 = 32
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
+# cluster_polls_data, csrc/cuda/lstm_persistent.cuh: up to this B the cluster kernel polls h_{t-1}'s
+# poisoned words without waiting for the step flags first
+CUDA_CLUSTER_POLL_DATA_MAX_BATCH = 8
 # one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxRows
 # at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows,
 # all resident at once: the occupancy API's answer at launch)
@@ -264,8 +267,10 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
     if clusters and hidden == 1024 and batch >= min_batch:
+        polls = (f"; at B <= {CUDA_CLUSTER_POLL_DATA_MAX_BATCH} it polls h_{{t-1}} itself, not the step flags"
+                 if batch <= CUDA_CLUSTER_POLL_DATA_MAX_BATCH else "")
         return (f"the cluster forward kernel in one m16 tile: H = 1024 and B >= {min_batch}, equal batch sizes, "
-                "sm_90 with >= 128 SMs")
+                f"sm_90 with >= 128 SMs{polls}")
     return "the direct forward kernel"
 
 
@@ -349,7 +354,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "persistent", (f"auto: backward, B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF}, B*H = {bh} "
                               f"<= {CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF}, H = {hidden} <= "
                               f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF} and H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 "
-                              "(the split backward kernel in clusters)")
+                              + ("(the one-cluster backward kernel where its clusters are resident, equal batch sizes, "
+                                 "sm_90; else the split backward kernel in clusters)"
+                                 if clusters and hidden in CUDA_ONE_CLUSTER_HIDDEN
+                                 else "(the split backward kernel in clusters)"))
     if backward and half:
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
             if hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:

@@ -789,13 +789,15 @@ def test_split_backward_kernel_is_taken(monkeypatch, precision_name, B, H, split
     4 divide and the GPU can hold: on an H200 up to H = 768, not the 128 blocks of H = 1024),
     else without clusters at 16-bit B·H <= 1024 and TF32 B = 1 or H >= 512 (B <= 16,
     H <= 1024); the general kernel elsewhere. SEQKERNELS_LSTM_PERSISTENT_SPLIT=0 keeps the
-    general one, =1 takes the split one wherever it can run."""
+    general one, =1 takes the split one wherever it can run. (The one-cluster backward, which takes
+    16-bit types with equal batch sizes at H <= 512 first, off.)"""
     without_clusters = B * H <= 1024 if precision_name in ("bfloat16", "float16") else (B == 1 or H >= 512)
     if split and not without_clusters and not _sm90():
         pytest.skip("the split kernel is taken here for its clusters (sm_90)")
     dtype = DTYPE[precision_name]
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.delenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", raising=False)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD", "0")
     can_run = precision_name in ("bfloat16", "float16", "tf32") and B <= 16 and H <= 1024
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
@@ -948,7 +950,10 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
     against the float64 reference, for 6 steps and for 1, 2 and 67 (the mbarrier phases of the two
     buffers: none armed, one, many); SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the other kernels. Each case
     under the rule for warp pairs splitting K (at H = 512), with one warp per tile over all of K
-    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1)."""
+    (SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K=0) and with split K at every H (=1). The backward of these
+    calls is the one-cluster backward kernel (W_hhᵀ resident, dG exchanged in the cluster: the
+    weights' gradients from its dG and hprev, grad_h0 from its last product, grad_c0 its last dc);
+    SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD=0 keeps the split or general kernel, compared once more."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_SPLIT_K", split_k)
     dtype = DTYPE[precision_name]
@@ -956,12 +961,40 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
         run = _train_call(dtype, B, H, T=3)
         run()
         assert _persistent_variants(run, "forward", "one_cluster") == {"one_cluster"}
+        assert _persistent_variants(run, "backward", "one_cluster") == {"one_cluster"}
         assert _one_cluster_split_k(run) == {split_k == "1" or (split_k == "" and H == 512)}
         for steps in (6, 1, 2, 67):
             compare_layer([B] * steps, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H + steps,
-                          what=f"one-cluster forward, {steps} steps")
+                          what=f"one-cluster forward and backward, {steps} steps")
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD", "0")
+        assert "one_cluster" not in _persistent_variants(run, "backward", "one_cluster")
+        compare_layer([B] * 6, 5, H, reverse=reverse, bias=bias, precision=precision_name, seed=B + H,
+                      what="one-cluster forward, the split or general backward")
         monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
         assert "one_cluster" not in _persistent_variants(run, "forward", "one_cluster")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+def test_one_cluster_backward_is_deterministic(monkeypatch):
+    """Two training calls of the one-cluster backward (partial sums added in a fixed order) give
+    bit-identical gradients."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    torch.manual_seed(3)
+    model = seqkernels.LSTM(256, 256).to(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(33, 12, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grads = []
+
+    def step():
+        model.zero_grad()
+        x.grad = None
+        y, _ = model(x)
+        y.float().square().sum().backward()
+        grads.append([x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
+
+    assert any("backward_one_cluster" in n for n in kernel_names(step))
+    step()
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1024,13 +1057,17 @@ def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 16, 1024), ("float16", 40, 256), ("tf32", 24, 1024)])
-def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_name, B, H):
+def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_name, B, H, poll_data):
     """67 steps on the cluster kernel, whose exchange cycles through four buffers of h (each
     poisoned two steps before it is written again, the step flags only hints) 16 times: the
-    outputs and every gradient against the float64 reference."""
+    outputs and every gradient against the float64 reference; with the step flags waited for
+    first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0), and without them (=1: the poisoned words polled;
+    unset, the rule polls them at B <= 8)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
     with _Precision(precision_name):
         run = _train_call(DTYPE[precision_name], B, H, T=3)
         run()

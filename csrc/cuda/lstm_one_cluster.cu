@@ -98,6 +98,8 @@ constexpr int kGroupRows = 8;       // batch rows per cluster: one n8 tile
 constexpr int kSliceElems = kGroupRows * kUnitsPerBlock;
 constexpr int kCoreElems = 64;
 __host__ __device__ constexpr int slice_index(int b, int u) { return (u >> 3) * kCoreElems + b * 8 + (u & 7); }
+// Blocks per cluster for KS = H / 16 k-steps: one per 32 units.
+__host__ __device__ constexpr int cluster_of(int ks) { return ks * 16 / kUnitsPerBlock; }
 
 template <class scalar_t>
 struct OneClusterArgs {
@@ -125,6 +127,34 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t l
                    remote),
                "r"(local), "r"(bytes), "r"(remote_bar)
                : "memory");
+}
+
+// The bulk copies' addressing in a cluster of `cl` blocks: sender d < cl - 1 (lane d / 8 of warp d % 8)
+// copies this block's slice into slice `rank` of block (rank + 1 + d) % cl's buffer (at buf_local in
+// every block, slices of slice_bytes), counted on that block's mbarrier (at bar_local).
+struct SliceSender {
+  bool sends;
+  uint32_t slice_remote, bar_remote;
+};
+__device__ __forceinline__ SliceSender slice_sender(int cl, int rank, int lane, int warp, uint32_t buf_local,
+                                                    uint32_t bar_local, uint32_t slice_bytes) {
+  const int sender = lane < 2 ? lane * 8 + warp : cl;
+  SliceSender out;
+  out.sends = sender < cl - 1;
+  const int dest = (rank + 1 + (out.sends ? sender : 0)) % cl;
+  out.slice_remote = cluster_address(buf_local + rank * slice_bytes, dest);
+  out.bar_remote = cluster_address(bar_local, dest);
+  return out;
+}
+
+// SEQKERNELS_LSTM_TRACE: the means per step of a one-cluster kernel's PhaseTrace (lstm_device.cuh).
+__device__ void report_one_cluster_trace(const PhaseTrace& tr, const char* what, int T, int B, int H, int CL) {
+  if (!tr.on) return;
+  const double t = T;
+  printf("seqkernels trace %s: T=%d B=%d H=%d blocks=%d x %d clusters | ns/step %.0f (%.2f GHz) | cycles/step:"
+         " total %.0f = wait %.0f + product %.0f + gates %.0f + barrier and copies %.0f + stores %.0f\n",
+         what, T, B, H, CL, static_cast<int>(gridDim.x) / CL, tr.ns_per_step(T), tr.clock_ghz(T),
+         (tr.last - tr.begin) / t, tr.acc[0] / t, tr.acc[1] / t, tr.acc[2] / t, tr.acc[3] / t, tr.acc[4] / t);
 }
 
 template <class scalar_t, bool kTraining, int KS, bool kSplitK>
@@ -223,11 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t h_local = shared_address(&hbuf[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
   const uint32_t stage_local = shared_address(&stage[0][0]);
-  const int sender = lane < 2 ? lane * 8 + warp : CL;
-  const bool sends = sender < CL - 1;
-  const int dest = (rank + 1 + (sends ? sender : 0)) % CL;
-  const uint32_t slice_remote = cluster_address(h_local + rank * kSliceBytes, dest);
-  const uint32_t bar_remote = cluster_address(bar_local, dest);
+  const SliceSender tx = slice_sender(CL, rank, lane, warp, h_local, bar_local, kSliceBytes);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
   // offsets 0, 8, 16, 24 of a pair of k-steps).
   const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
@@ -323,9 +349,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The staged slice to every block (the async proxy reads what the threads wrote).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
-      if (sends) {
-        bulk_copy_to_cluster(slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceBytes, kSliceBytes,
-                             bar_remote + (s & 1) * 8);
+      if (tx.sends) {
+        bulk_copy_to_cluster(tx.slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceBytes, kSliceBytes,
+                             tx.bar_remote + (s & 1) * 8);
       }
     }
     trace.mark(3);
@@ -347,15 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
     trace.mark(4);
   }
-  if (trace.on) {
-    const double t = T;
-    printf("seqkernels trace forward one-cluster (%s): T=%d B=%d H=%d blocks=%d x %d clusters |"
-           " ns/step %.0f (%.2f GHz) | cycles/step: total %.0f = wait %.0f + product %.0f + gates %.0f"
-           " + barrier and copies %.0f + stores %.0f\n",
-           kTraining ? "training" : "inference", T, B, H, CL, static_cast<int>(gridDim.x) / CL, trace.ns_per_step(T),
-           trace.clock_ghz(T), (trace.last - trace.begin) / t, trace.acc[0] / t, trace.acc[1] / t, trace.acc[2] / t,
-           trace.acc[3] / t, trace.acc[4] / t);
-  }
+  report_one_cluster_trace(trace, kTraining ? "forward one-cluster (training)" : "forward one-cluster (inference)", T,
+                           B, H, CL);
   if (live) {
     a.h_n[static_cast<int64_t>(b) * H + j] = h_st;
     a.c_n[static_cast<int64_t>(b) * H + j] = c_st;
@@ -364,26 +383,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class scalar_t, bool kTraining, int KS, bool kSplitK>
-bool launch(const OneClusterArgs<scalar_t>& args) {
-  auto kernel = &lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK>;
+// Launches `kernel` on ceil(B / 8) clusters of `cluster` blocks with `smem` bytes of dynamic shared
+// memory each, or returns false, having launched nothing, where they cannot all be resident at once
+// (else the later clusters would run after the first ones finished).
+template <class Args>
+bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem) {
   const void* fn = reinterpret_cast<const void*>(kernel);
-  const int cluster = KS * 16 / kUnitsPerBlock;
   const int groups = (args.B + kGroupRows - 1) / kGroupRows;
-  // Every group's cluster resident at once (else the later ones would run after the first).
-  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn) || max_active_clusters(fn, kThreads, 0, cluster) < groups) {
-    return false;
-  }
+  if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn)) return false;
+  if (smem > 0) ensure_dynamic_smem(fn, smem);
+  if (max_active_clusters(fn, kThreads, smem, cluster) < groups) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(groups * cluster));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attr[1] = {cluster_dimension(cluster)};
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
   return true;
+}
+
+template <class scalar_t, bool kTraining, int KS, bool kSplitK>
+bool launch(const OneClusterArgs<scalar_t>& args) {
+  return launch_groups(&lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK>, args,
+                       cluster_of(KS), 0);
 }
 
 // Whether warp pairs split K: at H = 512, where it was faster (H200, bf16 `infer` CUDA-graph
@@ -411,6 +436,256 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------
+//
+// The same cluster per 8 batch rows, in reverse step order. Iteration i = 0 .. T - 1 runs step
+// s = T - 1 - i (time t = reverse ? T - 1 - s : s); block r owns units [32 r, 32 r + 32) and
+// thread x the item (unit 32 r + x % 32, the group's row x / 32). Per iteration:
+//   dh = grad_y_t + dh_rec, dh_rec = dG_{s+1} · W_hh (grad_h_n at the first iteration), c from
+//   cells, c_prev from cells of step s - 1 (c0 at s = 0), the saved gates; lstm_cell_backward gives
+//   the four pre-activation gradients dG_s of the item and dc_prev (a register); dG_s goes to
+//   global memory (the weight gradients' GEMMs after the loop) and, as 16-bit values, into every
+//   block's shared memory of the cluster for the next iteration's product. A final product after
+//   the last iteration gives grad_h0 = dG_0 · W_hh; grad_c0 is the last dc_prev.
+// The product: dh_rec[j][n] = sum_m W_hh[m][j] · dG[n][m], m over all 4H gate rows. Block r's A
+// operand is W_hhᵀ's rows of its 32 units (2 m16 tiles of 16 units) over K = 4H, resident as A
+// fragments; warp w takes tile w % 2 and K quarter w / 2 (4 KS / 4 = KS k-steps: 128 registers at
+// H = 512, the forward's count). The four quarters' partial sums meet in shared memory after a
+// block barrier, added in a fixed order (deterministic). K runs in the exchange's order: block r'
+// (slice r'), then gate q, then unit u, k = 128 r' + 32 q + u for gate row m = q H + 32 r' + u.
+// A dG slice (8 rows x 128 values, 2 KB) is 16 core matrices [k / 8][n][k % 8] (dslice_index), so
+// ldmatrix.x4 reads B fragments of two k-steps, as in the forward.
+// Exchange: the forward's protocol with dG slices: buffer i % 2 holds iteration i's dG, each
+// phase of its mbarrier expects (CL - 1) slices and thread 0's arrival; a block sends iteration
+// i + 1's dG into buffer (i + 1) % 2 only after its product of iteration i + 1 read iteration
+// i - 1's there, so nothing is overwritten before every block of the cluster read it.
+constexpr int kGateSliceElems = kGroupRows * 4 * kUnitsPerBlock;  // a block's dG: 8 rows x 4 gates x 32 units
+__host__ __device__ constexpr int dslice_index(int n, int k) { return (k >> 3) * kCoreElems + n * 8 + (k & 7); }
+
+template <class scalar_t>
+struct OneClusterBackwardArgs {
+  int T, B;  // B: all rows (cluster g runs rows [8 g, 8 g + 8))
+  bool reverse;
+  bool trace;                 // SEQKERNELS_LSTM_TRACE: thread 0 of block 0 prints cycles per step and phase
+  const scalar_t* w_hh;       // [G, H]
+  const scalar_t* gates;      // [N, G] saved activated gates
+  const scalar_t* cells;      // [N, H] saved c_t
+  const scalar_t* y;          // [N, H] h_t
+  const scalar_t* grad_y;     // [N, H]
+  const scalar_t* h0;         // [B, H]
+  const scalar_t* c0;         // [B, H]
+  const scalar_t* grad_h_n;   // [B, H]
+  const scalar_t* grad_c_n;   // [B, H]
+  scalar_t* dG;               // [N, G] out
+  scalar_t* hprev;            // [N, H] out: h_{t-1} of every row
+  float* grad_h0;             // [B, H] out
+  float* grad_c0;             // [B, H] out
+};
+
+template <class scalar_t, int KS>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_backward_one_cluster_kernel(const __grid_constant__ OneClusterBackwardArgs<scalar_t> a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int H = KS * 16;
+  constexpr int CL = H / kUnitsPerBlock;           // blocks per cluster
+  constexpr int kQuarterSteps = KS;  // k-steps of a warp's K quarter: 4H / 4 / 16
+  constexpr int kAcc = 4;            // independent MMA chains
+  constexpr int64_t G = 4 * static_cast<int64_t>(H);
+  // A quarter is CL / 4 whole dG slices (8 k-steps each).
+  static_assert(CL >= 4 && CL <= 16 && CL % 4 == 0, "one-cluster backward: H in {128, 256, 512}");
+  // Dynamic shared memory (72 KB at H = 512, over the 48 KB of static): the receive buffers
+  // (iteration i's dG in dbuf[i % 2]) and the block's staged slices, by parity.
+  extern __shared__ __align__(128) unsigned char one_cluster_smem[];
+  auto dbuf = reinterpret_cast<scalar_t(*)[CL][kGateSliceElems]>(one_cluster_smem);
+  auto stage =
+      reinterpret_cast<scalar_t(*)[kGateSliceElems]>(one_cluster_smem + 2 * CL * kGateSliceElems * sizeof(scalar_t));
+  __shared__ __align__(16) float4 partials[2][4][32];  // [tile][K quarter][lane]
+  __shared__ __align__(8) uint64_t bars[2];
+
+  const int T = a.T, B = a.B;
+  const int rank = static_cast<int>(blockIdx.x) % CL;
+  const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int tile = warp & 1, quarter = warp >> 1;
+  constexpr uint32_t kSliceBytes = kGateSliceElems * sizeof(scalar_t);
+  constexpr uint32_t kStepBytes = (CL - 1) * kSliceBytes;
+  constexpr uint32_t kBufBytes = CL * kSliceBytes;
+
+  // A fragments of W_hhᵀ: tile rows = units 32 rank + 16 tile + (gq, gq + 8); k-step f of the
+  // quarter covers k = 16 (quarter kQuarterSteps + f) + 2 tq (+ 1, + 8, + 9).
+  uint32_t wf[kQuarterSteps][4];
+  {
+    const int u_lo = rank * kUnitsPerBlock + tile * 16 + gq, u_hi = u_lo + 8;
+    auto w_pair = [&](int k, int unit) {  // W_hh[m(k)][unit], W_hh[m(k + 1)][unit] (k even)
+      const int r2 = k >> 7, kl = k & 127, q = kl >> 5, u = kl & 31;
+      const int64_t m = static_cast<int64_t>(q) * H + r2 * kUnitsPerBlock + u;
+      const scalar_t lo = a.w_hh[m * H + unit], hi = a.w_hh[(m + 1) * H + unit];
+      return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
+    };
+#pragma unroll
+    for (int f = 0; f < kQuarterSteps; ++f) {
+      const int k = 16 * (quarter * kQuarterSteps + f) + 2 * tq;
+      wf[f][0] = w_pair(k, u_lo);
+      wf[f][1] = w_pair(k, u_hi);
+      wf[f][2] = w_pair(k + 8, u_lo);
+      wf[f][3] = w_pair(k + 8, u_hi);
+    }
+  }
+  // The item: unit j (ul of the block), the group's row nl, batch row b.
+  const int ul = threadIdx.x & 31, nl = threadIdx.x >> 5, b = row0 + nl;
+  const int j = rank * kUnitsPerBlock + ul;
+  const bool live = b < B;
+  // Where the item's sum of partials lies: tile ul / 16, fragment row ul % 16 (lane (ul % 8) * 4 +
+  // nl / 2, element 2 (ul % 16 >= 8) + nl % 2).
+  const int p_tile = ul >> 4, p_lane = (ul & 7) * 4 + (nl >> 1), p_elem = ((ul >> 3) & 1) * 2 + (nl & 1);
+
+  // Zeros in every buffer and staging slice: rows past B are sent and multiplied, never written.
+  for (int i = threadIdx.x; i < (2 * CL + 2) * kGateSliceElems; i += kThreads) {
+    reinterpret_cast<scalar_t*>(one_cluster_smem)[i] = scalar_t(0.0f);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
+    mbarrier_arrive_expect(&bars[0], kStepBytes);  // iteration 0's dG (every iteration sends)
+    if (T > 1) mbarrier_arrive_expect(&bars[1], kStepBytes);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();
+
+  const uint32_t d_local = shared_address(&dbuf[0][0][0]);
+  const uint32_t bar_local = shared_address(&bars[0]);
+  const uint32_t stage_local = shared_address(&stage[0][0]);
+  const SliceSender tx = slice_sender(CL, rank, lane, warp, d_local, bar_local, kSliceBytes);
+  const uint32_t ld_lane = d_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
+
+  // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
+  struct Inputs {
+    float act[4], c, c_prev, dy, h_prev;
+  };
+  auto load = [&](int i, Inputs& in) {
+    const int s = T - 1 - i;
+    const int64_t t = a.reverse ? T - 1 - s : s;
+    const int64_t row = t * B + b;
+    if (!live) return;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) in.act[q] = static_cast<float>(a.gates[row * G + q * H + j]);
+    in.c = static_cast<float>(a.cells[row * H + j]);
+    in.dy = static_cast<float>(a.grad_y[row * H + j]);
+    if (s > 0) {
+      const int64_t prow = (a.reverse ? t + 1 : t - 1) * B + b;
+      in.c_prev = static_cast<float>(a.cells[prow * H + j]);
+      in.h_prev = static_cast<float>(a.y[prow * H + j]);
+    } else {
+      in.c_prev = static_cast<float>(a.c0[static_cast<int64_t>(b) * H + j]);
+      in.h_prev = static_cast<float>(a.h0[static_cast<int64_t>(b) * H + j]);
+    }
+  };
+  Inputs cur{}, next{};
+  load(0, cur);
+  float dc_carry = live ? static_cast<float>(a.grad_c_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
+  float dh_rec = live ? static_cast<float>(a.grad_h_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
+  // SEQKERNELS_LSTM_TRACE (lstm_device.cuh): phases 0 wait, 1 product, 2 gates, 3 barrier and
+  // copies, 4 stores.
+  PhaseTrace trace;
+  trace.start(a.trace);
+
+  // Iterations 0 .. T - 1 run step T - 1 - i; iteration T only multiplies (grad_h0).
+  for (int i = 0; i <= T; ++i) {
+    if (i > 0) {
+      const int rd = (i - 1) & 1;  // iteration i - 1's dG
+      mbarrier_wait_guarded(bar_local + rd * 8, ((i - 1) >> 1) & 1, static_cast<unsigned>(i));
+      if (threadIdx.x == 0 && i + 1 < T) mbarrier_arrive_expect(&bars[rd], kStepBytes);  // iteration i + 1's
+      if (i + 1 <= T - 1) load(i + 1, next);
+      trace.mark(0);
+      // dh_rec = dG_{s+1} · W_hh: this warp's quarter of K, then the four quarters in order.
+      float acc[kAcc][4] = {};
+      const uint32_t ld_buf = ld_lane + rd * kBufBytes;
+#pragma unroll
+      for (int f = 0; f < kQuarterSteps; f += 2) {
+        const int ks = quarter * kQuarterSteps + f;  // the first of two k-steps: 32 k of slice ks / 8
+        uint32_t bf[4];
+        ldmatrix_x4(bf, ld_buf + (ks >> 3) * kSliceBytes + ((ks & 7) >> 1) * 4 * kCoreElems * sizeof(scalar_t));
+        MmaInst<scalar_t>::run(acc[f % kAcc], wf[f], bf[0], bf[1]);
+        MmaInst<scalar_t>::run(acc[(f + 1) % kAcc], wf[f + 1], bf[2], bf[3]);
+      }
+      float4 sum;
+      sum.x = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
+      sum.y = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
+      sum.z = (acc[0][2] + acc[1][2]) + (acc[2][2] + acc[3][2]);
+      sum.w = (acc[0][3] + acc[1][3]) + (acc[2][3] + acc[3][3]);
+      partials[tile][quarter][lane] = sum;
+      __syncthreads();
+      float q4[4];
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) {
+        const float4 p = partials[p_tile][kq][p_lane];
+        q4[kq] = p_elem == 0 ? p.x : p_elem == 1 ? p.y : p_elem == 2 ? p.z : p.w;
+      }
+      dh_rec = (q4[0] + q4[1]) + (q4[2] + q4[3]);
+      trace.mark(1);
+    } else if (T > 1) {
+      load(1, next);
+    }
+    if (i == T) break;
+
+    // Gate math of step s = T - 1 - i.
+    const int s = T - 1 - i;
+    const int64_t t = a.reverse ? T - 1 - s : s;
+    const int64_t row = t * B + b;
+    LstmGates<float> dpre{};
+    if (live) {
+      const LstmGates<float> act{cur.act[0], cur.act[1], cur.act[2], cur.act[3]};
+      float dc_prev, m;
+      lstm_cell_backward<CudaMath>(act, cur.c, cur.c_prev, cur.dy + dh_rec, dc_carry, dpre, dc_prev, m);
+      dc_carry = dc_prev;
+      const float dq[4] = {dpre.i, dpre.f, dpre.g, dpre.o};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const scalar_t v = static_cast<scalar_t>(dq[q]);
+        stage[i & 1][dslice_index(nl, q * kUnitsPerBlock + ul)] = v;
+        dbuf[i & 1][rank][dslice_index(nl, q * kUnitsPerBlock + ul)] = v;  // read after the barrier below
+      }
+    }
+    trace.mark(2);
+    // The staged slice to every other block of the cluster (the async proxy reads what the threads
+    // wrote; every iteration sends: iteration T multiplies the last one).
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    if (tx.sends) {
+      bulk_copy_to_cluster(tx.slice_remote + (i & 1) * kBufBytes, stage_local + (i & 1) * kSliceBytes, kSliceBytes,
+                           tx.bar_remote + (i & 1) * 8);
+    }
+    trace.mark(3);
+    if (live) {
+      scalar_t* gr = a.dG + row * G + j;
+      gr[0] = static_cast<scalar_t>(dpre.i);
+      gr[H] = static_cast<scalar_t>(dpre.f);
+      gr[2 * H] = static_cast<scalar_t>(dpre.g);
+      gr[3 * H] = static_cast<scalar_t>(dpre.o);
+      a.hprev[row * H + j] = static_cast<scalar_t>(cur.h_prev);
+    }
+    cur = next;
+    trace.mark(4);
+  }
+  report_one_cluster_trace(trace, "backward one-cluster", T, B, H, CL);
+  if (live) {
+    a.grad_h0[static_cast<int64_t>(b) * H + j] = dh_rec;
+    a.grad_c0[static_cast<int64_t>(b) * H + j] = dc_carry;
+  }
+  cluster_sync();  // no block leaves while another of its cluster may still address its shared memory
+#endif
+}
+
+template <class scalar_t, int KS>
+bool launch_backward(const OneClusterBackwardArgs<scalar_t>& args) {
+  // Dynamic shared memory: 2 receive buffers of CL slices and 2 staging slices.
+  constexpr int kSmem = (2 * cluster_of(KS) + 2) * kGateSliceElems * static_cast<int>(sizeof(scalar_t));
+  return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS>, args, cluster_of(KS), kSmem);
+}
+
 }  // namespace
 
 bool one_cluster_forward_fits(const LstmSizes& s, int sm_major) {
@@ -436,6 +711,30 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
   return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
 }
 
+bool one_cluster_backward_applies(const LstmSizes& s, int sm_major) {
+  return switch_on("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD") && one_cluster_forward_fits(s, sm_major);
+}
+
+template <class scalar_t>
+bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, const scalar_t* w_hh,
+                               const scalar_t* gates, const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y,
+                               const scalar_t* h0, const scalar_t* c0, const scalar_t* grad_h_n,
+                               const scalar_t* grad_c_n, scalar_t* dG, scalar_t* hprev, float* grad_h0,
+                               float* grad_c0) {
+  static_assert(kHalfType<scalar_t>, "the one-cluster kernel multiplies bf16 / fp16");
+  const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+  if (!one_cluster_backward_applies(s, prop.major)) return false;
+  const OneClusterBackwardArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, w_hh,
+                                              gates, cells, y, grad_y, h0, c0, grad_h_n, grad_c_n, dG, hprev,
+                                              grad_h0, grad_c0};
+  switch (s.H) {
+    case 128: return launch_backward<scalar_t, 8>(args);
+    case 256: return launch_backward<scalar_t, 16>(args);
+    case 512: return launch_backward<scalar_t, 32>(args);
+    default: return false;
+  }
+}
+
 template bool lstm_one_cluster_forward<c10::Half>(const LstmSizes&, bool, bool, bool, const float*, const c10::Half*,
                                                   const c10::Half*, const c10::Half*, const c10::Half*,
                                                   const c10::Half*, c10::Half*, c10::Half*, c10::Half*, c10::Half*,
@@ -445,6 +744,17 @@ template bool lstm_one_cluster_forward<c10::BFloat16>(const LstmSizes&, bool, bo
                                                       const c10::BFloat16*, const c10::BFloat16*,
                                                       const c10::BFloat16*, c10::BFloat16*, c10::BFloat16*,
                                                       c10::BFloat16*, c10::BFloat16*, float*);
+
+template bool lstm_one_cluster_backward<c10::Half>(const LstmSizes&, bool, bool, const c10::Half*, const c10::Half*,
+                                                   const c10::Half*, const c10::Half*, const c10::Half*,
+                                                   const c10::Half*, const c10::Half*, const c10::Half*,
+                                                   const c10::Half*, c10::Half*, c10::Half*, float*, float*);
+template bool lstm_one_cluster_backward<c10::BFloat16>(const LstmSizes&, bool, bool, const c10::BFloat16*,
+                                                       const c10::BFloat16*, const c10::BFloat16*,
+                                                       const c10::BFloat16*, const c10::BFloat16*,
+                                                       const c10::BFloat16*, const c10::BFloat16*,
+                                                       const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*,
+                                                       c10::BFloat16*, float*, float*);
 
 }  // namespace cuda
 }  // namespace seqkernels

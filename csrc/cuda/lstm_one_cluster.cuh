@@ -44,5 +44,23 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
                               const scalar_t* c0, scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n,
                               float* c_n);
 
+// The backward of the same decomposition (one cluster per 8 batch rows, W_hhᵀ's rows of a block's
+// units resident, dG exchanged in distributed shared memory), where the forward kernel fits and
+// SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD (diagnostic) is not "0"; lstm_persistent.cu's run_backward
+// calls it first for bf16 / fp16.
+bool one_cluster_backward_applies(const LstmSizes& s, int sm_major);
+
+// Backward of one layer and direction with lstm_persistent_backward's contract (lstm_persistent.cuh):
+// w_hh [G, H]; gates [N, G] and cells [N, H] as the forward saved them; y, grad_y [N, H]; h0, c0,
+// grad_h_n, grad_c_n [B, H]; writes dG [N, G], hprev [N, H] (h_{t-1} of every row), grad_h0 and
+// grad_c0 [B, H] float. False, having launched nothing, where it does not apply or its clusters
+// cannot all be resident.
+template <class scalar_t>
+bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, const scalar_t* w_hh,
+                               const scalar_t* gates, const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y,
+                               const scalar_t* h0, const scalar_t* c0, const scalar_t* grad_h_n,
+                               const scalar_t* grad_c_n, scalar_t* dG, scalar_t* hprev, float* grad_h0,
+                               float* grad_c0);
+
 }  // namespace cuda
 }  // namespace seqkernels

@@ -204,6 +204,9 @@ struct FwdArgs {
   acc_t* c_n;            // [B, H] out
   u64* xbuf;             // [2, B, row_words] LL exchange of h (flags zeroed before launch)
   int trace;             // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
+  // The cluster forward kernel: poll the poisoned words of h_{t-1} themselves, without waiting for
+  // the producers' step flags first (cluster_polls_data, lstm_persistent.cuh).
+  int poll_data;
 };
 
 template <class scalar_t>
@@ -2463,7 +2466,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else {
       // Warp 0 waits for the step flags of the 64 producers of K half `rank`, the block for warp 0.
-      if (warp == 0) {
+      // With a.poll_data, no flags: every thread re-reads its poisoned words until h_{t-1} is there
+      // (the flags are only hints; the poison is what tells h_{t-1} from an older step's).
+      if (warp == 0 && !a.poll_data) {
         const uint32_t* fl = flags + rank * 64 + lane;
         const long long t0 = clock64();
         while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s) || ld_relaxed_u32(fl + 32) < static_cast<uint32_t>(s)) {
@@ -3147,6 +3152,14 @@ bool split_cluster_wanted(const LstmSizes& s, const cudaDeviceProp& prop, int cl
 
 template <class scalar_t, Path P>
 bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar_t>& args, const at::Tensor& like) {
+  if constexpr (P == Path::kMma16) {
+    // H <= 512: the whole layer in one cluster per 8 batch rows (lstm_one_cluster.cu).
+    if (lstm_one_cluster_backward<scalar_t>(s, args.reverse, args.trace != 0, args.w_hh, args.gates, args.cells, args.y,
+                                            args.grad_y, args.h0, args.c0, args.grad_h_n, args.grad_c_n, args.dG,
+                                            args.hprev, args.grad_h0, args.grad_c0)) {
+      return true;
+    }
+  }
   if constexpr (P != Path::kFma) {
     auto try_split = [&](auto ntw_c, auto cl_c) {
       constexpr int NTW = decltype(ntw_c)::value, CL = decltype(cl_c)::value;
@@ -3213,6 +3226,7 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
   FwdArgs<scalar_t> args{};
   if (!build_segments(s, args.seg)) return false;
   args.trace = trace_requested();
+  args.poll_data = cluster_polls_data(s);
   args.reverse = reverse;
   args.pre = pre;
   args.pre_unscale = pre_unscale;

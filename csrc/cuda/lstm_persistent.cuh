@@ -105,6 +105,18 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
   return cluster_forward_fits(s, sm_major, sm_count, ops) && (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
 }
 
+// Whether the cluster kernel polls the poisoned words of h_{t-1} themselves instead of waiting for
+// the producers' step flags first: one L2 round trip and one block barrier fewer a step, but every
+// thread of every block then spins on L2 while the producers write. Faster at B <= 8, far slower at
+// B = 16 (bf16, H = 1024, `infer` replays on an H200, 2026-11-28, flags / polled data: B = 8 0.763-0.765
+// / 0.652-0.664 ms, B = 16 0.840-0.843 / 1.323-1.338 ms). SEQKERNELS_LSTM_CLUSTER_POLL_DATA
+// (diagnostic): "0" never, anything else always; unset, this rule.
+constexpr int64_t kClusterPollDataMaxBatch = 8;
+inline bool cluster_polls_data(const LstmSizes& s) {
+  const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_POLL_DATA");
+  return mode == -1 ? s.B <= kClusterPollDataMaxBatch : mode == 1;
+}
+
 // Forward of one layer and direction, after the input projection. Writes y, the saved
 // gates/cells (training), h_n and c_n exactly as the cuBLAS loop of lstm.cu does.
 //   pre   [N, G] acc_t   x·W_ihᵀ of every packed row (bias not added)
