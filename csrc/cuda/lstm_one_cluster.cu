@@ -147,6 +147,18 @@ __device__ __forceinline__ SliceSender slice_sender(int cl, int rank, int lane, 
   return out;
 }
 
+// After the block's stores into its staging slice of parity p: the fence that lets the async proxy
+// read them, the block barrier, then each sender's bulk copy into buffer p of its destination.
+__device__ __forceinline__ void send_staged(const SliceSender& tx, uint32_t stage_local, int p, uint32_t slice_bytes,
+                                            uint32_t buf_bytes) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (tx.sends) {
+    bulk_copy_to_cluster(tx.slice_remote + p * buf_bytes, stage_local + p * slice_bytes, slice_bytes,
+                         tx.bar_remote + p * 8);
+  }
+}
+
 // SEQKERNELS_LSTM_TRACE: the means per step of a one-cluster kernel's PhaseTrace (lstm_device.cuh).
 __device__ void report_one_cluster_trace(const PhaseTrace& tr, const char* what, int T, int B, int H, int CL) {
   if (!tr.on) return;
@@ -345,15 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       hbuf[s & 1][rank][slice_index(bl, quad * 4 + uq)] = h;  // read after the barrier below
     }
     trace.mark(2);
-    if (s + 1 < T) {
-      // The staged slice to every block (the async proxy reads what the threads wrote).
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();
-      if (tx.sends) {
-        bulk_copy_to_cluster(tx.slice_remote + (s & 1) * kBufBytes, stage_local + (s & 1) * kSliceBytes, kSliceBytes,
-                             tx.bar_remote + (s & 1) * 8);
-      }
-    }
+    if (s + 1 < T) send_staged(tx, stage_local, s & 1, kSliceBytes, kBufBytes);  // the staged slice to every block
     trace.mark(3);
     if (live) {
       c_st = c_new;
@@ -650,14 +654,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     trace.mark(2);
-    // The staged slice to every other block of the cluster (the async proxy reads what the threads
-    // wrote; every iteration sends: iteration T multiplies the last one).
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-    if (tx.sends) {
-      bulk_copy_to_cluster(tx.slice_remote + (i & 1) * kBufBytes, stage_local + (i & 1) * kSliceBytes, kSliceBytes,
-                           tx.bar_remote + (i & 1) * 8);
-    }
+    // The staged slice to every other block of the cluster (every iteration sends: iteration T
+    // multiplies the last one).
+    send_staged(tx, stage_local, i & 1, kSliceBytes, kBufBytes);
     trace.mark(3);
     if (live) {
       scalar_t* gr = a.dG + row * G + j;
