@@ -73,6 +73,8 @@ CUDA_ONE_CLUSTER_MAX_ROWS = 64
 CUDA_ONE_CLUSTER_GROUP_ROWS = 8  # kGroupRows, csrc/cuda/lstm_one_cluster.cu
 CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
 CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
+# run_backward, csrc/cuda/lstm_one_cluster.cu: 16-bit backward calls of the persistent loop at these H
+ONE_CLUSTER_BACKWARD = "the one-cluster backward kernel where its clusters are resident, equal batch sizes, sm_90"
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
@@ -284,6 +286,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     if proj_size > 0:
         return "cublas", "only the cuBLAS loop has a projection (proj_size > 0)"
     state = batch * hidden * elem
+    one_cluster_backward = backward and half and clusters and hidden in CUDA_ONE_CLUSTER_HIDDEN
     bh = batch * hidden
     kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
     if not mma and elem == 4:
@@ -335,7 +338,8 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     elif half and not backward and (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
         return "persistent", f"auto: {why}"
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
-        return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB"
+        kernel = f" ({ONE_CLUSTER_BACKWARD}; else the split or general kernel)" if one_cluster_backward else ""
+        return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB{kernel}"
     elif (backward and not half and hidden <= CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32
           and (batch <= CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32
                or (batch <= (CUDA_PERSISTENT_MAX_BACKWARD_BATCH_TF32_WIDE
@@ -354,10 +358,8 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "persistent", (f"auto: backward, B = {batch} <= {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF}, B*H = {bh} "
                               f"<= {CUDA_PERSISTENT_MAX_BACKWARD_BH_HALF}, H = {hidden} <= "
                               f"{CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_HALF} and H % {CUDA_CLUSTER_HIDDEN_MULTIPLE} == 0 "
-                              + ("(the one-cluster backward kernel where its clusters are resident, equal batch sizes, "
-                                 "sm_90; else the split backward kernel in clusters)"
-                                 if clusters and hidden in CUDA_ONE_CLUSTER_HIDDEN
-                                 else "(the split backward kernel in clusters)"))
+                              + (f"({ONE_CLUSTER_BACKWARD}; else the split backward kernel in clusters)"
+                                 if one_cluster_backward else "(the split backward kernel in clusters)"))
     if backward and half:
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
             if hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:
