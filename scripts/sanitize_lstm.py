@@ -5,7 +5,7 @@
     python scripts/sanitize_lstm.py --backend persistent   # SEQKERNELS_LSTM_BACKEND for the run
     python scripts/sanitize_lstm.py --backend fused        # the fused-step loop (and its own shapes)
     python scripts/sanitize_lstm.py --mode infer           # only the inference cases (or --mode train)
-    python scripts/sanitize_lstm.py --one-cluster          # only the one-cluster forward kernel's cases
+    python scripts/sanitize_lstm.py --one-cluster          # only the one-cluster kernels' cases (forward, backward)
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
@@ -377,7 +377,7 @@ def main() -> int:
                         help="only the sweep's inference or training cases (e.g. to tell which results an "
                              "initcheck report reads)")
     parser.add_argument("--one-cluster", action="store_true",
-                        help="only the one-cluster forward kernel's cases (sets --backend persistent)")
+                        help="only the one-cluster kernels' cases, forward and backward (sets --backend persistent)")
     args = parser.parse_args()
     if args.one_cluster:
         args.backend = "persistent"
