@@ -106,11 +106,12 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
 }
 
 // Whether the cluster kernel polls the poisoned words of h_{t-1} themselves instead of waiting for
-// the producers' step flags first: one L2 round trip and one block barrier fewer a step, but every
-// thread of every block then spins on L2 while the producers write. Faster at B <= 8, far slower at
-// B = 16 (bf16, H = 1024, `infer` replays on an H200, 2026-11-28, flags / polled data: B = 8 0.763-0.765
-// / 0.652-0.664 ms, B = 16 0.840-0.843 / 1.323-1.338 ms). SEQKERNELS_LSTM_CLUSTER_POLL_DATA
-// (diagnostic): "0" never, anything else always; unset, this rule.
+// the producers' step flags first: one L2 round trip and one block barrier fewer a step. Faster at
+// B <= 8, far slower at B = 16 (bf16, H = 1024, `infer` replays on an H200, 2026-11-28, flags / polled
+// data: B = 8 0.763-0.765 / 0.652-0.664 ms, B = 16 0.840-0.843 / 1.323-1.338 ms; __nanosleep between
+// re-reads did not change B = 16, so not L2 flooding: a thread re-reads its poisoned words one at a
+// time, 4 at B = 16 against 2). SEQKERNELS_LSTM_CLUSTER_POLL_DATA (diagnostic): "0" never, anything
+// else always; unset, this rule.
 constexpr int64_t kClusterPollDataMaxBatch = 8;
 inline bool cluster_polls_data(const LstmSizes& s) {
   const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_POLL_DATA");
