@@ -92,3 +92,34 @@ def test_bench_convlstm_quick_end_to_end(tmp_path):
     assert "| B, T, Ci, C, H×W, K |" in out.stdout and "[4/4]" in out.stderr
     assert png.read_bytes().startswith(PNG_MAGIC)
     assert md.read_text().startswith("ConvLSTM suite on")
+
+
+def test_lstm_table_marks_the_graph_target():
+    """bench_lstm.py's CUDA table says per `infer` cell at B <= 16 whether our CUDA graph reached
+    3x cuDNN's (issue 4's second target), next to the eager target, and leaves it blank elsewhere."""
+    import bench_lstm
+
+    def record(B, mode, graph_speedup):
+        r = {"B": B, "H": 1024, "dtype": "bfloat16", "tf32": "n/a", "mode": mode, "status": "ok",
+             "ms": {"seqkernels": 1.0, "nn.LSTM": 6.0, "nn.LSTM graph": 2.0, "seqkernels graph": 2.0 / graph_speedup},
+             "us_per_step": {"seqkernels": 3.9, "seqkernels graph": 2.6},
+             "speedup": {"seqkernels vs nn.LSTM": 6.0, "seqkernels vs nn.LSTM graph": 2.0,
+                         "seqkernels graph vs nn.LSTM graph": graph_speedup},
+             "target_speedup": bench_lstm.target("cuda", B, mode, "bfloat16", False),
+             "target_speedup_vs_graph": bench_lstm.graph_target("cuda", B, mode),
+             "peak_mb": {"seqkernels": 1.0, "nn.LSTM": 2.0}}
+        r["target_met"] = r["speedup"]["seqkernels vs nn.LSTM"] >= r["target_speedup"]
+        gt = r["target_speedup_vs_graph"]
+        r["target_met_vs_graph"] = None if gt is None else graph_speedup >= gt
+        return r
+
+    cols = bench_lstm.columns("cuda")
+    assert cols[-2].header == "target (vs eager)" and cols[-1].header == "target (graph vs graph)"
+    assert bench_lstm.graph_target_text(record(8, "infer", 2.71)) == "≥3× **no**"
+    assert bench_lstm.graph_target_text(record(16, "infer", 3.7)) == "≥3× yes"
+    assert bench_lstm.graph_target_text(record(64, "infer", 3.7)) == ""
+    assert bench_lstm.graph_target_text(record(8, "train", 3.7)) == ""
+    table = harness.markdown_table([record(8, "infer", 2.71)], cols)
+    assert "| ≥5× yes | ≥3× **no** |" in table
+    assert bench_lstm.graph_target_text({"status": "error"}) == ""
+    assert "graph vs graph" not in " ".join(c.header for c in bench_lstm.columns("cpu"))
