@@ -1,0 +1,92 @@
+"""Compares the SASS of two CUDA object files kernel by kernel: the check behind a "SASS identical"
+claim for a change that should not alter device code (a refactor, a comment, a host-side rule).
+
+    bash scripts/cuda_compile_check.sh csrc/cuda/lstm_one_cluster.cu   # before: note the .o path
+    cp /tmp/sk_cuda_obj.XXXX/lstm_one_cluster.o /tmp/before.o
+    ... edit, compile again ...
+    python scripts/sass_compare.py /tmp/before.o /tmp/sk_cuda_obj.YYYY/lstm_one_cluster.o
+
+Kernels are matched by name without the anonymous namespace's per-build hash. Each kernel's SASS
+is compared without instruction addresses and encodings and with the offsets into constant bank 4
+(global symbols such as printf's format strings, laid out per object) masked. Exit status: 0 when
+every kernel is identical, 1 when any differs or a kernel is only in one file.
+
+cuobjdump: $CUOBJDUMP, else on PATH or beside nvcc; without a CUDA toolkit's,
+`pip install --target /tmp/cuobj nvidia-cuda-cuobjdump` and CUOBJDUMP=/tmp/cuobj/nvidia/cu13/bin/cuobjdump.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+# The anonymous namespace of a translation unit: _GLOBAL__N__<hash>_<len>_<file>_cu_<hash>_<digits>,
+# where the trailing digits run into the length prefix of the next identifier.
+_ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_[A-Za-z0-9_]+?_cu_[0-9a-f]+_\d*")
+_ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
+_ENCODING = re.compile(r"/\* 0x[0-9a-f]{16} \*/")
+_BANK4 = re.compile(r"c\[0x4\]\[0x[0-9a-f]+\]")
+
+
+def find_cuobjdump() -> str:
+    candidates = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")]
+    nvcc = shutil.which(os.environ.get("NVCC", "nvcc"))
+    if nvcc:
+        candidates.append(os.path.join(os.path.dirname(os.path.realpath(nvcc)), "cuobjdump"))
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    sys.exit("sass_compare: no cuobjdump (set CUOBJDUMP; see the docstring for a pip package)")
+
+
+def kernel_key(name: str) -> str:
+    """A mangled kernel name without its translation unit's anonymous-namespace hash."""
+    return _ANON.sub("ANON", name)
+
+
+def kernels(cuobjdump: str, obj: str) -> dict[str, list[str]]:
+    out = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, check=True).stdout
+    result: dict[str, list[str]] = {}
+    lines: list[str] | None = None
+    for line in out.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            lines = result.setdefault(kernel_key(m.group(1)), [])
+            continue
+        if re.match(r"\s*Fatbin \w+ code:", line):  # the end of an ELF's kernels (a PTX listing may follow)
+            lines = None
+            continue
+        if lines is not None:
+            line = _BANK4.sub("c[0x4][X]", _ENCODING.sub("", _ADDRESS.sub("", _ANON.sub("ANON", line))))
+            if line.strip():
+                lines.append(line.strip())
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before", help="object file (.o) of the first build")
+    p.add_argument("after", help="object file (.o) of the second build")
+    p.add_argument("--show", type=int, default=3, metavar="N", help="print a diff of the first N kernels that differ")
+    args = p.parse_args(argv)
+    tool = find_cuobjdump()
+    a, b = kernels(tool, args.before), kernels(tool, args.after)
+    only = sorted(set(a) ^ set(b))
+    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    print(f"sass_compare: {len(a)} / {len(b)} kernels; {len(differ)} differ; {len(only)} in one file only")
+    for k in only:
+        print(f"  only in {'before' if k in a else 'after'}: {k}")
+    for k in differ[:args.show]:
+        print(f"  differs: {k}")
+        diff = difflib.unified_diff(a[k], b[k], "before", "after", lineterm="", n=1)
+        for line in list(diff)[:40]:
+            print("    " + line)
+    return 1 if differ or only else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""scripts/sass_compare.py, the check behind "SASS identical" claims: kernels matched across two
+builds without the anonymous namespace's hash, addresses, encodings and constant-bank-4 offsets,
+but any instruction that differs is reported. A stand-in cuobjdump prints canned listings."""
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "sass_compare.py"
+
+
+def listing(anon: str, kernels: dict[str, list[str]], bank4: str) -> str:
+    out = ["", "Fatbin elf code:", "================", "arch = sm_90", ""]
+    for name, body in kernels.items():
+        out.append(f"        Function : _ZN10seqkernels4cuda57_GLOBAL__N__{anon}_18_lstm_persistent_cu_e1309732_19729"
+                   f"31{name}")
+        for i, ins in enumerate(body):
+            ins = ins.replace("BANK4", bank4)
+            out.append(f"        /*{i * 16:04x}*/                   {ins} ;   /* 0x{i:016x} */")
+    out += ["", "Fatbin ptx code:", "================", ".visible .entry something()"]
+    return "\n".join(out) + "\n"
+
+
+def run(tmp_path: pathlib.Path, before: str, after: str) -> subprocess.CompletedProcess:
+    (tmp_path / "a.o").write_text(before)
+    (tmp_path / "b.o").write_text(after)
+    fake = tmp_path / "cuobjdump"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nprint(open(sys.argv[-1]).read(), end='')\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    env = dict(os.environ, CUOBJDUMP=str(fake))
+    return subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "a.o"), str(tmp_path / "b.o")],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+KERNELS = {"lstm_persistent_forward_kernelIfEEvv": ["S2R R0, SR_TID.X", "LDC.64 R10, BANK4", "EXIT"],
+           "lstm_persistent_backward_kernelIfEEvv": ["LDG.E R2, desc[UR4][R4.64]", "EXIT"]}
+
+
+def test_identical_code_in_another_build_passes(tmp_path):
+    done = run(tmp_path, listing("229db69b", KERNELS, "c[0x4][0x118]"), listing("17eeff62", KERNELS, "c[0x4][0xe8]"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 / 2 kernels; 0 differ; 0 in one file only" in done.stdout
+
+
+def test_a_changed_instruction_fails(tmp_path):
+    changed = dict(KERNELS, lstm_persistent_backward_kernelIfEEvv=["LD.E R2, desc[UR4][R4.64]", "EXIT"])
+    done = run(tmp_path, listing("229db69b", KERNELS, "c[0x4][0x118]"), listing("17eeff62", changed, "c[0x4][0x118]"))
+    assert done.returncode == 1
+    assert "1 differ" in done.stdout and "-LDG.E R2" in done.stdout and "+LD.E R2" in done.stdout
+
+
+def test_a_kernel_in_one_build_only_fails(tmp_path):
+    fewer = {k: v for k, v in KERNELS.items() if "forward" in k}
+    done = run(tmp_path, listing("229db69b", KERNELS, "c[0x4][0x118]"), listing("229db69b", fewer, "c[0x4][0x118]"))
+    assert done.returncode == 1
+    assert "only in before" in done.stdout and "backward_kernel" in done.stdout
