@@ -159,6 +159,32 @@ __device__ __forceinline__ void send_staged(const SliceSender& tx, uint32_t stag
   }
 }
 
+// Thread 0 initialises the two mbarriers of an exchange by step parity, arms the phase of the first
+// and of the second sending step where there is one (`bytes` each from the other blocks), then
+// fences the initialisation for the cluster (the caller's cluster_sync follows).
+__device__ __forceinline__ void init_exchange_barriers(uint64_t (&bars)[2], bool first_sends, bool second_sends,
+                                                       uint32_t bytes) {
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
+    if (first_sends) mbarrier_arrive_expect(&bars[0], bytes);
+    if (second_sends) mbarrier_arrive_expect(&bars[1], bytes);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+}
+
+// The kernels' instances by hidden size: f(std::integral_constant<int, KS>) with KS = H / 16 k-steps,
+// or false for any other H.
+template <class F>
+bool with_hidden_steps(int64_t H, F&& f) {
+  switch (H) {
+    case 128: return f(std::integral_constant<int, 8>{});
+    case 256: return f(std::integral_constant<int, 16>{});
+    case 512: return f(std::integral_constant<int, 32>{});
+    default: return false;
+  }
+}
+
 // SEQKERNELS_LSTM_TRACE: the means per step of a one-cluster kernel's PhaseTrace (lstm_device.cuh).
 __device__ void report_one_cluster_trace(const PhaseTrace& tr, const char* what, int T, int B, int H, int CL) {
   if (!tr.on) return;
@@ -237,14 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = threadIdx.x; i < 2 * kSliceElems; i += kThreads) (&stage[0][0])[i] = scalar_t(0.0f);
   // The bulk copies (the async proxy) write these buffers after the threads' stores above.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  if (threadIdx.x == 0) {
-    mbarrier_init(&bars[0], 1);
-    mbarrier_init(&bars[1], 1);
-    // h_s is sent while s + 1 < T: arm the phases of h_0 and h_1.
-    if (T > 1) mbarrier_arrive_expect(&bars[0], kStepBytes);
-    if (T > 2) mbarrier_arrive_expect(&bars[1], kStepBytes);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  init_exchange_barriers(bars, T > 1, T > 2, kStepBytes);  // h_s is sent while s + 1 < T
   cluster_sync();  // every block's mbarriers and zeroed rows are in place before anyone sends
 
   // The lane's item: (unit j, the group's row bl, batch row b = row0 + bl).
@@ -428,16 +447,10 @@ bool split_k_wanted(const LstmSizes& s) {
 template <class scalar_t, bool kTraining>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
   const bool split_k = split_k_wanted(s);
-  auto with_steps = [&](auto ks_c) {
+  return with_hidden_steps(s.H, [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
     return split_k ? launch<scalar_t, kTraining, KS, true>(args) : launch<scalar_t, kTraining, KS, false>(args);
-  };
-  switch (s.H) {
-    case 128: return with_steps(std::integral_constant<int, 8>{});
-    case 256: return with_steps(std::integral_constant<int, 16>{});
-    case 512: return with_steps(std::integral_constant<int, 32>{});
-    default: return false;
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -550,13 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     reinterpret_cast<scalar_t*>(one_cluster_smem)[i] = scalar_t(0.0f);
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  if (threadIdx.x == 0) {
-    mbarrier_init(&bars[0], 1);
-    mbarrier_init(&bars[1], 1);
-    mbarrier_arrive_expect(&bars[0], kStepBytes);  // iteration 0's dG (every iteration sends)
-    if (T > 1) mbarrier_arrive_expect(&bars[1], kStepBytes);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  init_exchange_barriers(bars, true, T > 1, kStepBytes);  // every iteration sends
   cluster_sync();
 
   const uint32_t d_local = shared_address(&dbuf[0][0][0]);
@@ -726,12 +733,7 @@ bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, con
   const OneClusterBackwardArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, w_hh,
                                               gates, cells, y, grad_y, h0, c0, grad_h_n, grad_c_n, dG, hprev,
                                               grad_h0, grad_c0};
-  switch (s.H) {
-    case 128: return launch_backward<scalar_t, 8>(args);
-    case 256: return launch_backward<scalar_t, 16>(args);
-    case 512: return launch_backward<scalar_t, 32>(args);
-    default: return false;
-  }
+  return with_hidden_steps(s.H, [&](auto ks_c) { return launch_backward<scalar_t, decltype(ks_c)::value>(args); });
 }
 
 template bool lstm_one_cluster_forward<c10::Half>(const LstmSizes&, bool, bool, bool, const float*, const c10::Half*,
