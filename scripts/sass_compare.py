@@ -24,9 +24,9 @@ import shutil
 import subprocess
 import sys
 
-# The anonymous namespace of a translation unit: _GLOBAL__N__<hash>_<len>_<file>_cu_<hash>_<digits>,
-# where the trailing digits run into the length prefix of the next identifier.
-_ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_[A-Za-z0-9_]+?_cu_[0-9a-f]+_\d*")
+# A translation unit's anonymous namespace in a mangled name: <length>_GLOBAL__N_..., the length
+# prefix (Itanium source-name) covering the whole per-build identifier.
+_ANON = re.compile(r"(\d+)_GLOBAL__N_")
 _ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 _ENCODING = re.compile(r"/\* 0x[0-9a-f]{16} \*/")
 _BANK4 = re.compile(r"c\[0x4\]\[0x[0-9a-f]+\]")
@@ -43,9 +43,16 @@ def find_cuobjdump() -> str:
     sys.exit("sass_compare: no cuobjdump (set CUOBJDUMP; see the docstring for a pip package)")
 
 
-def kernel_key(name: str) -> str:
-    """A mangled kernel name without its translation unit's anonymous-namespace hash."""
-    return _ANON.sub("ANON", name)
+def without_anon(text: str) -> str:
+    """`text` with every anonymous-namespace identifier of a mangled name replaced by ANON."""
+    out, pos = [], 0
+    for m in _ANON.finditer(text):
+        if m.start() < pos:  # inside the identifier just replaced
+            continue
+        length = int(m.group(1))
+        out += [text[pos:m.start()], "ANON"]
+        pos = m.end(1) + length  # the identifier's characters follow its length digits
+    return "".join(out) + text[pos:]
 
 
 def kernels(cuobjdump: str, obj: str) -> dict[str, list[str]]:
@@ -55,13 +62,13 @@ def kernels(cuobjdump: str, obj: str) -> dict[str, list[str]]:
     for line in out.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
-            lines = result.setdefault(kernel_key(m.group(1)), [])
+            lines = result.setdefault(without_anon(m.group(1)), [])
             continue
         if re.match(r"\s*Fatbin \w+ code:", line):  # the end of an ELF's kernels (a PTX listing may follow)
             lines = None
             continue
         if lines is not None:
-            line = _BANK4.sub("c[0x4][X]", _ENCODING.sub("", _ADDRESS.sub("", _ANON.sub("ANON", line))))
+            line = _BANK4.sub("c[0x4][X]", _ENCODING.sub("", _ADDRESS.sub("", without_anon(line))))
             if line.strip():
                 lines.append(line.strip())
     return result
