@@ -255,7 +255,7 @@ def graph_target_text(r: dict) -> str:
     (issue 4: `infer` at B <= 16), empty where there is no such target or no graph was timed."""
     if r["status"] != "ok" or r.get("target_met_vs_graph") is None:
         return ""
-    return f"≥{r['target_speedup_vs_graph']:g}× " + ("yes" if r["target_met_vs_graph"] else "**no**")
+    return harness.target_phrase(r["target_speedup_vs_graph"], r["target_met_vs_graph"])
 
 
 def columns(device: str) -> list[harness.Column]:

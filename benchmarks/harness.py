@@ -644,13 +644,17 @@ def parse_common(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     return args
 
 
+def target_phrase(target: float, met: bool) -> str:
+    """"≥2× yes" / "≥2× **no**": a speed-up target and whether the cell reached it."""
+    return f"≥{target:g}× " + ("yes" if met else "**no**")
+
+
 def target_text(r: dict) -> str:
     """The target column: "≥2× yes" / "≥2× **no**" (and ", memory yes/no" where measured),
     marked noisy when other processes kept more than 0.1 cores busy; the status if not ok."""
     if r["status"] != "ok":
         return r["status"].upper()
-    text = "" if r.get("target_speedup") is None else (
-        f"≥{r['target_speedup']:g}× " + ("yes" if r["target_met"] else "**no**"))
+    text = "" if r.get("target_speedup") is None else target_phrase(r["target_speedup"], r["target_met"])
     if r.get("memory_met") is not None:
         text += ", memory " + ("yes" if r["memory_met"] else "**no**")
     other = r.get("other_load_cores")
