@@ -2231,7 +2231,8 @@ __device__ __forceinline__ bool poisoned(uint4 v) {
   return v.x == kClusterPoison || v.y == kClusterPoison || v.z == kClusterPoison || v.w == kClusterPoison;
 }
 // Re-reads the 16 bytes at p until none of their words is the poison (the slow path of the
-// cluster forward kernel's gather: the data of a producer whose step flag arrived first).
+// cluster forward kernel's gather where a thread has more than 8 words: the data of a producer
+// whose step flag arrived first).
 __device__ __noinline__ uint4 wait_unpoisoned(const uint32_t* p, unsigned step) {
   const long long t0 = clock64();
   while (true) {
@@ -2480,20 +2481,52 @@ __global__ void __launch_bounds__(kThreads, 1)
       // fragments stay live).
       constexpr int kVecUnits = 16 / ES, kVecPerRow = KQ / kVecUnits, kVecs = ROWS * kVecPerRow / kThreads;
       const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + rank * (KQ * ES / 4);
+      auto word_of = [&](int e) {  // batch element e's row and 16-byte word of the K half
+        const int idx = threadIdx.x + e * kThreads;
+        return make_int2(idx / kVecPerRow, idx % kVecPerRow);
+      };
 #pragma unroll
       for (int b0 = 0; b0 < kVecs; b0 += 8) {
         uint4 v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const int idx = threadIdx.x + (b0 + e) * kThreads, r = idx / kVecPerRow;
-          if (b0 + e < kVecs && r < B) v[e] = ld_relaxed_v4(src + r * kRowWords + (idx % kVecPerRow) * 4);
+          const int2 rw = word_of(b0 + e);
+          if (b0 + e < kVecs && rw.x < B) v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+        }
+        if constexpr (kVecs <= 8) {
+          // All of this thread's words are in one batch: the poisoned ones are re-read together,
+          // one L2 round trip a round (re-read one at a time, a thread with 4 words at B = 16
+          // paid a round trip per word after its data had come).
+          unsigned pending = 0;
+#pragma unroll
+          for (int e = 0; e < kVecs; ++e) {
+            if (word_of(e).x < B && poisoned(v[e])) pending |= 1u << e;
+          }
+          if (pending != 0) {
+            const long long t0 = clock64();
+            while (true) {
+#pragma unroll
+              for (int e = 0; e < kVecs; ++e) {
+                const int2 rw = word_of(e);
+                if (pending & (1u << e)) v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+              }
+#pragma unroll
+              for (int e = 0; e < kVecs; ++e) {
+                if ((pending & (1u << e)) && !poisoned(v[e])) pending &= ~(1u << e);
+              }
+              if (pending == 0) break;
+              check_spin_timeout(t0, static_cast<unsigned>(s));
+            }
+          }
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const int idx = threadIdx.x + (b0 + e) * kThreads, r = idx / kVecPerRow;
-          if (b0 + e < kVecs && r < B) {
-            if (poisoned(v[e])) v[e] = wait_unpoisoned(src + r * kRowWords + (idx % kVecPerRow) * 4, s);
-            *reinterpret_cast<uint4*>(xt + r * LDX + (idx % kVecPerRow) * kVecUnits) = v[e];
+          const int2 rw = word_of(b0 + e);
+          if (b0 + e < kVecs && rw.x < B) {
+            // More than 8 words a thread (two batches): a poisoned word is waited for alone, out
+            // of line (registers).
+            if (kVecs > 8 && poisoned(v[e])) v[e] = wait_unpoisoned(src + rw.x * kRowWords + rw.y * 4, s);
+            *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * kVecUnits) = v[e];
           }
         }
       }
