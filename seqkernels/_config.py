@@ -65,7 +65,7 @@ CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024 = 32
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 # cluster_polls_data, csrc/cuda/lstm_persistent.cuh: up to this B the cluster kernel polls h_{t-1}'s
 # poisoned words without waiting for the step flags first
-CUDA_CLUSTER_POLL_DATA_MAX_BATCH = 8
+CUDA_CLUSTER_POLL_DATA_MAX_BATCH = 16
 # one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxRows
 # at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows,
 # all resident at once: the occupancy API's answer at launch)

@@ -106,13 +106,12 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
 }
 
 // Whether the cluster kernel polls the poisoned words of h_{t-1} themselves instead of waiting for
-// the producers' step flags first: one L2 round trip and one block barrier fewer a step. Faster at
-// B <= 8, far slower at B = 16 (bf16, H = 1024, `infer` replays on an H200, 2026-11-28, flags / polled
-// data: B = 8 0.763-0.765 / 0.652-0.664 ms, B = 16 0.840-0.843 / 1.323-1.338 ms; __nanosleep between
-// re-reads did not change B = 16, so not L2 flooding: a thread re-reads its poisoned words one at a
-// time, 4 at B = 16 against 2). SEQKERNELS_LSTM_CLUSTER_POLL_DATA (diagnostic): "0" never, anything
-// else always; unset, this rule.
-constexpr int64_t kClusterPollDataMaxBatch = 8;
+// the producers' step flags first: one L2 round trip and one block barrier fewer a step. bf16,
+// H = 1024, `infer` replays on an H200 (2026-11-28, flags / polled data): B = 8 0.750-0.752 /
+// 0.652-0.654 ms, B = 16 0.812-0.818 / 0.702-0.707 ms, with a thread's poisoned words re-read
+// together (re-read one at a time, B = 16 had been 1.32 ms polled). B > 16 not measured: flags.
+// SEQKERNELS_LSTM_CLUSTER_POLL_DATA (diagnostic): "0" never, anything else always; unset, this rule.
+constexpr int64_t kClusterPollDataMaxBatch = 16;
 inline bool cluster_polls_data(const LstmSizes& s) {
   const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_POLL_DATA");
   return mode == -1 ? s.B <= kClusterPollDataMaxBatch : mode == 1;
