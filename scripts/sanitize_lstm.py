@@ -6,6 +6,7 @@
     python scripts/sanitize_lstm.py --backend fused        # the fused-step loop (and its own shapes)
     python scripts/sanitize_lstm.py --mode infer           # only the inference cases (or --mode train)
     python scripts/sanitize_lstm.py --one-cluster          # only the one-cluster kernels' cases (forward, backward)
+    python scripts/sanitize_lstm.py --cluster              # only the cluster forward kernel's cases
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
@@ -165,6 +166,16 @@ ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128,
                      ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True),
                      ([20, 20, 20], 8, 256, torch.bfloat16, True)]
 
+# The forward's cluster kernel (16-bit, float32 with and without TF32; 16 < B <= 64, equal batch
+# sizes, sm_90: 64 clusters of two blocks, partial sums in distributed shared memory, step flags
+# between them); its one-m16-tile instances (H = 1024 from B = 6; h_{t-1}'s words polled up to
+# B = 16, re-read together) and TF32 (on scaled fp16 operands) at H = 1024 with 1, 2 and 4 m16 tiles.
+CLUSTER_FORWARD_CASES = [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
+                         ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),
+                         ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),
+                         ([16, 16], 8, 1024, torch.bfloat16, True), ([8, 8], 8, 1024, torch.float32, True),
+                         ([20, 20], 8, 1024, torch.float32, True), ([64, 64], 8, 1024, torch.float32, True)]
+
 
 def run_cases(cases, gen, modes) -> int:
     """Each (batch_sizes, I, H, dtype, tf32) case without projection, with bias, in both directions
@@ -219,16 +230,7 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         # The split backward kernel in thread-block clusters (B >= 4 on sm_90: 72 blocks, 9
         # clusters of 8; distributed shared memory and cluster barriers).
         big += [([9, 9, 7, 4], 8, 286, torch.bfloat16, True), ([9, 9, 7, 4], 8, 286, torch.float32, True)]
-        # The forward's cluster kernel (16-bit, float32 with and without TF32; 16 < B <= 64, equal
-        # batch sizes, sm_90: 64 clusters of two blocks, partial sums in distributed shared memory,
-        # step flags between them); its one-m16-tile instances (H = 1024 from B = 6) and TF32 (on
-        # scaled fp16 operands) at H = 1024 with 1, 2 and 4 m16 tiles.
-        big += [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
-                ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),
-                ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),
-                ([8, 8], 8, 1024, torch.float32, True), ([20, 20], 8, 1024, torch.float32, True),
-                ([64, 64], 8, 1024, torch.float32, True)]
-        failures += run_cases(big + ONE_CLUSTER_CASES, gen, (True,))
+        failures += run_cases(big + CLUSTER_FORWARD_CASES + ONE_CLUSTER_CASES, gen, (True,))
     if backend == "cublas":
         # Equal batch sizes and T >= 16: the cuBLAS loop replays its steps from a kept CUDA graph
         # (csrc/cuda/lstm.cu; T = 36: two 16-step chunks and four eager steps); H = 8 vectorised,
@@ -378,8 +380,10 @@ def main() -> int:
                              "initcheck report reads)")
     parser.add_argument("--one-cluster", action="store_true",
                         help="only the one-cluster kernels' cases, forward and backward (sets --backend persistent)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="only the cluster forward kernel's cases (sets --backend persistent)")
     args = parser.parse_args()
-    if args.one_cluster:
+    if args.one_cluster or args.cluster:
         args.backend = "persistent"
     if args.backend is not None:
         os.environ["SEQKERNELS_LSTM_BACKEND"] = args.backend
@@ -392,7 +396,12 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cudnn rnn fp32_precision: {rnn_precision}  SEQKERNELS_LSTM_BACKEND={backend}", flush=True)
     modes = {"both": (True, False), "infer": (False,), "train": (True,)}[args.mode]
-    failures = run_cases(ONE_CLUSTER_CASES, gen, modes) if args.one_cluster else sweep(gen, backend, modes)
+    if args.one_cluster:
+        failures = run_cases(ONE_CLUSTER_CASES, gen, modes)
+    elif args.cluster:
+        failures = run_cases(CLUSTER_FORWARD_CASES, gen, modes)
+    else:
+        failures = sweep(gen, backend, modes)
     if args.extra:
         failures += extra(gen)
     print(f"sanitize_lstm: {failures} failure(s)", flush=True)
