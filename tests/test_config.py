@@ -291,11 +291,13 @@ _CLI_CHOICES = [
     (["--batch", "8", "--hidden", "256", "--dtype", "bfloat16", "--device", "cuda"],
      ["(the one-cluster forward kernel: B = 8 <= 64 and H = 256"], ["split K"]),
     (["--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one"],
-     ["polls h_{t-1} itself"]),
+     ["forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one",
+      "at B <= 16 it polls h_{t-1} itself, not the step flags)"], []),
     (["--batch", "8", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 6, equal batch sizes, sm_90 with >= 128 "
-      "SMs; at B <= 8 it polls h_{t-1} itself, not the step flags)"], []),
+      "SMs; at B <= 16 it polls h_{t-1} itself, not the step flags)"], []),
+    (["--batch", "32", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
+     ["the cluster forward kernel"], ["polls h_{t-1} itself"]),
     (["--batch", "8", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["backward (training): persistent (auto: state B*H*2 bytes = 8 KiB <= 8 KiB (the one-cluster backward kernel "
       "where its clusters are resident, equal batch sizes, sm_90; else the split or general kernel)"], []),
