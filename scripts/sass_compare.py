@@ -6,13 +6,22 @@ claim for a change that should not alter device code (a refactor, a comment, a h
     ... edit, compile again ...
     python scripts/sass_compare.py /tmp/before.o /tmp/sk_cuda_obj.YYYY/lstm_one_cluster.o
 
+Several "after" objects pool their kernels (a source file split into several): compare one build
+of the whole file with the parts' objects. `--ignore-namespace NS` (repeatable) matches names
+demangled (c++filt) without `(anonymous namespace)::` and `NS::` qualifiers, for a refactor that
+moved kernels or their argument types into a named namespace:
+
+    python scripts/sass_compare.py before/lstm_persistent.o after/lstm_persistent*.o --ignore-namespace persistent
+
 Kernels are matched by name without the anonymous namespace's per-build hash. Each kernel's SASS
 is compared without instruction addresses and encodings and with the offsets into constant bank 4
 (global symbols such as printf's format strings, laid out per object) masked. Exit status: 0 when
 every kernel is identical, 1 when any differs or a kernel is only in one file.
 
-cuobjdump: $CUOBJDUMP, else on PATH or beside nvcc; without a CUDA toolkit's,
-`pip install --target /tmp/cuobj nvidia-cuda-cuobjdump` and CUOBJDUMP=/tmp/cuobj/nvidia/cu13/bin/cuobjdump.
+cuobjdump: $CUOBJDUMP, else on PATH or beside nvcc; it runs nvdisasm, which must be on PATH. Without
+a CUDA toolkit's, `pip install --target /tmp/cuobj nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (one
+command: a second --target install into the same folder adds nothing), then
+CUOBJDUMP=/tmp/cuobj/nvidia/cu13/bin/cuobjdump and PATH=/tmp/cuobj/nvidia/cu13/bin:$PATH.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ _ANON = re.compile(r"(\d+)_GLOBAL__N_")
 _ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 _ENCODING = re.compile(r"/\* 0x[0-9a-f]{16} \*/")
 _BANK4 = re.compile(r"c\[0x4\]\[0x[0-9a-f]+\]")
+_MANGLED = re.compile(r"\b_Z\w+")
 
 
 def find_cuobjdump() -> str:
@@ -55,20 +65,35 @@ def without_anon(text: str) -> str:
     return "".join(out) + text[pos:]
 
 
-def kernels(cuobjdump: str, obj: str) -> dict[str, list[str]]:
+def namespace_free(text: str, namespaces: list[str]) -> str:
+    """`text` with its mangled names demangled (c++filt) and their anonymous-namespace and
+    `namespaces` qualifiers removed."""
+    names = sorted(set(_MANGLED.findall(text)))
+    if not names:
+        return text
+    filt = shutil.which("c++filt") or sys.exit("sass_compare: --ignore-namespace needs c++filt (binutils)")
+    plain = subprocess.run([filt], input="\n".join(names) + "\n", capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    qualifiers = re.compile(r"\(anonymous namespace\)::" + "".join(f"|\\b{re.escape(n)}::" for n in namespaces))
+    table = dict(zip(names, (qualifiers.sub("", p) for p in plain)))
+    return _MANGLED.sub(lambda m: table[m.group(0)], text)
+
+
+def kernels(cuobjdump: str, obj: str, namespaces: list[str]) -> dict[str, list[str]]:
     out = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, check=True).stdout
+    out = namespace_free(out, namespaces) if namespaces else without_anon(out)
     result: dict[str, list[str]] = {}
     lines: list[str] | None = None
     for line in out.splitlines():
-        m = re.match(r"\s*Function : (\S+)", line)
+        m = re.match(r"\s*Function : (.+?)\s*$", line)
         if m:
-            lines = result.setdefault(without_anon(m.group(1)), [])
+            lines = result.setdefault(m.group(1), [])
             continue
         if re.match(r"\s*Fatbin \w+ code:", line):  # the end of an ELF's kernels (a PTX listing may follow)
             lines = None
             continue
         if lines is not None:
-            line = _BANK4.sub("c[0x4][X]", _ENCODING.sub("", _ADDRESS.sub("", without_anon(line))))
+            line = _BANK4.sub("c[0x4][X]", _ENCODING.sub("", _ADDRESS.sub("", line)))
             if line.strip():
                 lines.append(line.strip())
     return result
@@ -77,11 +102,20 @@ def kernels(cuobjdump: str, obj: str) -> dict[str, list[str]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("before", help="object file (.o) of the first build")
-    p.add_argument("after", help="object file (.o) of the second build")
+    p.add_argument("after", nargs="+", help="object file(s) (.o) of the second build, their kernels pooled")
+    p.add_argument("--ignore-namespace", action="append", default=[], metavar="NS",
+                   help="match demangled names without this namespace's qualifiers (repeatable)")
     p.add_argument("--show", type=int, default=3, metavar="N", help="print a diff of the first N kernels that differ")
     args = p.parse_args(argv)
     tool = find_cuobjdump()
-    a, b = kernels(tool, args.before), kernels(tool, args.after)
+    a = kernels(tool, args.before, args.ignore_namespace)
+    b: dict[str, list[str]] = {}
+    for obj in args.after:
+        for name, body in kernels(tool, obj, args.ignore_namespace).items():
+            if name in b:
+                print(f"sass_compare: {name} in two of the after objects")
+                return 1
+            b[name] = body
     only = sorted(set(a) ^ set(b))
     differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
     print(f"sass_compare: {len(a)} / {len(b)} kernels; {len(differ)} differ; {len(only)} in one file only")
