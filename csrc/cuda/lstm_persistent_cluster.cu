@@ -1,0 +1,727 @@
+// The persistent LSTM loop's forward kernel in clusters of two blocks (B <= 64; bf16 / fp16, float32
+// with and without TF32): lstm_persistent.cu has the loop's design, lstm_persistent_common.cuh its
+// shared parts; the comment below this kernel's.
+
+#include "lstm_persistent_common.cuh"
+
+namespace seqkernels {
+namespace cuda {
+namespace persistent {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Forward kernel in clusters of two blocks, B <= 64 (bf16 / fp16, float32 with and without TF32)
+// ---------------------------------------------------------------------------------------
+// At B = 64 a block of the direct kernel would read all of h_{t-1} every step (256 KB of LL
+// words at H = 1024, 32 MB a step over its 128 blocks), and the cuBLAS loop streams all of W_hh
+// from L2 every step (its step GEMM, ~4 µs of the ~7 µs step at bf16 B = 64, H = 1024 on an
+// H200). Here the 128 blocks form 64 clusters of two. Cluster c owns units [c UC, (c + 1) UC)
+// (UC = H / 64), all four gates of them; block r of the cluster multiplies K's half r,
+//     P_r[n][col] = sum over k in half r of h_{t-1}[n][k] * W_hh[row(col)][k],
+// with its [4 UC, H / 2] slice of W_hh resident in registers, so it reads B x H / 2 of h_{t-1}
+// per step (half of what a block of one would), staged in shared memory as the A tile. Block r
+// also owns units [r UO, (r + 1) UO) of the cluster (UO = UC / 2): each warp sends its partial
+// sums to the owner of its columns, the partner's by st.async into its shared memory (counted
+// on its mbarrier), the own block's by st.shared before a block barrier; then the owner adds
+// the 8 partials of a column (2 blocks x 4 warps) in a fixed order (deterministic), adds pre and
+// the bias, applies the cell, keeps c, and publishes its slice of h_t. (The first version's
+// cluster barrier per step compiles to a GPU-scope MEMBAR before its arrival; trace, cycles per
+// step, bf16 B = 64, two H200s, cluster barrier / st.async: H = 1024 13513 / 13239, H = 512 8394 /
+// 7921, H = 256 6533 / 6271; B = 32, H = 1024 7699 / 7728.)
+// The exchange between clusters is flagged, not LL: raw 16-bit pairs, then per block a step flag
+// (thread 0's store after a block barrier), which a consumer's warp 0 polls for the 64 producers
+// of its K half before the block loads their pairs with plain 16-byte loads. Half the bytes of
+// LL words and no polling of every word: SEQKERNELS_LSTM_TRACE cycles per step (H200, bf16
+// `infer`, T = 256), LL / flagged: B = 64, H = 1024 17468 / 13576; B = 64, H = 512 11893 / 8427;
+// B = 32, H = 1024 11712 / 7723; B = 64, H = 256 9367 / 6525 (the wait and gather 11238 / 5258
+// at B = 64, H = 1024). The flag is a hint: the pairs are poisoned until written (the kernel's
+// "exchange" comment below), so no fence sits between a block's pairs and its flag. With thread
+// 0's fence there (until 2026-11-27), A/B on an H200, CUDA-graph replays of 256-step `infer`
+// calls, ms, fenced / poisoned: bf16 B = 16, H = 1024 0.923 / 0.844, B = 32, H = 512 0.873 /
+// 0.819, B = 64, H = 512 1.190 / 1.162, H = 1024 unchanged (2.09, bound by the gather's bytes);
+// TF32 B = 32, H = 1024 1.703 / 1.599, B = 64, H = 512 1.546 / 1.494.
+// Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
+// x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles (MT = 1
+// at B <= 16, where it takes only H = 1024, 16-bit from B = 6 and TF32 from B = 8:
+// cluster_forward_applies).
+// float32: with TF32, m16n8k8 on TF32 operands, h exchanged as TF32 values; without it (kX3), h
+// exchanged whole and each product as three TF32 MMAs on split operands (W_hh's two parts
+// resident), at float32's accuracy. At H = 1024 float32's W_hh slice takes 128 KB: with TF32 half
+// of it stays in shared memory (cluster_forward_reg_ksteps) and B <= 32 (the A tile 66 KB, the
+// partials 80 KB); x3 (twice the fragments) has no H = 1024 instance.
+// float32 with TF32 allowed may instead multiply on fp16 tensor cores (ClusterOperands::kHalfScaled):
+// fp16 has TF32's 10-bit mantissa, and its narrow exponent range is covered by powers of two,
+// which scale exactly: each warp's W_hh fragments by one (their largest finite magnitude to
+// [2^14, 2^15)), h0 by one per row (at the first step), and h_t for t >= 0 lies in [-1, 1]
+// (o·tanh(c)). Each warp's partial sums are scaled back before they meet. A value below 2^-14 of
+// its scale becomes an fp16 subnormal: absolute error <= 2^-25 of the scale, as TF32 rounding
+// gives a value of that size. h then travels in 2 bytes a unit and the W_hh slice and A tile are
+// the 16-bit kernel's, so B up to 64 fits at H = 1024.
+// Limits: H in {256, 512, 1024} (HC, a template argument: every index is a constant), equal
+// batch sizes at every step (no ragged PackedSequence), sm_90 (clusters). 128 blocks in
+// clusters of two fit an H200 at one block per SM (the occupancy API: 66 clusters); in
+// clusters of four only 30 would.
+constexpr int kClusterForwardSlots = 8;  // partials per column: 2 blocks x 4 K quarters
+
+// Of a warp's KSW k-steps, those whose W_hh fragments stay in registers: all, but for float32 with
+// TF32 at H = 1024, whose 128 KB slice per block would leave too few registers (the 16-bit slice
+// is 64 KB): half of it there, the other half in shared memory ([warp][n8 tile][k-step][lane]
+// pairs, read once per step).
+constexpr int cluster_forward_reg_ksteps(int ksw, bool tf32, int hc) { return tf32 && hc == 1024 ? ksw / 2 : ksw; }
+
+// Row stride (floats) of the partials for a block's `cols` owned columns: 8 mod 32 (or 24), so
+// that a half-warp's 8-byte stores of rows gq = 0..3 cover 32 distinct banks.
+constexpr int cluster_forward_ldp(int cols) { return cols == 32 ? 40 : cols == 16 ? 24 : 8; }
+
+// The cluster forward kernel's compile-time shape and shared-memory layout for (scalar_t, MT, HC):
+// the kernel indexes with it and run_cluster_forward sizes the launch from it.
+template <class scalar_t, int MT, int HC>
+struct ClusterForwardLayout {
+  static constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+  static constexpr int ES = sizeof(scalar_t), kStep = kFloat ? 8 : 16;  // element bytes, k per MMA
+  static constexpr int UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = KQ / 4 / kStep;
+  static constexpr int KSR = cluster_forward_reg_ksteps(KSW, kFloat, HC), KSS = KSW - KSR;  // k-steps in registers / shared
+  static constexpr int LDX = KQ + 16 / ES;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
+  static constexpr int OC = 4 * UO, LDP = cluster_forward_ldp(OC), ROWS = 16 * MT, PAIRS = UO / 2;
+  static constexpr int kRowWords = HC * ES / 4;  // 32-bit words of a row of h (unit pairs, or units for float)
+  static constexpr int kSlotFloats = ROWS * LDP, kParityFloats = kClusterForwardSlots * kSlotFloats;
+  // Shared memory: the A tile, the partials of both parities, two mbarriers, W_hh's k-steps KSR..
+  static constexpr int kTileBytes = ROWS * LDX * ES, kPartialBytes = 2 * kParityFloats * 4;
+  static constexpr int kWsmBytes = kThreads / 32 * NTW * KSS * 32 * 8;
+  // kHalfScaled: the inverse scales of h0's rows (float), after the two mbarriers.
+  static constexpr int kRowScaleBytes = ROWS * 4;
+};
+
+// The cluster forward kernel's exchange: step flags and raw 16-bit pairs (relaxed, at GPU scope:
+// never a stale L1 line from the buffer's use four steps earlier).
+__device__ __forceinline__ uint4 ld_relaxed_v4(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_u32x2(uint32_t* p, uint32_t v0, uint32_t v1) {
+  asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v0), "r"(v1) : "memory");
+}
+
+// The cluster forward kernel's exchange buffers hold this word until a step's h arrives: two
+// 16-bit values 0xffff (a negative NaN with every payload bit set, which no conversion of a
+// float32 gives: a NaN converts to the positive canonical one) or float bits 0xffffffff (the same
+// for float32, whose arithmetic gives the canonical NaN 0x7fffffff; TF32 values have their low
+// 13 bits clear).
+constexpr uint32_t kClusterPoison = 0xffffffffu;
+constexpr int kClusterBuffers = 4;  // exchange buffers of h, by step % 4
+// A published word, never the poison (which would only be such a NaN: then its positive twin).
+__device__ __forceinline__ uint32_t unpoisoned(uint32_t w) { return w == kClusterPoison ? 0x7fffffffu : w; }
+__device__ __forceinline__ bool poisoned(uint4 v) {
+  return v.x == kClusterPoison || v.y == kClusterPoison || v.z == kClusterPoison || v.w == kClusterPoison;
+}
+// Re-reads the 16 bytes at p until none of their words is the poison (the slow path of the
+// cluster forward kernel's gather where a thread has more than 8 words: the data of a producer
+// whose step flag arrived first).
+__device__ __noinline__ uint4 wait_unpoisoned(const uint32_t* p, unsigned step) {
+  const long long t0 = clock64();
+  while (true) {
+    const uint4 v = ld_relaxed_v4(p);
+    if (!poisoned(v)) return v;
+    check_spin_timeout(t0, step);
+  }
+}
+
+// Two adjacent elements (p 4-byte aligned for 16-bit types, 8-byte for float) in one store.
+template <class T>
+__device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = pack2(v0, v1);
+  }
+}
+
+// The cluster forward kernel's partial sums (sm_90): a block's own warps store theirs with
+// st.shared before a block barrier; the partner's arrive as st.async transactions (bytes) on an
+// mbarrier, with no fence and no cluster barrier (whose release is a GPU-scope MEMBAR).
+__device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+}
+
+// The cluster forward kernel's MMA operand type: the dtype's, but fp16 for kHalfScaled.
+template <class scalar_t, ClusterOperands kOps>
+using ClusterOperandType = std::conditional_t<kOps == ClusterOperands::kHalfScaled, c10::Half, scalar_t>;
+
+template <class scalar_t, bool kTraining, int MT, int HC, ClusterOperands kOps>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_forward_cluster_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using acc_t = float;
+  using Math = CudaMath;
+  // float32: TF32 MMAs (m16n8k8), h exchanged and staged as TF32-rounded floats; kX3 (TF32 off):
+  // h exchanged and staged whole, each product as three TF32 MMAs on split operands; kHalf: fp16
+  // operands (op_t), exchanged and staged as the 16-bit types' are.
+  constexpr bool kX3 = kOps == ClusterOperands::kTf32x3, kHalf = kOps == ClusterOperands::kHalfScaled;
+  constexpr bool kTf32 = kX3 || kOps == ClusterOperands::kTf32;  // float operands (TF32, or whole for x3)
+  using op_t = ClusterOperandType<scalar_t, kOps>;
+  static_assert(std::is_same_v<scalar_t, float> == (kOps != ClusterOperands::kSixteenBit) && sizeof(op_t) <= 4,
+                "cluster forward kernel: 16-bit types on their own operands, float32 on the others");
+  using L = ClusterForwardLayout<op_t, MT, HC>;
+  constexpr int ES = L::ES, kStep = L::kStep, H = HC, UC = L::UC, UO = L::UO, NTW = L::NTW, KQ = L::KQ;
+  constexpr int KSW = L::KSW, KSR = L::KSR, KSS = L::KSS, LDX = L::LDX, OC = L::OC, LDP = L::LDP;
+  constexpr int ROWS = L::ROWS, PAIRS = L::PAIRS, kRowWords = L::kRowWords;
+  constexpr int kSlotFloats = L::kSlotFloats, kParityFloats = L::kParityFloats;
+  static_assert(!kX3 || KSS == 0, "cluster forward kernel: x3 keeps both parts of W_hh in registers");
+  static_assert((KQ * ES) % 128 == 0, "cluster forward kernel: A tile rows of 16 mod 128 bytes");
+  static_assert(NTW >= 1 && KSW >= 1 && OC == 8 * NTW, "cluster forward kernel instance");
+  static_assert(PAIRS * ROWS <= kThreads, "one unit pair of one row per thread");
+  const Geometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  op_t* const xt = reinterpret_cast<op_t*>(smem);                      // [ROWS][LDX]: h_{t-1}, K half `rank`
+  float* const recv = reinterpret_cast<float*>(smem + g.off_part);    // [2][slots][ROWS][LDP], by step parity
+  uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w);         // [warp][NTW][KSS][32]: W_hh's k-steps KSR..
+  // kHalf: [ROWS] h0's inverse row scales, after the partials' two mbarriers.
+  float* const row_unscale = reinterpret_cast<float*>(smem + g.off_part + L::kPartialBytes + 2 * 8);
+  const int B = g.B, T = g.T;
+  const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int owner = warp & 1, kquarter = warp >> 1;
+
+  // Rows >= B of the A tile stay zero (finite) for the whole sequence.
+  for (int i = threadIdx.x; i < ROWS * LDX * ES / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
+
+  // Resident B fragments: n8 tile nt of owner `owner`'s columns cc = nt * 8 + gq (gate cc / UO,
+  // unit cluster * UC + owner * UO + cc % UO), k16 steps [kquarter * KSW, ...) of K half `rank`.
+  // kX3: bsm holds the TF32 values of W_hh's remainders (tf32_part 1; an inf gives NaN there, as
+  // in the direct kernel's x3 products).
+  // k-steps from KSR on (float32 with TF32 at H = 1024) go to this warp's part of wsm instead.
+  uint32_t bfr[NTW][KSR][2], bsm[kX3 ? NTW : 1][kX3 ? KSW : 1][2];
+  uint2* const wsm_warp = wsm + warp * (NTW * KSS * 32) + lane;
+  auto w_row = [&](int cc) {  // the W_hh row of column cc of this warp's n8 tiles
+    return a.w_hh + static_cast<int64_t>((cc / UO) * H + cluster * UC + owner * UO + cc % UO) * H;
+  };
+  // kHalf: this warp's fragments scaled by w_scale, its partial sums by w_unscale (powers of two).
+  float w_scale = 1.0f, w_unscale = 1.0f;
+  if constexpr (kHalf) {
+    float m = 0.0f;
+#pragma unroll 1
+    for (int nt = 0; nt < NTW; ++nt) {
+      const float* wr = w_row(nt * 8 + gq) + rank * KQ + kquarter * KSW * kStep;
+#pragma unroll 1
+      for (int k = tq; k < KSW * kStep; k += 4) m = finite_abs_max(m, wr[k]);
+    }
+    power_of_two_scales(warp_max(m), w_scale, w_unscale);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NTW; ++nt) {
+    const scalar_t* wr = w_row(nt * 8 + gq);
+#pragma unroll
+    for (int f = 0; f < KSW; ++f) {
+      const int k0 = rank * KQ + (kquarter * KSW + f) * kStep;
+      uint32_t b0, b1;
+      if constexpr (kTf32) {  // b0 = B[tq][gq], b1 = B[tq + 4][gq]
+        b0 = to_tf32(wr[k0 + tq]);
+        b1 = to_tf32(wr[k0 + tq + 4]);
+        if constexpr (kX3) {
+          bsm[nt][f][0] = tf32_part(wr[k0 + tq], 1);
+          bsm[nt][f][1] = tf32_part(wr[k0 + tq + 4], 1);
+        }
+      } else if constexpr (kHalf) {  // as below, of the scaled values
+        auto half_of = [&](int k) { return c10::Half(wr[k] * w_scale); };
+        b0 = pack2(half_of(k0 + 2 * tq), half_of(k0 + 2 * tq + 1));
+        b1 = pack2(half_of(k0 + 2 * tq + 8), half_of(k0 + 2 * tq + 9));
+      } else {  // b0 = B[2tq, 2tq + 1][gq], b1 = B[2tq + 8, 2tq + 9][gq]
+        b0 = pack2(wr[k0 + 2 * tq], wr[k0 + 2 * tq + 1]);
+        b1 = pack2(wr[k0 + 2 * tq + 8], wr[k0 + 2 * tq + 9]);
+      }
+      if (f < KSR) {
+        bfr[nt][f < KSR ? f : 0][0] = b0;
+        bfr[nt][f < KSR ? f : 0][1] = b1;
+      } else {
+        wsm_warp[(nt * KSS + f - KSR) * 32] = make_uint2(b0, b1);
+      }
+    }
+  }
+
+  // This thread's gate items: units j, j + 1 (of the block's own UO) of batch row n.
+  const int pair = threadIdx.x % PAIRS, n = threadIdx.x / PAIRS;
+  const bool active = n < B;
+  const int j = cluster * UC + rank * UO + 2 * pair;
+  acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
+  scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      c_st[e] = static_cast<acc_t>(a.c0[n * H + j + e]);
+      h_st[e] = a.h0[n * H + j + e];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) bias_r[q][e] = bias_sum(a.b_ih, a.b_hh, q * H + j + e);
+    }
+  }
+  // pre of this step and of the next (requested before the wait for h_{t-1}). kHalf: a scaled
+  // projection's (pre_unscale) row scale comes with it, its gate scales stay here (else all 1).
+  float2 pv[4] = {}, pv_next[4] = {};
+  float row_u = 1.0f, row_u_next = 1.0f, gate_u[4][2];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      gate_u[q][e] = kHalf && active && a.pre_unscale != nullptr
+                         ? a.pre_unscale[static_cast<int64_t>(T) * B + q * H + j + e]
+                         : 1.0f;
+    }
+  }
+  auto prefetch = [&](int s, float2 (&dst)[4], float& dst_u) {
+    if (active) {
+      const int t = a.reverse ? T - 1 - s : s;
+      const int64_t row = static_cast<int64_t>(t) * B + n;
+      const acc_t* pr = a.pre + row * (4 * H) + j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+      if (kHalf && a.pre_unscale != nullptr) dst_u = a.pre_unscale[row];
+    }
+  };
+  prefetch(0, pv, row_u);
+
+  // ldmatrix rows: lane l gives row l % 16, bytes 16 (l / 16) of a k-step's 32 bytes (16 16-bit
+  // values, or 8 floats: then the b16 pairs are TF32 values and the fragments those of m16n8k8).
+  const uint32_t xt_lane = shared_address(xt) + (lane & 15) * LDX * ES + (lane >> 4) * 16;
+  // This warp's slot in its owner's partials (parity 0; a shared::cluster address for the partner's,
+  // shared::cta for the own block's), and the own partials of this thread's items.
+  const uint32_t slot_offset = (rank * 4 + kquarter) * kSlotFloats * 4 + (gq * LDP + 2 * tq) * 4;
+  const bool own_owner = owner == rank;  // warp-uniform
+  const uint32_t send0 = own_owner ? shared_address(recv) + slot_offset
+                                   : cluster_address(shared_address(recv), owner) + slot_offset;
+  const float* const own0 = recv + n * LDP + 2 * pair;
+  // The own block's 4 warps store their partials with st.shared (a block barrier follows); the
+  // partner's 4 warps theirs with st.async on one mbarrier per step parity (after the partials),
+  // whose phase completes when thread 0 has arrived, setting the bytes to expect, and the bytes
+  // have landed.
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(recv + 2 * kParityFloats);
+  const uint32_t send_bar0 = cluster_address(shared_address(bars), owner);  // used where !own_owner
+  constexpr uint32_t kPartnerBytes = 4 * 32 * MT * NTW * 2 * 8;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // The exchange: h_t as raw 16-bit pairs (float: TF32 or whole values), [4][B][kRowWords] words
+  // by step % 4, poisoned (kClusterPoison) until written, then one step flag per block (the last
+  // step it published) after a block barrier, which a consumer polls for its K half's 64
+  // producers (blocks [64 rank, 64 rank + 64)) before it loads their pairs. The flag is only a
+  // hint, stored without a fence: a word is h_t when it is not the poison. A producer poisons
+  // step s + 2's words at step s (their step s - 2 values were read by then: every block has
+  // published h_{s-1}, after reading h_{s-2}, before this block's gate math of step s), and one
+  // fence after that step's block barrier orders the poison before its h_{s+1}, which every
+  // reader of those words reads at step s + 2, before it reads them at step s + 3; the reader's
+  // own fence of step s + 2 (every block publishes too) lies between those reads. So a consumer
+  // sees the poison or h_{s+2} there, never h_{s-2}, and no fence delays a flag.
+  const int64_t buf_words = static_cast<int64_t>(B) * kRowWords;
+  uint32_t* const hx = reinterpret_cast<uint32_t*>(a.xbuf);
+  uint32_t* const flags = hx + kClusterBuffers * buf_words;
+  PhaseTrace trace;
+  trace.start(a.trace);
+  // Both blocks of the cluster have started before either writes the other's shared memory.
+  cluster_sync();
+  for (int s = 0; s < T; ++s) {
+    const int t = a.reverse ? T - 1 - s : s;
+    // This step's phase: the last one of this parity (step s - 2) completed before this thread's
+    // gate math of step s - 2. The partner's bytes of step s may land before this arrival: the
+    // phase cannot complete until it.
+    if (threadIdx.x == 0) mbarrier_arrive_expect(&bars[s & 1], kPartnerBytes);
+    // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
+    if (s == 0) {
+      if constexpr (kHalf) {
+        // One warp per row of this K half, scaled by its own power of two (rows >= B: 1, unused).
+        for (int r = warp; r < ROWS; r += kWarps) {
+          const float unscale =
+              r < B ? scale_row_to_half(a.h0 + static_cast<int64_t>(r) * H + rank * KQ, KQ, lane, xt + r * LDX) : 1.0f;
+          if (lane == 0) row_unscale[r] = unscale;
+        }
+      } else {
+        const int per_row = KQ / 4;  // chunks of 4 elements
+        for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
+          const int r = i / per_row, c = (i - r * per_row) * 4;
+          const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c;
+          if constexpr (kX3) {  // whole: split when multiplied
+            *reinterpret_cast<float4*>(xt + r * LDX + c) = *reinterpret_cast<const float4*>(src);
+          } else if constexpr (kTf32) {
+            const float4 v = *reinterpret_cast<const float4*>(src);
+            *reinterpret_cast<uint4*>(xt + r * LDX + c) =
+                make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
+          } else {
+            *reinterpret_cast<uint2*>(xt + r * LDX + c) = *reinterpret_cast<const uint2*>(src);
+          }
+        }
+      }
+    } else {
+      // Warp 0 waits for the step flags of the 64 producers of K half `rank`, the block for warp 0.
+      // With a.poll_data, no flags: every thread re-reads its poisoned words until h_{t-1} is there
+      // (the flags are only hints; the poison is what tells h_{t-1} from an older step's).
+      if (warp == 0 && !a.poll_data) {
+        const uint32_t* fl = flags + rank * 64 + lane;
+        const long long t0 = clock64();
+        while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s) || ld_relaxed_u32(fl + 32) < static_cast<uint32_t>(s)) {
+          check_spin_timeout(t0, static_cast<unsigned>(s));
+        }
+      }
+      __syncthreads();
+      // 16-byte loads (8 units, or 4 for float), in batches of 8 per thread (registers: W_hh's
+      // fragments stay live).
+      constexpr int kVecUnits = 16 / ES, kVecPerRow = KQ / kVecUnits, kVecs = ROWS * kVecPerRow / kThreads;
+      const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + rank * (KQ * ES / 4);
+      auto word_of = [&](int e) {  // batch element e's row and 16-byte word of the K half
+        const int idx = threadIdx.x + e * kThreads;
+        return make_int2(idx / kVecPerRow, idx % kVecPerRow);
+      };
+#pragma unroll
+      for (int b0 = 0; b0 < kVecs; b0 += 8) {
+        uint4 v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int2 rw = word_of(b0 + e);
+          if (b0 + e < kVecs && rw.x < B) v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+        }
+        if constexpr (kVecs <= 8) {
+          // All of this thread's words are in one batch: the poisoned ones are re-read together,
+          // one L2 round trip a round (re-read one at a time, a thread with 4 words at B = 16
+          // paid a round trip per word after its data had come).
+          unsigned pending = 0;
+#pragma unroll
+          for (int e = 0; e < kVecs; ++e) {
+            if (word_of(e).x < B && poisoned(v[e])) pending |= 1u << e;
+          }
+          if (pending != 0) {
+            const long long t0 = clock64();
+            while (true) {
+#pragma unroll
+              for (int e = 0; e < kVecs; ++e) {
+                const int2 rw = word_of(e);
+                if (pending & (1u << e)) v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+              }
+#pragma unroll
+              for (int e = 0; e < kVecs; ++e) {
+                if ((pending & (1u << e)) && !poisoned(v[e])) pending &= ~(1u << e);
+              }
+              if (pending == 0) break;
+              check_spin_timeout(t0, static_cast<unsigned>(s));
+            }
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int2 rw = word_of(b0 + e);
+          if (b0 + e < kVecs && rw.x < B) {
+            // More than 8 words a thread (two batches): a poisoned word is waited for alone, out
+            // of line (registers).
+            if (kVecs > 8 && poisoned(v[e])) v[e] = wait_unpoisoned(src + rw.x * kRowWords + rw.y * 4, s);
+            *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * kVecUnits) = v[e];
+          }
+        }
+      }
+    }
+    if (s + 1 < T) prefetch(s + 1, pv_next, row_u_next);
+    __syncthreads();
+    trace.mark(0);
+
+    // 2. This warp's partial product, sent to its owner's slot of this step's parity.
+    float acc[MT][NTW][4] = {};
+    // kX3: h = big + small (+ O(2^-22 |h|)); small·W_big + big·W_small + big·W_big, in that order
+    // for every accumulator. h_{t-1} is finite or NaN after the first step (o·tanh(c)); h0 may
+    // hold an inf, and inf·W_small is NaN wherever W_hh is exact in TF32. So at the first step the
+    // non-finite values of h0 count as 0 here and reach the product in a pass of their own, with
+    // W_big only (inf·W as in a float32 GEMM). A third operand in this loop (big, zero where h is
+    // not finite) spilled.
+#pragma unroll
+    for (int f = 0; f < KSW; ++f) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], xt_lane + mt * 16 * LDX * ES + (kquarter * KSW + f) * 32);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kX3) {
+          uint32_t big[4], small[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = __uint_as_float(af[mt][e]);
+            if (s == 0 && !isfinite(x)) x = 0.0f;
+            big[e] = to_tf32(x);
+            small[e] = tf32_small(x, big[e]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < NTW; ++nt) {
+            MmaInst<scalar_t>::run(acc[mt][nt], small, bfr[nt][f][0], bfr[nt][f][1]);
+            MmaInst<scalar_t>::run(acc[mt][nt], big, bsm[nt][f][0], bsm[nt][f][1]);
+            MmaInst<scalar_t>::run(acc[mt][nt], big, bfr[nt][f][0], bfr[nt][f][1]);
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < NTW; ++nt) {
+            if (f < KSR) {
+              MmaInst<op_t>::run(acc[mt][nt], af[mt], bfr[nt][f < KSR ? f : 0][0], bfr[nt][f < KSR ? f : 0][1]);
+            } else {
+              const uint2 w = wsm_warp[(nt * KSS + f - KSR) * 32];
+              MmaInst<op_t>::run(acc[mt][nt], af[mt], w.x, w.y);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kX3) {
+      if (s == 0) {  // h0's non-finite values (the others 0) times W_big
+#pragma unroll
+        for (int f = 0; f < KSW; ++f) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t af[4];
+            ldmatrix_x4(af, xt_lane + mt * 16 * LDX * ES + (kquarter * KSW + f) * 32);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) af[e] = isfinite(__uint_as_float(af[e])) ? 0u : to_tf32(__uint_as_float(af[e]));
+#pragma unroll
+            for (int nt = 0; nt < NTW; ++nt) MmaInst<scalar_t>::run(acc[mt][nt], af, bfr[nt][f][0], bfr[nt][f][1]);
+          }
+        }
+      }
+    }
+    if constexpr (kHalf) {  // back from the scaled operands (exact: powers of two)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= w_unscale;
+        }
+        if (s == 0) {
+          const float u0 = row_unscale[mt * 16 + gq], u1 = row_unscale[mt * 16 + gq + 8];
+#pragma unroll
+          for (int nt = 0; nt < NTW; ++nt) {
+            acc[mt][nt][0] *= u0;
+            acc[mt][nt][1] *= u0;
+            acc[mt][nt][2] *= u1;
+            acc[mt][nt][3] *= u1;
+          }
+        }
+      }
+    }
+    trace.mark(1);
+    // The partner reuses this parity's slots and mbarrier phase at step s + 2 only after every
+    // block has published h_s (its step s + 2 waits for pairs of h_{s+1}, which need them), so
+    // after this block's gate math of step s has read them.
+    const uint32_t send = send0 + (s & 1) * kParityFloats * 4;
+    if (own_owner) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+          const uint32_t at = send + (mt * 16 * LDP + nt * 8) * 4;
+          st_shared2(at, acc[mt][nt][0], acc[mt][nt][1]);
+          st_shared2(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3]);
+        }
+      }
+    } else {
+      const uint32_t send_bar = send_bar0 + (s & 1) * 8;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+          const uint32_t at = send + (mt * 16 * LDP + nt * 8) * 4;
+          store_async(at, acc[mt][nt][0], acc[mt][nt][1], send_bar);
+          store_async(at + 8 * LDP * 4, acc[mt][nt][2], acc[mt][nt][3], send_bar);
+        }
+      }
+    }
+    __syncthreads();  // the own block's partials
+    mbarrier_wait_guarded(shared_address(&bars[s & 1]), (s >> 1) & 1, static_cast<unsigned>(s));  // the partner's
+    trace.mark(4);
+
+    // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
+    scalar_t h[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
+    acc_t act_r[2][4], c_new[2];
+    if (active) {
+      const float* own = own0 + (s & 1) * kParityFloats;
+      acc_t pq[4][2];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float2 v[kClusterForwardSlots];
+#pragma unroll
+        for (int sl = 0; sl < kClusterForwardSlots; ++sl) {
+          v[sl] = *reinterpret_cast<const float2*>(own + sl * kSlotFloats + q * UO);
+        }
+#pragma unroll
+        for (int w = 1; w < kClusterForwardSlots; w *= 2) {
+#pragma unroll
+          for (int sl = 0; sl + w < kClusterForwardSlots; sl += 2 * w) {
+            v[sl].x += v[sl + w].x;
+            v[sl].y += v[sl + w].y;
+          }
+        }
+        // (kHalf: two exact products; 1 without a scaled projection)
+        pq[q][0] = pv[q].x * row_u * gate_u[q][0] + bias_r[q][0] + v[0].x;
+        pq[q][1] = pv[q].y * row_u * gate_u[q][1] + bias_r[q][1] + v[0].y;
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const LstmGates<acc_t> pre_g{pq[0][e], pq[1][e], pq[2][e], pq[3][e]};
+        LstmGates<acc_t> act;
+        acc_t m;
+        lstm_cell_forward<Math>(pre_g, c_st[e], act, c_new[e], m);
+        c_st[e] = c_new[e];
+        h[e] = static_cast<scalar_t>(m);
+        h_st[e] = h[e];
+        act_r[e][0] = act.i;
+        act_r[e][1] = act.f;
+        act_r[e][2] = act.g;
+        act_r[e][3] = act.o;
+      }
+    }
+    trace.mark(2);
+    // 4. Publish h_t (flag s + 1; float: its TF32 values) and poison step s + 2's words, then
+    // the outputs.
+    if (s + 1 < T) {
+      const int64_t at = n * kRowWords + j * ES / 4;
+      uint32_t* pub = hx + (s % kClusterBuffers) * buf_words + at;
+      uint32_t* ahead = hx + ((s + 2) % kClusterBuffers) * buf_words + at;
+      if constexpr (kX3) {
+        if (active) st_relaxed_u32x2(pub, unpoisoned(__float_as_uint(h[0])), unpoisoned(__float_as_uint(h[1])));
+      } else if constexpr (kTf32) {
+        if (active) st_relaxed_u32x2(pub, to_tf32(h[0]), to_tf32(h[1]));
+      } else {  // 16-bit pairs (kHalf: h_t in [-1, 1] needs no scale)
+        if (active) st_relaxed_u32(pub, unpoisoned(pack2(static_cast<op_t>(h[0]), static_cast<op_t>(h[1]))));
+      }
+      if constexpr (kTf32) {
+        if (active) st_relaxed_u32x2(ahead, kClusterPoison, kClusterPoison);
+      } else {
+        if (active) st_relaxed_u32(ahead, kClusterPoison);
+      }
+      // Every thread's pairs are stored before thread 0's flag, so that they are mostly there when
+      // it arrives; the last warp's fence (the release pattern of a grid barrier, off the path of
+      // the flag: that warp only waits for the next step's gather after it) orders the poison
+      // before the next step's pairs.
+      __syncthreads();
+      if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
+      if (threadIdx.x == kThreads - 32) __threadfence();
+    }
+    if (active) {
+      const int64_t row = static_cast<int64_t>(t) * B + n;
+      store_pair(a.y + row * H + j, h[0], h[1]);
+      if constexpr (kTraining) {
+        scalar_t* gr = a.gates + row * (4 * H) + j;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          store_pair(gr + q * H, static_cast<scalar_t>(act_r[0][q]), static_cast<scalar_t>(act_r[1][q]));
+        }
+        store_pair(a.cells + row * H + j, static_cast<scalar_t>(c_new[0]), static_cast<scalar_t>(c_new[1]));
+      }
+    }
+    trace.mark(3);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
+    row_u = row_u_next;
+  }
+  report_trace(trace, kTraining ? "forward cluster (training)" : "forward cluster (inference)", g);
+  // The partner writes this block's shared memory only before this block's last wait: none waits
+  // here.
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      a.h_n[n * H + j + e] = h_st[e];
+      a.c_n[n * H + j + e] = c_st[e];
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+}  // namespace
+
+// SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD (diagnostic): unset, the cluster forward kernel where
+// cluster_forward_applies; 0, never (the direct kernel at B <= 16, else the general kernel); 1,
+// wherever it fits (tests reach its one-tile instances at any B <= 16 with it).
+int cluster_forward_mode() { return diagnostic_mode("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD"); }
+
+// The cluster forward kernel (bf16 / fp16, or float32 with or without TF32: kX3) where one of its
+// instances takes the call (cluster_forward_applies), its vector accesses aligned (8-byte rows of
+// h0 and pre and 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and
+// output pairs for float), and 64 clusters of two co-resident; false otherwise, having launched
+// nothing.
+template <class scalar_t, bool kTraining, ClusterOperands kOps>
+bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
+                         const at::Tensor& like) {
+  constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+  constexpr bool kX3 = kOps == ClusterOperands::kTf32x3, kHalf = kOps == ClusterOperands::kHalfScaled;
+  const int mode = cluster_forward_mode();
+  const int sms = prop.multiProcessorCount;
+  if (mode == 0 || !(mode == 1 ? cluster_forward_fits(s, prop.major, sms, kOps)
+                               : cluster_forward_applies(s, prop.major, sms, kOps))) {
+    return false;
+  }
+  auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const uintptr_t pair_bytes = 2 * sizeof(scalar_t);
+  if (!aligned(args.h0, kFloat ? 16 : 8) || !aligned(args.pre, 8) || !aligned(args.y, pair_bytes) ||
+      (kTraining && (!aligned(args.gates, pair_bytes) || !aligned(args.cells, pair_bytes)))) {
+    return false;
+  }
+  auto try_instance = [&](auto mt_c, auto hc_c) {
+    constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
+    if constexpr (kFloat && !kHalf && HC > 512 && (kX3 || MT > 2)) {
+      // float32 at H = 1024: with TF32 up to 2 m16 tiles (W_hh's 128 KB slice half in shared
+      // memory beside a 66 KB A tile and 80 KB of partials); x3 keeps twice the fragments.
+      return false;
+    } else {
+      if (s.H != HC || (s.B > 32 ? 4 : s.B > 16 ? 2 : 1) != MT) return false;
+      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps>;
+      const void* fn = reinterpret_cast<const void*>(kernel);
+      if (!ptx_at_least(fn, 90)) return false;
+      using L = ClusterForwardLayout<ClusterOperandType<scalar_t, kOps>, MT, HC>;
+      Geometry& g = args.g;
+      g = Geometry{};
+      g.T = static_cast<int>(s.T);
+      g.B = static_cast<int>(s.B);
+      g.H = g.Hp = HC;
+      g.U = HC / 64;  // units per cluster
+      g.nblocks = kClusterForwardBlocks;
+      g.cl = 2;
+      g.nch = 1;
+      g.row_words = L::kRowWords;
+      g.off_part = static_cast<int>(align16(L::kTileBytes));
+      // After the two mbarriers (and kHalf's row scales).
+      g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0)));
+      g.smem = g.off_w + L::kWsmBytes;
+      if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
+      // The exchange: kClusterBuffers buffers of h ([B][kRowWords] 32-bit words each), poisoned,
+      // then the kClusterForwardBlocks step flags.
+      const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
+      return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
+                                  static_cast<size_t>(h_words) * 4);
+    }
+  };
+  auto try_tiles = [&](auto hc_c) {  // 1, 2 or 4 m16 tiles of rows
+    return try_instance(IntConst<1>{}, hc_c) || try_instance(IntConst<2>{}, hc_c) || try_instance(IntConst<4>{}, hc_c);
+  };
+  return try_tiles(IntConst<256>{}) || try_tiles(IntConst<512>{}) || try_tiles(IntConst<1024>{});
+}
+
+// The instances run_forward (lstm_persistent.cu) calls: each dtype's operands.
+#define SK_INSTANTIATE_CLUSTER(T, OPS)                                                                              \
+  template bool run_cluster_forward<T, false, OPS>(const LstmSizes&, const cudaDeviceProp&, FwdArgs<T>&,            \
+                                                   const at::Tensor&);                                              \
+  template bool run_cluster_forward<T, true, OPS>(const LstmSizes&, const cudaDeviceProp&, FwdArgs<T>&,             \
+                                                  const at::Tensor&);
+SK_INSTANTIATE_CLUSTER(float, ClusterOperands::kTf32)
+SK_INSTANTIATE_CLUSTER(float, ClusterOperands::kHalfScaled)
+SK_INSTANTIATE_CLUSTER(float, ClusterOperands::kTf32x3)
+SK_INSTANTIATE_CLUSTER(c10::Half, ClusterOperands::kSixteenBit)
+SK_INSTANTIATE_CLUSTER(c10::BFloat16, ClusterOperands::kSixteenBit)
+#undef SK_INSTANTIATE_CLUSTER
+
+}  // namespace persistent
+}  // namespace cuda
+}  // namespace seqkernels
