@@ -39,7 +39,7 @@ PEER = "cuDNN"
 # would run (SEQKERNELS_LSTM_PERSISTENT_DIRECT=0), the general persistent backward kernel where
 # the split one would run (SEQKERNELS_LSTM_PERSISTENT_SPLIT=0), the split one wherever it can
 # run (=1), with clusters (the default where they fit) or without them
-# (SEQKERNELS_LSTM_PERSISTENT_CLUSTER=0): diagnostic switches of lstm_persistent.cu.
+# (SEQKERNELS_LSTM_PERSISTENT_CLUSTER=0): diagnostic switches of the persistent loop (csrc/cuda/lstm_persistent*.cu).
 VARIANTS = {"persistent-general": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_DIRECT": "0"},
             "persistent-nosplit": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_SPLIT": "0"},
             "persistent-split": {"SEQKERNELS_LSTM_BACKEND": "persistent", "SEQKERNELS_LSTM_PERSISTENT_SPLIT": "1"},

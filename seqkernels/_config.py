@@ -28,7 +28,7 @@ CPU_AMX_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "
 CPU_AMX_BF16_UNITS = 16  # amx::kTileCols: the bfloat16 AMX loop's H granule (amx_bf16_supported)
 CPU_AMX_BF16_BACKWARD_UNITS = 64  # kAmxBf16BackwardUnits, csrc/cpu/lstm.cpp
 CPU_AMX_BF16_MIN_STEPS_ONE_ROW = 32  # kAmxBf16MinStepsOneRow
-CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent.cu
+CUDA_PERSISTENT_MAX_BATCH = 64  # kMaxBatch, csrc/cuda/lstm_persistent_common.cuh
 # csrc/cuda/lstm_loop.cuh (choose_loop)
 CUDA_PERSISTENT_MAX_FORWARD_STATE = 64 * 1024  # kPersistentMaxForwardState
 CUDA_PERSISTENT_MAX_BACKWARD_STATE = 32 * 1024  # kPersistentMaxBackwardState
@@ -199,7 +199,7 @@ def _rnn_tf32_allowed() -> bool:
 def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
                backend: str, clusters: bool) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, then the chosen loop's own limits that Python can
-    see (lstm_persistent.cu's common_preconditions, lstm_fused_step.cu's applies), with the reason."""
+    see (lstm_persistent_common.cuh's common_preconditions, lstm_fused_step.cu's applies), with the reason."""
     loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend, clusters)
     if loop == "persistent" and (proj_size > 0 or batch > CUDA_PERSISTENT_MAX_BATCH):
         return "cublas", f"{why}; but the persistent kernel takes no projection and B <= {CUDA_PERSISTENT_MAX_BATCH}"

@@ -76,7 +76,7 @@
 // the TF32 value of the remainder (x = big + small + O(2^-22 |x|)); a chunk's two MMAs per tile
 // become six: big·big into the first accumulator set, small·big and big·small into the second
 // (the dropped small·small term and the splits' remainders are ~2^-22 of each product: float32's
-// order, as in lstm_persistent.cu's direct kernel). The packed W holds each fragment's big and
+// order, as in lstm_persistent_direct.cu's direct kernel). The packed W holds each fragment's big and
 // small vectors side by side (twice the slice); A is split where the MMA consumes it.
 #include "lstm_fused_step.cuh"
 

@@ -28,7 +28,8 @@ constexpr int64_t kSplitBackwardMaxHidden = 1024;
 // beyond it they leave the call to the cuBLAS loop, so lstm_loop.cuh does not choose them there.
 constexpr int64_t kPersistentMaxHiddenMma = 1024;
 
-// The operands of the forward cluster kernel's products (its last template argument, lstm_persistent.cu).
+// The operands of the forward cluster kernel's products (its last template argument,
+// lstm_persistent_cluster.cu).
 enum class ClusterOperands {
   kSixteenBit,  // bf16 / fp16
   kTf32,        // float32 with TF32 allowed, TF32 operands
@@ -65,7 +66,7 @@ inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
   return cluster_half_products() ? ClusterOperands::kHalfScaled : ClusterOperands::kTf32;
 }
 
-// The forward's cluster kernel (lstm_persistent.cu: 64 clusters of two blocks, one block per SM)
+// The forward's cluster kernel (lstm_persistent_cluster.cu: 64 clusters of two blocks, one block per SM)
 // runs B <= 64 at H in {256, 512, 1024} on 16-bit operands (16-bit types, and float32 with TF32 on
 // scaled fp16 operands) and H in {256, 512} for float32 on TF32 operands or without TF32 (three TF32
 // MMAs per product), and float32 on TF32 operands at H = 1024 up to B = 32, with equal batch sizes at
