@@ -14,7 +14,8 @@ moved kernels or their argument types into a named namespace:
     python scripts/sass_compare.py before/lstm_persistent.o after/lstm_persistent*.o --ignore-namespace persistent
 
 Kernels are matched by name without the anonymous namespace's per-build hash. Each kernel's SASS
-is compared without instruction addresses and encodings and with the offsets into constant bank 4
+is compared without instruction addresses and encodings, with branch and call targets as distances
+in instructions, and with the offsets into constant bank 4
 (global symbols such as printf's format strings, laid out per object) masked. Exit status: 0 when
 every kernel is identical, 1 when any differs or a kernel is only in one file.
 
@@ -40,6 +41,9 @@ _ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 _ENCODING = re.compile(r"/\* 0x[0-9a-f]{16} \*/")
 _BANK4 = re.compile(r"c\[0x4\]\[0x[0-9a-f]+\]")
 _MANGLED = re.compile(r"\b_Z\w+")
+# The target operand of a branch, call or convergence-barrier set-up (SASS prints it as an address
+# from the kernel's start).
+_TARGET = re.compile(r"(\b(?:BRA|BRX|JMP|CALL\.REL(?:\.NOINC)?|CALL\.ABS(?:\.NOINC)?|BSSY|SSY|PBK|PCNT)\b[^;]*?)0x([0-9a-f]+)")
 
 
 def find_cuobjdump() -> str:
@@ -93,10 +97,27 @@ def kernels(cuobjdump: str, obj: str, namespaces: list[str]) -> dict[str, list[s
             lines = None
             continue
         if lines is not None:
-            line = _BANK4.sub("c[0x4][X]", _ENCODING.sub("", _ADDRESS.sub("", line)))
+            line = _BANK4.sub("c[0x4][X]", _ENCODING.sub("", _ADDRESS.sub("", relative_targets(line))))
             if line.strip():
                 lines.append(line.strip())
     return result
+
+
+def relative_targets(line: str) -> str:
+    """`line` with a branch's or call's target address written as the distance in instructions
+    from the instruction itself (`.+N` / `.-N`): the same code gives the same text either way, but
+    an instruction added or removed then changes only the branches that span it, not every branch
+    to the code after it."""
+    here = _ADDRESS.search(line)
+    if here is None:
+        return line
+    addr = int(here.group(0)[2:-2], 16)
+
+    def rel(m: re.Match) -> str:
+        steps = (int(m.group(2), 16) - addr) // 16
+        return f"{m.group(1)}.{steps:+d}"
+
+    return _TARGET.sub(rel, line)
 
 
 def main(argv=None) -> int:

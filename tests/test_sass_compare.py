@@ -90,3 +90,15 @@ def test_a_file_split_in_two_with_a_named_namespace_passes(tmp_path):
     assert run(tmp_path, before, *parts).returncode == 1
     twice = run(tmp_path, before, parts[0], parts[0], parts[1], options=("--ignore-namespace", "persistent"))
     assert twice.returncode == 1 and "in two of the after objects" in twice.stdout
+
+
+def test_an_added_instruction_leaves_branches_that_do_not_span_it(tmp_path):
+    # The branch at index 2 (3 after the insertion) jumps two instructions ahead in both builds:
+    # written as an address from the kernel's start its target moved (0x40 -> 0x50), as a distance not.
+    before = {"lstm_persistent_forward_kernelIfEEvv": ["MOV R1, RZ", "EXIT", "@P0 BRA 0x40", "NOP", "EXIT"]}
+    after = {"lstm_persistent_forward_kernelIfEEvv": ["MOV R1, RZ", "IADD3 R2, R1, 0x1, RZ", "EXIT",
+                                                      "@P0 BRA 0x50", "NOP", "EXIT"]}
+    done = run(tmp_path, listing("229db69b", before, "c[0x4][0x0]"), listing("17eeff62", after, "c[0x4][0x0]"))
+    assert done.returncode == 1
+    assert "+IADD3 R2, R1, 0x1, RZ" in done.stdout
+    assert "BRA" not in done.stdout, done.stdout
