@@ -1,7 +1,7 @@
 // Thread-block cluster helpers (sm_90) shared by the kernels that use distributed shared
 // memory: the ConvRNN cluster forward (convrnn.cu), the LSTM split backward's clustered instances
-// and the LSTM cluster forward (lstm_persistent_cluster.cu), and the LSTM one-cluster forward
-// (lstm_one_cluster.cu).
+// (lstm_persistent_backward.cu), the LSTM cluster forward (lstm_persistent_cluster.cu) and the LSTM
+// one-cluster forward (lstm_one_cluster.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -49,9 +49,9 @@ constexpr int64_t kPersistentMaxForwardHiddenHalf = 1024;  // ... H <= 1024 (16-
 // kFusedBackwardWideHiddenTf32), and (since its clustered instances, 2026-11-26) at B <= 16 with
 // H % 32 == 0; fused while B·H <= 8192 and H <= 768, and at 5 < B <= 16 above
 // kFusedBackwardWideHiddenTf32 (H <= 1024). H % 32 == 0 makes the block count (H / 4 or H / 8) a
-// multiple of 8 or 4, so that the split kernel can run in clusters (lstm_persistent_backward.cu); the rule
-// was measured at H = 256, 512, 768. At H = 1024 the split kernel's 128 blocks fit no cluster, and
-// the fused backward, with 8 units per block and its W slice read from L2 there
+// multiple of 8 or 4, so that the split kernel can run in clusters (lstm_persistent_backward.cu);
+// the rule was measured at H = 256, 512, 768. At H = 1024 the split kernel's 128 blocks fit no
+// cluster, and the fused backward, with 8 units per block and its W slice read from L2 there
 // (lstm_fused_step.cu, plan_geometry), is the faster loop from B = 6 (backward op, H200,
 // 2026-11-26: B = 6 / 8 / 16 2.85 / 2.87 / 3.25 ms against 2.90 / 3.07 / 4.25; B = 5 2.73 against
 // 2.73; B = 4 2.76 against 2.46). At H = 896 the split kernel wins to B = 8 (2.38 against 2.71);

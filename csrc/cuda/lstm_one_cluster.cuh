@@ -46,8 +46,8 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
 
 // The backward of the same decomposition (one cluster per 8 batch rows, W_hhᵀ's rows of a block's
 // units resident, dG exchanged in distributed shared memory), where the forward kernel fits and
-// SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD (diagnostic) is not "0"; lstm_persistent_backward.cu's run_backward
-// calls it first for bf16 / fp16.
+// SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD (diagnostic) is not "0"; lstm_persistent_backward.cu's
+// run_backward calls it first for bf16 / fp16.
 bool one_cluster_backward_applies(const LstmSizes& s, int sm_major);
 
 // Backward of one layer and direction with lstm_persistent_backward's contract (lstm_persistent.cuh):

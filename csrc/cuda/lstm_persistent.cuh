@@ -66,12 +66,12 @@ inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
   return cluster_half_products() ? ClusterOperands::kHalfScaled : ClusterOperands::kTf32;
 }
 
-// The forward's cluster kernel (lstm_persistent_cluster.cu: 64 clusters of two blocks, one block per SM)
-// runs B <= 64 at H in {256, 512, 1024} on 16-bit operands (16-bit types, and float32 with TF32 on
-// scaled fp16 operands) and H in {256, 512} for float32 on TF32 operands or without TF32 (three TF32
-// MMAs per product), and float32 on TF32 operands at H = 1024 up to B = 32, with equal batch sizes at
-// every step (no ragged PackedSequence), no projection, on a GPU with thread-block clusters (sm_90)
-// and at least kClusterForwardBlocks SMs.
+// The forward's cluster kernel (lstm_persistent_cluster.cu: 64 clusters of two blocks, one block
+// per SM) runs B <= 64 at H in {256, 512, 1024} on 16-bit operands (16-bit types, and float32 with
+// TF32 on scaled fp16 operands) and H in {256, 512} for float32 on TF32 operands or without TF32
+// (three TF32 MMAs per product), and float32 on TF32 operands at H = 1024 up to B = 32, with equal
+// batch sizes at every step (no ragged PackedSequence), no projection, on a GPU with thread-block
+// clusters (sm_90) and at least kClusterForwardBlocks SMs.
 constexpr int kClusterForwardBlocks = 128;
 inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
   const bool sixteen = ops == ClusterOperands::kSixteenBit || ops == ClusterOperands::kHalfScaled;

@@ -419,8 +419,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 8; ++e) {
           const int2 rw = word_of(b0 + e);
           if (b0 + e < kVecs && rw.x < B) {
-            // More than 8 words a thread (two batches): a poisoned word is waited for alone, out
-            // of line (registers).
+            // More than 8 words a thread (two batches, e.g. 16-bit B > 32 or float32 B > 16 at
+            // H = 1024): a poisoned word is still waited for alone, out of line; the batched
+            // re-read was only measured with one batch.
             if (kVecs > 8 && poisoned(v[e])) v[e] = wait_unpoisoned(src + rw.x * kRowWords + rw.y * 4, s);
             *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * kVecUnits) = v[e];
           }
