@@ -1076,6 +1076,43 @@ def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_
                       what="cluster forward, 67 steps")
 
 
+def _cluster_whole_k(fn) -> set[bool]:
+    """The kWholeK template argument (the last) of the cluster forward kernels that ran in fn()."""
+    found = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_forward_cluster_kernel" in n:
+            m = re.search(r"forward_cluster_kernel<[^>]*, (true|false)>", n)
+            assert m, n
+            found.add(m.group(1) == "true")
+    return found
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
+@pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
+                                                      ("tf32", 12, False), ("bfloat16", 1, True)])
+def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
+    """SEQKERNELS_LSTM_CLUSTER_WHOLE_K=1 (diagnostic): the cluster kernel's instances at H = 1024 in
+    one m16 tile (16-bit operands: bf16, fp16, float32 with TF32 on scaled fp16 operands) multiply
+    all of K in each block, which then reads all of h_{t-1} and sends no partial sums to its partner:
+    which instance ran (unset, the K halves), and 67 steps (the four buffers of h cycled 16 times)
+    against the float64 reference, outputs and every gradient, with the step flags of all 128
+    producers waited for first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words
+    polled (=1)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
+    monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_WHOLE_K", raising=False)
+    with _Precision(precision_name):
+        run = _train_call(DTYPE[precision_name], B, 1024, T=3)
+        run()
+        assert _cluster_whole_k(run) == {False}
+        monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_WHOLE_K", "1")
+        assert _cluster_whole_k(run) == {True}
+        compare_layer([B] * 67, 5, 1024, reverse=reverse, bias=True, precision=precision_name, seed=67 + B,
+                      what="cluster forward, whole K, 67 steps")
+
+
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
     """float32 without TF32 on the cluster kernel: an inf in h0 reaches the first step's

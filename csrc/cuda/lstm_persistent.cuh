@@ -59,6 +59,15 @@ inline bool cluster_half_products() { return switch_on("SEQKERNELS_LSTM_CLUSTER_
 // (Path::kHalfScaled); SEQKERNELS_LSTM_DIRECT_HALF=0 (diagnostic) keeps TF32 operands there.
 inline bool direct_half_products() { return switch_on("SEQKERNELS_LSTM_DIRECT_HALF"); }
 
+// Whether the cluster forward kernel's 16-bit-operand instances at H = 1024 in one m16 tile (B <= 16)
+// multiply all of K in each block (kWholeK: every block reads all of h_{t-1}, twice the bytes, and
+// no partial sums cross between the pair) instead of a K half each.
+// SEQKERNELS_LSTM_CLUSTER_WHOLE_K (diagnostic): set and not "0", whole K; else K halves.
+inline bool cluster_whole_k() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_CLUSTER_WHOLE_K");
+  return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
+}
+
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
   if (elem_size != 4) return ClusterOperands::kSixteenBit;

@@ -73,13 +73,15 @@ constexpr int cluster_forward_reg_ksteps(int ksw, bool tf32, int hc) { return tf
 // that a half-warp's 8-byte stores of rows gq = 0..3 cover 32 distinct banks.
 constexpr int cluster_forward_ldp(int cols) { return cols == 32 ? 40 : cols == 16 ? 24 : 8; }
 
-// The cluster forward kernel's compile-time shape and shared-memory layout for (scalar_t, MT, HC):
-// the kernel indexes with it and run_cluster_forward sizes the launch from it.
-template <class scalar_t, int MT, int HC>
+// The cluster forward kernel's compile-time shape and shared-memory layout for (scalar_t, MT, HC,
+// kWholeK): the kernel indexes with it and run_cluster_forward sizes the launch from it. KQ is a
+// block's K range (a half, or all of K with kWholeK), split over kKParts warps per column group.
+template <class scalar_t, int MT, int HC, bool kWholeK = false>
 struct ClusterForwardLayout {
   static constexpr bool kFloat = std::is_same_v<scalar_t, float>;
   static constexpr int ES = sizeof(scalar_t), kStep = kFloat ? 8 : 16;  // element bytes, k per MMA
-  static constexpr int UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = HC / 2, KSW = KQ / 4 / kStep;
+  static constexpr int kKParts = kWholeK ? 8 : 4;
+  static constexpr int UC = HC / 64, UO = UC / 2, NTW = UO / 2, KQ = kWholeK ? HC : HC / 2, KSW = KQ / kKParts / kStep;
   static constexpr int KSR = cluster_forward_reg_ksteps(KSW, kFloat, HC), KSS = KSW - KSR;  // k-steps in registers / shared
   static constexpr int LDX = KQ + 16 / ES;  // A tile row stride (elements): 16 mod 128 bytes, conflict-free ldmatrix
   static constexpr int OC = 4 * UO, LDP = cluster_forward_ldp(OC), ROWS = 16 * MT, PAIRS = UO / 2;
@@ -159,7 +161,7 @@ __device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
 template <class scalar_t, ClusterOperands kOps>
 using ClusterOperandType = std::conditional_t<kOps == ClusterOperands::kHalfScaled, c10::Half, scalar_t>;
 
-template <class scalar_t, bool kTraining, int MT, int HC, ClusterOperands kOps>
+template <class scalar_t, bool kTraining, int MT, int HC, ClusterOperands kOps, bool kWholeK>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_cluster_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using op_t = ClusterOperandType<scalar_t, kOps>;
   static_assert(std::is_same_v<scalar_t, float> == (kOps != ClusterOperands::kSixteenBit) && sizeof(op_t) <= 4,
                 "cluster forward kernel: 16-bit types on their own operands, float32 on the others");
-  using L = ClusterForwardLayout<op_t, MT, HC>;
+  using L = ClusterForwardLayout<op_t, MT, HC, kWholeK>;
   constexpr int ES = L::ES, kStep = L::kStep, H = HC, UC = L::UC, UO = L::UO, NTW = L::NTW, KQ = L::KQ;
   constexpr int KSW = L::KSW, KSR = L::KSR, KSS = L::KSS, LDX = L::LDX, OC = L::OC, LDP = L::LDP;
   constexpr int ROWS = L::ROWS, PAIRS = L::PAIRS, kRowWords = L::kRowWords;
@@ -182,9 +184,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert((KQ * ES) % 128 == 0, "cluster forward kernel: A tile rows of 16 mod 128 bytes");
   static_assert(NTW >= 1 && KSW >= 1 && OC == 8 * NTW, "cluster forward kernel instance");
   static_assert(PAIRS * ROWS <= kThreads, "one unit pair of one row per thread");
+  static_assert(!kWholeK || L::kKParts == kWarps, "cluster forward kernel, whole K: a K part per warp");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
-  op_t* const xt = reinterpret_cast<op_t*>(smem);                      // [ROWS][LDX]: h_{t-1}, K half `rank`
+  op_t* const xt = reinterpret_cast<op_t*>(smem);                      // [ROWS][LDX]: h_{t-1}, the block's K range
   float* const recv = reinterpret_cast<float*>(smem + g.off_part);    // [2][slots][ROWS][LDP], by step parity
   uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w);         // [warp][NTW][KSS][32]: W_hh's k-steps KSR..
   // kHalf: [ROWS] h0's inverse row scales, after the partials' two mbarriers.
@@ -192,13 +195,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int B = g.B, T = g.T;
   const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-  const int owner = warp & 1, kquarter = warp >> 1;
+  // kWholeK: every warp's columns are the own block's, over K part `warp` of all of K (no partial
+  // sums cross to the partner); else the owner's and K quarter `kpart` of K half `rank`.
+  const int owner = kWholeK ? rank : warp & 1, kpart = kWholeK ? warp : warp >> 1;
+  // The block's K range [k_begin(), k_begin() + KQ) (a function, not a value held in a register:
+  // the K-half instances' code stays as it was).
+  auto k_begin = [&] { return kWholeK ? 0 : rank * KQ; };
 
   // Rows >= B of the A tile stay zero (finite) for the whole sequence.
   for (int i = threadIdx.x; i < ROWS * LDX * ES / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
 
   // Resident B fragments: n8 tile nt of owner `owner`'s columns cc = nt * 8 + gq (gate cc / UO,
-  // unit cluster * UC + owner * UO + cc % UO), k16 steps [kquarter * KSW, ...) of K half `rank`.
+  // unit cluster * UC + owner * UO + cc % UO), k16 steps [kpart * KSW, ...) of the block's K range.
   // kX3: bsm holds the TF32 values of W_hh's remainders (tf32_part 1; an inf gives NaN there, as
   // in the direct kernel's x3 products).
   // k-steps from KSR on (float32 with TF32 at H = 1024) go to this warp's part of wsm instead.
@@ -213,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m = 0.0f;
 #pragma unroll 1
     for (int nt = 0; nt < NTW; ++nt) {
-      const float* wr = w_row(nt * 8 + gq) + rank * KQ + kquarter * KSW * kStep;
+      const float* wr = w_row(nt * 8 + gq) + k_begin() + kpart * KSW * kStep;
 #pragma unroll 1
       for (int k = tq; k < KSW * kStep; k += 4) m = finite_abs_max(m, wr[k]);
     }
@@ -224,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const scalar_t* wr = w_row(nt * 8 + gq);
 #pragma unroll
     for (int f = 0; f < KSW; ++f) {
-      const int k0 = rank * KQ + (kquarter * KSW + f) * kStep;
+      const int k0 = k_begin() + (kpart * KSW + f) * kStep;
       uint32_t b0, b1;
       if constexpr (kTf32) {  // b0 = B[tq][gq], b1 = B[tq + 4][gq]
         b0 = to_tf32(wr[k0 + tq]);
@@ -295,8 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t xt_lane = shared_address(xt) + (lane & 15) * LDX * ES + (lane >> 4) * 16;
   // This warp's slot in its owner's partials (parity 0; a shared::cluster address for the partner's,
   // shared::cta for the own block's), and the own partials of this thread's items.
-  const uint32_t slot_offset = (rank * 4 + kquarter) * kSlotFloats * 4 + (gq * LDP + 2 * tq) * 4;
-  const bool own_owner = owner == rank;  // warp-uniform
+  const int slot = kWholeK ? warp : rank * 4 + kpart;
+  const uint32_t slot_offset = slot * kSlotFloats * 4 + (gq * LDP + 2 * tq) * 4;
+  const bool own_owner = kWholeK || owner == rank;  // warp-uniform
   const uint32_t send0 = own_owner ? shared_address(recv) + slot_offset
                                    : cluster_address(shared_address(recv), owner) + slot_offset;
   const float* const own0 = recv + n * LDP + 2 * pair;
@@ -335,21 +344,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This step's phase: the last one of this parity (step s - 2) completed before this thread's
     // gate math of step s - 2. The partner's bytes of step s may land before this arrival: the
     // phase cannot complete until it.
-    if (threadIdx.x == 0) mbarrier_arrive_expect(&bars[s & 1], kPartnerBytes);
-    // 1. The A tile: K half `rank` of h_{t-1} (h0 at the first step).
+    if (!kWholeK && threadIdx.x == 0) mbarrier_arrive_expect(&bars[s & 1], kPartnerBytes);
+    // 1. The A tile: the block's K range of h_{t-1} (h0 at the first step).
     if (s == 0) {
       if constexpr (kHalf) {
-        // One warp per row of this K half, scaled by its own power of two (rows >= B: 1, unused).
+        // One warp per row of this K range, scaled by its own power of two (rows >= B: 1, unused).
         for (int r = warp; r < ROWS; r += kWarps) {
           const float unscale =
-              r < B ? scale_row_to_half(a.h0 + static_cast<int64_t>(r) * H + rank * KQ, KQ, lane, xt + r * LDX) : 1.0f;
+              r < B ? scale_row_to_half(a.h0 + static_cast<int64_t>(r) * H + k_begin(), KQ, lane, xt + r * LDX) : 1.0f;
           if (lane == 0) row_unscale[r] = unscale;
         }
       } else {
         const int per_row = KQ / 4;  // chunks of 4 elements
         for (int i = threadIdx.x; i < B * per_row; i += kThreads) {
           const int r = i / per_row, c = (i - r * per_row) * 4;
-          const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + rank * KQ + c;
+          const scalar_t* src = a.h0 + static_cast<int64_t>(r) * H + k_begin() + c;
           if constexpr (kX3) {  // whole: split when multiplied
             *reinterpret_cast<float4*>(xt + r * LDX + c) = *reinterpret_cast<const float4*>(src);
           } else if constexpr (kTf32) {
@@ -362,13 +371,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else {
-      // Warp 0 waits for the step flags of the 64 producers of K half `rank`, the block for warp 0.
+      // Warp 0 waits for the step flags of the producers of the block's K range (the 64 of K half
+      // `rank`, or all 128), the block for warp 0.
       // With a.poll_data, no flags: every thread re-reads its poisoned words until h_{t-1} is there
       // (the flags are only hints; the poison is what tells h_{t-1} from an older step's).
       if (warp == 0 && !a.poll_data) {
-        const uint32_t* fl = flags + rank * 64 + lane;
+        const uint32_t* fl = flags + (kWholeK ? 0 : rank * 64) + lane;
         const long long t0 = clock64();
-        while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s) || ld_relaxed_u32(fl + 32) < static_cast<uint32_t>(s)) {
+        while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s) || ld_relaxed_u32(fl + 32) < static_cast<uint32_t>(s) ||
+               (kWholeK && (ld_relaxed_u32(fl + 64) < static_cast<uint32_t>(s) ||
+                            ld_relaxed_u32(fl + 96) < static_cast<uint32_t>(s)))) {
           check_spin_timeout(t0, static_cast<unsigned>(s));
         }
       }
@@ -376,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 16-byte loads (8 units, or 4 for float), in batches of 8 per thread (registers: W_hh's
       // fragments stay live).
       constexpr int kVecUnits = 16 / ES, kVecPerRow = KQ / kVecUnits, kVecs = ROWS * kVecPerRow / kThreads;
-      const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + rank * (KQ * ES / 4);
+      const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + (kWholeK ? 0 : rank * (KQ * ES / 4));
       auto word_of = [&](int e) {  // batch element e's row and 16-byte word of the K half
         const int idx = threadIdx.x + e * kThreads;
         return make_int2(idx / kVecPerRow, idx % kVecPerRow);
@@ -444,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int f = 0; f < KSW; ++f) {
       uint32_t af[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], xt_lane + mt * 16 * LDX * ES + (kquarter * KSW + f) * 32);
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], xt_lane + mt * 16 * LDX * ES + (kpart * KSW + f) * 32);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         if constexpr (kX3) {
@@ -482,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             uint32_t af[4];
-            ldmatrix_x4(af, xt_lane + mt * 16 * LDX * ES + (kquarter * KSW + f) * 32);
+            ldmatrix_x4(af, xt_lane + mt * 16 * LDX * ES + (kpart * KSW + f) * 32);
 #pragma unroll
             for (int e = 0; e < 4; ++e) af[e] = isfinite(__uint_as_float(af[e])) ? 0u : to_tf32(__uint_as_float(af[e]));
 #pragma unroll
@@ -539,7 +551,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();  // the own block's partials
-    mbarrier_wait_guarded(shared_address(&bars[s & 1]), (s >> 1) & 1, static_cast<unsigned>(s));  // the partner's
+    if constexpr (!kWholeK) {
+      mbarrier_wait_guarded(shared_address(&bars[s & 1]), (s >> 1) & 1, static_cast<unsigned>(s));  // the partner's
+    }
     trace.mark(4);
 
     // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
@@ -670,6 +684,35 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       (kTraining && (!aligned(args.gates, pair_bytes) || !aligned(args.cells, pair_bytes)))) {
     return false;
   }
+  // One instance's launch: its geometry from its layout; false where it does not fit.
+  auto launch_instance = [&](auto mt_c, auto hc_c, auto whole_k_c) {
+    constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
+    constexpr bool kWholeK = decltype(whole_k_c)::value;
+    auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps, kWholeK>;
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    if (!ptx_at_least(fn, 90)) return false;
+    using L = ClusterForwardLayout<ClusterOperandType<scalar_t, kOps>, MT, HC, kWholeK>;
+    Geometry& g = args.g;
+    g = Geometry{};
+    g.T = static_cast<int>(s.T);
+    g.B = static_cast<int>(s.B);
+    g.H = g.Hp = HC;
+    g.U = HC / 64;  // units per cluster
+    g.nblocks = kClusterForwardBlocks;
+    g.cl = 2;
+    g.nch = 1;
+    g.row_words = L::kRowWords;
+    g.off_part = static_cast<int>(align16(L::kTileBytes));
+    // After the two mbarriers (and kHalf's row scales).
+    g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0)));
+    g.smem = g.off_w + L::kWsmBytes;
+    if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
+    // The exchange: kClusterBuffers buffers of h ([B][kRowWords] 32-bit words each), poisoned,
+    // then the kClusterForwardBlocks step flags.
+    const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
+    return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
+                                static_cast<size_t>(h_words) * 4);
+  };
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
     if constexpr (kFloat && !kHalf && HC > 512 && (kX3 || MT > 2)) {
@@ -678,30 +721,12 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       return false;
     } else {
       if (s.H != HC || (s.B > 32 ? 4 : s.B > 16 ? 2 : 1) != MT) return false;
-      auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps>;
-      const void* fn = reinterpret_cast<const void*>(kernel);
-      if (!ptx_at_least(fn, 90)) return false;
-      using L = ClusterForwardLayout<ClusterOperandType<scalar_t, kOps>, MT, HC>;
-      Geometry& g = args.g;
-      g = Geometry{};
-      g.T = static_cast<int>(s.T);
-      g.B = static_cast<int>(s.B);
-      g.H = g.Hp = HC;
-      g.U = HC / 64;  // units per cluster
-      g.nblocks = kClusterForwardBlocks;
-      g.cl = 2;
-      g.nch = 1;
-      g.row_words = L::kRowWords;
-      g.off_part = static_cast<int>(align16(L::kTileBytes));
-      // After the two mbarriers (and kHalf's row scales).
-      g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0)));
-      g.smem = g.off_w + L::kWsmBytes;
-      if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
-      // The exchange: kClusterBuffers buffers of h ([B][kRowWords] 32-bit words each), poisoned,
-      // then the kClusterForwardBlocks step flags.
-      const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
-      return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
-                                  static_cast<size_t>(h_words) * 4);
+      // All of K in each block (16-bit operands, one m16 tile, H = 1024) where cluster_whole_k
+      // asks for it.
+      if constexpr (MT == 1 && HC == 1024 && (kOps == ClusterOperands::kSixteenBit || kHalf)) {
+        if (cluster_whole_k()) return launch_instance(mt_c, hc_c, std::true_type{});
+      }
+      return launch_instance(mt_c, hc_c, std::false_type{});
     }
   };
   auto try_tiles = [&](auto hc_c) {  // 1, 2 or 4 m16 tiles of rows
