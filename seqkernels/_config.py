@@ -57,7 +57,7 @@ CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF = 1024  # kPersistentMaxForwardHiddenHal
 # on scaled fp16 operands) or kClusterForwardMinBatchOneTileTf32 (TF32 operands) to B = 16 (one m16
 # tile), where the direct kernel runs otherwise
 CUDA_CLUSTER_FORWARD_MAX_BATCH = 64
-CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 6
+CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE = 2
 CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32 = 8
 CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
 CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
@@ -66,6 +66,10 @@ CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 # cluster_polls_data, csrc/cuda/lstm_persistent.cuh: up to this B the cluster kernel polls h_{t-1}'s
 # poisoned words without waiting for the step flags first
 CUDA_CLUSTER_POLL_DATA_MAX_BATCH = 16
+# cluster_whole_k, csrc/cuda/lstm_persistent.cuh: up to this B the cluster kernel's one-m16-tile
+# instances on 16-bit operands (H = 1024) multiply all of K in each block (no partial sums between
+# the pair); SEQKERNELS_LSTM_CLUSTER_WHOLE_K=0 never, =1 at any B (diagnostic)
+CUDA_CLUSTER_WHOLE_K_MAX_BATCH = 8
 # one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxRows
 # at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows,
 # all resident at once: the occupancy API's answer at launch)
@@ -224,6 +228,14 @@ def cluster_half_products() -> bool:
     return os.environ.get("SEQKERNELS_LSTM_CLUSTER_HALF", "") != "0"
 
 
+def cluster_whole_k(batch: int) -> bool:
+    """cluster_whole_k (csrc/cuda/lstm_persistent.cuh): whether the cluster forward kernel's
+    one-m16-tile instances on 16-bit operands multiply all of K in each block
+    (SEQKERNELS_LSTM_CLUSTER_WHOLE_K, diagnostic: "0" never, set otherwise at any B)."""
+    setting = os.environ.get("SEQKERNELS_LSTM_CLUSTER_WHOLE_K", "")
+    return setting != "0" if setting else batch <= CUDA_CLUSTER_WHOLE_K_MAX_BATCH
+
+
 def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
     """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) at B > 16: why the forward's cluster
     kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None. 16-bit
@@ -271,6 +283,8 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     if clusters and hidden == 1024 and batch >= min_batch:
         polls = (f"; at B <= {CUDA_CLUSTER_POLL_DATA_MAX_BATCH} it polls h_{{t-1}} itself, not the step flags"
                  if batch <= CUDA_CLUSTER_POLL_DATA_MAX_BATCH else "")
+        if sixteen and cluster_whole_k(batch):
+            polls += "; each block multiplies all of K (no partial sums between the pair)"
         return (f"the cluster forward kernel in one m16 tile: H = 1024 and B >= {min_batch}, equal batch sizes, "
                 f"sm_90 with >= 128 SMs{polls}")
     return "the direct forward kernel"

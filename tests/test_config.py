@@ -294,8 +294,15 @@ _CLI_CHOICES = [
      ["forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one",
       "at B <= 16 it polls h_{t-1} itself, not the step flags)"], []),
     (["--batch", "8", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 6, equal batch sizes, sm_90 with >= 128 "
-      "SMs; at B <= 16 it polls h_{t-1} itself, not the step flags)"], []),
+     ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2, equal batch sizes, sm_90 with >= 128 "
+      "SMs; at B <= 16 it polls h_{t-1} itself, not the step flags; each block multiplies all of K (no partial "
+      "sums between the pair))"], []),
+    (["--batch", "9", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
+     ["at B <= 16 it polls h_{t-1} itself, not the step flags)"], ["all of K"]),
+    (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
+     ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "all of K"], []),
+    (["--batch", "1", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
+     ["forward: persistent (auto: B = 1 <= 16 and H = 1024 <= 1024 (the direct forward kernel)"], []),
     (["--batch", "32", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["the cluster forward kernel"], ["polls h_{t-1} itself"]),
     (["--batch", "8", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
@@ -307,10 +314,11 @@ _CLI_CHOICES = [
     (["--batch", "8", "--hidden", "640", "--dtype", "float16", "--device", "cuda"],
      ["backward (training): persistent", "(the split backward kernel in clusters)"], ["one-cluster backward"]),
     (["--batch", "5", "--hidden", "1024", "--dtype", "float16", "--device", "cuda"],
-     ["forward: persistent (auto: B = 5 <= 16 and H = 1024 <= 1024 (the direct forward kernel)"], []),
-    (["--batch", "6", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["KiB (the cluster forward kernel in one m16 tile: H = 1024 and B >= 6"], []),
-    (["--batch", "5", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
+     ["forward: persistent (auto: B = 5 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one m16 tile"],
+     []),
+    (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
+     ["KiB (the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"], []),
+    (["--batch", "1", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["KiB (the direct forward kernel)"], []),
 ]
 

@@ -397,7 +397,7 @@ def test_direct_forward_polling_instance_follows_batch(monkeypatch, precision_na
     """The direct forward kernel's polling instance (its last template argument, chosen by A/Bs
     on an H200): row gq branch-free at B <= 8 (1), rows gq and gq + 8 branch-free above (2),
     except 16-bit exchanges (16-bit types, and float32 with TF32 on scaled fp16 operands) at H > 768
-    from B = 6: the per-word loop (0). (Not the cluster kernel, which takes H = 1024 from B = 6 in
+    from B = 6: the per-word loop (0). (Not the cluster kernel, which takes H = 1024 from B = 2 in
     16-bit types and TF32.)"""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")
@@ -527,7 +527,7 @@ def test_direct_forward_tf32_operands(monkeypatch, half, batch_sizes, H, reverse
     on TF32 operands: which ran, and the outputs and every gradient of a packed input (reversed:
     rows that start late read h0) against the float64 reference within TF32's bound."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")  # (it takes H = 1024 from B = 6)
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "0")  # (it takes H = 1024 from B = 2)
     if not half:
         monkeypatch.setenv("SEQKERNELS_LSTM_DIRECT_HALF", "0")
     with _Precision("tf32"):
@@ -1026,13 +1026,13 @@ def test_one_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B):
 
 # (precision, B, H, reverse, bias): the one-m16-tile instances (B <= 16), forced at every H and
 # type (float32 with TF32 at H = 1024: half of W_hh's slice in shared memory); at H = 1024 from
-# B = 6 (bf16 / fp16, and TF32 on scaled fp16 operands) without forcing.
+# B = 2 (bf16 / fp16, and TF32 on scaled fp16 operands) without forcing.
 _CLUSTER_FORWARD_FORCED_CASES = [
     ("bfloat16", 16, 1024, False, True), ("float16", 12, 1024, True, False), ("bfloat16", 1, 512, True, True),
     ("float16", 7, 256, False, True), ("tf32", 16, 512, True, True), ("tf32", 3, 256, False, True),
     ("float32", 16, 256, False, True), ("float32", 9, 512, True, True),
     ("tf32", 16, 1024, False, True), ("tf32", 7, 1024, True, False), ("tf32", 8, 1024, False, True),
-    ("bfloat16", 6, 1024, True, True), ("float16", 5, 1024, False, True),
+    ("bfloat16", 6, 1024, True, True), ("float16", 5, 1024, False, True), ("bfloat16", 1, 1024, False, True),
 ]
 
 
@@ -1042,13 +1042,13 @@ def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B
     """The cluster kernel's one-m16-tile instances at B <= 16 (rows B..15 of the tile zero),
     forced with SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=1: which kernel ran, and the outputs and
     every gradient against the float64 reference. Unset, it runs only at H = 1024, 16-bit types
-    and TF32 (on scaled fp16 operands) from B = 6 (the direct kernel elsewhere at B <= 16)."""
+    and TF32 (on scaled fp16 operands) from B = 2 (the direct kernel elsewhere at B <= 16)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
         run()
-        auto = H == 1024 and B >= {"bfloat16": 6, "float16": 6, "tf32": 6}.get(precision_name, 17)
+        auto = H == 1024 and B >= {"bfloat16": 2, "float16": 2, "tf32": 2}.get(precision_name, 17)
         assert ("cluster" in _persistent_variants(run, "forward", "cluster")) == auto
         monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
         assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
@@ -1092,13 +1092,13 @@ def _cluster_whole_k(fn) -> set[bool]:
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
                                                       ("tf32", 12, False), ("bfloat16", 1, True)])
 def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
-    """SEQKERNELS_LSTM_CLUSTER_WHOLE_K=1 (diagnostic): the cluster kernel's instances at H = 1024 in
-    one m16 tile (16-bit operands: bf16, fp16, float32 with TF32 on scaled fp16 operands) multiply
-    all of K in each block, which then reads all of h_{t-1} and sends no partial sums to its partner:
-    which instance ran (unset, the K halves), and 67 steps (the four buffers of h cycled 16 times)
-    against the float64 reference, outputs and every gradient, with the step flags of all 128
-    producers waited for first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words
-    polled (=1)."""
+    """The cluster kernel's instances at H = 1024 in one m16 tile on 16-bit operands (bf16, fp16,
+    float32 with TF32 on scaled fp16 operands) multiply all of K in each block at B <= 8 (each block
+    then reads all of h_{t-1} and sends no partial sums to its partner), K halves above;
+    SEQKERNELS_LSTM_CLUSTER_WHOLE_K (diagnostic) "0" never, "1" at any B: which instance ran, and
+    with whole K 67 steps (the four buffers of h cycled 16 times) against the float64 reference,
+    outputs and every gradient, with the step flags of all 128 producers waited for first
+    (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
@@ -1106,6 +1106,8 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
     with _Precision(precision_name):
         run = _train_call(DTYPE[precision_name], B, 1024, T=3)
         run()
+        assert _cluster_whole_k(run) == {B <= 8}
+        monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_WHOLE_K", "0")
         assert _cluster_whole_k(run) == {False}
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_WHOLE_K", "1")
         assert _cluster_whole_k(run) == {True}

@@ -61,11 +61,17 @@ inline bool direct_half_products() { return switch_on("SEQKERNELS_LSTM_DIRECT_HA
 
 // Whether the cluster forward kernel's 16-bit-operand instances at H = 1024 in one m16 tile (B <= 16)
 // multiply all of K in each block (kWholeK: every block reads all of h_{t-1}, twice the bytes, and
-// no partial sums cross between the pair) instead of a K half each.
-// SEQKERNELS_LSTM_CLUSTER_WHOLE_K (diagnostic): set and not "0", whole K; else K halves.
-inline bool cluster_whole_k() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_CLUSTER_WHOLE_K");
-  return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
+// no partial sums cross between the pair) instead of a K half each: up to kClusterWholeKMaxBatch.
+// One build on an H200 (2026-11-28, `infer`, T = 256, CUDA-graph replays, ms, K halves / whole K):
+// bf16 B = 6 / 8 / 12 / 16 0.650-0.657 / 0.574, 0.662-0.668 / 0.603-0.605, 0.678-0.679 /
+// 0.687-0.699, 0.701-0.709 / 0.714-0.715; float32 with TF32 (scaled fp16 operands) B = 8 / 16
+// 0.691-0.702 / 0.668-0.671, 0.758-0.766 / 0.775-0.776. Trace, bf16 B = 8 (cycles a step): the
+// exchange 1096 -> 73, the wait and gather 1660 -> 2425; at B = 16 the gather grows by 1114.
+// SEQKERNELS_LSTM_CLUSTER_WHOLE_K (diagnostic): "0" never, set otherwise at any B <= 16.
+constexpr int64_t kClusterWholeKMaxBatch = 8;
+inline bool cluster_whole_k(int64_t batch) {
+  const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_WHOLE_K");
+  return mode == 1 || (mode == -1 && batch <= kClusterWholeKMaxBatch);
 }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
@@ -106,7 +112,13 @@ inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count,
 // against TF32 operands in the cluster kernel, B = 8 / 16 / 32, H = 1024 0.80 / 0.94, 0.90 / 1.05,
 // 1.35 / 1.60; B = 64, H = 1024 2.28 against the cuBLAS loop's 2.96 (no TF32-operand instance), and
 // 3-19 % less at B = 17-64, H = 256 / 512 (docs/benchmarks.md).
-constexpr int64_t kClusterForwardMinBatchOneTile = 6;
+// With the whole-K instances (cluster_whole_k, below) the cluster kernel wins from B = 2 (2026-11-28,
+// one build, the same method, direct / cluster whole K forced): bf16 B = 1 / 2 / 3 / 4 / 5
+// 0.487-0.497 / 0.505-0.512, 0.526-0.528 / 0.521-0.528 (a tie), 0.598-0.599 / 0.518-0.522,
+// 0.805-0.830 / 0.560-0.567, 0.698-0.702 / 0.572-0.575; float32 with TF32 0.500 / 0.530-0.539,
+// 0.634-0.638 / 0.574, 0.654-0.655 / 0.598-0.602, 0.724-0.730 / 0.615-0.620, 0.781-0.785 /
+// 0.631-0.634 (fp16 not measured: the bf16 instances' code on fp16 operands).
+constexpr int64_t kClusterForwardMinBatchOneTile = 2;
 constexpr int64_t kClusterForwardMinBatchOneTileTf32 = 8;
 inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
   // (cluster_forward_fits has no float32 H = 1024 instance without TF32.)

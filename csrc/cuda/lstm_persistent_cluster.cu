@@ -57,6 +57,15 @@ namespace {
 // its scale becomes an fp16 subnormal: absolute error <= 2^-25 of the scale, as TF32 rounding
 // gives a value of that size. h then travels in 2 bytes a unit and the W_hh slice and A tile are
 // the 16-bit kernel's, so B up to 64 fits at H = 1024.
+// Whole K (kWholeK; 16-bit operands, H = 1024, one m16 tile; cluster_whole_k: B <= 8). Each block
+// multiplies all of K for its own UO units: its 8 warps take K eighths of the same 4 UO columns
+// (the same 8 k-steps and 4 n8 tiles per warp as the K halves), the 8 partials of a column meet
+// in the block's own shared memory, and nothing crosses to the partner (no st.async, no mbarrier
+// wait). The price: every block reads all of h_{t-1}, twice the bytes. Trace, bf16 `infer`, cycles a
+// step, K halves / whole K: B = 8 4005 / 3750 (exchange 1096 / 73, wait and gather 1660 / 2425),
+// B = 16 4214 / 4322 (the gather 1867 / 2981): it wins up to B = 8 and loses from B = 12.
+// (Halving the st.async transactions instead, one 16-byte store a lane after a shuffle pair, made
+// the exchange 70 cycles slower: 1149 -> 1220 at B = 16. The exchange is latency, not bytes.)
 // Limits: H in {256, 512, 1024} (HC, a template argument: every index is a constant), equal
 // batch sizes at every step (no ragged PackedSequence), sm_90 (clusters). 128 blocks in
 // clusters of two fit an H200 at one block per SM (the occupancy API: 66 clusters); in
@@ -724,7 +733,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       // All of K in each block (16-bit operands, one m16 tile, H = 1024) where cluster_whole_k
       // asks for it.
       if constexpr (MT == 1 && HC == 1024 && (kOps == ClusterOperands::kSixteenBit || kHalf)) {
-        if (cluster_whole_k()) return launch_instance(mt_c, hc_c, std::true_type{});
+        if (cluster_whole_k(s.B)) return launch_instance(mt_c, hc_c, std::true_type{});
       }
       return launch_instance(mt_c, hc_c, std::false_type{});
     }
