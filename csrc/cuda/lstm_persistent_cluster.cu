@@ -42,7 +42,7 @@ namespace {
 // TF32 B = 32, H = 1024 1.703 / 1.599, B = 64, H = 512 1.546 / 1.494.
 // Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
 // x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles (MT = 1
-// at B <= 16, where it takes only H = 1024, 16-bit from B = 6 and TF32 from B = 8:
+// at B <= 16, where it takes only H = 1024, 16-bit from B = 2 and TF32 from B = 8:
 // cluster_forward_applies).
 // float32: with TF32, m16n8k8 on TF32 operands, h exchanged as TF32 values; without it (kX3), h
 // exchanged whole and each product as three TF32 MMAs on split operands (W_hh's two parts
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // fragments stay live).
       constexpr int kVecUnits = 16 / ES, kVecPerRow = KQ / kVecUnits, kVecs = ROWS * kVecPerRow / kThreads;
       const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + (kWholeK ? 0 : rank * (KQ * ES / 4));
-      auto word_of = [&](int e) {  // batch element e's row and 16-byte word of the K half
+      auto word_of = [&](int e) {  // batch element e's row and 16-byte word of the K range
         const int idx = threadIdx.x + e * kThreads;
         return make_int2(idx / kVecPerRow, idx % kVecPerRow);
       };
