@@ -928,15 +928,20 @@ _ONE_CLUSTER_CASES = [
 ]
 
 
-def _one_cluster_split_k(fn) -> set[bool]:
-    """The kSplitK template argument (the last) of the one-cluster kernels that ran in fn()."""
+def _last_bool_argument(fn, kernel: str) -> set[bool]:
+    """The last template argument (true / false) of the `kernel` instances that ran in fn()."""
     found = set()
     for n in kernel_names(fn):
-        if "lstm_persistent_forward_one_cluster_kernel" in n:
-            m = re.search(r"one_cluster_kernel<[^>]*, (true|false)>", n)
+        if kernel + "<" in n:
+            m = re.search(re.escape(kernel) + r"<[^>]*, (true|false)>", n)
             assert m, n
             found.add(m.group(1) == "true")
     return found
+
+
+def _one_cluster_split_k(fn) -> set[bool]:
+    """The kSplitK template argument (the last) of the one-cluster kernels that ran in fn()."""
+    return _last_bool_argument(fn, "lstm_persistent_forward_one_cluster_kernel")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1078,13 +1083,7 @@ def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_
 
 def _cluster_whole_k(fn) -> set[bool]:
     """The kWholeK template argument (the last) of the cluster forward kernels that ran in fn()."""
-    found = set()
-    for n in kernel_names(fn):
-        if "lstm_persistent_forward_cluster_kernel" in n:
-            m = re.search(r"forward_cluster_kernel<[^>]*, (true|false)>", n)
-            assert m, n
-            found.add(m.group(1) == "true")
-    return found
+    return _last_bool_argument(fn, "lstm_persistent_forward_cluster_kernel")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
