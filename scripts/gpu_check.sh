@@ -38,8 +38,8 @@
 # arguments for bench_lstm.py, e.g. "--quick"), GPU_CHECK_TESTS (the pytest targets of the first
 # test step, default tests/; e.g. tests/test_convrnn.py for a ConvRNN-only run), GPU_CHECK_TESTS_CAP (its
 # time box in seconds, default 300), GPU_CHECK_BUILD_CAP (the build's time box in seconds, default 330:
-# cold builds on H200 hosts took 203-243 s on 2026-11-28, and one over the former 240 s box left nothing
-# to test), OUT.
+# cold builds on H200 hosts took 203-243 s on 2026-11-28 with the persistent loop in one file, and one
+# over the former 240 s box left nothing to test; 137-143 s cold since it is four units), OUT.
 set -u
 export PYTHONUNBUFFERED=1
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
