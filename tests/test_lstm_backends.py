@@ -1115,6 +1115,42 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+# Until the row-split kernel has run on a GPU (it was compile-checked only, 2026-11-28), this test
+# runs only where asked for, alone: a kernel that traps on its spin guard would leave the CUDA
+# context unusable for every later test of the process.
+@pytest.mark.skipif(os.environ.get("SEQKERNELS_TEST_ROW_SPLIT") != "1",
+                    reason="the row-split kernel is not yet verified on a GPU: run this test alone with "
+                           "SEQKERNELS_TEST_ROW_SPLIT=1")
+@pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
+@pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
+                                                      ("bfloat16", 5, False), ("bfloat16", 1, True)])
+def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
+    """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=1 (diagnostic): at H = 1024, B <= 16 the 16-bit types'
+    cluster forward runs the row-split kernel (each block of a pair takes half of the batch rows,
+    an odd B leaving one row fewer to block 1 and B = 1 none, for all of K and all of the cluster's
+    units; W_hh as the MMA's A operand): which kernel ran (unset, not it), and 67 steps (the four
+    buffers of h cycled 16 times) against the float64 reference, outputs and every gradient, with
+    the step flags of the producers of the block's rows waited for first
+    (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
+    monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", raising=False)
+
+    def row_split(run) -> bool:
+        return any("lstm_persistent_forward_row_split_kernel" in n for n in kernel_names(run))
+
+    with _Precision(precision_name):
+        run = _train_call(DTYPE[precision_name], B, 1024, T=3)
+        run()
+        assert not row_split(run)
+        monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "1")
+        assert row_split(run)
+        compare_layer([B] * 67, 5, 1024, reverse=reverse, bias=True, precision=precision_name, seed=67 + B,
+                      what="row-split forward, 67 steps")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
     """float32 without TF32 on the cluster kernel: an inf in h0 reaches the first step's
     pre-activations as a float32 GEMM gives it (the row's gates saturate, its outputs stay

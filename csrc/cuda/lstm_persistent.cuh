@@ -74,6 +74,13 @@ inline bool cluster_whole_k(int64_t batch) {
   return mode == 1 || (mode == -1 && batch <= kClusterWholeKMaxBatch);
 }
 
+// Whether the cluster forward kernel's calls at H = 1024, B <= 16 on 16-bit types run the row-split
+// kernel instead (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K
+// and all of the cluster's units, nothing exchanged between the pair).
+// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): set and not "0", the row-split kernel; unset, never.
+// Compile-checked only (2026-11-28): not yet run on a GPU.
+inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") == 1; }
+
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
   if (elem_size != 4) return ClusterOperands::kSixteenBit;

@@ -664,6 +664,303 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ---------------------------------------------------------------------------------------
+// Forward kernel in clusters of two blocks, the batch rows split between the pair (row split;
+// 16-bit types, H = 1024, B <= 16; SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT, a diagnostic)
+// ---------------------------------------------------------------------------------------
+// The K halves exchange partial sums between the pair after the product (~1100 cycles a step at
+// bf16 B = 8 / 16, H = 1024); whole K removes that but doubles the bytes each block gathers
+// (~1100 cycles more at B = 16). Here block r of cluster c takes batch rows [r RB, r RB + RB)
+// (RB = ceil(B / 2)) for all 16 units of the cluster and all of K: it gathers only its own rows
+// of h_{t-1} (K halves' bytes, from the rank-r blocks that produce them) and nothing crosses
+// between the pair. The MMA's roles swap: W_hh's 64 gate rows of the cluster (gate q = m16 tile
+// q) are the A operand, h_{t-1}'s rows the n8 B operand (ldmatrix of the row tile, no transpose),
+// so a block of 8 rows wastes no tile rows. The price is W_hh: the block holds the cluster's whole
+// [64, H] slice, 128 KB, twice the K halves' slice: each warp's K eighth (8 k-steps x 4 m16 tiles)
+// keeps k-steps 0..3 in registers and 4..7 in shared memory, read every step.
+// Warps: 8 K eighths; the 8 partials of a (gate row, batch row) meet in shared memory in a fixed
+// order (deterministic), then 64 threads apply the cell to a unit pair of one row each.
+// The exchange and its poison are the cluster kernel's (the same buffers, flags and argument:
+// a block's readers are the rank-r blocks, which it reads from in turn).
+constexpr int kRowSplitKSteps = 8;     // k16 steps per warp (K = 1024 in eighths)
+constexpr int kRowSplitRegKSteps = 4;  // of them with W_hh's A fragments in registers
+constexpr int kRowSplitLdu = 20;       // row stride (floats) of the partials: conflict-free stores
+
+template <class scalar_t, int HC>
+struct RowSplitLayout {
+  static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8, LDX = HC + 16 / ES;
+  static constexpr int KSR = kRowSplitRegKSteps, KSS = kRowSplitKSteps - KSR;
+  static constexpr int kRowWords = HC * ES / 4;
+  // Shared memory: the row tile [8][LDX], the partials [warp][gate][row][kRowSplitLdu], W_hh's
+  // k-steps KSR.. as A fragments [warp][gate][k-step][lane] (uint4).
+  static constexpr int kTileBytes = ROWS * LDX * ES;
+  static constexpr int kPartialBytes = kWarps * 4 * ROWS * kRowSplitLdu * 4;
+  static constexpr int kWsmBytes = kWarps * 4 * KSS * 32 * 16;
+};
+
+template <class scalar_t, bool kTraining, int HC>
+__global__ void __launch_bounds__(kThreads, 1)
+    lstm_persistent_forward_row_split_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using acc_t = float;
+  using Math = CudaMath;
+  using L = RowSplitLayout<scalar_t, HC>;
+  constexpr int H = HC, UC = L::UC, LDX = L::LDX, ES = L::ES, KSR = L::KSR, KSS = L::KSS;
+  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu;
+  static_assert(UC == 16 && HC / kWarps == kRowSplitKSteps * 16, "row-split kernel: H = 1024");
+  const Geometry& g = a.g;
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);                     // [8][LDX]: this block's rows of h_{t-1}
+  float* const part = reinterpret_cast<float*>(smem + g.off_part);           // [warp][gate][row][LDU]
+  uint4* const wsm = reinterpret_cast<uint4*>(smem + g.off_w);               // [warp][gate][k-step - KSR][lane]
+  const int B = g.B, T = g.T;
+  const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int rows_per_block = (B + 1) / 2, row0 = rank * rows_per_block;
+  const int nrows = min(rows_per_block, B - row0);  // block-uniform
+  if (nrows <= 0) return;                           // B = 1: block 1 has no rows (nothing reads from it)
+
+  // Rows >= nrows of the tile stay zero (finite) for the whole sequence.
+  for (int i = threadIdx.x; i < L::kTileBytes / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
+
+  // A fragments of gate q's m16 tile (rows: units cluster * UC + 0..15), k-step f of K eighth
+  // `warp`: a0 = A[gq][2tq, 2tq + 1], a1 = A[gq + 8][..], a2 / a3 the same at k + 8.
+  uint32_t afr[4][KSR][4];
+  uint4* const wsm_warp = wsm + warp * (4 * KSS * 32) + lane;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const scalar_t* w0 = a.w_hh + static_cast<int64_t>(q * H + cluster * UC + gq) * H;
+    const scalar_t* w8 = w0 + static_cast<int64_t>(8) * H;
+#pragma unroll
+    for (int f = 0; f < kRowSplitKSteps; ++f) {
+      const int k0 = (warp * kRowSplitKSteps + f) * 16 + 2 * tq;
+      const uint4 fr = make_uint4(pack2(w0[k0], w0[k0 + 1]), pack2(w8[k0], w8[k0 + 1]), pack2(w0[k0 + 8], w0[k0 + 9]),
+                                  pack2(w8[k0 + 8], w8[k0 + 9]));
+      if (f < KSR) {
+        afr[q][f < KSR ? f : 0][0] = fr.x;
+        afr[q][f < KSR ? f : 0][1] = fr.y;
+        afr[q][f < KSR ? f : 0][2] = fr.z;
+        afr[q][f < KSR ? f : 0][3] = fr.w;
+      } else {
+        wsm_warp[(q * KSS + f - KSR) * 32] = fr;
+      }
+    }
+  }
+
+  // This thread's gate items: units j, j + 1 (pair `pair` of the cluster's 16) of batch row row0 + n.
+  const int pair = threadIdx.x % (UC / 2), n = threadIdx.x / (UC / 2);
+  const bool active = n < nrows;  // threads 0..63 at most
+  const int j = cluster * UC + 2 * pair, grow = row0 + n;
+  acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
+  scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      c_st[e] = static_cast<acc_t>(a.c0[grow * H + j + e]);
+      h_st[e] = a.h0[grow * H + j + e];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) bias_r[q][e] = bias_sum(a.b_ih, a.b_hh, q * H + j + e);
+    }
+  }
+  float2 pv[4] = {}, pv_next[4] = {};
+  auto prefetch = [&](int s, float2 (&dst)[4]) {
+    if (active) {
+      const int t = a.reverse ? T - 1 - s : s;
+      const acc_t* pr = a.pre + (static_cast<int64_t>(t) * B + grow) * (4 * H) + j;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+    }
+  };
+  prefetch(0, pv);
+
+  // ldmatrix.x4 of two k-steps' B fragments: lane l gives row l % 8 of the tile at k + 8 (l / 8).
+  const uint32_t xt_lane = shared_address(xt) + ((lane & 7) * LDX + (lane >> 3) * 8) * ES;
+  // This warp's partials: c0 / c1 (gate row gq, batch rows 2tq, 2tq + 1), c2 / c3 (gate row gq + 8).
+  float* const part_warp = part + warp * (4 * 8 * LDU);
+  const float* const own0 = part + n * LDU + 2 * pair;
+
+  const int64_t buf_words = static_cast<int64_t>(B) * kRowWords;
+  uint32_t* const hx = reinterpret_cast<uint32_t*>(a.xbuf);
+  uint32_t* const flags = hx + kClusterBuffers * buf_words;
+  PhaseTrace trace;
+  trace.start(a.trace);
+  for (int s = 0; s < T; ++s) {
+    const int t = a.reverse ? T - 1 - s : s;
+    // 1. The row tile: this block's rows of h_{t-1} (h0 at the first step).
+    if (s == 0) {
+      constexpr int per_row = H / 4;  // chunks of 4 elements
+      for (int i = threadIdx.x; i < nrows * per_row; i += kThreads) {
+        const int r = i / per_row, c = (i - r * per_row) * 4;
+        *reinterpret_cast<uint2*>(xt + r * LDX + c) =
+            *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(row0 + r) * H + c);
+      }
+    } else {
+      // The producers of these rows are the rank-r blocks (blocks 2 i + rank): warp 0 waits for
+      // their step flags unless a.poll_data (then the poisoned words are polled themselves).
+      if (warp == 0 && !a.poll_data) {
+        const uint32_t* fl = flags + 2 * lane + rank;
+        const long long t0 = clock64();
+        while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s) || ld_relaxed_u32(fl + 64) < static_cast<uint32_t>(s)) {
+          check_spin_timeout(t0, static_cast<unsigned>(s));
+        }
+      }
+      __syncthreads();
+      // 16-byte words (8 units): 128 a row, at most 4 a thread, re-read together while poisoned.
+      constexpr int kVecPerRow = H * ES / 16, kVecs = 8 * kVecPerRow / kThreads;
+      const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
+      auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
+        const int idx = threadIdx.x + e * kThreads;
+        return make_int2(idx / kVecPerRow, idx % kVecPerRow);
+      };
+      uint4 v[kVecs];
+      unsigned pending = 0;
+#pragma unroll
+      for (int e = 0; e < kVecs; ++e) {
+        const int2 rw = word_of(e);
+        if (rw.x < nrows) {
+          v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+          if (poisoned(v[e])) pending |= 1u << e;
+        }
+      }
+      if (pending != 0) {
+        const long long t0 = clock64();
+        while (true) {
+#pragma unroll
+          for (int e = 0; e < kVecs; ++e) {
+            const int2 rw = word_of(e);
+            if (pending & (1u << e)) v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+          }
+#pragma unroll
+          for (int e = 0; e < kVecs; ++e) {
+            if ((pending & (1u << e)) && !poisoned(v[e])) pending &= ~(1u << e);
+          }
+          if (pending == 0) break;
+          check_spin_timeout(t0, static_cast<unsigned>(s));
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kVecs; ++e) {
+        const int2 rw = word_of(e);
+        if (rw.x < nrows) *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * 8) = v[e];
+      }
+    }
+    if (s + 1 < T) prefetch(s + 1, pv_next);
+    __syncthreads();
+    trace.mark(0);
+
+    // 2. This warp's K eighth: acc[q] = W_hh's gate-q rows x this block's rows.
+    float acc[4][4] = {};
+#pragma unroll
+    for (int f = 0; f < kRowSplitKSteps; f += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, xt_lane + (warp * kRowSplitKSteps + f) * 16 * ES);
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int ff = f + h2;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (ff < KSR) {
+            MmaInst<scalar_t>::run(acc[q], afr[q][ff < KSR ? ff : 0], b[2 * h2], b[2 * h2 + 1]);
+          } else {
+            const uint4 w = wsm_warp[(q * KSS + ff - KSR) * 32];
+            const uint32_t af[4] = {w.x, w.y, w.z, w.w};
+            MmaInst<scalar_t>::run(acc[q], af, b[2 * h2], b[2 * h2 + 1]);
+          }
+        }
+      }
+    }
+    trace.mark(1);
+    // The partials: gate row (unit) gq / gq + 8, batch rows 2tq / 2tq + 1. The last step's gate math
+    // read them before this step's gather barrier.
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float* pq = part_warp + q * (8 * LDU) + 2 * tq * LDU + gq;
+      pq[0] = acc[q][0];
+      pq[LDU] = acc[q][1];
+      pq[8] = acc[q][2];
+      pq[LDU + 8] = acc[q][3];
+    }
+    __syncthreads();
+    trace.mark(4);
+
+    // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
+    scalar_t h[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
+    acc_t act_r[2][4], c_new[2];
+    if (active) {
+      acc_t pq[4][2];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float2 v[kWarps];
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (8 * LDU));
+#pragma unroll
+        for (int w = 1; w < kWarps; w *= 2) {
+#pragma unroll
+          for (int sl = 0; sl + w < kWarps; sl += 2 * w) {
+            v[sl].x += v[sl + w].x;
+            v[sl].y += v[sl + w].y;
+          }
+        }
+        pq[q][0] = pv[q].x + bias_r[q][0] + v[0].x;
+        pq[q][1] = pv[q].y + bias_r[q][1] + v[0].y;
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const LstmGates<acc_t> pre_g{pq[0][e], pq[1][e], pq[2][e], pq[3][e]};
+        LstmGates<acc_t> act;
+        acc_t m;
+        lstm_cell_forward<Math>(pre_g, c_st[e], act, c_new[e], m);
+        c_st[e] = c_new[e];
+        h[e] = static_cast<scalar_t>(m);
+        h_st[e] = h[e];
+        act_r[e][0] = act.i;
+        act_r[e][1] = act.f;
+        act_r[e][2] = act.g;
+        act_r[e][3] = act.o;
+      }
+    }
+    trace.mark(2);
+    // 4. Publish h_t (flag s + 1) and poison step s + 2's words (the cluster kernel's protocol,
+    // among the rank-r blocks), then the outputs.
+    if (s + 1 < T) {
+      const int64_t at = static_cast<int64_t>(grow) * kRowWords + j * ES / 4;
+      if (active) {
+        st_relaxed_u32(hx + (s % kClusterBuffers) * buf_words + at, unpoisoned(pack2(h[0], h[1])));
+        st_relaxed_u32(hx + ((s + 2) % kClusterBuffers) * buf_words + at, kClusterPoison);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
+      if (threadIdx.x == kThreads - 32) __threadfence();
+    }
+    if (active) {
+      const int64_t row = static_cast<int64_t>(t) * B + grow;
+      store_pair(a.y + row * H + j, h[0], h[1]);
+      if constexpr (kTraining) {
+        scalar_t* gr = a.gates + row * (4 * H) + j;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          store_pair(gr + q * H, static_cast<scalar_t>(act_r[0][q]), static_cast<scalar_t>(act_r[1][q]));
+        }
+        store_pair(a.cells + row * H + j, static_cast<scalar_t>(c_new[0]), static_cast<scalar_t>(c_new[1]));
+      }
+    }
+    trace.mark(3);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
+  }
+  report_trace(trace, kTraining ? "forward row split (training)" : "forward row split (inference)", g);
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      a.h_n[grow * H + j + e] = h_st[e];
+      a.c_n[grow * H + j + e] = c_st[e];
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
 }  // namespace
 
 // SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD (diagnostic): unset, the cluster forward kernel where
@@ -722,6 +1019,37 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
                                 static_cast<size_t>(h_words) * 4);
   };
+  // The row-split kernel (16-bit types, H = 1024, B <= 16) where cluster_row_split asks for it.
+  auto launch_row_split = [&]() {
+    if constexpr (kOps == ClusterOperands::kSixteenBit) {
+      constexpr int HC = 1024;
+      auto kernel = &lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, HC>;
+      const void* fn = reinterpret_cast<const void*>(kernel);
+      if (!ptx_at_least(fn, 90)) return false;
+      using L = RowSplitLayout<scalar_t, HC>;
+      Geometry& g = args.g;
+      g = Geometry{};
+      g.T = static_cast<int>(s.T);
+      g.B = static_cast<int>(s.B);
+      g.H = g.Hp = HC;
+      g.U = HC / 64;  // units per cluster
+      g.nblocks = kClusterForwardBlocks;
+      g.cl = 2;
+      g.nch = 1;
+      g.row_words = L::kRowWords;
+      g.off_part = static_cast<int>(align16(L::kTileBytes));
+      g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes));
+      g.smem = g.off_w + L::kWsmBytes;
+      if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
+      // The cluster kernel's exchange: kClusterBuffers buffers of h, poisoned, then the step flags.
+      const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
+      return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
+                                  static_cast<size_t>(h_words) * 4);
+    } else {
+      return false;
+    }
+  };
+  if (s.H == 1024 && s.B <= 16 && cluster_row_split() && launch_row_split()) return true;
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
     if constexpr (kFloat && !kHalf && HC > 512 && (kX3 || MT > 2)) {
