@@ -784,6 +784,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t* const flags = hx + kClusterBuffers * buf_words;
   PhaseTrace trace;
   trace.start(a.trace);
+  __syncthreads();  // the tile's zeros (and W_hh's fragments in shared memory) before h0's rows
   for (int s = 0; s < T; ++s) {
     const int t = a.reverse ? T - 1 - s : s;
     // 1. The row tile: this block's rows of h_{t-1} (h0 at the first step).
