@@ -166,6 +166,68 @@ __device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
 }
 
+// Helpers of the row-split kernel below. The cluster kernel keeps its own copies of these three
+// pieces inline: through the helpers its address arithmetic and register allocation change (78 and
+// 2 of its 88 instances' SASS, sass_compare), which would need a GPU to measure; fold them in when
+// it is next measured.
+// Re-reads a thread's poisoned 16-byte words of h_{t-1} (bit e of pending: word e, at
+// address_of(e)) together, one L2 round trip a round, until none is the poison.
+template <int kVecs, int N, class AddressOf>
+__device__ __forceinline__ void reread_poisoned(uint4 (&v)[N], unsigned pending, AddressOf address_of, unsigned step) {
+  if (pending == 0) return;
+  const long long t0 = clock64();
+  while (true) {
+#pragma unroll
+    for (int e = 0; e < kVecs; ++e) {
+      if (pending & (1u << e)) v[e] = ld_relaxed_v4(address_of(e));
+    }
+#pragma unroll
+    for (int e = 0; e < kVecs; ++e) {
+      if ((pending & (1u << e)) && !poisoned(v[e])) pending &= ~(1u << e);
+    }
+    if (pending == 0) break;
+    check_spin_timeout(t0, step);
+  }
+}
+
+// The cell of a thread's unit pair from its pre-activations pq[gate][unit]: c and h (h_st, the last
+// step's) updated, the activated gates and c_t kept for the training outputs.
+template <class Math, class scalar_t>
+__device__ __forceinline__ void unit_pair_cell(const float (&pq)[4][2], float (&c_st)[2], scalar_t (&h)[2],
+                                               scalar_t (&h_st)[2], float (&act_r)[2][4], float (&c_new)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const LstmGates<float> pre_g{pq[0][e], pq[1][e], pq[2][e], pq[3][e]};
+    LstmGates<float> act;
+    float m;
+    lstm_cell_forward<Math>(pre_g, c_st[e], act, c_new[e], m);
+    c_st[e] = c_new[e];
+    h[e] = static_cast<scalar_t>(m);
+    h_st[e] = h[e];
+    act_r[e][0] = act.i;
+    act_r[e][1] = act.f;
+    act_r[e][2] = act.g;
+    act_r[e][3] = act.o;
+  }
+}
+
+// A thread's unit pair's outputs at row `row` of the T·B rows: y, and in training the activated
+// gates and c_t.
+template <bool kTraining, class scalar_t>
+__device__ __forceinline__ void store_unit_pair_outputs(const FwdArgs<scalar_t>& a, int64_t row, int H, int j,
+                                                        const scalar_t (&h)[2], const float (&act_r)[2][4],
+                                                        const float (&c_new)[2]) {
+  store_pair(a.y + row * H + j, h[0], h[1]);
+  if constexpr (kTraining) {
+    scalar_t* gr = a.gates + row * (4 * H) + j;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      store_pair(gr + q * H, static_cast<scalar_t>(act_r[0][q]), static_cast<scalar_t>(act_r[1][q]));
+    }
+    store_pair(a.cells + row * H + j, static_cast<scalar_t>(c_new[0]), static_cast<scalar_t>(c_new[1]));
+  }
+}
+
 // The cluster forward kernel's MMA operand type: the dtype's, but fp16 for kHalfScaled.
 template <class scalar_t, ClusterOperands kOps>
 using ClusterOperandType = std::conditional_t<kOps == ClusterOperands::kHalfScaled, c10::Half, scalar_t>;
@@ -823,22 +885,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (poisoned(v[e])) pending |= 1u << e;
         }
       }
-      if (pending != 0) {
-        const long long t0 = clock64();
-        while (true) {
-#pragma unroll
-          for (int e = 0; e < kVecs; ++e) {
+      reread_poisoned<kVecs>(
+          v, pending,
+          [&](int e) {
             const int2 rw = word_of(e);
-            if (pending & (1u << e)) v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
-          }
-#pragma unroll
-          for (int e = 0; e < kVecs; ++e) {
-            if ((pending & (1u << e)) && !poisoned(v[e])) pending &= ~(1u << e);
-          }
-          if (pending == 0) break;
-          check_spin_timeout(t0, static_cast<unsigned>(s));
-        }
-      }
+            return src + rw.x * kRowWords + rw.y * 4;
+          },
+          static_cast<unsigned>(s));
 #pragma unroll
       for (int e = 0; e < kVecs; ++e) {
         const int2 rw = word_of(e);
@@ -905,20 +958,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         pq[q][0] = pv[q].x + bias_r[q][0] + v[0].x;
         pq[q][1] = pv[q].y + bias_r[q][1] + v[0].y;
       }
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const LstmGates<acc_t> pre_g{pq[0][e], pq[1][e], pq[2][e], pq[3][e]};
-        LstmGates<acc_t> act;
-        acc_t m;
-        lstm_cell_forward<Math>(pre_g, c_st[e], act, c_new[e], m);
-        c_st[e] = c_new[e];
-        h[e] = static_cast<scalar_t>(m);
-        h_st[e] = h[e];
-        act_r[e][0] = act.i;
-        act_r[e][1] = act.f;
-        act_r[e][2] = act.g;
-        act_r[e][3] = act.o;
-      }
+      unit_pair_cell<Math>(pq, c_st, h, h_st, act_r, c_new);
     }
     trace.mark(2);
     // 4. Publish h_t (flag s + 1) and poison step s + 2's words (the cluster kernel's protocol,
@@ -933,18 +973,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
       if (threadIdx.x == kThreads - 32) __threadfence();
     }
-    if (active) {
-      const int64_t row = static_cast<int64_t>(t) * B + grow;
-      store_pair(a.y + row * H + j, h[0], h[1]);
-      if constexpr (kTraining) {
-        scalar_t* gr = a.gates + row * (4 * H) + j;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          store_pair(gr + q * H, static_cast<scalar_t>(act_r[0][q]), static_cast<scalar_t>(act_r[1][q]));
-        }
-        store_pair(a.cells + row * H + j, static_cast<scalar_t>(c_new[0]), static_cast<scalar_t>(c_new[1]));
-      }
-    }
+    if (active) store_unit_pair_outputs<kTraining>(a, static_cast<int64_t>(t) * B + grow, H, j, h, act_r, c_new);
     trace.mark(3);
 #pragma unroll
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
