@@ -119,7 +119,7 @@ inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count,
 // against TF32 operands in the cluster kernel, B = 8 / 16 / 32, H = 1024 0.80 / 0.94, 0.90 / 1.05,
 // 1.35 / 1.60; B = 64, H = 1024 2.28 against the cuBLAS loop's 2.96 (no TF32-operand instance), and
 // 3-19 % less at B = 17-64, H = 256 / 512 (docs/benchmarks.md).
-// With the whole-K instances (cluster_whole_k, below) the cluster kernel wins from B = 2 (2026-11-28,
+// With the whole-K instances (cluster_whole_k, above) the cluster kernel wins from B = 2 (2026-11-28,
 // one build, the same method, direct / cluster whole K forced): bf16 B = 1 / 2 / 3 / 4 / 5
 // 0.487-0.497 / 0.505-0.512, 0.526-0.528 / 0.521-0.528 (a tie), 0.598-0.599 / 0.518-0.522,
 // 0.805-0.830 / 0.560-0.567, 0.698-0.702 / 0.572-0.575; float32 with TF32 0.500 / 0.530-0.539,

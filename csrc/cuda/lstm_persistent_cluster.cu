@@ -166,10 +166,10 @@ __device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
 }
 
-// Helpers of the row-split kernel below. The cluster kernel keeps its own copies of these three
-// pieces inline: through the helpers its address arithmetic and register allocation change (78 and
-// 2 of its 88 instances' SASS, sass_compare), which would need a GPU to measure; fold them in when
-// it is next measured.
+// Helpers of the row-split kernel below; the cluster kernel calls load_unit_pair_state too (its
+// SASS unchanged). It keeps its own copies of the other three pieces inline: through those helpers
+// its address arithmetic and register allocation change (78 and 2 of its 88 instances' SASS,
+// sass_compare), which would need a GPU to measure; fold them in when it is next measured.
 // Re-reads a thread's poisoned 16-byte words of h_{t-1} (bit e of pending: word e, at
 // address_of(e)) together, one L2 round trip a round, until none is the poison.
 template <int kVecs, int N, class AddressOf>
@@ -187,6 +187,19 @@ __device__ __forceinline__ void reread_poisoned(uint4 (&v)[N], unsigned pending,
     }
     if (pending == 0) break;
     check_spin_timeout(t0, step);
+  }
+}
+
+// A thread's unit pair (units j, j + 1 of batch row `row`) at the start: c0, h0 and the summed biases.
+template <class scalar_t>
+__device__ __forceinline__ void load_unit_pair_state(const FwdArgs<scalar_t>& a, int H, int row, int j,
+                                                     float (&c_st)[2], scalar_t (&h_st)[2], float (&bias_r)[4][2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    c_st[e] = static_cast<float>(a.c0[row * H + j + e]);
+    h_st[e] = a.h0[row * H + j + e];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) bias_r[q][e] = bias_sum(a.b_ih, a.b_hh, q * H + j + e);
   }
 }
 
@@ -335,15 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int j = cluster * UC + rank * UO + 2 * pair;
   acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
   scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
-  if (active) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      c_st[e] = static_cast<acc_t>(a.c0[n * H + j + e]);
-      h_st[e] = a.h0[n * H + j + e];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) bias_r[q][e] = bias_sum(a.b_ih, a.b_hh, q * H + j + e);
-    }
-  }
+  if (active) load_unit_pair_state(a, H, n, j, c_st, h_st, bias_r);
   // pre of this step and of the next (requested before the wait for h_{t-1}). kHalf: a scaled
   // projection's (pre_unscale) row scale comes with it, its gate scales stay here (else all 1).
   float2 pv[4] = {}, pv_next[4] = {};
@@ -815,15 +820,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int j = cluster * UC + 2 * pair, grow = row0 + n;
   acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
   scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
-  if (active) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      c_st[e] = static_cast<acc_t>(a.c0[grow * H + j + e]);
-      h_st[e] = a.h0[grow * H + j + e];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) bias_r[q][e] = bias_sum(a.b_ih, a.b_hh, q * H + j + e);
-    }
-  }
+  if (active) load_unit_pair_state(a, H, grow, j, c_st, h_st, bias_r);
   float2 pv[4] = {}, pv_next[4] = {};
   auto prefetch = [&](int s, float2 (&dst)[4]) {
     if (active) {
@@ -1020,61 +1017,47 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       (kTraining && (!aligned(args.gates, pair_bytes) || !aligned(args.cells, pair_bytes)))) {
     return false;
   }
-  // One instance's launch: its geometry from its layout; false where it does not fit.
-  auto launch_instance = [&](auto mt_c, auto hc_c, auto whole_k_c) {
-    constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
-    constexpr bool kWholeK = decltype(whole_k_c)::value;
-    auto kernel = &lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps, kWholeK>;
+  // A kernel's launch over 64 clusters of two blocks from its shared-memory layout (at 0 the A or
+  // row tile, then from off_part the partials and what follows them, from off_w W_hh's fragments
+  // kept in shared memory), with the exchange: kClusterBuffers buffers of h ([B][row_words] 32-bit
+  // words each), poisoned, then the kClusterForwardBlocks step flags. False where it does not fit.
+  auto launch_layout = [&](auto kernel, int hc, int row_words, int tile_bytes, int part_bytes, int wsm_bytes) {
     const void* fn = reinterpret_cast<const void*>(kernel);
     if (!ptx_at_least(fn, 90)) return false;
-    using L = ClusterForwardLayout<ClusterOperandType<scalar_t, kOps>, MT, HC, kWholeK>;
     Geometry& g = args.g;
     g = Geometry{};
     g.T = static_cast<int>(s.T);
     g.B = static_cast<int>(s.B);
-    g.H = g.Hp = HC;
-    g.U = HC / 64;  // units per cluster
+    g.H = g.Hp = hc;
+    g.U = hc / 64;  // units per cluster
     g.nblocks = kClusterForwardBlocks;
     g.cl = 2;
     g.nch = 1;
-    g.row_words = L::kRowWords;
-    g.off_part = static_cast<int>(align16(L::kTileBytes));
-    // After the two mbarriers (and kHalf's row scales).
-    g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0)));
-    g.smem = g.off_w + L::kWsmBytes;
+    g.row_words = row_words;
+    g.off_part = static_cast<int>(align16(tile_bytes));
+    g.off_w = static_cast<int>(align16(g.off_part + part_bytes));
+    g.smem = g.off_w + wsm_bytes;
     if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
-    // The exchange: kClusterBuffers buffers of h ([B][kRowWords] 32-bit words each), poisoned,
-    // then the kClusterForwardBlocks step flags.
-    const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
+    const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * row_words;
     return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
                                 static_cast<size_t>(h_words) * 4);
+  };
+  // One cluster-kernel instance.
+  auto launch_instance = [&](auto mt_c, auto hc_c, auto whole_k_c) {
+    constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
+    constexpr bool kWholeK = decltype(whole_k_c)::value;
+    using L = ClusterForwardLayout<ClusterOperandType<scalar_t, kOps>, MT, HC, kWholeK>;
+    // The partials, then the two mbarriers (and kHalf's row scales).
+    return launch_layout(&lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps, kWholeK>, HC,
+                         L::kRowWords, L::kTileBytes, L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0),
+                         L::kWsmBytes);
   };
   // The row-split kernel (16-bit types, H = 1024, B <= 16) where cluster_row_split asks for it.
   auto launch_row_split = [&]() {
     if constexpr (kOps == ClusterOperands::kSixteenBit) {
-      constexpr int HC = 1024;
-      auto kernel = &lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, HC>;
-      const void* fn = reinterpret_cast<const void*>(kernel);
-      if (!ptx_at_least(fn, 90)) return false;
-      using L = RowSplitLayout<scalar_t, HC>;
-      Geometry& g = args.g;
-      g = Geometry{};
-      g.T = static_cast<int>(s.T);
-      g.B = static_cast<int>(s.B);
-      g.H = g.Hp = HC;
-      g.U = HC / 64;  // units per cluster
-      g.nblocks = kClusterForwardBlocks;
-      g.cl = 2;
-      g.nch = 1;
-      g.row_words = L::kRowWords;
-      g.off_part = static_cast<int>(align16(L::kTileBytes));
-      g.off_w = static_cast<int>(align16(g.off_part + L::kPartialBytes));
-      g.smem = g.off_w + L::kWsmBytes;
-      if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
-      // The cluster kernel's exchange: kClusterBuffers buffers of h, poisoned, then the step flags.
-      const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
-      return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
-                                  static_cast<size_t>(h_words) * 4);
+      using L = RowSplitLayout<scalar_t, 1024>;
+      return launch_layout(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024>, 1024, L::kRowWords,
+                           L::kTileBytes, L::kPartialBytes, L::kWsmBytes);
     } else {
       return false;
     }
