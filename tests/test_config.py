@@ -291,13 +291,17 @@ _CLI_CHOICES = [
     (["--batch", "8", "--hidden", "256", "--dtype", "bfloat16", "--device", "cuda"],
      ["(the one-cluster forward kernel: B = 8 <= 64 and H = 256"], ["split K"]),
     (["--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one",
-      "at B <= 16 it polls h_{t-1} itself, not the step flags)"], []),
-    (["--batch", "8", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
+     ["forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the row-split forward kernel: 16-bit types, "
+      "H = 1024 and B >= 4, equal batch sizes, sm_90 with >= 128 SMs; the pair splits the batch rows, each block "
+      "all of K; at B <= 16 it polls h_{t-1} itself, not the step flags)"], ["cluster forward kernel"]),
+    (["--batch", "3", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2, equal batch sizes, sm_90 with >= 128 "
       "SMs; at B <= 16 it polls h_{t-1} itself, not the step flags; each block multiplies all of K (no partial "
-      "sums between the pair))"], []),
-    (["--batch", "9", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
+      "sums between the pair))"], ["row-split"]),
+    (["--batch", "8", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
+     ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "each block multiplies all of K"],
+     ["row-split"]),
+    (["--batch", "9", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["at B <= 16 it polls h_{t-1} itself, not the step flags)"], ["all of K"]),
     (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "all of K"], []),
@@ -314,8 +318,7 @@ _CLI_CHOICES = [
     (["--batch", "8", "--hidden", "640", "--dtype", "float16", "--device", "cuda"],
      ["backward (training): persistent", "(the split backward kernel in clusters)"], ["one-cluster backward"]),
     (["--batch", "5", "--hidden", "1024", "--dtype", "float16", "--device", "cuda"],
-     ["forward: persistent (auto: B = 5 <= 16 and H = 1024 <= 1024 (the cluster forward kernel in one m16 tile"],
-     []),
+     ["forward: persistent (auto: B = 5 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"], []),
     (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["KiB (the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"], []),
     (["--batch", "1", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],

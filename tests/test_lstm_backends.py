@@ -1047,8 +1047,10 @@ def test_cluster_forward_forced_matches_reference(monkeypatch, precision_name, B
     """The cluster kernel's one-m16-tile instances at B <= 16 (rows B..15 of the tile zero),
     forced with SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=1: which kernel ran, and the outputs and
     every gradient against the float64 reference. Unset, it runs only at H = 1024, 16-bit types
-    and TF32 (on scaled fp16 operands) from B = 2 (the direct kernel elsewhere at B <= 16)."""
+    and TF32 (on scaled fp16 operands) from B = 2 (the direct kernel elsewhere at B <= 16). The
+    row-split kernel, which takes the 16-bit types' calls at H = 1024 from B = 4, is off here."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
@@ -1069,9 +1071,10 @@ def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_
     poisoned two steps before it is written again, the step flags only hints) 16 times: the
     outputs and every gradient against the float64 reference; with the step flags waited for
     first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0), and without them (=1: the poisoned words polled;
-    unset, the rule polls them at B <= 8)."""
+    unset, the rule polls them at B <= 8). The row-split kernel is off here."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
     with _Precision(precision_name):
         run = _train_call(DTYPE[precision_name], B, H, T=3)
@@ -1097,10 +1100,12 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
     SEQKERNELS_LSTM_CLUSTER_WHOLE_K (diagnostic) "0" never, "1" at any B: which instance ran, and
     with whole K 67 steps (the four buffers of h cycled 16 times) against the float64 reference,
     outputs and every gradient, with the step flags of all 128 producers waited for first
-    (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1)."""
+    (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1). The row-split
+    kernel, which takes the 16-bit types' calls from B = 4, is off here."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
     monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_WHOLE_K", raising=False)
     with _Precision(precision_name):
         run = _train_call(DTYPE[precision_name], B, 1024, T=3)
@@ -1115,21 +1120,16 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-# Until the row-split kernel has run on a GPU (it was compile-checked only, 2026-11-28), this test
-# runs only where asked for, alone: a kernel that traps on its spin guard would leave the CUDA
-# context unusable for every later test of the process.
-@pytest.mark.skipif(os.environ.get("SEQKERNELS_TEST_ROW_SPLIT") != "1",
-                    reason="the row-split kernel is not yet verified on a GPU: run this test alone with "
-                           "SEQKERNELS_TEST_ROW_SPLIT=1")
 @pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
                                                       ("bfloat16", 5, False), ("bfloat16", 1, True)])
 def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
-    """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=1 (diagnostic): at H = 1024, B <= 16 the 16-bit types'
-    cluster forward runs the row-split kernel (each block of a pair takes half of the batch rows,
-    an odd B leaving one row fewer to block 1 and B = 1 none, for all of K and all of the cluster's
-    units; W_hh as the MMA's A operand): which kernel ran (unset, not it), and 67 steps (the four
-    buffers of h cycled 16 times) against the float64 reference, outputs and every gradient, with
+    """At H = 1024, 4 <= B <= 16 the 16-bit types' cluster forward runs the row-split kernel (each
+    block of a pair takes half of the batch rows, an odd B leaving one row fewer to block 1 and
+    B = 1 none, for all of K and all of the cluster's units; W_hh as the MMA's A operand);
+    SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic) "0" never, "1" at any B <= 16: which kernel ran,
+    and with the row split 67 steps (the four buffers of h cycled 16 times) against the float64
+    reference, outputs and every gradient, with
     the step flags of the producers of the block's rows waited for first
     (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
@@ -1143,6 +1143,8 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
     with _Precision(precision_name):
         run = _train_call(DTYPE[precision_name], B, 1024, T=3)
         run()
+        assert row_split(run) == (B >= 4)
+        monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
         assert not row_split(run)
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "1")
         assert row_split(run)

@@ -76,10 +76,17 @@ inline bool cluster_whole_k(int64_t batch) {
 
 // Whether the cluster forward kernel's calls at H = 1024, B <= 16 on 16-bit types run the row-split
 // kernel instead (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K
-// and all of the cluster's units, nothing exchanged between the pair).
-// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): set and not "0", the row-split kernel; unset, never.
-// Compile-checked only (2026-11-28): not yet run on a GPU.
-inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") == 1; }
+// and all of the cluster's units, nothing exchanged between the pair): from kClusterRowSplitMinBatch.
+// One build on an H200 (2026-11-28, `infer`, T = 256, CUDA-graph replays, ms, the cluster kernel /
+// the row-split kernel): bf16 B = 2 / 3 / 4 / 8 / 12 / 16 0.517-0.527 / 0.519-0.526,
+// 0.527-0.528 / 0.530-0.536, 0.556-0.558 / 0.536-0.543, 0.602-0.604 / 0.576-0.584, 0.682-0.683 /
+// 0.600-0.610, 0.704-0.707 / 0.630-0.638; fp16 the same to within 0.01 ms.
+// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never, set otherwise at any B <= 16.
+constexpr int64_t kClusterRowSplitMinBatch = 4;
+inline bool cluster_row_split(int64_t batch) {
+  const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT");
+  return mode == 1 || (mode == -1 && batch >= kClusterRowSplitMinBatch);
+}
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {

@@ -733,7 +733,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------
 // Forward kernel in clusters of two blocks, the batch rows split between the pair (row split;
-// 16-bit types, H = 1024, B <= 16; SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT, a diagnostic)
+// 16-bit types, H = 1024, 4 <= B <= 16: cluster_row_split, lstm_persistent.cuh)
 // ---------------------------------------------------------------------------------------
 // The K halves exchange partial sums between the pair after the product (~1100 cycles a step at
 // bf16 B = 8 / 16, H = 1024); whole K removes that but doubles the bytes each block gathers
@@ -1062,7 +1062,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       return false;
     }
   };
-  if (s.H == 1024 && s.B <= 16 && cluster_row_split() && launch_row_split()) return true;
+  if (s.H == 1024 && s.B <= 16 && cluster_row_split(s.B) && launch_row_split()) return true;
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
     if constexpr (kFloat && !kHalf && HC > 512 && (kX3 || MT > 2)) {
