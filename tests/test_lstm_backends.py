@@ -1120,21 +1120,25 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("warp_gather", ["0", "1"], ids=["block-gather", "warp-gather"])
 @pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
                                                       ("bfloat16", 5, False), ("bfloat16", 1, True)])
-def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
+def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data,
+                                                     warp_gather):
     """At H = 1024, 4 <= B <= 16 the 16-bit types' cluster forward runs the row-split kernel (each
     block of a pair takes half of the batch rows, an odd B leaving one row fewer to block 1 and
     B = 1 none, for all of K and all of the cluster's units; W_hh as the MMA's A operand);
     SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic) "0" never, "1" at any B <= 16: which kernel ran,
     and with the row split 67 steps (the four buffers of h cycled 16 times) against the float64
-    reference, outputs and every gradient, with
-    the step flags of the producers of the block's rows waited for first
-    (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1)."""
+    reference, outputs and every gradient, with the step flags of the producers of the block's rows
+    waited for first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1);
+    the whole tile gathered before a block barrier, and with SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER=1
+    (diagnostic) each warp's own K eighth, no barrier (the kernel's last template argument)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER", warp_gather)
     monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", raising=False)
 
     def row_split(run) -> bool:
@@ -1147,7 +1151,7 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
         assert not row_split(run)
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "1")
-        assert row_split(run)
+        assert _last_bool_argument(run, "lstm_persistent_forward_row_split_kernel") == {warp_gather == "1"}
         compare_layer([B] * 67, 5, 1024, reverse=reverse, bias=True, precision=precision_name, seed=67 + B,
                       what="row-split forward, 67 steps")
 

@@ -87,6 +87,10 @@ inline bool cluster_row_split(int64_t batch) {
   const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT");
   return mode == 1 || (mode == -1 && batch >= kClusterRowSplitMinBatch);
 }
+// SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER (diagnostic): set and not "0", the row-split kernel's warps
+// each gather their own K eighth and multiply it without a block barrier (kWarpGather); unset, never.
+// Compile-checked only (2026-11-28): not yet measured on a GPU.
+inline bool row_split_warp_gather() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER") == 1; }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {

@@ -765,7 +765,11 @@ struct RowSplitLayout {
   static constexpr int kWsmBytes = kWarps * 4 * KSS * 32 * 16;
 };
 
-template <class scalar_t, bool kTraining, int HC>
+// kWarpGather (SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER, diagnostic; not yet measured): each warp gathers
+// only its own K eighth of the rows (the words of the 8 clusters that produce those units) and
+// multiplies it without a block barrier, so a warp whose producers are done starts its product
+// (shared-memory bound: W_hh's k-steps 4..7 are 64 KB a step) while the others still wait.
+template <class scalar_t, bool kTraining, int HC, bool kWarpGather>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_row_split_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -854,6 +858,48 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<uint2*>(xt + r * LDX + c) =
             *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(row0 + r) * H + c);
       }
+    } else if constexpr (kWarpGather) {
+      // This warp's K eighth (units 128 warp ..): the words of clusters 8 warp .. 8 warp + 7, whose
+      // rank-r blocks' step flags lanes 0..7 wait for unless a.poll_data. Only this warp reads
+      // these columns of the tile (its ldmatrix below), so a __syncwarp orders them.
+      if (!a.poll_data) {
+        if (lane < 8) {
+          const uint32_t* fl = flags + 2 * (warp * 8 + lane) + rank;
+          const long long t0 = clock64();
+          while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s)) check_spin_timeout(t0, static_cast<unsigned>(s));
+        }
+        __syncwarp();
+      }
+      // 16-byte words (8 units): 16 a row in a K eighth, 4 a lane.
+      constexpr int kVecPerRow = H * ES / 16 / kWarps, kVecs = 8 * kVecPerRow / 32;
+      const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
+      auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
+        const int idx = lane + e * 32;
+        return make_int2(idx / kVecPerRow, warp * kVecPerRow + idx % kVecPerRow);
+      };
+      uint4 v[kVecs];
+      unsigned pending = 0;
+#pragma unroll
+      for (int e = 0; e < kVecs; ++e) {
+        const int2 rw = word_of(e);
+        if (rw.x < nrows) {
+          v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+          if (poisoned(v[e])) pending |= 1u << e;
+        }
+      }
+      reread_poisoned<kVecs>(
+          v, pending,
+          [&](int e) {
+            const int2 rw = word_of(e);
+            return src + rw.x * kRowWords + rw.y * 4;
+          },
+          static_cast<unsigned>(s));
+#pragma unroll
+      for (int e = 0; e < kVecs; ++e) {
+        const int2 rw = word_of(e);
+        if (rw.x < nrows) *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * 8) = v[e];
+      }
+      __syncwarp();
     } else {
       // The producers of these rows are the rank-r blocks (blocks 2 i + rank): warp 0 waits for
       // their step flags unless a.poll_data (then the poisoned words are polled themselves).
@@ -896,7 +942,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (s + 1 < T) prefetch(s + 1, pv_next);
-    __syncthreads();
+    if (!kWarpGather || s == 0) __syncthreads();
     trace.mark(0);
 
     // 2. This warp's K eighth: acc[q] = W_hh's gate-q rows x this block's rows.
@@ -922,7 +968,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     trace.mark(1);
     // The partials: gate row (unit) gq / gq + 8, batch rows 2tq / 2tq + 1. The last step's gate math
-    // read them before this step's gather barrier.
+    // read them before the last step's publish barrier (and this step's gather barrier).
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float* pq = part_warp + q * (8 * LDU) + 2 * tq * LDU + gq;
@@ -1056,8 +1102,11 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   auto launch_row_split = [&]() {
     if constexpr (kOps == ClusterOperands::kSixteenBit) {
       using L = RowSplitLayout<scalar_t, 1024>;
-      return launch_layout(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024>, 1024, L::kRowWords,
-                           L::kTileBytes, L::kPartialBytes, L::kWsmBytes);
+      auto launch = [&](auto kernel) {
+        return launch_layout(kernel, 1024, L::kRowWords, L::kTileBytes, L::kPartialBytes, L::kWsmBytes);
+      };
+      return row_split_warp_gather() ? launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, true>)
+                                     : launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, false>);
     } else {
       return false;
     }
