@@ -1135,6 +1135,11 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
     waited for first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1);
     the whole tile gathered before a block barrier, and with SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER=1
     (diagnostic) each warp's own K eighth, no barrier (the kernel's last template argument)."""
+    if warp_gather == "1" and os.environ.get("SEQKERNELS_TEST_WARP_GATHER") != "1":
+        # Compile-checked only (2026-11-28): a kernel that traps on its spin guard would leave the
+        # CUDA context unusable for every later test of the process, so it first runs alone.
+        pytest.skip("the warp-gather instance is not yet verified on a GPU: run this test alone with "
+                    "SEQKERNELS_TEST_WARP_GATHER=1")
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
