@@ -928,15 +928,20 @@ _ONE_CLUSTER_CASES = [
 ]
 
 
-def _last_bool_argument(fn, kernel: str) -> set[bool]:
-    """The last template argument (true / false) of the `kernel` instances that ran in fn()."""
+def _last_bool_arguments(fn, kernel: str, count: int) -> set[tuple[bool, ...]]:
+    """The last `count` template arguments (true / false) of the `kernel` instances that ran in fn()."""
     found = set()
     for n in kernel_names(fn):
         if kernel + "<" in n:
-            m = re.search(re.escape(kernel) + r"<[^>]*, (true|false)>", n)
+            m = re.search(re.escape(kernel) + r"<[^>]*" + ", (true|false)" * count + ">", n)
             assert m, n
-            found.add(m.group(1) == "true")
+            found.add(tuple(v == "true" for v in m.groups()))
     return found
+
+
+def _last_bool_argument(fn, kernel: str) -> set[bool]:
+    """The last template argument (true / false) of the `kernel` instances that ran in fn()."""
+    return {args[0] for args in _last_bool_arguments(fn, kernel, 1)}
 
 
 def _one_cluster_split_k(fn) -> set[bool]:
@@ -1119,13 +1124,19 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
                       what="cluster forward, whole K, 67 steps")
 
 
+def _row_split_variants(fn) -> set[tuple[bool, ...]]:
+    """(kWarpGather, kSpreadGates), the last two template arguments, of the row-split kernels that ran in fn()."""
+    return _last_bool_arguments(fn, "lstm_persistent_forward_row_split_kernel", 2)
+
+
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("warp_gather", ["0", "1"], ids=["block-gather", "warp-gather"])
+@pytest.mark.parametrize("warp_gather,spread_gates", [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")],
+                         ids=["block-gather", "warp-gather", "spread-gates", "warp-gather-spread-gates"])
 @pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
                                                       ("bfloat16", 5, False), ("bfloat16", 1, True)])
 def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data,
-                                                     warp_gather):
+                                                     warp_gather, spread_gates):
     """At H = 1024, 4 <= B <= 16 the 16-bit types' cluster forward runs the row-split kernel (each
     block of a pair takes half of the batch rows, an odd B leaving one row fewer to block 1 and
     B = 1 none, for all of K and all of the cluster's units; W_hh as the MMA's A operand);
@@ -1134,16 +1145,19 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
     reference, outputs and every gradient, with the step flags of the producers of the block's rows
     waited for first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1);
     the whole tile gathered before a block barrier, and with SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER=1
-    (diagnostic) each warp's own K eighth, no barrier (the kernel's last template argument)."""
-    if warp_gather == "1" and os.environ.get("SEQKERNELS_TEST_WARP_GATHER") != "1":
+    (diagnostic) each warp's own K eighth, no barrier; the gate math on one thread a unit pair, and
+    with SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES=1 (diagnostic) on four, one gate each (the kernel's
+    last two template arguments)."""
+    if "1" in (warp_gather, spread_gates) and os.environ.get("SEQKERNELS_TEST_ROW_SPLIT_VARIANTS") != "1":
         # Compile-checked only (2026-11-28): a kernel that traps on its spin guard would leave the
-        # CUDA context unusable for every later test of the process, so it first runs alone.
-        pytest.skip("the warp-gather instance is not yet verified on a GPU: run this test alone with "
-                    "SEQKERNELS_TEST_WARP_GATHER=1")
+        # CUDA context unusable for every later test of the process, so they first run alone.
+        pytest.skip("the row-split kernel's warp-gather and spread-gates instances are not yet verified on a "
+                    "GPU: run this test alone with SEQKERNELS_TEST_ROW_SPLIT_VARIANTS=1")
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
     monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER", warp_gather)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES", spread_gates)
     monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", raising=False)
 
     def row_split(run) -> bool:
@@ -1156,7 +1170,7 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
         assert not row_split(run)
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "1")
-        assert _last_bool_argument(run, "lstm_persistent_forward_row_split_kernel") == {warp_gather == "1"}
+        assert _row_split_variants(run) == {(warp_gather == "1", spread_gates == "1")}
         compare_layer([B] * 67, 5, 1024, reverse=reverse, bias=True, precision=precision_name, seed=67 + B,
                       what="row-split forward, 67 steps")
 

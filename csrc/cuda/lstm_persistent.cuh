@@ -91,6 +91,10 @@ inline bool cluster_row_split(int64_t batch) {
 // each gather their own K eighth and multiply it without a block barrier (kWarpGather); unset, never.
 // Compile-checked only (2026-11-28): not yet measured on a GPU.
 inline bool row_split_warp_gather() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER") == 1; }
+// SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES (diagnostic): set and not "0", the row-split kernel's gate
+// math on 4 threads a unit pair, one gate each (kSpreadGates); unset, never. Compile-checked only
+// (2026-11-28): not yet measured on a GPU.
+inline bool row_split_spread_gates() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES") == 1; }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {

@@ -769,7 +769,11 @@ struct RowSplitLayout {
 // only its own K eighth of the rows (the words of the 8 clusters that produce those units) and
 // multiplies it without a block barrier, so a warp whose producers are done starts its product
 // (shared-memory bound: W_hh's k-steps 4..7 are 64 KB a step) while the others still wait.
-template <class scalar_t, bool kTraining, int HC, bool kWarpGather>
+// kSpreadGates (SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES, diagnostic; not yet measured): the gate math
+// on 4 threads a unit pair (warp n = batch row n, lane = pair + 8 gate), each summing one gate's 8
+// partials and activating it, the 4 activations then shuffled to all four, instead of one thread
+// doing all 4 gates (64 threads, 32 partial loads and 8 activations each; 591 cycles at B = 16).
+template <class scalar_t, bool kTraining, int HC, bool kWarpGather, bool kSpreadGates>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_row_split_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -818,20 +822,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // This thread's gate items: units j, j + 1 (pair `pair` of the cluster's 16) of batch row row0 + n.
-  const int pair = threadIdx.x % (UC / 2), n = threadIdx.x / (UC / 2);
-  const bool active = n < nrows;  // threads 0..63 at most
+  // This thread's gate items: units j, j + 1 (pair `pair` of the cluster's 16) of batch row row0 + n;
+  // with kSpreadGates gate `gate` of them (threads of warps n < nrows, all), else all four (threads
+  // 0..63 at most). The owner (gate 0) publishes and stores the pair.
+  const int pair = kSpreadGates ? lane & 7 : threadIdx.x % (UC / 2);
+  const int n = kSpreadGates ? warp : threadIdx.x / (UC / 2);
+  const int gate = kSpreadGates ? lane >> 3 : 0;
+  const bool active = n < nrows, owner = active && gate == 0;
   const int j = cluster * UC + 2 * pair, grow = row0 + n;
   acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
   scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
   if (active) load_unit_pair_state(a, H, grow, j, c_st, h_st, bias_r);
-  float2 pv[4] = {}, pv_next[4] = {};
+  float2 bias_gate = {0.0f, 0.0f};  // kSpreadGates: this thread's gate's biases
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if (q == gate) bias_gate = make_float2(bias_r[q][0], bias_r[q][1]);
+  }
+  float2 pv[4] = {}, pv_next[4] = {};  // kSpreadGates: this thread's gate in [0]
   auto prefetch = [&](int s, float2 (&dst)[4]) {
     if (active) {
       const int t = a.reverse ? T - 1 - s : s;
       const acc_t* pr = a.pre + (static_cast<int64_t>(t) * B + grow) * (4 * H) + j;
+      if constexpr (kSpreadGates) {
+        dst[0] = *reinterpret_cast<const float2*>(pr + gate * H);
+      } else {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+        for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+      }
     }
   };
   prefetch(0, pv);
@@ -983,7 +1000,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
     scalar_t h[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
     acc_t act_r[2][4], c_new[2];
-    if (active) {
+    if constexpr (kSpreadGates) {
+      if (active) {  // warp-uniform (n = warp): the shuffles below see every lane
+        float2 v[kWarps];
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + gate) * (8 * LDU));
+#pragma unroll
+        for (int w = 1; w < kWarps; w *= 2) {
+#pragma unroll
+          for (int sl = 0; sl + w < kWarps; sl += 2 * w) {
+            v[sl].x += v[sl + w].x;
+            v[sl].y += v[sl + w].y;
+          }
+        }
+        const float x0 = pv[0].x + bias_gate.x + v[0].x, x1 = pv[0].y + bias_gate.y + v[0].y;
+        float y0, y1;
+        if (gate == 2) {
+          y0 = Math::tanh(x0);
+          y1 = Math::tanh(x1);
+        } else {
+          y0 = Math::sigmoid(x0);
+          y1 = Math::sigmoid(x1);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          act_r[0][q] = __shfl_sync(0xffffffffu, y0, pair + 8 * q);
+          act_r[1][q] = __shfl_sync(0xffffffffu, y1, pair + 8 * q);
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const LstmGates<float> act{act_r[e][0], act_r[e][1], act_r[e][2], act_r[e][3]};
+          float m;
+          lstm_cell_state<Math>(act, c_st[e], c_new[e], m);
+          c_st[e] = c_new[e];
+          h[e] = static_cast<scalar_t>(m);
+          h_st[e] = h[e];
+        }
+      }
+    } else if (active) {
       acc_t pq[4][2];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -1008,7 +1062,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // among the rank-r blocks), then the outputs.
     if (s + 1 < T) {
       const int64_t at = static_cast<int64_t>(grow) * kRowWords + j * ES / 4;
-      if (active) {
+      if (owner) {
         st_relaxed_u32(hx + (s % kClusterBuffers) * buf_words + at, unpoisoned(pack2(h[0], h[1])));
         st_relaxed_u32(hx + ((s + 2) % kClusterBuffers) * buf_words + at, kClusterPoison);
       }
@@ -1016,13 +1070,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
       if (threadIdx.x == kThreads - 32) __threadfence();
     }
-    if (active) store_unit_pair_outputs<kTraining>(a, static_cast<int64_t>(t) * B + grow, H, j, h, act_r, c_new);
+    if (owner) store_unit_pair_outputs<kTraining>(a, static_cast<int64_t>(t) * B + grow, H, j, h, act_r, c_new);
     trace.mark(3);
 #pragma unroll
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
   }
   report_trace(trace, kTraining ? "forward row split (training)" : "forward row split (inference)", g);
-  if (active) {
+  if (owner) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       a.h_n[grow * H + j + e] = h_st[e];
@@ -1105,8 +1159,13 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
       auto launch = [&](auto kernel) {
         return launch_layout(kernel, 1024, L::kRowWords, L::kTileBytes, L::kPartialBytes, L::kWsmBytes);
       };
-      return row_split_warp_gather() ? launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, true>)
-                                     : launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, false>);
+      auto with_gates = [&](auto warp_gather_c) {
+        constexpr bool kWarpGather = decltype(warp_gather_c)::value;
+        return row_split_spread_gates()
+                   ? launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, true>)
+                   : launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, false>);
+      };
+      return row_split_warp_gather() ? with_gates(std::true_type{}) : with_gates(std::false_type{});
     } else {
       return false;
     }
