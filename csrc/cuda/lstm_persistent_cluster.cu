@@ -753,6 +753,37 @@ constexpr int kRowSplitKSteps = 8;     // k16 steps per warp (K = 1024 in eighth
 constexpr int kRowSplitRegKSteps = 4;  // of them with W_hh's A fragments in registers
 constexpr int kRowSplitLdu = 20;       // row stride (floats) of the partials: conflict-free stores
 
+// The row-split kernel's gather: thread-owned 16-byte words of h_{t-1} (word_of(e): the row among
+// the block's and the word in it, e < kVecs; rows >= nrows skipped) loaded from src (the block's
+// first row, kRowWords words a row), the poisoned ones re-read together until they arrive, then
+// stored into the row tile xt (LDX elements a row).
+template <int kVecs, int kRowWords, int LDX, class scalar_t, class WordOf>
+__device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* src, int nrows, const WordOf& word_of,
+                                                 unsigned step) {
+  uint4 v[kVecs];
+  unsigned pending = 0;
+#pragma unroll
+  for (int e = 0; e < kVecs; ++e) {
+    const int2 rw = word_of(e);
+    if (rw.x < nrows) {
+      v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
+      if (poisoned(v[e])) pending |= 1u << e;
+    }
+  }
+  reread_poisoned<kVecs>(
+      v, pending,
+      [&](int e) {
+        const int2 rw = word_of(e);
+        return src + rw.x * kRowWords + rw.y * 4;
+      },
+      step);
+#pragma unroll
+  for (int e = 0; e < kVecs; ++e) {
+    const int2 rw = word_of(e);
+    if (rw.x < nrows) *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * 8) = v[e];
+  }
+}
+
 template <class scalar_t, int HC>
 struct RowSplitLayout {
   static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8, LDX = HC + 16 / ES;
@@ -894,28 +925,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int idx = lane + e * 32;
         return make_int2(idx / kVecPerRow, warp * kVecPerRow + idx % kVecPerRow);
       };
-      uint4 v[kVecs];
-      unsigned pending = 0;
-#pragma unroll
-      for (int e = 0; e < kVecs; ++e) {
-        const int2 rw = word_of(e);
-        if (rw.x < nrows) {
-          v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
-          if (poisoned(v[e])) pending |= 1u << e;
-        }
-      }
-      reread_poisoned<kVecs>(
-          v, pending,
-          [&](int e) {
-            const int2 rw = word_of(e);
-            return src + rw.x * kRowWords + rw.y * 4;
-          },
-          static_cast<unsigned>(s));
-#pragma unroll
-      for (int e = 0; e < kVecs; ++e) {
-        const int2 rw = word_of(e);
-        if (rw.x < nrows) *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * 8) = v[e];
-      }
+      gather_row_words<kVecs, kRowWords, LDX>(xt, src, nrows, word_of, static_cast<unsigned>(s));
       __syncwarp();
     } else {
       // The producers of these rows are the rank-r blocks (blocks 2 i + rank): warp 0 waits for
@@ -935,6 +945,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int idx = threadIdx.x + e * kThreads;
         return make_int2(idx / kVecPerRow, idx % kVecPerRow);
       };
+      // gather_row_words' code, kept inline: the helper changes this measured instance's SASS.
       uint4 v[kVecs];
       unsigned pending = 0;
 #pragma unroll
@@ -985,7 +996,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     trace.mark(1);
     // The partials: gate row (unit) gq / gq + 8, batch rows 2tq / 2tq + 1. The last step's gate math
-    // read them before the last step's publish barrier (and this step's gather barrier).
+    // read them before the last step's publish barrier.
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float* pq = part_warp + q * (8 * LDU) + 2 * tq * LDU + gq;
