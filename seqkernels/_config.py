@@ -296,9 +296,10 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
         polls = (f"; at B <= {CUDA_CLUSTER_POLL_DATA_MAX_BATCH} it polls h_{{t-1}} itself, not the step flags"
                  if batch <= CUDA_CLUSTER_POLL_DATA_MAX_BATCH else "")
         if elem == 2 and cluster_row_split(batch):
-            return (f"the row-split forward kernel: 16-bit types, H = 1024 and B >= {CUDA_CLUSTER_ROW_SPLIT_MIN_BATCH}, "
-                    f"equal batch sizes, sm_90 with >= 128 SMs; the pair splits the batch rows, each block all of "
-                    f"K{polls}")
+            forced = os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "")
+            when = f"SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT={forced}" if forced else f"B >= {CUDA_CLUSTER_ROW_SPLIT_MIN_BATCH}"
+            return (f"the row-split forward kernel: 16-bit types, H = 1024 and {when}, equal batch sizes, sm_90 "
+                    f"with >= 128 SMs; the pair splits the batch rows, each block all of K{polls}")
         if sixteen and cluster_whole_k(batch):
             polls += "; each block multiplies all of K (no partial sums between the pair)"
         return (f"the cluster forward kernel in one m16 tile: H = 1024 and B >= {min_batch}, equal batch sizes, "

@@ -326,6 +326,19 @@ _CLI_CHOICES = [
 ]
 
 
+@pytest.mark.parametrize("setting,batch,kernel", [("0", 8, "the cluster forward kernel in one m16 tile"),
+                                                 ("1", 3, "the row-split forward kernel: 16-bit types, H = 1024 and "
+                                                          "SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=1"),
+                                                 ("1", 1, "the direct forward kernel")])
+def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel):
+    """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): 0 keeps the cluster kernel at B = 8, 1 takes the
+    row split below its B = 4 (not at B = 1, where the cluster kernel does not run)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", setting)
+    out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")
+    assert out.returncode == 0, out.stderr
+    assert kernel in out.stdout
+
+
 @pytest.mark.parametrize("args,present,absent", _CLI_CHOICES, ids=[" ".join(a) for a, _, _ in _CLI_CHOICES])
 def test_cli_prints_the_choice_and_why(args, present, absent):
     out = run_cli(*args)
