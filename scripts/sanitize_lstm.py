@@ -172,7 +172,7 @@ ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128,
 # h_{t-1}'s words polled up to B = 16, re-read together) and TF32 (on scaled fp16 operands) at
 # H = 1024 with 1, 2 and 4 m16 tiles. The 16-bit H = 1024 cases from B = 4 run the row-split kernel
 # (the rule; SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 sends them to the cluster kernel, =1 B = 3 too;
-# SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER=1 / SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES=1 its variants);
+# SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER=1 / _SPREAD_GATES=1 / _WARPS=16 its variants);
 # bf16 B = 3 the whole-K cluster kernel.
 CLUSTER_FORWARD_CASES = [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
                          ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),

@@ -928,20 +928,15 @@ _ONE_CLUSTER_CASES = [
 ]
 
 
-def _last_bool_arguments(fn, kernel: str, count: int) -> set[tuple[bool, ...]]:
-    """The last `count` template arguments (true / false) of the `kernel` instances that ran in fn()."""
+def _last_bool_argument(fn, kernel: str) -> set[bool]:
+    """The last template argument (true / false) of the `kernel` instances that ran in fn()."""
     found = set()
     for n in kernel_names(fn):
         if kernel + "<" in n:
-            m = re.search(re.escape(kernel) + r"<[^>]*" + ", (true|false)" * count + ">", n)
+            m = re.search(re.escape(kernel) + r"<[^>]*, (true|false)>", n)
             assert m, n
-            found.add(tuple(v == "true" for v in m.groups()))
+            found.add(m.group(1) == "true")
     return found
-
-
-def _last_bool_argument(fn, kernel: str) -> set[bool]:
-    """The last template argument (true / false) of the `kernel` instances that ran in fn()."""
-    return {args[0] for args in _last_bool_arguments(fn, kernel, 1)}
 
 
 def _one_cluster_split_k(fn) -> set[bool]:
@@ -1124,19 +1119,28 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
                       what="cluster forward, whole K, 67 steps")
 
 
-def _row_split_variants(fn) -> set[tuple[bool, ...]]:
-    """(kWarpGather, kSpreadGates), the last two template arguments, of the row-split kernels that ran in fn()."""
-    return _last_bool_arguments(fn, "lstm_persistent_forward_row_split_kernel", 2)
+def _row_split_variants(fn) -> set[tuple[bool, bool, int]]:
+    """(kWarpGather, kSpreadGates, kRSWarps), the last three template arguments, of the row-split kernels
+    that ran in fn()."""
+    found = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_forward_row_split_kernel<" in n:
+            m = re.search(r"lstm_persistent_forward_row_split_kernel<[^>]*, (true|false), (true|false), (\d+)>", n)
+            assert m, n
+            found.add((m.group(1) == "true", m.group(2) == "true", int(m.group(3))))
+    return found
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("warp_gather,spread_gates", [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")],
-                         ids=["block-gather", "warp-gather", "spread-gates", "warp-gather-spread-gates"])
+@pytest.mark.parametrize("warp_gather,spread_gates,warps", [
+    ("0", "0", 8), ("1", "0", 8), ("0", "1", 8), ("1", "1", 8), ("0", "1", 16), ("1", "1", 16)],
+    ids=["block-gather", "warp-gather", "spread-gates", "warp-gather-spread-gates", "16-warps",
+         "16-warps-warp-gather"])
 @pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
                                                       ("bfloat16", 5, False), ("bfloat16", 1, True)])
 def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data,
-                                                     warp_gather, spread_gates):
+                                                     warp_gather, spread_gates, warps):
     """At H = 1024, 4 <= B <= 16 the 16-bit types' cluster forward runs the row-split kernel (each
     block of a pair takes half of the batch rows, an odd B leaving one row fewer to block 1 and
     B = 1 none, for all of K and all of the cluster's units; W_hh as the MMA's A operand);
@@ -1146,18 +1150,21 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
     waited for first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1);
     the whole tile gathered before a block barrier, and with SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER=1
     (diagnostic) each warp's own K eighth, no barrier; the gate math on one thread a unit pair, and
-    with SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES=1 (diagnostic) on four, one gate each (the kernel's
-    last two template arguments)."""
-    if "1" in (warp_gather, spread_gates) and os.environ.get("SEQKERNELS_TEST_ROW_SPLIT_VARIANTS") != "1":
+    with SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES=1 (diagnostic) on four, one gate each; in 8 warps, and
+    with SEQKERNELS_LSTM_ROW_SPLIT_WARPS=16 (diagnostic) in 16, always with spread gates (the kernel's
+    last three template arguments)."""
+    variant = (warps, warp_gather, spread_gates) != (8, "0", "0")
+    if variant and os.environ.get("SEQKERNELS_TEST_ROW_SPLIT_VARIANTS") != "1":
         # Compile-checked only (2026-11-28): a kernel that traps on its spin guard would leave the
         # CUDA context unusable for every later test of the process, so they first run alone.
-        pytest.skip("the row-split kernel's warp-gather and spread-gates instances are not yet verified on a "
-                    "GPU: run this test alone with SEQKERNELS_TEST_ROW_SPLIT_VARIANTS=1")
+        pytest.skip("the row-split kernel's warp-gather, spread-gates and 16-warp instances are not yet verified "
+                    "on a GPU: run this test alone with SEQKERNELS_TEST_ROW_SPLIT_VARIANTS=1")
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
     monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER", warp_gather)
     monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES", spread_gates)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WARPS", str(warps))
     monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", raising=False)
 
     def row_split(run) -> bool:
@@ -1170,7 +1177,7 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
         assert not row_split(run)
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "1")
-        assert _row_split_variants(run) == {(warp_gather == "1", spread_gates == "1")}
+        assert _row_split_variants(run) == {(warp_gather == "1", spread_gates == "1", warps)}
         compare_layer([B] * 67, 5, 1024, reverse=reverse, bias=True, precision=precision_name, seed=67 + B,
                       what="row-split forward, 67 steps")
 

@@ -95,6 +95,14 @@ inline bool row_split_warp_gather() { return diagnostic_mode("SEQKERNELS_LSTM_RO
 // math on 4 threads a unit pair, one gate each (kSpreadGates); unset, never. Compile-checked only
 // (2026-11-28): not yet measured on a GPU.
 inline bool row_split_spread_gates() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES") == 1; }
+// SEQKERNELS_LSTM_ROW_SPLIT_WARPS (diagnostic): "16", the row-split kernel in 512 threads (16 warps,
+// each a K sixteenth with 3 of its 4 k-steps' W_hh fragments in registers: 32 KB of W_hh read from
+// shared memory a step instead of 64), always with spread gates; unset or anything else, 8 warps.
+// Compile-checked only (2026-11-28; 128 registers, 16-64 bytes of spill stores): not yet measured on a GPU.
+inline int row_split_warps() {
+  const char* env = std::getenv("SEQKERNELS_LSTM_ROW_SPLIT_WARPS");
+  return env != nullptr && std::strcmp(env, "16") == 0 ? 16 : 8;
+}
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {

@@ -745,12 +745,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // so a block of 8 rows wastes no tile rows. The price is W_hh: the block holds the cluster's whole
 // [64, H] slice, 128 KB, twice the K halves' slice: each warp's K eighth (8 k-steps x 4 m16 tiles)
 // keeps k-steps 0..3 in registers and 4..7 in shared memory, read every step.
-// Warps: 8 K eighths; the 8 partials of a (gate row, batch row) meet in shared memory in a fixed
-// order (deterministic), then 64 threads apply the cell to a unit pair of one row each.
+// Warps: 8 K eighths (16 K sixteenths, kRSWarps); their partials of a (gate row, batch row) meet in
+// shared memory in a fixed order (deterministic), then 64 threads apply the cell to a unit pair of
+// one row each.
 // The exchange and its poison are the cluster kernel's (the same buffers, flags and argument:
 // a block's readers are the rank-r blocks, which it reads from in turn).
-constexpr int kRowSplitKSteps = 8;     // k16 steps per warp (K = 1024 in eighths)
-constexpr int kRowSplitRegKSteps = 4;  // of them with W_hh's A fragments in registers
+constexpr int kRowSplitRegKSteps = 4;  // k16 steps a warp with W_hh's A fragments in registers (the rest in shared memory)
+constexpr int kRowSplitRegKSteps16 = 3;  // the same with 16 warps (4 k-steps a warp; 128 registers a thread)
 constexpr int kRowSplitLdu = 20;       // row stride (floats) of the partials: conflict-free stores
 
 // The row-split kernel's gather: thread-owned 16-byte words of h_{t-1} (word_of(e): the row among
@@ -784,16 +785,21 @@ __device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* s
   }
 }
 
-template <class scalar_t, int HC>
+// kRSWarps warps a block (8, or 16 with SEQKERNELS_LSTM_ROW_SPLIT_WARPS=16), each a K part of
+// KSTEPS k16 steps: with 8, k-steps 0..3 of W_hh's fragments in registers and 4..7 in shared
+// memory (64 KB read every step); with 16 (512 threads, at most 128 registers each) all 4 in
+// registers and none in shared memory.
+template <class scalar_t, int HC, int kRSWarps>
 struct RowSplitLayout {
   static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8, LDX = HC + 16 / ES;
-  static constexpr int KSR = kRowSplitRegKSteps, KSS = kRowSplitKSteps - KSR;
+  static constexpr int kThreadsRS = kRSWarps * 32, KSTEPS = HC / 16 / kRSWarps;
+  static constexpr int KSR = kRSWarps == 16 ? kRowSplitRegKSteps16 : kRowSplitRegKSteps, KSS = KSTEPS - KSR;
   static constexpr int kRowWords = HC * ES / 4;
   // Shared memory: the row tile [8][LDX], the partials [warp][gate][row][kRowSplitLdu], W_hh's
   // k-steps KSR.. as A fragments [warp][gate][k-step][lane] (uint4).
   static constexpr int kTileBytes = ROWS * LDX * ES;
-  static constexpr int kPartialBytes = kWarps * 4 * ROWS * kRowSplitLdu * 4;
-  static constexpr int kWsmBytes = kWarps * 4 * KSS * 32 * 16;
+  static constexpr int kPartialBytes = kRSWarps * 4 * ROWS * kRowSplitLdu * 4;
+  static constexpr int kWsmBytes = kRSWarps * 4 * KSS * 32 * 16;
 };
 
 // kWarpGather (SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER, diagnostic; not yet measured): each warp gathers
@@ -801,19 +807,20 @@ struct RowSplitLayout {
 // multiplies it without a block barrier, so a warp whose producers are done starts its product
 // (shared-memory bound: W_hh's k-steps 4..7 are 64 KB a step) while the others still wait.
 // kSpreadGates (SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES, diagnostic; not yet measured): the gate math
-// on 4 threads a unit pair (warp n = batch row n, lane = pair + 8 gate), each summing one gate's 8
-// partials and activating it, the 4 activations then shuffled to all four, instead of one thread
+// on 4 threads a unit pair (warp n = batch row n, lane = pair + 8 gate), each summing one gate's
+// partials (one a warp) and activating it, the 4 activations then shuffled to all four, instead of one thread
 // doing all 4 gates (64 threads, 32 partial loads and 8 activations each; 591 cycles at B = 16).
-template <class scalar_t, bool kTraining, int HC, bool kWarpGather, bool kSpreadGates>
-__global__ void __launch_bounds__(kThreads, 1)
+template <class scalar_t, bool kTraining, int HC, bool kWarpGather, bool kSpreadGates, int kRSWarps>
+__global__ void __launch_bounds__(kRSWarps * 32, 1)
     lstm_persistent_forward_row_split_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = float;
   using Math = CudaMath;
-  using L = RowSplitLayout<scalar_t, HC>;
-  constexpr int H = HC, UC = L::UC, LDX = L::LDX, ES = L::ES, KSR = L::KSR, KSS = L::KSS;
-  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu;
-  static_assert(UC == 16 && HC / kWarps == kRowSplitKSteps * 16, "row-split kernel: H = 1024");
+  using L = RowSplitLayout<scalar_t, HC, kRSWarps>;
+  constexpr int H = HC, UC = L::UC, LDX = L::LDX, ES = L::ES, KSR = L::KSR, KSS = L::KSS, KSTEPS = L::KSTEPS;
+  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu, kThreadsRS = L::kThreadsRS;
+  static_assert(UC == 16 && KSTEPS % 2 == 0, "row-split kernel: H = 1024");
+  static_assert(kRSWarps == 8 || (kRSWarps == 16 && kSpreadGates), "row-split kernel: 16 warps with spread gates");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);                     // [8][LDX]: this block's rows of h_{t-1}
@@ -827,9 +834,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (nrows <= 0) return;                           // B = 1: block 1 has no rows (nothing reads from it)
 
   // Rows >= nrows of the tile stay zero (finite) for the whole sequence.
-  for (int i = threadIdx.x; i < L::kTileBytes / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
+  for (int i = threadIdx.x; i < L::kTileBytes / 16; i += kThreadsRS) reinterpret_cast<uint4*>(smem)[i] = uint4{};
 
-  // A fragments of gate q's m16 tile (rows: units cluster * UC + 0..15), k-step f of K eighth
+  // A fragments of gate q's m16 tile (rows: units cluster * UC + 0..15), k-step f of the K part of
   // `warp`: a0 = A[gq][2tq, 2tq + 1], a1 = A[gq + 8][..], a2 / a3 the same at k + 8.
   uint32_t afr[4][KSR][4];
   uint4* const wsm_warp = wsm + warp * (4 * KSS * 32) + lane;
@@ -838,8 +845,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const scalar_t* w0 = a.w_hh + static_cast<int64_t>(q * H + cluster * UC + gq) * H;
     const scalar_t* w8 = w0 + static_cast<int64_t>(8) * H;
 #pragma unroll
-    for (int f = 0; f < kRowSplitKSteps; ++f) {
-      const int k0 = (warp * kRowSplitKSteps + f) * 16 + 2 * tq;
+    for (int f = 0; f < KSTEPS; ++f) {
+      const int k0 = (warp * KSTEPS + f) * 16 + 2 * tq;
       const uint4 fr = make_uint4(pack2(w0[k0], w0[k0 + 1]), pack2(w8[k0], w8[k0 + 1]), pack2(w0[k0 + 8], w0[k0 + 9]),
                                   pack2(w8[k0 + 8], w8[k0 + 9]));
       if (f < KSR) {
@@ -901,25 +908,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 1. The row tile: this block's rows of h_{t-1} (h0 at the first step).
     if (s == 0) {
       constexpr int per_row = H / 4;  // chunks of 4 elements
-      for (int i = threadIdx.x; i < nrows * per_row; i += kThreads) {
+      for (int i = threadIdx.x; i < nrows * per_row; i += kThreadsRS) {
         const int r = i / per_row, c = (i - r * per_row) * 4;
         *reinterpret_cast<uint2*>(xt + r * LDX + c) =
             *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(row0 + r) * H + c);
       }
     } else if constexpr (kWarpGather) {
-      // This warp's K eighth (units 128 warp ..): the words of clusters 8 warp .. 8 warp + 7, whose
-      // rank-r blocks' step flags lanes 0..7 wait for unless a.poll_data. Only this warp reads
-      // these columns of the tile (its ldmatrix below), so a __syncwarp orders them.
+      // This warp's K part (units H / kRSWarps * warp ..): the words of the kPartClusters clusters
+      // that produce them, whose rank-r blocks' step flags lanes 0.. wait for unless a.poll_data.
+      // Only this warp reads these columns of the tile (its ldmatrix below), so a __syncwarp
+      // orders them.
+      constexpr int kPartClusters = H / kRSWarps / UC;
       if (!a.poll_data) {
-        if (lane < 8) {
-          const uint32_t* fl = flags + 2 * (warp * 8 + lane) + rank;
+        if (lane < kPartClusters) {
+          const uint32_t* fl = flags + 2 * (warp * kPartClusters + lane) + rank;
           const long long t0 = clock64();
           while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s)) check_spin_timeout(t0, static_cast<unsigned>(s));
         }
         __syncwarp();
       }
-      // 16-byte words (8 units): 16 a row in a K eighth, 4 a lane.
-      constexpr int kVecPerRow = H * ES / 16 / kWarps, kVecs = 8 * kVecPerRow / 32;
+      // 16-byte words (8 units): 16 a row in a K eighth (8 in a sixteenth), 4 (2) a lane.
+      constexpr int kVecPerRow = H * ES / 16 / kRSWarps, kVecs = 8 * kVecPerRow / 32;
       const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
       auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
         const int idx = lane + e * 32;
@@ -939,10 +948,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncthreads();
       // 16-byte words (8 units): 128 a row, at most 4 a thread, re-read together while poisoned.
-      constexpr int kVecPerRow = H * ES / 16, kVecs = 8 * kVecPerRow / kThreads;
+      constexpr int kVecPerRow = H * ES / 16, kVecs = 8 * kVecPerRow / kThreadsRS;
       const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
       auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
-        const int idx = threadIdx.x + e * kThreads;
+        const int idx = threadIdx.x + e * kThreadsRS;
         return make_int2(idx / kVecPerRow, idx % kVecPerRow);
       };
       // gather_row_words' code, kept inline: the helper changes this measured instance's SASS.
@@ -973,12 +982,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!kWarpGather || s == 0) __syncthreads();
     trace.mark(0);
 
-    // 2. This warp's K eighth: acc[q] = W_hh's gate-q rows x this block's rows.
+    // 2. This warp's K part: acc[q] = W_hh's gate-q rows x this block's rows.
     float acc[4][4] = {};
 #pragma unroll
-    for (int f = 0; f < kRowSplitKSteps; f += 2) {
+    for (int f = 0; f < KSTEPS; f += 2) {
       uint32_t b[4];
-      ldmatrix_x4(b, xt_lane + (warp * kRowSplitKSteps + f) * 16 * ES);
+      ldmatrix_x4(b, xt_lane + (warp * KSTEPS + f) * 16 * ES);
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         const int ff = f + h2;
@@ -1008,18 +1017,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     trace.mark(4);
 
-    // 3. Gate math of the own unit pair: pre + bias + the 8 partials (a fixed pairwise order).
+    // 3. Gate math of the own unit pair: pre + bias + the warps' partials (a fixed pairwise order).
     scalar_t h[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
     acc_t act_r[2][4], c_new[2];
     if constexpr (kSpreadGates) {
       if (active) {  // warp-uniform (n = warp): the shuffles below see every lane
-        float2 v[kWarps];
+        float2 v[kRSWarps];
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + gate) * (8 * LDU));
+        for (int w = 0; w < kRSWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + gate) * (8 * LDU));
 #pragma unroll
-        for (int w = 1; w < kWarps; w *= 2) {
+        for (int w = 1; w < kRSWarps; w *= 2) {
 #pragma unroll
-          for (int sl = 0; sl + w < kWarps; sl += 2 * w) {
+          for (int sl = 0; sl + w < kRSWarps; sl += 2 * w) {
             v[sl].x += v[sl + w].x;
             v[sl].y += v[sl + w].y;
           }
@@ -1052,13 +1061,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       acc_t pq[4][2];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        float2 v[kWarps];
+        float2 v[kRSWarps];
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (8 * LDU));
+        for (int w = 0; w < kRSWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (8 * LDU));
 #pragma unroll
-        for (int w = 1; w < kWarps; w *= 2) {
+        for (int w = 1; w < kRSWarps; w *= 2) {
 #pragma unroll
-          for (int sl = 0; sl + w < kWarps; sl += 2 * w) {
+          for (int sl = 0; sl + w < kRSWarps; sl += 2 * w) {
             v[sl].x += v[sl + w].x;
             v[sl].y += v[sl + w].y;
           }
@@ -1079,7 +1088,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncthreads();
       if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
-      if (threadIdx.x == kThreads - 32) __threadfence();
+      if (threadIdx.x == kThreadsRS - 32) __threadfence();
     }
     if (owner) store_unit_pair_outputs<kTraining>(a, static_cast<int64_t>(t) * B + grow, H, j, h, act_r, c_new);
     trace.mark(3);
@@ -1132,7 +1141,8 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   // row tile, then from off_part the partials and what follows them, from off_w W_hh's fragments
   // kept in shared memory), with the exchange: kClusterBuffers buffers of h ([B][row_words] 32-bit
   // words each), poisoned, then the kClusterForwardBlocks step flags. False where it does not fit.
-  auto launch_layout = [&](auto kernel, int hc, int row_words, int tile_bytes, int part_bytes, int wsm_bytes) {
+  auto launch_layout = [&](auto kernel, int hc, int row_words, int tile_bytes, int part_bytes, int wsm_bytes,
+                           int threads = kThreads) {
     const void* fn = reinterpret_cast<const void*>(kernel);
     if (!ptx_at_least(fn, 90)) return false;
     Geometry& g = args.g;
@@ -1148,10 +1158,10 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     g.off_part = static_cast<int>(align16(tile_bytes));
     g.off_w = static_cast<int>(align16(g.off_part + part_bytes));
     g.smem = g.off_w + wsm_bytes;
-    if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
+    if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop, threads)) return false;
     const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * row_words;
     return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
-                                static_cast<size_t>(h_words) * 4);
+                                static_cast<size_t>(h_words) * 4, threads);
   };
   // One cluster-kernel instance.
   auto launch_instance = [&](auto mt_c, auto hc_c, auto whole_k_c) {
@@ -1166,17 +1176,28 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   // The row-split kernel (16-bit types, H = 1024, B <= 16) where cluster_row_split asks for it.
   auto launch_row_split = [&]() {
     if constexpr (kOps == ClusterOperands::kSixteenBit) {
-      using L = RowSplitLayout<scalar_t, 1024>;
-      auto launch = [&](auto kernel) {
-        return launch_layout(kernel, 1024, L::kRowWords, L::kTileBytes, L::kPartialBytes, L::kWsmBytes);
+      auto with_warps = [&](auto warps_c) {
+        constexpr int kRSWarps = decltype(warps_c)::value;
+        using L = RowSplitLayout<scalar_t, 1024, kRSWarps>;
+        auto launch = [&](auto kernel) {
+          return launch_layout(kernel, 1024, L::kRowWords, L::kTileBytes, L::kPartialBytes, L::kWsmBytes,
+                               L::kThreadsRS);
+        };
+        auto with_gates = [&](auto warp_gather_c) {
+          constexpr bool kWarpGather = decltype(warp_gather_c)::value;
+          if constexpr (kRSWarps == 16) {  // always with spread gates: 16 partials a gate
+            return launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, true, 16>);
+          } else {
+            return row_split_spread_gates()
+                       ? launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, true,
+                                                                          kRSWarps>)
+                       : launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, false,
+                                                                          kRSWarps>);
+          }
+        };
+        return row_split_warp_gather() ? with_gates(std::true_type{}) : with_gates(std::false_type{});
       };
-      auto with_gates = [&](auto warp_gather_c) {
-        constexpr bool kWarpGather = decltype(warp_gather_c)::value;
-        return row_split_spread_gates()
-                   ? launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, true>)
-                   : launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, false>);
-      };
-      return row_split_warp_gather() ? with_gates(std::true_type{}) : with_gates(std::false_type{});
+      return row_split_warps() == 16 ? with_warps(IntConst<16>{}) : with_warps(IntConst<8>{});
     } else {
       return false;
     }
