@@ -787,8 +787,8 @@ __device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* s
 
 // kRSWarps warps a block (8, or 16 with SEQKERNELS_LSTM_ROW_SPLIT_WARPS=16), each a K part of
 // KSTEPS k16 steps: with 8, k-steps 0..3 of W_hh's fragments in registers and 4..7 in shared
-// memory (64 KB read every step); with 16 (512 threads, at most 128 registers each) all 4 in
-// registers and none in shared memory.
+// memory (64 KB read every step); with 16 (512 threads, at most 128 registers each) k-steps 0..2
+// in registers and 3 in shared memory (32 KB a step).
 template <class scalar_t, int HC, int kRSWarps>
 struct RowSplitLayout {
   static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8, LDX = HC + 16 / ES;
@@ -803,7 +803,7 @@ struct RowSplitLayout {
 };
 
 // kWarpGather (SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER, diagnostic; not yet measured): each warp gathers
-// only its own K eighth of the rows (the words of the 8 clusters that produce those units) and
+// only its own K part of the rows (the words of the clusters that produce those units) and
 // multiplies it without a block barrier, so a warp whose producers are done starts its product
 // (shared-memory bound: W_hh's k-steps 4..7 are 64 KB a step) while the others still wait.
 // kSpreadGates (SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES, diagnostic; not yet measured): the gate math
@@ -1022,6 +1022,8 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
     acc_t act_r[2][4], c_new[2];
     if constexpr (kSpreadGates) {
       if (active) {  // warp-uniform (n = warp): the shuffles below see every lane
+        // One gate's partials summed as the one-thread path below sums each gate's (a shared helper
+        // changed that measured path's SASS, 2026-11-28).
         float2 v[kRSWarps];
 #pragma unroll
         for (int w = 0; w < kRSWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + gate) * (8 * LDU));
