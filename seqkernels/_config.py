@@ -70,10 +70,6 @@ CUDA_CLUSTER_POLL_DATA_MAX_BATCH = 16
 # instances on 16-bit operands (H = 1024) multiply all of K in each block (no partial sums between
 # the pair); SEQKERNELS_LSTM_CLUSTER_WHOLE_K=0 never, =1 at any B (diagnostic)
 CUDA_CLUSTER_WHOLE_K_MAX_BATCH = 8
-# cluster_row_split, csrc/cuda/lstm_persistent.cuh: from this B (to 16) the 16-bit types' calls of the
-# cluster kernel at H = 1024 run the row-split kernel (the pair splits the batch rows, each block all of
-# K); SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 never, =1 at any B <= 16 (diagnostic)
-CUDA_CLUSTER_ROW_SPLIT_MIN_BATCH = 4
 # one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxRows
 # at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows,
 # all resident at once: the occupancy API's answer at launch)
@@ -240,12 +236,11 @@ def cluster_whole_k(batch: int) -> bool:
     return setting != "0" if setting else batch <= CUDA_CLUSTER_WHOLE_K_MAX_BATCH
 
 
-def cluster_row_split(batch: int) -> bool:
-    """cluster_row_split (csrc/cuda/lstm_persistent.cuh): whether the 16-bit types' cluster-kernel calls
-    at H = 1024, B <= 16 run the row-split kernel (SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT, diagnostic: "0"
-    never, set otherwise at any B)."""
-    setting = os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "")
-    return setting != "0" if setting else batch >= CUDA_CLUSTER_ROW_SPLIT_MIN_BATCH
+def cluster_row_split() -> bool:
+    """cluster_row_split (csrc/cuda/lstm_persistent.cuh): whether the 16-bit types' calls at H = 1024,
+    B <= 16 run the row-split kernel (the pair splits the batch rows, each block all of K; from B = 1,
+    where the direct kernel ran before it), unless SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 (diagnostic)."""
+    return os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "") != "0"
 
 
 def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
@@ -292,14 +287,13 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
+    if clusters and hidden == 1024 and elem == 2 and cluster_row_split():
+        return ("the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; "
+                "the pair splits the batch rows, each block all of K, each warp gathering its own K eighth; it polls "
+                "h_{t-1} itself, not the step flags")
     if clusters and hidden == 1024 and batch >= min_batch:
         polls = (f"; at B <= {CUDA_CLUSTER_POLL_DATA_MAX_BATCH} it polls h_{{t-1}} itself, not the step flags"
                  if batch <= CUDA_CLUSTER_POLL_DATA_MAX_BATCH else "")
-        if elem == 2 and cluster_row_split(batch):
-            forced = os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "")
-            when = f"SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT={forced}" if forced else f"B >= {CUDA_CLUSTER_ROW_SPLIT_MIN_BATCH}"
-            return (f"the row-split forward kernel: 16-bit types, H = 1024 and {when}, equal batch sizes, sm_90 "
-                    f"with >= 128 SMs; the pair splits the batch rows, each block all of K{polls}")
         if sixteen and cluster_whole_k(batch):
             polls += "; each block multiplies all of K (no partial sums between the pair)"
         return (f"the cluster forward kernel in one m16 tile: H = 1024 and B >= {min_batch}, equal batch sizes, "

@@ -292,12 +292,12 @@ _CLI_CHOICES = [
      ["(the one-cluster forward kernel: B = 8 <= 64 and H = 256"], ["split K"]),
     (["--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the row-split forward kernel: 16-bit types, "
-      "H = 1024 and B >= 4, equal batch sizes, sm_90 with >= 128 SMs; the pair splits the batch rows, each block "
-      "all of K; at B <= 16 it polls h_{t-1} itself, not the step flags)"], ["cluster forward kernel"]),
+      "H = 1024, equal batch sizes, sm_90 with >= 128 SMs; the pair splits the batch rows, each block all of K, "
+      "each warp gathering its own K eighth; it polls h_{t-1} itself, not the step flags)"],
+     ["cluster forward kernel"]),
     (["--batch", "3", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2, equal batch sizes, sm_90 with >= 128 "
-      "SMs; at B <= 16 it polls h_{t-1} itself, not the step flags; each block multiplies all of K (no partial "
-      "sums between the pair))"], ["row-split"]),
+     ["forward: persistent (auto: B = 3 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"],
+     ["cluster forward kernel", "direct forward kernel"]),
     (["--batch", "8", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "each block multiplies all of K"],
      ["row-split"]),
@@ -306,7 +306,8 @@ _CLI_CHOICES = [
     (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "all of K"], []),
     (["--batch", "1", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["forward: persistent (auto: B = 1 <= 16 and H = 1024 <= 1024 (the direct forward kernel)"], []),
+     ["forward: persistent (auto: B = 1 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"],
+     ["cluster forward kernel", "direct forward kernel"]),
     (["--batch", "32", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["the cluster forward kernel"], ["polls h_{t-1} itself"]),
     (["--batch", "8", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
@@ -326,13 +327,14 @@ _CLI_CHOICES = [
 ]
 
 
-@pytest.mark.parametrize("setting,batch,kernel", [("0", 8, "the cluster forward kernel in one m16 tile"),
-                                                 ("1", 3, "the row-split forward kernel: 16-bit types, H = 1024 and "
-                                                          "SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=1"),
-                                                 ("1", 1, "the direct forward kernel")])
+@pytest.mark.parametrize("setting,batch,kernel", [
+    ("0", 8, "(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"),
+    ("0", 3, "(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"),
+    ("0", 1, "(the direct forward kernel)"),
+    ("1", 1, "(the row-split forward kernel")])
 def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel):
-    """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): 0 keeps the cluster kernel at B = 8, 1 takes the
-    row split below its B = 4 (not at B = 1, where the cluster kernel does not run)."""
+    """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): 0 gives 16-bit types at H = 1024 the last rule's
+    kernels (the cluster kernel from B = 2, the direct kernel at B = 1); anything else the row split."""
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", setting)
     out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr

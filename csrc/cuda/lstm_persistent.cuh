@@ -76,33 +76,17 @@ inline bool cluster_whole_k(int64_t batch) {
 
 // Whether the cluster forward kernel's calls at H = 1024, B <= 16 on 16-bit types run the row-split
 // kernel instead (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K
-// and all of the cluster's units, nothing exchanged between the pair): from kClusterRowSplitMinBatch.
-// One build on an H200 (2026-11-28, `infer`, T = 256, CUDA-graph replays, ms, the cluster kernel /
-// the row-split kernel): bf16 B = 2 / 3 / 4 / 8 / 12 / 16 0.517-0.527 / 0.519-0.526,
-// 0.527-0.528 / 0.530-0.536, 0.556-0.558 / 0.536-0.543, 0.602-0.604 / 0.576-0.584, 0.682-0.683 /
-// 0.600-0.610, 0.704-0.707 / 0.630-0.638; fp16 the same to within 0.01 ms.
-// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never, set otherwise at any B <= 16.
-constexpr int64_t kClusterRowSplitMinBatch = 4;
-inline bool cluster_row_split(int64_t batch) {
-  const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT");
-  return mode == 1 || (mode == -1 && batch >= kClusterRowSplitMinBatch);
-}
-// SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER (diagnostic): set and not "0", the row-split kernel's warps
-// each gather their own K eighth and multiply it without a block barrier (kWarpGather); unset, never.
-// Compile-checked only (2026-11-28): not yet measured on a GPU.
-inline bool row_split_warp_gather() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER") == 1; }
-// SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES (diagnostic): set and not "0", the row-split kernel's gate
-// math on 4 threads a unit pair, one gate each (kSpreadGates); unset, never. Compile-checked only
-// (2026-11-28): not yet measured on a GPU.
-inline bool row_split_spread_gates() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES") == 1; }
-// SEQKERNELS_LSTM_ROW_SPLIT_WARPS (diagnostic): "16", the row-split kernel in 512 threads (16 warps,
-// each a K sixteenth with 3 of its 4 k-steps' W_hh fragments in registers: 32 KB of W_hh read from
-// shared memory a step instead of 64), always with spread gates; unset or anything else, 8 warps.
-// Compile-checked only (2026-11-28; 128 registers, 16-64 bytes of spill stores): not yet measured on a GPU.
-inline int row_split_warps() {
-  const char* env = std::getenv("SEQKERNELS_LSTM_ROW_SPLIT_WARPS");
-  return env != nullptr && std::strcmp(env, "16") == 0 ? 16 : 8;
-}
+// and all of the cluster's units, nothing exchanged between the pair, each warp gathering its own
+// K eighth); at B = 1 it also takes the call from the direct kernel (cluster_forward_applies).
+// One build on an H200 (2026-11-28, `infer`, T = 256, CUDA-graph replays, ms, this rule's kernel
+// against the last one's: B = 1 the direct kernel, B = 2 / 3 the whole-K cluster kernel, B >= 4 the
+// row split with the whole tile gathered before a block barrier): bf16 B = 1 / 2 / 3 / 4 0.446-0.458
+// / 0.492-0.493, 0.437-0.443 / 0.527-0.528, 0.455-0.466 / 0.518, 0.448-0.467 / 0.532; B = 8 / 12 /
+// 16 0.525-0.530 / 0.575-0.579, 0.552-0.555 / 0.601-0.607, 0.579-0.583 / 0.629-0.635; fp16 the same
+// to within 0.01 ms; `train` eager calls B = 4 / 8 / 16 1-2 % faster (docs/benchmarks.md).
+// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never (the last rule's kernels at B >= 4 on
+// the whole-K or K-halves cluster kernel); unset or anything else, always.
+inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") != 0; }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
@@ -151,9 +135,11 @@ inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count,
 constexpr int64_t kClusterForwardMinBatchOneTile = 2;
 constexpr int64_t kClusterForwardMinBatchOneTileTf32 = 8;
 inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
-  // (cluster_forward_fits has no float32 H = 1024 instance without TF32.)
-  const int64_t one_tile_min_batch =
-      ops == ClusterOperands::kTf32 ? kClusterForwardMinBatchOneTileTf32 : kClusterForwardMinBatchOneTile;
+  // (cluster_forward_fits has no float32 H = 1024 instance without TF32.) 16-bit types at B = 1
+  // take the row-split kernel (cluster_row_split, above).
+  int64_t one_tile_min_batch = kClusterForwardMinBatchOneTile;
+  if (ops == ClusterOperands::kTf32) one_tile_min_batch = kClusterForwardMinBatchOneTileTf32;
+  if (ops == ClusterOperands::kSixteenBit && cluster_row_split()) one_tile_min_batch = 1;
   return cluster_forward_fits(s, sm_major, sm_count, ops) && (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
 }
 

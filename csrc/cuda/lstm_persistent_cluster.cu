@@ -733,7 +733,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------
 // Forward kernel in clusters of two blocks, the batch rows split between the pair (row split;
-// 16-bit types, H = 1024, 4 <= B <= 16: cluster_row_split, lstm_persistent.cuh)
+// 16-bit types, H = 1024, B <= 16: cluster_row_split, lstm_persistent.cuh)
 // ---------------------------------------------------------------------------------------
 // The K halves exchange partial sums between the pair after the product (~1100 cycles a step at
 // bf16 B = 8 / 16, H = 1024); whole K removes that but doubles the bytes each block gathers
@@ -745,13 +745,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 // so a block of 8 rows wastes no tile rows. The price is W_hh: the block holds the cluster's whole
 // [64, H] slice, 128 KB, twice the K halves' slice: each warp's K eighth (8 k-steps x 4 m16 tiles)
 // keeps k-steps 0..3 in registers and 4..7 in shared memory, read every step.
-// Warps: 8 K eighths (16 K sixteenths, kRSWarps); their partials of a (gate row, batch row) meet in
-// shared memory in a fixed order (deterministic), then 64 threads apply the cell to a unit pair of
-// one row each.
+// Warps: 8 K eighths. Each warp gathers only its own K eighth of the rows (the words of the
+// clusters that produce those units) and multiplies it without a block barrier, so a warp whose
+// producers are done starts its product (shared-memory bound: W_hh's k-steps 4..7 are 64 KB a
+// step) while the others still wait. Their partials of a (gate row, batch row) meet in shared
+// memory in a fixed order (deterministic), then 64 threads apply the cell to a unit pair of one
+// row each. (Measured on an H200, 2026-11-28, `infer` CUDA-graph replays, bf16 H = 1024: the whole
+// tile gathered before a block barrier took 0.537 / 0.629 ms at B = 4 / 16 against 0.464 / 0.581;
+// the gate math spread over 4 threads a unit pair, 0.555 / 0.681 against 0.537 / 0.627; 16 warps,
+// half of W_hh's shared-memory reads, 0.568 / 0.711 against 0.557 / 0.683: docs/benchmarks.md.)
 // The exchange and its poison are the cluster kernel's (the same buffers, flags and argument:
 // a block's readers are the rank-r blocks, which it reads from in turn).
 constexpr int kRowSplitRegKSteps = 4;  // k16 steps a warp with W_hh's A fragments in registers (the rest in shared memory)
-constexpr int kRowSplitRegKSteps16 = 3;  // the same with 16 warps (4 k-steps a warp; 128 registers a thread)
 constexpr int kRowSplitLdu = 20;       // row stride (floats) of the partials: conflict-free stores
 
 // The row-split kernel's gather: thread-owned 16-byte words of h_{t-1} (word_of(e): the row among
@@ -785,42 +790,31 @@ __device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* s
   }
 }
 
-// kRSWarps warps a block (8, or 16 with SEQKERNELS_LSTM_ROW_SPLIT_WARPS=16), each a K part of
-// KSTEPS k16 steps: with 8, k-steps 0..3 of W_hh's fragments in registers and 4..7 in shared
-// memory (64 KB read every step); with 16 (512 threads, at most 128 registers each) k-steps 0..2
-// in registers and 3 in shared memory (32 KB a step).
-template <class scalar_t, int HC, int kRSWarps>
+// 8 warps a block, each a K eighth of KSTEPS k16 steps: k-steps 0..3 of W_hh's fragments in
+// registers and 4..7 in shared memory (64 KB read every step).
+template <class scalar_t, int HC>
 struct RowSplitLayout {
   static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8, LDX = HC + 16 / ES;
-  static constexpr int kThreadsRS = kRSWarps * 32, KSTEPS = HC / 16 / kRSWarps;
-  static constexpr int KSR = kRSWarps == 16 ? kRowSplitRegKSteps16 : kRowSplitRegKSteps, KSS = KSTEPS - KSR;
+  static constexpr int kWarps = kThreads / 32, KSTEPS = HC / 16 / kWarps;
+  static constexpr int KSR = kRowSplitRegKSteps, KSS = KSTEPS - KSR;
   static constexpr int kRowWords = HC * ES / 4;
   // Shared memory: the row tile [8][LDX], the partials [warp][gate][row][kRowSplitLdu], W_hh's
   // k-steps KSR.. as A fragments [warp][gate][k-step][lane] (uint4).
   static constexpr int kTileBytes = ROWS * LDX * ES;
-  static constexpr int kPartialBytes = kRSWarps * 4 * ROWS * kRowSplitLdu * 4;
-  static constexpr int kWsmBytes = kRSWarps * 4 * KSS * 32 * 16;
+  static constexpr int kPartialBytes = kWarps * 4 * ROWS * kRowSplitLdu * 4;
+  static constexpr int kWsmBytes = kWarps * 4 * KSS * 32 * 16;
 };
 
-// kWarpGather (SEQKERNELS_LSTM_ROW_SPLIT_WARP_GATHER, diagnostic; not yet measured): each warp gathers
-// only its own K part of the rows (the words of the clusters that produce those units) and
-// multiplies it without a block barrier, so a warp whose producers are done starts its product
-// (shared-memory bound: W_hh's k-steps 4..7 are 64 KB a step) while the others still wait.
-// kSpreadGates (SEQKERNELS_LSTM_ROW_SPLIT_SPREAD_GATES, diagnostic; not yet measured): the gate math
-// on 4 threads a unit pair (warp n = batch row n, lane = pair + 8 gate), each summing one gate's
-// partials (one a warp) and activating it, the 4 activations then shuffled to all four, instead of one thread
-// doing all 4 gates (64 threads, 32 partial loads and 8 activations each; 591 cycles at B = 16).
-template <class scalar_t, bool kTraining, int HC, bool kWarpGather, bool kSpreadGates, int kRSWarps>
-__global__ void __launch_bounds__(kRSWarps * 32, 1)
+template <class scalar_t, bool kTraining, int HC>
+__global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_row_split_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = float;
   using Math = CudaMath;
-  using L = RowSplitLayout<scalar_t, HC, kRSWarps>;
+  using L = RowSplitLayout<scalar_t, HC>;
   constexpr int H = HC, UC = L::UC, LDX = L::LDX, ES = L::ES, KSR = L::KSR, KSS = L::KSS, KSTEPS = L::KSTEPS;
-  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu, kThreadsRS = L::kThreadsRS;
+  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu, kWarps = L::kWarps;
   static_assert(UC == 16 && KSTEPS % 2 == 0, "row-split kernel: H = 1024");
-  static_assert(kRSWarps == 8 || (kRSWarps == 16 && kSpreadGates), "row-split kernel: 16 warps with spread gates");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);                     // [8][LDX]: this block's rows of h_{t-1}
@@ -834,7 +828,7 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
   if (nrows <= 0) return;                           // B = 1: block 1 has no rows (nothing reads from it)
 
   // Rows >= nrows of the tile stay zero (finite) for the whole sequence.
-  for (int i = threadIdx.x; i < L::kTileBytes / 16; i += kThreadsRS) reinterpret_cast<uint4*>(smem)[i] = uint4{};
+  for (int i = threadIdx.x; i < L::kTileBytes / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
 
   // A fragments of gate q's m16 tile (rows: units cluster * UC + 0..15), k-step f of the K part of
   // `warp`: a0 = A[gq][2tq, 2tq + 1], a1 = A[gq + 8][..], a2 / a3 the same at k + 8.
@@ -860,33 +854,21 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
     }
   }
 
-  // This thread's gate items: units j, j + 1 (pair `pair` of the cluster's 16) of batch row row0 + n;
-  // with kSpreadGates gate `gate` of them (threads of warps n < nrows, all), else all four (threads
-  // 0..63 at most). The owner (gate 0) publishes and stores the pair.
-  const int pair = kSpreadGates ? lane & 7 : threadIdx.x % (UC / 2);
-  const int n = kSpreadGates ? warp : threadIdx.x / (UC / 2);
-  const int gate = kSpreadGates ? lane >> 3 : 0;
-  const bool active = n < nrows, owner = active && gate == 0;
+  // This thread's gate items: units j, j + 1 (pair `pair` of the cluster's 16) of batch row
+  // row0 + n, all four gates (threads 0..63 at most), which it publishes and stores.
+  const int pair = threadIdx.x % (UC / 2), n = threadIdx.x / (UC / 2);
+  const bool active = n < nrows;
   const int j = cluster * UC + 2 * pair, grow = row0 + n;
   acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
   scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
   if (active) load_unit_pair_state(a, H, grow, j, c_st, h_st, bias_r);
-  float2 bias_gate = {0.0f, 0.0f};  // kSpreadGates: this thread's gate's biases
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    if (q == gate) bias_gate = make_float2(bias_r[q][0], bias_r[q][1]);
-  }
-  float2 pv[4] = {}, pv_next[4] = {};  // kSpreadGates: this thread's gate in [0]
+  float2 pv[4] = {}, pv_next[4] = {};
   auto prefetch = [&](int s, float2 (&dst)[4]) {
     if (active) {
       const int t = a.reverse ? T - 1 - s : s;
       const acc_t* pr = a.pre + (static_cast<int64_t>(t) * B + grow) * (4 * H) + j;
-      if constexpr (kSpreadGates) {
-        dst[0] = *reinterpret_cast<const float2*>(pr + gate * H);
-      } else {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
-      }
+      for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
     }
   };
   prefetch(0, pv);
@@ -908,17 +890,17 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
     // 1. The row tile: this block's rows of h_{t-1} (h0 at the first step).
     if (s == 0) {
       constexpr int per_row = H / 4;  // chunks of 4 elements
-      for (int i = threadIdx.x; i < nrows * per_row; i += kThreadsRS) {
+      for (int i = threadIdx.x; i < nrows * per_row; i += kThreads) {
         const int r = i / per_row, c = (i - r * per_row) * 4;
         *reinterpret_cast<uint2*>(xt + r * LDX + c) =
             *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(row0 + r) * H + c);
       }
-    } else if constexpr (kWarpGather) {
-      // This warp's K part (units H / kRSWarps * warp ..): the words of the kPartClusters clusters
+    } else {
+      // This warp's K eighth (units H / 8 * warp ..): the words of the kPartClusters clusters
       // that produce them, whose rank-r blocks' step flags lanes 0.. wait for unless a.poll_data.
       // Only this warp reads these columns of the tile (its ldmatrix below), so a __syncwarp
       // orders them.
-      constexpr int kPartClusters = H / kRSWarps / UC;
+      constexpr int kPartClusters = H / kWarps / UC;
       if (!a.poll_data) {
         if (lane < kPartClusters) {
           const uint32_t* fl = flags + 2 * (warp * kPartClusters + lane) + rank;
@@ -927,8 +909,8 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
         }
         __syncwarp();
       }
-      // 16-byte words (8 units): 16 a row in a K eighth (8 in a sixteenth), 4 (2) a lane.
-      constexpr int kVecPerRow = H * ES / 16 / kRSWarps, kVecs = 8 * kVecPerRow / 32;
+      // 16-byte words (8 units): 16 a row in a K eighth, 4 a lane.
+      constexpr int kVecPerRow = H * ES / 16 / kWarps, kVecs = 8 * kVecPerRow / 32;
       const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
       auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
         const int idx = lane + e * 32;
@@ -936,50 +918,9 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
       };
       gather_row_words<kVecs, kRowWords, LDX>(xt, src, nrows, word_of, static_cast<unsigned>(s));
       __syncwarp();
-    } else {
-      // The producers of these rows are the rank-r blocks (blocks 2 i + rank): warp 0 waits for
-      // their step flags unless a.poll_data (then the poisoned words are polled themselves).
-      if (warp == 0 && !a.poll_data) {
-        const uint32_t* fl = flags + 2 * lane + rank;
-        const long long t0 = clock64();
-        while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s) || ld_relaxed_u32(fl + 64) < static_cast<uint32_t>(s)) {
-          check_spin_timeout(t0, static_cast<unsigned>(s));
-        }
-      }
-      __syncthreads();
-      // 16-byte words (8 units): 128 a row, at most 4 a thread, re-read together while poisoned.
-      constexpr int kVecPerRow = H * ES / 16, kVecs = 8 * kVecPerRow / kThreadsRS;
-      const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
-      auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
-        const int idx = threadIdx.x + e * kThreadsRS;
-        return make_int2(idx / kVecPerRow, idx % kVecPerRow);
-      };
-      // gather_row_words' code, kept inline: the helper changes this measured instance's SASS.
-      uint4 v[kVecs];
-      unsigned pending = 0;
-#pragma unroll
-      for (int e = 0; e < kVecs; ++e) {
-        const int2 rw = word_of(e);
-        if (rw.x < nrows) {
-          v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
-          if (poisoned(v[e])) pending |= 1u << e;
-        }
-      }
-      reread_poisoned<kVecs>(
-          v, pending,
-          [&](int e) {
-            const int2 rw = word_of(e);
-            return src + rw.x * kRowWords + rw.y * 4;
-          },
-          static_cast<unsigned>(s));
-#pragma unroll
-      for (int e = 0; e < kVecs; ++e) {
-        const int2 rw = word_of(e);
-        if (rw.x < nrows) *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * 8) = v[e];
-      }
     }
     if (s + 1 < T) prefetch(s + 1, pv_next);
-    if (!kWarpGather || s == 0) __syncthreads();
+    if (s == 0) __syncthreads();  // h0's rows were stored by any thread
     trace.mark(0);
 
     // 2. This warp's K part: acc[q] = W_hh's gate-q rows x this block's rows.
@@ -1020,56 +961,17 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
     // 3. Gate math of the own unit pair: pre + bias + the warps' partials (a fixed pairwise order).
     scalar_t h[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
     acc_t act_r[2][4], c_new[2];
-    if constexpr (kSpreadGates) {
-      if (active) {  // warp-uniform (n = warp): the shuffles below see every lane
-        // One gate's partials summed as the one-thread path below sums each gate's (a shared helper
-        // changed that measured path's SASS, 2026-11-28).
-        float2 v[kRSWarps];
-#pragma unroll
-        for (int w = 0; w < kRSWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + gate) * (8 * LDU));
-#pragma unroll
-        for (int w = 1; w < kRSWarps; w *= 2) {
-#pragma unroll
-          for (int sl = 0; sl + w < kRSWarps; sl += 2 * w) {
-            v[sl].x += v[sl + w].x;
-            v[sl].y += v[sl + w].y;
-          }
-        }
-        const float x0 = pv[0].x + bias_gate.x + v[0].x, x1 = pv[0].y + bias_gate.y + v[0].y;
-        float y0, y1;
-        if (gate == 2) {
-          y0 = Math::tanh(x0);
-          y1 = Math::tanh(x1);
-        } else {
-          y0 = Math::sigmoid(x0);
-          y1 = Math::sigmoid(x1);
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          act_r[0][q] = __shfl_sync(0xffffffffu, y0, pair + 8 * q);
-          act_r[1][q] = __shfl_sync(0xffffffffu, y1, pair + 8 * q);
-        }
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const LstmGates<float> act{act_r[e][0], act_r[e][1], act_r[e][2], act_r[e][3]};
-          float m;
-          lstm_cell_state<Math>(act, c_st[e], c_new[e], m);
-          c_st[e] = c_new[e];
-          h[e] = static_cast<scalar_t>(m);
-          h_st[e] = h[e];
-        }
-      }
-    } else if (active) {
+    if (active) {
       acc_t pq[4][2];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        float2 v[kRSWarps];
+        float2 v[kWarps];
 #pragma unroll
-        for (int w = 0; w < kRSWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (8 * LDU));
+        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (8 * LDU));
 #pragma unroll
-        for (int w = 1; w < kRSWarps; w *= 2) {
+        for (int w = 1; w < kWarps; w *= 2) {
 #pragma unroll
-          for (int sl = 0; sl + w < kRSWarps; sl += 2 * w) {
+          for (int sl = 0; sl + w < kWarps; sl += 2 * w) {
             v[sl].x += v[sl + w].x;
             v[sl].y += v[sl + w].y;
           }
@@ -1084,21 +986,21 @@ __global__ void __launch_bounds__(kRSWarps * 32, 1)
     // among the rank-r blocks), then the outputs.
     if (s + 1 < T) {
       const int64_t at = static_cast<int64_t>(grow) * kRowWords + j * ES / 4;
-      if (owner) {
+      if (active) {
         st_relaxed_u32(hx + (s % kClusterBuffers) * buf_words + at, unpoisoned(pack2(h[0], h[1])));
         st_relaxed_u32(hx + ((s + 2) % kClusterBuffers) * buf_words + at, kClusterPoison);
       }
       __syncthreads();
       if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
-      if (threadIdx.x == kThreadsRS - 32) __threadfence();
+      if (threadIdx.x == kThreads - 32) __threadfence();
     }
-    if (owner) store_unit_pair_outputs<kTraining>(a, static_cast<int64_t>(t) * B + grow, H, j, h, act_r, c_new);
+    if (active) store_unit_pair_outputs<kTraining>(a, static_cast<int64_t>(t) * B + grow, H, j, h, act_r, c_new);
     trace.mark(3);
 #pragma unroll
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
   }
   report_trace(trace, kTraining ? "forward row split (training)" : "forward row split (inference)", g);
-  if (owner) {
+  if (active) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       a.h_n[grow * H + j + e] = h_st[e];
@@ -1143,8 +1045,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   // row tile, then from off_part the partials and what follows them, from off_w W_hh's fragments
   // kept in shared memory), with the exchange: kClusterBuffers buffers of h ([B][row_words] 32-bit
   // words each), poisoned, then the kClusterForwardBlocks step flags. False where it does not fit.
-  auto launch_layout = [&](auto kernel, int hc, int row_words, int tile_bytes, int part_bytes, int wsm_bytes,
-                           int threads = kThreads) {
+  auto launch_layout = [&](auto kernel, int hc, int row_words, int tile_bytes, int part_bytes, int wsm_bytes) {
     const void* fn = reinterpret_cast<const void*>(kernel);
     if (!ptx_at_least(fn, 90)) return false;
     Geometry& g = args.g;
@@ -1160,10 +1061,10 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     g.off_part = static_cast<int>(align16(tile_bytes));
     g.off_w = static_cast<int>(align16(g.off_part + part_bytes));
     g.smem = g.off_w + wsm_bytes;
-    if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop, threads)) return false;
+    if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
     const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * row_words;
     return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
-                                static_cast<size_t>(h_words) * 4, threads);
+                                static_cast<size_t>(h_words) * 4);
   };
   // One cluster-kernel instance.
   auto launch_instance = [&](auto mt_c, auto hc_c, auto whole_k_c) {
@@ -1178,33 +1079,14 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   // The row-split kernel (16-bit types, H = 1024, B <= 16) where cluster_row_split asks for it.
   auto launch_row_split = [&]() {
     if constexpr (kOps == ClusterOperands::kSixteenBit) {
-      auto with_warps = [&](auto warps_c) {
-        constexpr int kRSWarps = decltype(warps_c)::value;
-        using L = RowSplitLayout<scalar_t, 1024, kRSWarps>;
-        auto launch = [&](auto kernel) {
-          return launch_layout(kernel, 1024, L::kRowWords, L::kTileBytes, L::kPartialBytes, L::kWsmBytes,
-                               L::kThreadsRS);
-        };
-        auto with_gates = [&](auto warp_gather_c) {
-          constexpr bool kWarpGather = decltype(warp_gather_c)::value;
-          if constexpr (kRSWarps == 16) {  // always with spread gates: 16 partials a gate
-            return launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, true, 16>);
-          } else {
-            return row_split_spread_gates()
-                       ? launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, true,
-                                                                          kRSWarps>)
-                       : launch(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, kWarpGather, false,
-                                                                          kRSWarps>);
-          }
-        };
-        return row_split_warp_gather() ? with_gates(std::true_type{}) : with_gates(std::false_type{});
-      };
-      return row_split_warps() == 16 ? with_warps(IntConst<16>{}) : with_warps(IntConst<8>{});
+      using L = RowSplitLayout<scalar_t, 1024>;
+      return launch_layout(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024>, 1024, L::kRowWords,
+                           L::kTileBytes, L::kPartialBytes, L::kWsmBytes);
     } else {
       return false;
     }
   };
-  if (s.H == 1024 && s.B <= 16 && cluster_row_split(s.B) && launch_row_split()) return true;
+  if (s.H == 1024 && s.B <= 16 && cluster_row_split() && launch_row_split()) return true;
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
     if constexpr (kFloat && !kHalf && HC > 512 && (kX3 || MT > 2)) {

@@ -666,13 +666,13 @@ bool make_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U, Geomet
   return false;
 }
 
-// Whether all g.nblocks blocks of the kernel (in clusters of g.cl where g.cl > 1; `threads` a
-// block) can be resident at once; prepares the kernel for its dynamic shared memory.
-inline bool co_resident(const void* fn, const Geometry& g, const cudaDeviceProp& prop, int threads = kThreads) {
+// Whether all g.nblocks blocks of the kernel (in clusters of g.cl where g.cl > 1) can be resident
+// at once; prepares the kernel for its dynamic shared memory.
+inline bool co_resident(const void* fn, const Geometry& g, const cudaDeviceProp& prop) {
   ensure_dynamic_smem(fn, g.smem);
-  const int per_sm = max_blocks_per_sm(fn, threads, g.smem);
+  const int per_sm = max_blocks_per_sm(fn, kThreads, g.smem);
   if (per_sm <= 0 || per_sm * prop.multiProcessorCount < g.nblocks) return false;
-  return g.cl <= 1 || max_active_clusters(fn, threads, g.smem, g.cl) * g.cl >= g.nblocks;
+  return g.cl <= 1 || max_active_clusters(fn, kThreads, g.smem, g.cl) * g.cl >= g.nblocks;
 }
 
 // Picks U (4, then 8 units per block) such that the geometry (make(U, g)) fits and all blocks
@@ -694,10 +694,10 @@ bool plan(const LstmSizes& s, const cudaDeviceProp& prop, Kernel kernel, Geometr
 // Cooperative launch (all blocks co-resident, or an error, never a partial grid), in clusters
 // of g.cl blocks where g.cl > 1.
 template <class Kernel, class Args>
-bool launch_cooperative(Kernel kernel, const Args& args, cudaStream_t stream, int threads = kThreads) {
+bool launch_cooperative(Kernel kernel, const Args& args, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(args.g.nblocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(args.g.smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -728,12 +728,12 @@ inline bool common_preconditions(const LstmSizes& s, const cudaDeviceProp& prop)
   return s.P == 0 && s.B >= 1 && s.B <= kMaxBatch && s.H >= 1 && prop.cooperativeLaunch;
 }
 
-// The exchange buffer and the cooperative launch of a planned kernel (`threads` a block). The
-// buffer has `words` 8-byte words (0: the LL buffer's [2, B, row_words]); its first poison_bytes
-// are set to 0xff, the rest (flags) zeroed, on the current stream.
+// The exchange buffer and the cooperative launch of a planned kernel. The buffer has `words`
+// 8-byte words (0: the LL buffer's [2, B, row_words]); its first poison_bytes are set to 0xff,
+// the rest (flags) zeroed, on the current stream.
 template <class Kernel, class Args>
 bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Tensor& like, int64_t words = 0,
-                          size_t poison_bytes = 0, int threads = kThreads) {
+                          size_t poison_bytes = 0) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (words == 0) words = 2 * static_cast<int64_t>(args.g.B) * args.g.row_words;
   at::Tensor buf = at::empty({words}, like.options().dtype(at::kLong));
@@ -742,7 +742,7 @@ bool launch_with_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Ten
   if (poison_bytes > 0) C10_CUDA_CHECK(cudaMemsetAsync(bytes, 0xff, poison_bytes, stream));
   C10_CUDA_CHECK(cudaMemsetAsync(bytes + poison_bytes, 0, buf.nbytes() - poison_bytes, stream));
   buffer = reinterpret_cast<u64*>(buf.data_ptr());
-  return launch_cooperative(kernel, args, stream, threads);
+  return launch_cooperative(kernel, args, stream);
 }
 
 // A compile-time int as a value: the host picks a kernel instance by trying its template
