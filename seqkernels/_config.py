@@ -63,9 +63,10 @@ CUDA_CLUSTER_FORWARD_HIDDEN = (256, 512, 1024)
 CUDA_CLUSTER_FORWARD_HIDDEN_FLOAT32 = (256, 512)
 CUDA_CLUSTER_FORWARD_MAX_BATCH_TF32_1024 = 32
 CUDA_CLUSTER_FORWARD_MIN_SMS = 128
-# cluster_polls_data, csrc/cuda/lstm_persistent.cuh: up to this B the cluster kernel polls h_{t-1}'s
-# poisoned words without waiting for the step flags first
-CUDA_CLUSTER_POLL_DATA_MAX_BATCH = 16
+# cluster_polls_data, csrc/cuda/lstm_persistent.cuh: where a block gathers at most this many bytes of
+# h_{t-1} a step (its rows of its K range), the cluster kernels poll h_{t-1}'s poisoned words without
+# waiting for the step flags first
+CUDA_CLUSTER_POLL_DATA_MAX_BYTES = 32 * 1024
 # cluster_whole_k, csrc/cuda/lstm_persistent.cuh: up to this B the cluster kernel's one-m16-tile
 # instances on 16-bit operands (H = 1024) multiply all of K in each block (no partial sums between
 # the pair); SEQKERNELS_LSTM_CLUSTER_WHOLE_K=0 never, =1 at any B (diagnostic)
@@ -243,6 +244,21 @@ def cluster_row_split() -> bool:
     return os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "") != "0"
 
 
+def _cluster_polls(rows: int, k_range: int, operand_bytes: int) -> str:
+    """cluster_polls_data (csrc/cuda/lstm_persistent.cuh) for a block that gathers `rows` rows of
+    `k_range` units of h_{t-1} a step, `operand_bytes` each: the CLI's clause."""
+    setting = os.environ.get("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", "")
+    gathered = rows * k_range * operand_bytes
+    if setting:
+        polls, why = setting != "0", f"SEQKERNELS_LSTM_CLUSTER_POLL_DATA={setting}"
+    else:
+        polls = gathered <= CUDA_CLUSTER_POLL_DATA_MAX_BYTES
+        why = (f"a block gathers {gathered / 1024:g} KiB of h_{{t-1}} a step, {'<=' if polls else '>'} "
+               f"{CUDA_CLUSTER_POLL_DATA_MAX_BYTES // 1024} KiB")
+    return (f"; it polls h_{{t-1}} itself, not the step flags ({why})" if polls
+            else f"; it waits for the step flags ({why})")
+
+
 def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
     """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) at B > 16: why the forward's cluster
     kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None. 16-bit
@@ -261,7 +277,9 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
                "and H = 1024 with TF32 (TF32 operands: SEQKERNELS_LSTM_CLUSTER_HALF=0)")
     else:
         return None
-    cluster = "the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes"
+    operand_bytes = 2 if elem == 2 or (not x3 and cluster_half_products()) else 4
+    cluster = ("the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes"
+               f"{_cluster_polls(batch, hidden // 2, operand_bytes)}")
     if elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
         return f"{why} ({_one_cluster(batch, hidden)}; else {cluster})"
     return f"{why} ({cluster})"
@@ -289,12 +307,12 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
     if clusters and hidden == 1024 and elem == 2 and cluster_row_split():
         return ("the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; "
-                "the pair splits the batch rows, each block all of K, each warp gathering its own K eighth; it polls "
-                "h_{t-1} itself, not the step flags")
+                "the pair splits the batch rows, each block all of K, each warp gathering its own K eighth"
+                f"{_cluster_polls((batch + 1) // 2, hidden, 2)}")
     if clusters and hidden == 1024 and batch >= min_batch:
-        polls = (f"; at B <= {CUDA_CLUSTER_POLL_DATA_MAX_BATCH} it polls h_{{t-1}} itself, not the step flags"
-                 if batch <= CUDA_CLUSTER_POLL_DATA_MAX_BATCH else "")
-        if sixteen and cluster_whole_k(batch):
+        whole_k = sixteen and cluster_whole_k(batch)
+        polls = _cluster_polls(batch, hidden if whole_k else hidden // 2, 2 if sixteen else 4)
+        if whole_k:
             polls += "; each block multiplies all of K (no partial sums between the pair)"
         return (f"the cluster forward kernel in one m16 tile: H = 1024 and B >= {min_batch}, equal batch sizes, "
                 f"sm_90 with >= 128 SMs{polls}")

@@ -293,7 +293,8 @@ _CLI_CHOICES = [
     (["--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 16 <= 16 and H = 1024 <= 1024 (the row-split forward kernel: 16-bit types, "
       "H = 1024, equal batch sizes, sm_90 with >= 128 SMs; the pair splits the batch rows, each block all of K, "
-      "each warp gathering its own K eighth; it polls h_{t-1} itself, not the step flags)"],
+      "each warp gathering its own K eighth; it polls h_{t-1} itself, not the step flags (a block gathers 16 KiB "
+      "of h_{t-1} a step, <= 32 KiB))"],
      ["cluster forward kernel"]),
     (["--batch", "3", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 3 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"],
@@ -302,14 +303,22 @@ _CLI_CHOICES = [
      ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "each block multiplies all of K"],
      ["row-split"]),
     (["--batch", "9", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["at B <= 16 it polls h_{t-1} itself, not the step flags)"], ["all of K"]),
+     ["it polls h_{t-1} itself, not the step flags (a block gathers 9 KiB of h_{t-1} a step, <= 32 KiB))"],
+     ["all of K"]),
     (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "all of K"], []),
     (["--batch", "1", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 1 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"],
      ["cluster forward kernel", "direct forward kernel"]),
     (["--batch", "32", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["the cluster forward kernel"], ["polls h_{t-1} itself"]),
+     ["(the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes; it polls h_{t-1} itself, not the "
+      "step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB))"], ["waits"]),
+    (["--batch", "48", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
+     ["the cluster forward kernel", "it waits for the step flags (a block gathers 48 KiB of h_{t-1} a step, > 32 "
+      "KiB)"], ["polls h_{t-1} itself"]),
+    (["--batch", "64", "--hidden", "512", "--dtype", "float32", "--device", "cuda"],
+     ["it polls h_{t-1} itself, not the step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB)"],
+     ["waits"]),
     (["--batch", "8", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["backward (training): persistent (auto: state B*H*2 bytes = 8 KiB <= 8 KiB (the one-cluster backward kernel "
       "where its clusters are resident, equal batch sizes, sm_90; else the split or general kernel)"], []),
@@ -339,6 +348,32 @@ def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel):
     out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")
     assert out.returncode == 0, out.stderr
     assert kernel in out.stdout
+
+
+@pytest.mark.parametrize("hidden,tf32,clause", [
+    (512, False, "it waits for the step flags (a block gathers 64 KiB of h_{t-1} a step, > 32 KiB)"),
+    (512, True, "it polls h_{t-1} itself, not the step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB)"),
+    (256, False, "it polls h_{t-1} itself, not the step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB)")])
+def test_cluster_polls_by_the_bytes_a_block_gathers(monkeypatch, hidden, tf32, clause):
+    """cluster_polls_data's rule at float32 B = 64: a block's K half of 64 rows, float operands
+    without TF32 (4 bytes), scaled fp16 operands with it (2 bytes)."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", raising=False)
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    forward = lstm_loop_choice(64, hidden, torch.float32, 0, "cuda", tf32=tf32, clusters=True)["forward"]
+    assert forward[0] == "persistent" and clause in forward[1], forward
+
+
+@pytest.mark.parametrize("setting,clause", [("0", "it waits for the step flags (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0)"),
+                                            ("1", "it polls h_{t-1} itself, not the step flags "
+                                                  "(SEQKERNELS_LSTM_CLUSTER_POLL_DATA=1)")])
+def test_cli_follows_the_poll_data_switch(monkeypatch, setting, clause):
+    """SEQKERNELS_LSTM_CLUSTER_POLL_DATA (diagnostic) overrides the 32 KiB rule either way: at B = 64,
+    H = 1024 (64 KiB a block, the step flags by the rule) and at B = 16 (the row split's 16 KiB)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", setting)
+    for batch in (64, 16):
+        out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")
+        assert out.returncode == 0, out.stderr
+        assert clause in out.stdout, batch
 
 
 @pytest.mark.parametrize("args,present,absent", _CLI_CHOICES, ids=[" ".join(a) for a, _, _ in _CLI_CHOICES])

@@ -1071,7 +1071,8 @@ def test_cluster_forward_long_sequence_matches_reference(monkeypatch, precision_
     poisoned two steps before it is written again, the step flags only hints) 16 times: the
     outputs and every gradient against the float64 reference; with the step flags waited for
     first (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0), and without them (=1: the poisoned words polled;
-    unset, the rule polls them at B <= 8). The row-split kernel is off here."""
+    unset, the rule polls them where a block gathers at most 32 KiB of h_{t-1} a step). The
+    row-split kernel is off here."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD", "1")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")

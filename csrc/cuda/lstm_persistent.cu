@@ -343,7 +343,6 @@ bool lstm_persistent_forward(const LstmSizes& s, bool reverse, bool training, bo
   FwdArgs<scalar_t> args{};
   if (!build_segments(s, args.seg)) return false;
   args.trace = trace_requested();
-  args.poll_data = cluster_polls_data(s);
   args.reverse = reverse;
   args.pre = pre;
   args.pre_unscale = pre_unscale;

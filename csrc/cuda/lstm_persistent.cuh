@@ -143,16 +143,26 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
   return cluster_forward_fits(s, sm_major, sm_count, ops) && (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
 }
 
-// Whether the cluster kernel polls the poisoned words of h_{t-1} themselves instead of waiting for
-// the producers' step flags first: one L2 round trip and one block barrier fewer a step. bf16,
-// H = 1024, `infer` replays on an H200 (2026-11-28, flags / polled data): B = 8 0.750-0.752 /
-// 0.652-0.654 ms, B = 16 0.812-0.818 / 0.702-0.707 ms, with a thread's poisoned words re-read
-// together (re-read one at a time, B = 16 had been 1.32 ms polled). B > 16 not measured: flags.
+// Whether the cluster forward kernels (and the row split) poll the poisoned words of h_{t-1}
+// themselves instead of waiting for the producers' step flags first: one L2 round trip and one
+// block barrier fewer a step, but every thread's words re-read while poisoned, which costs more
+// than it saves once a block gathers more than kClusterPollDataMaxBytes of h_{t-1} a step (its rows
+// of its K range; the caller passes the bytes). `infer` replays on an H200 (ms, flags / polled):
+// bf16 H = 1024 B = 8 0.750-0.752 / 0.652-0.654, B = 16 0.812-0.818 / 0.702-0.707 (2026-11-28,
+// 16 KB); then (2026-11-28, thirty-second session) B = 17 / 24 / 32 1.067-1.069 / 0.953-0.968,
+// 1.137-1.149 / 1.020-1.034, 1.191-1.205 / 1.072-1.089 (17-32 KB), B = 48 / 64 1.863 / 3.99-4.08,
+// 2.064-2.079 / 4.537-4.542 (48 / 64 KB); float32 with TF32 (scaled fp16 operands) H = 256 B = 24 /
+// 64 0.680-0.682 / 0.585-0.594, 0.933-0.937 / 0.802-0.806 (6 / 16 KB), H = 512 B = 17 / 32 / 48 /
+// 64 0.758-0.761 / 0.640-0.642, 0.828-0.829 / 0.698-0.700, 1.142-1.144 / 1.007-1.013,
+// 1.195 / 1.087-1.098 (up to 32 KB), H = 1024 B = 17 / 32 / 48 1.144-1.145 / 1.036, 1.277-1.279 /
+// 1.148-1.151 (up to 32 KB), 1.933-1.942 / 4.449-4.466 (48 KB); without TF32 (float operands)
+// H = 256 B = 24 / 64 0.911-0.920 / 0.759-0.763, 1.325-1.327 / 1.195-1.197 (12 / 32 KB), H = 512
+// B = 24 / 64 1.289-1.297 / 1.200-1.203 (24 KB), 2.342-2.344 / 4.708-4.716 (64 KB).
 // SEQKERNELS_LSTM_CLUSTER_POLL_DATA (diagnostic): "0" never, anything else always; unset, this rule.
-constexpr int64_t kClusterPollDataMaxBatch = 16;
-inline bool cluster_polls_data(const LstmSizes& s) {
+constexpr int64_t kClusterPollDataMaxBytes = 32 * 1024;
+inline bool cluster_polls_data(int64_t gathered_bytes) {
   const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_POLL_DATA");
-  return mode == -1 ? s.B <= kClusterPollDataMaxBatch : mode == 1;
+  return mode == -1 ? gathered_bytes <= kClusterPollDataMaxBytes : mode == 1;
 }
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved

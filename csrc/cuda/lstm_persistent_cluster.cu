@@ -1045,7 +1045,9 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   // row tile, then from off_part the partials and what follows them, from off_w W_hh's fragments
   // kept in shared memory), with the exchange: kClusterBuffers buffers of h ([B][row_words] 32-bit
   // words each), poisoned, then the kClusterForwardBlocks step flags. False where it does not fit.
-  auto launch_layout = [&](auto kernel, int hc, int row_words, int tile_bytes, int part_bytes, int wsm_bytes) {
+  // gathered_bytes: what a block gathers of h_{t-1} a step (cluster_polls_data).
+  auto launch_layout = [&](auto kernel, int hc, int row_words, int tile_bytes, int part_bytes, int wsm_bytes,
+                           int64_t gathered_bytes) {
     const void* fn = reinterpret_cast<const void*>(kernel);
     if (!ptx_at_least(fn, 90)) return false;
     Geometry& g = args.g;
@@ -1063,6 +1065,7 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     g.smem = g.off_w + wsm_bytes;
     if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
     const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * row_words;
+    args.poll_data = cluster_polls_data(gathered_bytes);
     return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
                                 static_cast<size_t>(h_words) * 4);
   };
@@ -1074,14 +1077,14 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     // The partials, then the two mbarriers (and kHalf's row scales).
     return launch_layout(&lstm_persistent_forward_cluster_kernel<scalar_t, kTraining, MT, HC, kOps, kWholeK>, HC,
                          L::kRowWords, L::kTileBytes, L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0),
-                         L::kWsmBytes);
+                         L::kWsmBytes, s.B * L::KQ * L::ES);
   };
   // The row-split kernel (16-bit types, H = 1024, B <= 16) where cluster_row_split asks for it.
   auto launch_row_split = [&]() {
     if constexpr (kOps == ClusterOperands::kSixteenBit) {
       using L = RowSplitLayout<scalar_t, 1024>;
       return launch_layout(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024>, 1024, L::kRowWords,
-                           L::kTileBytes, L::kPartialBytes, L::kWsmBytes);
+                           L::kTileBytes, L::kPartialBytes, L::kWsmBytes, (s.B + 1) / 2 * 1024 * L::ES);
     } else {
       return false;
     }
