@@ -244,6 +244,22 @@ def cluster_row_split() -> bool:
     return os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "") != "0"
 
 
+def row_split_wide() -> bool:
+    """row_split_wide (csrc/cuda/lstm_persistent.cuh): whether the row-split kernel also takes the
+    16-bit types' calls at 16 < B <= 64, H = 1024 (SEQKERNELS_LSTM_ROW_SPLIT_WIDE, diagnostic, off)."""
+    setting = os.environ.get("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "")
+    return setting not in ("", "0")
+
+
+def _row_split(batch: int) -> str:
+    """The row-split forward kernel's line (16-bit types, H = 1024; csrc/cuda/lstm_persistent_cluster.cu)."""
+    rows = (batch + 1) // 2
+    tiles = f"; {-(-rows // 8)} n8 tiles of rows a block (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1)" if batch > 16 else ""
+    return ("the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; "
+            f"the pair splits the batch rows, each block all of K, each warp gathering its own K eighth{tiles}"
+            f"{_cluster_polls(rows, 1024, 2)}")
+
+
 def _cluster_polls(rows: int, k_range: int, operand_bytes: int) -> str:
     """cluster_polls_data (csrc/cuda/lstm_persistent.cuh) for a block that gathers `rows` rows of
     `k_range` units of h_{t-1} a step, `operand_bytes` each: the CLI's clause."""
@@ -280,6 +296,8 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
     operand_bytes = 2 if elem == 2 or (not x3 and cluster_half_products()) else 4
     cluster = ("the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes"
                f"{_cluster_polls(batch, hidden // 2, operand_bytes)}")
+    if elem == 2 and hidden == 1024 and cluster_row_split() and row_split_wide():
+        cluster = _row_split(batch)
     if elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
         return f"{why} ({_one_cluster(batch, hidden)}; else {cluster})"
     return f"{why} ({cluster})"
@@ -306,9 +324,7 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
     if clusters and hidden == 1024 and elem == 2 and cluster_row_split():
-        return ("the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; "
-                "the pair splits the batch rows, each block all of K, each warp gathering its own K eighth"
-                f"{_cluster_polls((batch + 1) // 2, hidden, 2)}")
+        return _row_split(batch)
     if clusters and hidden == 1024 and batch >= min_batch:
         whole_k = sixteen and cluster_whole_k(batch)
         polls = _cluster_polls(batch, hidden if whole_k else hidden // 2, 2 if sixteen else 4)

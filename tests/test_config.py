@@ -350,6 +350,22 @@ def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel):
     assert kernel in out.stdout
 
 
+@pytest.mark.parametrize("setting,batch,present,absent", [
+    ("1", 64, "(the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; the "
+              "pair splits the batch rows, each block all of K, each warp gathering its own K eighth; 4 n8 tiles of "
+              "rows a block (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1); it waits for the step flags (a block gathers 64 KiB",
+     "cluster forward kernel"),
+    ("1", 24, "2 n8 tiles of rows a block (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1); it polls h_{t-1} itself",
+     "cluster forward kernel"),
+    ("0", 24, "(the cluster forward kernel: sm_90", "row-split")])
+def test_cli_follows_the_wide_row_split_switch(monkeypatch, setting, batch, present, absent):
+    """SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1 (diagnostic) gives the row split 16 < B <= 64 at H = 1024 (16-bit)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", setting)
+    out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", "float16", "--device", "cuda")
+    assert out.returncode == 0, out.stderr
+    assert present in out.stdout and absent not in out.stdout
+
+
 @pytest.mark.parametrize("hidden,tf32,clause", [
     (512, False, "it waits for the step flags (a block gathers 64 KiB of h_{t-1} a step, > 32 KiB)"),
     (512, True, "it polls h_{t-1} itself, not the step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB)"),

@@ -87,6 +87,10 @@ inline bool cluster_whole_k(int64_t batch) {
 // SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never (the last rule's kernels at B >= 4 on
 // the whole-K or K-halves cluster kernel); unset or anything else, always.
 inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") != 0; }
+// SEQKERNELS_LSTM_ROW_SPLIT_WIDE (diagnostic): set and not "0", the row split also at 16 < B <= 64
+// (2 / 4 n8 tiles of rows a block: no partial sums between the pair, where the cluster kernel
+// exchanges them); unset, never. Compile-checked only (2026-11-28): not yet measured on a GPU.
+inline bool row_split_wide() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_WIDE") == 1; }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {

@@ -791,10 +791,13 @@ __device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* s
 }
 
 // 8 warps a block, each a K eighth of KSTEPS k16 steps: k-steps 0..3 of W_hh's fragments in
-// registers and 4..7 in shared memory (64 KB read every step).
-template <class scalar_t, int HC>
+// registers and 4..7 in shared memory (64 KB read every step). NT n8 tiles of batch rows a block
+// (up to 8 NT rows): 1 to B = 16, the rule; 2 / 4 to B = 32 / 64 with
+// SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1 (diagnostic; compile-checked only, 2026-11-28). At NT = 4 the
+// shared memory is 66 KB of rows, 80 KB of partials and 64 KB of W_hh.
+template <class scalar_t, int HC, int NT = 1>
 struct RowSplitLayout {
-  static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8, LDX = HC + 16 / ES;
+  static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8 * NT, LDX = HC + 16 / ES;
   static constexpr int kWarps = kThreads / 32, KSTEPS = HC / 16 / kWarps;
   static constexpr int KSR = kRowSplitRegKSteps, KSS = KSTEPS - KSR;
   static constexpr int kRowWords = HC * ES / 4;
@@ -805,16 +808,17 @@ struct RowSplitLayout {
   static constexpr int kWsmBytes = kWarps * 4 * KSS * 32 * 16;
 };
 
-template <class scalar_t, bool kTraining, int HC>
+template <class scalar_t, bool kTraining, int HC, int NT>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_row_split_kernel(const __grid_constant__ FwdArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = float;
   using Math = CudaMath;
-  using L = RowSplitLayout<scalar_t, HC>;
+  using L = RowSplitLayout<scalar_t, HC, NT>;
   constexpr int H = HC, UC = L::UC, LDX = L::LDX, ES = L::ES, KSR = L::KSR, KSS = L::KSS, KSTEPS = L::KSTEPS;
-  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu, kWarps = L::kWarps;
+  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu, kWarps = L::kWarps, ROWS = L::ROWS;
   static_assert(UC == 16 && KSTEPS % 2 == 0, "row-split kernel: H = 1024");
+  static_assert(ROWS * (UC / 2) <= kThreads, "row-split kernel: one unit pair of one row a thread");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);                     // [8][LDX]: this block's rows of h_{t-1}
@@ -855,7 +859,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // This thread's gate items: units j, j + 1 (pair `pair` of the cluster's 16) of batch row
-  // row0 + n, all four gates (threads 0..63 at most), which it publishes and stores.
+  // row0 + n, all four gates (threads 0..8 ROWS - 1 at most), which it publishes and stores.
   const int pair = threadIdx.x % (UC / 2), n = threadIdx.x / (UC / 2);
   const bool active = n < nrows;
   const int j = cluster * UC + 2 * pair, grow = row0 + n;
@@ -873,10 +877,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   prefetch(0, pv);
 
-  // ldmatrix.x4 of two k-steps' B fragments: lane l gives row l % 8 of the tile at k + 8 (l / 8).
+  // ldmatrix.x4 of two k-steps' B fragments: lane l gives row l % 8 of an n8 tile at k + 8 (l / 8).
   const uint32_t xt_lane = shared_address(xt) + ((lane & 7) * LDX + (lane >> 3) * 8) * ES;
-  // This warp's partials: c0 / c1 (gate row gq, batch rows 2tq, 2tq + 1), c2 / c3 (gate row gq + 8).
-  float* const part_warp = part + warp * (4 * 8 * LDU);
+  // This warp's partials: c0 / c1 (gate row gq, batch rows 2tq, 2tq + 1 of a tile), c2 / c3 (gate row gq + 8).
+  float* const part_warp = part + warp * (4 * ROWS * LDU);
   const float* const own0 = part + n * LDU + 2 * pair;
 
   const int64_t buf_words = static_cast<int64_t>(B) * kRowWords;
@@ -909,51 +913,79 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         __syncwarp();
       }
-      // 16-byte words (8 units): 16 a row in a K eighth, 4 a lane.
-      constexpr int kVecPerRow = H * ES / 16 / kWarps, kVecs = 8 * kVecPerRow / 32;
+      // 16-byte words (8 units): 16 a row in a K eighth, 4 NT a lane; at NT = 4 in two passes of
+      // 16 rows (half the words in registers at once: the whole tile's 64 spilled).
+      constexpr int kPasses = NT > 2 ? 2 : 1, kPassRows = ROWS / kPasses;
+      constexpr int kVecPerRow = H * ES / 16 / kWarps, kVecs = kPassRows * kVecPerRow / 32;
       const uint32_t* src = hx + ((s - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
-      auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
-        const int idx = lane + e * 32;
-        return make_int2(idx / kVecPerRow, warp * kVecPerRow + idx % kVecPerRow);
-      };
-      gather_row_words<kVecs, kRowWords, LDX>(xt, src, nrows, word_of, static_cast<unsigned>(s));
+      if constexpr (kPasses == 1) {
+        auto word_of = [&](int e) {  // element e's row (of this block's) and 16-byte word
+          const int idx = lane + e * 32;
+          return make_int2(idx / kVecPerRow, warp * kVecPerRow + idx % kVecPerRow);
+        };
+        gather_row_words<kVecs, kRowWords, LDX>(xt, src, nrows, word_of, static_cast<unsigned>(s));
+      } else {
+#pragma unroll 1
+        for (int r0 = 0; r0 < nrows; r0 += kPassRows) {
+          auto word_of = [&](int e) {
+            const int idx = lane + e * 32;
+            return make_int2(r0 + idx / kVecPerRow, warp * kVecPerRow + idx % kVecPerRow);
+          };
+          gather_row_words<kVecs, kRowWords, LDX>(xt, src, nrows, word_of, static_cast<unsigned>(s));
+        }
+      }
       __syncwarp();
     }
     if (s + 1 < T) prefetch(s + 1, pv_next);
     if (s == 0) __syncthreads();  // h0's rows were stored by any thread
     trace.mark(0);
 
-    // 2. This warp's K part: acc[q] = W_hh's gate-q rows x this block's rows.
-    float acc[4][4] = {};
+    // 2. This warp's K part: acc[q][nt] = W_hh's gate-q rows x this block's rows of n8 tile nt
+    // (tiles without rows skipped: block-uniform).
+    float acc[4][NT][4] = {};
 #pragma unroll
     for (int f = 0; f < KSTEPS; f += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, xt_lane + (warp * KSTEPS + f) * 16 * ES);
+      uint32_t b[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (nt == 0 || nt * 8 < nrows) ldmatrix_x4(b[nt], xt_lane + (nt * 8 * LDX + (warp * KSTEPS + f) * 16) * ES);
+      }
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         const int ff = f + h2;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           if (ff < KSR) {
-            MmaInst<scalar_t>::run(acc[q], afr[q][ff < KSR ? ff : 0], b[2 * h2], b[2 * h2 + 1]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              if (nt == 0 || nt * 8 < nrows) {
+                MmaInst<scalar_t>::run(acc[q][nt], afr[q][ff < KSR ? ff : 0], b[nt][2 * h2], b[nt][2 * h2 + 1]);
+              }
+            }
           } else {
             const uint4 w = wsm_warp[(q * KSS + ff - KSR) * 32];
             const uint32_t af[4] = {w.x, w.y, w.z, w.w};
-            MmaInst<scalar_t>::run(acc[q], af, b[2 * h2], b[2 * h2 + 1]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              if (nt == 0 || nt * 8 < nrows) MmaInst<scalar_t>::run(acc[q][nt], af, b[nt][2 * h2], b[nt][2 * h2 + 1]);
+            }
           }
         }
       }
     }
     trace.mark(1);
-    // The partials: gate row (unit) gq / gq + 8, batch rows 2tq / 2tq + 1. The last step's gate math
-    // read them before the last step's publish barrier.
+    // The partials: gate row (unit) gq / gq + 8, batch rows 8 nt + 2tq / + 1. The last step's gate
+    // math read them before the last step's publish barrier.
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      float* pq = part_warp + q * (8 * LDU) + 2 * tq * LDU + gq;
-      pq[0] = acc[q][0];
-      pq[LDU] = acc[q][1];
-      pq[8] = acc[q][2];
-      pq[LDU + 8] = acc[q][3];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float* pq = part_warp + q * (ROWS * LDU) + (nt * 8 + 2 * tq) * LDU + gq;
+        pq[0] = acc[q][nt][0];
+        pq[LDU] = acc[q][nt][1];
+        pq[8] = acc[q][nt][2];
+        pq[LDU + 8] = acc[q][nt][3];
+      }
     }
     __syncthreads();
     trace.mark(4);
@@ -967,7 +999,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < 4; ++q) {
         float2 v[kWarps];
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (8 * LDU));
+        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (ROWS * LDU));
 #pragma unroll
         for (int w = 1; w < kWarps; w *= 2) {
 #pragma unroll
@@ -1079,17 +1111,24 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
                          L::kRowWords, L::kTileBytes, L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0),
                          L::kWsmBytes, s.B * L::KQ * L::ES);
   };
-  // The row-split kernel (16-bit types, H = 1024, B <= 16) where cluster_row_split asks for it.
-  auto launch_row_split = [&]() {
+  // The row-split kernel (16-bit types, H = 1024, B <= 16; to B = 64 with row_split_wide) where
+  // cluster_row_split asks for it: NT n8 tiles of rows a block.
+  auto launch_row_split = [&](auto nt_c) {
     if constexpr (kOps == ClusterOperands::kSixteenBit) {
-      using L = RowSplitLayout<scalar_t, 1024>;
-      return launch_layout(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024>, 1024, L::kRowWords,
+      constexpr int NT = decltype(nt_c)::value;
+      using L = RowSplitLayout<scalar_t, 1024, NT>;
+      return launch_layout(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, NT>, 1024, L::kRowWords,
                            L::kTileBytes, L::kPartialBytes, L::kWsmBytes, (s.B + 1) / 2 * 1024 * L::ES);
     } else {
       return false;
     }
   };
-  if (s.H == 1024 && s.B <= 16 && cluster_row_split() && launch_row_split()) return true;
+  if (s.H == 1024 && cluster_row_split()) {
+    if (s.B <= 16 && launch_row_split(IntConst<1>{})) return true;
+    if (s.B > 16 && row_split_wide()) {
+      if (s.B <= 32 ? launch_row_split(IntConst<2>{}) : launch_row_split(IntConst<4>{})) return true;
+    }
+  }
   auto try_instance = [&](auto mt_c, auto hc_c) {
     constexpr int MT = decltype(mt_c)::value, HC = decltype(hc_c)::value;
     if constexpr (kFloat && !kHalf && HC > 512 && (kX3 || MT > 2)) {
