@@ -801,7 +801,7 @@ struct RowSplitLayout {
   static constexpr int kWarps = kThreads / 32, KSTEPS = HC / 16 / kWarps;
   static constexpr int KSR = kRowSplitRegKSteps, KSS = KSTEPS - KSR;
   static constexpr int kRowWords = HC * ES / 4;
-  // Shared memory: the row tile [8][LDX], the partials [warp][gate][row][kRowSplitLdu], W_hh's
+  // Shared memory: the row tile [ROWS][LDX], the partials [warp][gate][row][kRowSplitLdu], W_hh's
   // k-steps KSR.. as A fragments [warp][gate][k-step][lane] (uint4).
   static constexpr int kTileBytes = ROWS * LDX * ES;
   static constexpr int kPartialBytes = kWarps * 4 * ROWS * kRowSplitLdu * 4;
@@ -821,7 +821,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(ROWS * (UC / 2) <= kThreads, "row-split kernel: one unit pair of one row a thread");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);                     // [8][LDX]: this block's rows of h_{t-1}
+  scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);                     // [ROWS][LDX]: this block's rows of h_{t-1}
   float* const part = reinterpret_cast<float*>(smem + g.off_part);           // [warp][gate][row][LDU]
   uint4* const wsm = reinterpret_cast<uint4*>(smem + g.off_w);               // [warp][gate][k-step - KSR][lane]
   const int B = g.B, T = g.T;
