@@ -84,8 +84,8 @@ inline bool cluster_whole_k(int64_t batch) {
 // / 0.492-0.493, 0.437-0.443 / 0.527-0.528, 0.455-0.466 / 0.518, 0.448-0.467 / 0.532; B = 8 / 12 /
 // 16 0.525-0.530 / 0.575-0.579, 0.552-0.555 / 0.601-0.607, 0.579-0.583 / 0.629-0.635; fp16 the same
 // to within 0.01 ms; `train` eager calls B = 4 / 8 / 16 1-2 % faster (docs/benchmarks.md).
-// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never (the last rule's kernels at B >= 4 on
-// the whole-K or K-halves cluster kernel); unset or anything else, always.
+// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never (the direct kernel at B = 1, the
+// cluster kernel from B = 2: whole K to B = 8, K halves above); unset or anything else, always.
 inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") != 0; }
 // SEQKERNELS_LSTM_ROW_SPLIT_WIDE (diagnostic): set and not "0", the row split also at 16 < B <= 64
 // (2 / 4 n8 tiles of rows a block: no partial sums between the pair, where the cluster kernel
