@@ -928,15 +928,20 @@ _ONE_CLUSTER_CASES = [
 ]
 
 
-def _last_bool_argument(fn, kernel: str) -> set[bool]:
-    """The last template argument (true / false) of the `kernel` instances that ran in fn()."""
+def _last_arguments(fn, kernel: str, value: str) -> set[str]:
+    """The last template argument (matching the regex `value`) of the `kernel` instances that ran in fn()."""
     found = set()
     for n in kernel_names(fn):
         if kernel + "<" in n:
-            m = re.search(re.escape(kernel) + r"<[^>]*, (true|false)>", n)
+            m = re.search(re.escape(kernel) + r"<[^>]*, (" + value + ")>", n)
             assert m, n
-            found.add(m.group(1) == "true")
+            found.add(m.group(1))
     return found
+
+
+def _last_bool_argument(fn, kernel: str) -> set[bool]:
+    """The last template argument (true / false) of the `kernel` instances that ran in fn()."""
+    return {v == "true" for v in _last_arguments(fn, kernel, "true|false")}
 
 
 def _one_cluster_split_k(fn) -> set[bool]:
@@ -1122,13 +1127,7 @@ def test_cluster_forward_whole_k_matches_reference(monkeypatch, precision_name, 
 
 def _row_split_tiles(fn) -> set[int]:
     """The NT template argument (n8 tiles of rows a block, the last) of the row-split kernels that ran in fn()."""
-    tiles = set()
-    for n in kernel_names(fn):
-        if "lstm_persistent_forward_row_split_kernel<" in n:
-            m = re.search(r"lstm_persistent_forward_row_split_kernel<[^>]*, (\d+)>", n)
-            assert m, n
-            tiles.add(int(m.group(1)))
-    return tiles
+    return {int(v) for v in _last_arguments(fn, "lstm_persistent_forward_row_split_kernel", r"\d+")}
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
