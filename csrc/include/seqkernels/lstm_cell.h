@@ -19,14 +19,6 @@ struct LstmGates {
   V i, f, g, o;
 };
 
-// The state of one hidden unit from its activated gates: c_t and m = o ⊙ tanh(c_t)
-// (lstm_cell_forward's last part, for kernels that activate the gates on separate threads).
-template <class Math, class V>
-SK_HOST_DEVICE void lstm_cell_state(const LstmGates<V>& act, V c_prev, V& c, V& m) {
-  c = act.f * c_prev + act.i * act.g;
-  m = act.o * Math::tanh(c);
-}
-
 // Forward of one hidden unit.
 //   pre: gate pre-activations (x·W_ihᵀ + h·W_hhᵀ + b_ih + b_hh); c_prev: c_{t-1}
 //   act: activated gates (saved for backward); c: c_t; m: o ⊙ tanh(c_t), which is h_t
@@ -37,7 +29,8 @@ SK_HOST_DEVICE void lstm_cell_forward(const LstmGates<V>& pre, V c_prev, LstmGat
   act.f = Math::sigmoid(pre.f);
   act.g = Math::tanh(pre.g);
   act.o = Math::sigmoid(pre.o);
-  lstm_cell_state<Math>(act, c_prev, c, m);
+  c = act.f * c_prev + act.i * act.g;
+  m = act.o * Math::tanh(c);
 }
 
 // Backward of one hidden unit.
