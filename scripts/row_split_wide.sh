@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The wide row split (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1, diagnostic: the row-split forward kernel at
-# 16 < B <= 64, H = 1024, 16-bit types, in 2 / 4 n8 tiles of rows a block; docs/kernels.md, "The
-# row split") in one device call after the build's (each step time-boxed; about 5 minutes on an
-# H200):
-#   1. its test alone (SEQKERNELS_TEST_ROW_SPLIT_WIDE=1; a kernel that traps would spoil the rest
-#      of a shared pytest process);
-#   2. compute-sanitizer memcheck, synccheck and racecheck of sanitize_lstm.py --cluster with the
-#      switch on (fp16 B = 20 and bf16 B = 40 at H = 1024 run it);
+# The wide row split (the row-split forward kernel at 16 < B <= 64, H = 1024, 16-bit types, in 2 / 4
+# n8 tiles of rows a block; the rule since 2026-11-28, SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 gives those
+# calls back to the cluster kernel; docs/kernels.md, "The row split") in one device call after the
+# build's (each step time-boxed; about 5 minutes on an H200):
+#   1. its tests alone (test_row_split_wide_*);
+#   2. compute-sanitizer memcheck, synccheck and racecheck of sanitize_lstm.py --cluster (fp16 B = 20
+#      and bf16 B = 40 at H = 1024 run it);
 #   3. the A/B of the switch against the cluster kernel: bf16 / fp16 B = 17, 24, 32, 48, 64,
 #      H = 1024, `infer` (CUDA-graph replays and eager calls), then bf16 B = 32 / 64 `train`;
 #   4. SEQKERNELS_LSTM_TRACE at bf16 B = 32 / 64 with the switch off and on.
@@ -24,14 +23,14 @@ PY="${PYTHON:-python3}"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}" PYTHONUNBUFFERED=1
 WIDE=SEQKERNELS_LSTM_ROW_SPLIT_WIDE
 
-SEQKERNELS_TEST_ROW_SPLIT_WIDE=1 timeout -k 5 120 "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE \
+timeout -k 5 120 "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfE \
   tests/test_lstm_backends.py -k row_split_wide >"$OUT/wide_tests.log" 2>&1
 echo "rc=$?" >>"$OUT/wide_tests.log"
 
 : >"$OUT/wide_sanitizer.log"
 for tool in memcheck synccheck racecheck; do
-  echo "=== $tool ($WIDE=1)" >>"$OUT/wide_sanitizer.log"
-  env "$WIDE=1" PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 5 150 compute-sanitizer --tool "$tool" \
+  echo "=== $tool" >>"$OUT/wide_sanitizer.log"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 5 150 compute-sanitizer --tool "$tool" \
     --error-exitcode 99 "$PY" scripts/sanitize_lstm.py --cluster 2>&1 | grep -v "^ok " >>"$OUT/wide_sanitizer.log"
   echo "rc=${PIPESTATUS[0]}" >>"$OUT/wide_sanitizer.log"
 done

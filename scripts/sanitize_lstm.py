@@ -174,8 +174,8 @@ ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128,
 # each block). The 16-bit H = 1024 cases to B = 16 run the row-split kernel (B = 3: one row fewer
 # to block 1; B = 1: block 1 has none); SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 sends them from B = 2
 # to the cluster kernel (all of K in each block up to B = 8), B = 1 to the direct kernel. fp16
-# B = 20 and bf16 B = 40 at H = 1024 run the cluster kernel in 2 and 4 m16 tiles, and with
-# SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1 the row split in 2 and 4 n8 tiles of rows a block.
+# B = 20 and bf16 B = 40 at H = 1024 run the row split in 2 and 4 n8 tiles of rows a block, and
+# with SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 the cluster kernel in 2 and 4 m16 tiles.
 CLUSTER_FORWARD_CASES = [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
                          ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),
                          ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),

@@ -240,21 +240,21 @@ def cluster_whole_k(batch: int) -> bool:
 def cluster_row_split() -> bool:
     """cluster_row_split (csrc/cuda/lstm_persistent.cuh): whether the 16-bit types' calls at H = 1024,
     B <= 16 run the row-split kernel (the pair splits the batch rows, each block all of K; from B = 1,
-    where the direct kernel ran before it), unless SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 (diagnostic)."""
+    where the direct kernel ran before it), unless SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 (diagnostic,
+    which also keeps it from B > 16: row_split_wide)."""
     return os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "") != "0"
 
 
 def row_split_wide() -> bool:
     """row_split_wide (csrc/cuda/lstm_persistent.cuh): whether the row-split kernel also takes the
-    16-bit types' calls at 16 < B <= 64, H = 1024 (SEQKERNELS_LSTM_ROW_SPLIT_WIDE, diagnostic, off)."""
-    setting = os.environ.get("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "")
-    return setting not in ("", "0")
+    16-bit types' calls at 16 < B <= 64, H = 1024, unless SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 (diagnostic)."""
+    return os.environ.get("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "") != "0"
 
 
 def _row_split(batch: int) -> str:
     """The row-split forward kernel's line (16-bit types, H = 1024; csrc/cuda/lstm_persistent_cluster.cu)."""
     rows = (batch + 1) // 2
-    tiles = f"; {-(-rows // 8)} n8 tiles of rows a block (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1)" if batch > 16 else ""
+    tiles = f"; {-(-rows // 8)} n8 tiles of rows a block" if batch > 16 else ""
     return ("the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; "
             f"the pair splits the batch rows, each block all of K, each warp gathering its own K eighth{tiles}"
             f"{_cluster_polls(rows, 1024, 2)}")

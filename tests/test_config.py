@@ -311,11 +311,15 @@ _CLI_CHOICES = [
      ["forward: persistent (auto: B = 1 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"],
      ["cluster forward kernel", "direct forward kernel"]),
     (["--batch", "32", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["(the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes; it polls h_{t-1} itself, not the "
-      "step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB))"], ["waits"]),
+     ["(the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; the pair "
+      "splits the batch rows, each block all of K, each warp gathering its own K eighth; 2 n8 tiles of rows a "
+      "block; it polls h_{t-1} itself, not the step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB))"],
+     ["waits", "cluster forward kernel"]),
     (["--batch", "48", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
-     ["the cluster forward kernel", "it waits for the step flags (a block gathers 48 KiB of h_{t-1} a step, > 32 "
-      "KiB)"], ["polls h_{t-1} itself"]),
+     ["the row-split forward kernel", "3 n8 tiles of rows a block; it waits for the step flags (a block gathers "
+      "48 KiB of h_{t-1} a step, > 32 KiB)"], ["polls h_{t-1} itself", "cluster forward kernel"]),
+    (["--batch", "24", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
+     ["the cluster forward kernel"], ["row-split"]),
     (["--batch", "64", "--hidden", "512", "--dtype", "float32", "--device", "cuda"],
      ["it polls h_{t-1} itself, not the step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB)"],
      ["waits"]),
@@ -351,15 +355,15 @@ def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel):
 
 
 @pytest.mark.parametrize("setting,batch,present,absent", [
-    ("1", 64, "(the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; the "
-              "pair splits the batch rows, each block all of K, each warp gathering its own K eighth; 4 n8 tiles of "
-              "rows a block (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1); it waits for the step flags (a block gathers 64 KiB",
+    ("", 64, "(the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; the "
+             "pair splits the batch rows, each block all of K, each warp gathering its own K eighth; 4 n8 tiles of "
+             "rows a block; it waits for the step flags (a block gathers 64 KiB",
      "cluster forward kernel"),
-    ("1", 24, "2 n8 tiles of rows a block (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1); it polls h_{t-1} itself",
-     "cluster forward kernel"),
+    ("1", 24, "2 n8 tiles of rows a block; it polls h_{t-1} itself", "cluster forward kernel"),
     ("0", 24, "(the cluster forward kernel: sm_90", "row-split")])
 def test_cli_follows_the_wide_row_split_switch(monkeypatch, setting, batch, present, absent):
-    """SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1 (diagnostic) gives the row split 16 < B <= 64 at H = 1024 (16-bit)."""
+    """The row split takes 16 < B <= 64 at H = 1024 (16-bit) too, unless SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0
+    (diagnostic) gives that back to the cluster kernel."""
     monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", setting)
     out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", "float16", "--device", "cuda")
     assert out.returncode == 0, out.stderr

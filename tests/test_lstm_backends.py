@@ -903,9 +903,11 @@ def test_cluster_forward_matches_reference(monkeypatch, precision_name, B, H, re
     in distributed shared memory): which kernel ran, and the outputs and every gradient (the
     backward reads the gates and cells the forward saved) against the float64 reference;
     SEQKERNELS_LSTM_PERSISTENT_CLUSTER_FORWARD=0 keeps the general kernel (where it applies:
-    U * B <= 256) or the cuBLAS loop."""
+    U * B <= 256) or the cuBLAS loop. The row split, which takes the 16-bit types at H = 1024, is off
+    here (SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "0")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
@@ -1164,15 +1166,11 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
 @pytest.mark.parametrize("precision_name,B,reverse,tiles", [("bfloat16", 17, False, 2), ("float16", 32, True, 2),
                                                             ("bfloat16", 33, True, 4), ("float16", 64, False, 4)])
 def test_row_split_wide_matches_reference(monkeypatch, precision_name, B, reverse, tiles, poll_data):
-    """SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1 (diagnostic) runs the row-split kernel at 16 < B <= 64, H = 1024
-    (2 n8 tiles of rows a block to B = 32, 4 to 64; B = 17 / 33 leave the last tile one row): which
-    instance ran, unset the cluster kernel, and 67 steps against the float64 reference, outputs and
-    every gradient, with the step flags waited for first and with the poisoned words polled."""
-    if os.environ.get("SEQKERNELS_TEST_ROW_SPLIT_WIDE") != "1":
-        # Compile-checked only (2026-11-28): a kernel that traps on its spin guard would leave the
-        # CUDA context unusable for every later test of the process, so it first runs alone.
-        pytest.skip("the wide row-split instances are not yet verified on a GPU: run this test alone with "
-                    "SEQKERNELS_TEST_ROW_SPLIT_WIDE=1")
+    """The row-split kernel also takes 16 < B <= 64 at H = 1024 (2 n8 tiles of rows a block to B = 32,
+    4 to 64; B = 17 / 33 leave the last tile one row); SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 (diagnostic)
+    gives those calls back to the cluster kernel: which instance ran, and 67 steps against the
+    float64 reference, outputs and every gradient, with the step flags waited for first and with the
+    poisoned words polled."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
@@ -1181,12 +1179,31 @@ def test_row_split_wide_matches_reference(monkeypatch, precision_name, B, revers
     with _Precision(precision_name):
         run = _train_call(DTYPE[precision_name], B, 1024, T=3)
         run()
+        assert _row_split_tiles(run) == {tiles}
+        assert "cluster" not in _persistent_variants(run, "forward", "cluster")
+        monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "0")
         assert _row_split_tiles(run) == set()
         assert _persistent_variants(run, "forward", "cluster") == {"cluster"}
-        monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "1")
-        assert _row_split_tiles(run) == {tiles}
+        monkeypatch.delenv("SEQKERNELS_LSTM_ROW_SPLIT_WIDE")
         compare_layer([B] * 67, 5, 1024, reverse=reverse, bias=True, precision=precision_name, seed=71 + B,
                       what="wide row-split forward, 67 steps")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,B", [("float16", 40), ("bfloat16", 24)])
+def test_row_split_wide_in_cuda_graph(monkeypatch, precision_name, B):
+    """Inference and a training step whose forward runs the wide row split (4 / 2 n8 tiles of rows a
+    block), captured in CUDA graphs: replays on fresh input data agree with eager calls."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, 1024, T=3)
+        run()
+        assert _row_split_tiles(run) == {4 if B > 32 else 2}
+        torch.manual_seed(11)
+        model = seqkernels.LSTM(1024, 1024).to(device="cuda", dtype=dtype)
+        static_x = torch.randn(5, B, 1024, device="cuda", dtype=dtype)
+        check_cuda_graph_replays(model, static_x)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1343,7 +1360,7 @@ def test_cuda_graph_forward_and_training_step(backend, precision_name):
 
 
 @pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 16, 256), ("tf32", 17, 1024), ("float32", 3, 64),
-                                                ("float64", 2, 33), ("bfloat16", 64, 512)])
+                                                ("float64", 2, 33), ("bfloat16", 64, 512), ("float16", 40, 1024)])
 def test_bitwise_deterministic(backend, precision_name, B, H):
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]

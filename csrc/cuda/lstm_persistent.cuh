@@ -84,13 +84,18 @@ inline bool cluster_whole_k(int64_t batch) {
 // / 0.492-0.493, 0.437-0.443 / 0.527-0.528, 0.455-0.466 / 0.518, 0.448-0.467 / 0.532; B = 8 / 12 /
 // 16 0.525-0.530 / 0.575-0.579, 0.552-0.555 / 0.601-0.607, 0.579-0.583 / 0.629-0.635; fp16 the same
 // to within 0.01 ms; `train` eager calls B = 4 / 8 / 16 1-2 % faster (docs/benchmarks.md).
-// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never (the direct kernel at B = 1, the
+// SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never, at any B (the direct kernel at B = 1, the
 // cluster kernel from B = 2: whole K to B = 8, K halves above); unset or anything else, always.
 inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") != 0; }
-// SEQKERNELS_LSTM_ROW_SPLIT_WIDE (diagnostic): set and not "0", the row split also at 16 < B <= 64
-// (2 / 4 n8 tiles of rows a block: no partial sums between the pair, where the cluster kernel
-// exchanges them); unset, never. Compile-checked only (2026-11-28): not yet measured on a GPU.
-inline bool row_split_wide() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_WIDE") == 1; }
+// Whether the row split also takes the calls at 16 < B <= 64 (2 / 4 n8 tiles of rows a block to
+// B = 32 / 64: no partial sums between the pair, where the cluster kernel exchanges them). One build
+// on an H200 (2026-11-28, T = 256, ms, cluster kernel / wide row split; `infer` CUDA-graph replays):
+// bf16 B = 17 / 24 / 32 / 48 / 64 0.952-0.954 / 0.836-0.842, 1.022-1.024 / 0.880-0.884,
+// 1.080-1.090 / 0.927-0.939, 1.865-1.869 / 1.314-1.330, 2.077 / 1.434-1.443; fp16 within 0.01 ms of
+// those; `train` eager calls bf16 B = 32 / 64 3.51-3.55 / 3.37-3.42, 4.97-5.01 / 4.34-4.38.
+// SEQKERNELS_LSTM_ROW_SPLIT_WIDE (diagnostic): "0" never (the cluster kernel above B = 16); unset
+// or anything else, always.
+inline bool row_split_wide() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_WIDE") != 0; }
 
 // The operands a call of dtype size elem_size would take (tf32: float32 may use TF32).
 inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {

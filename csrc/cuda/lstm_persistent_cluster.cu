@@ -733,7 +733,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------
 // Forward kernel in clusters of two blocks, the batch rows split between the pair (row split;
-// 16-bit types, H = 1024, B <= 16: cluster_row_split, lstm_persistent.cuh)
+// 16-bit types, H = 1024, B <= 64: cluster_row_split and row_split_wide, lstm_persistent.cuh)
 // ---------------------------------------------------------------------------------------
 // The K halves exchange partial sums between the pair after the product (~1100 cycles a step at
 // bf16 B = 8 / 16, H = 1024); whole K removes that but doubles the bytes each block gathers
@@ -792,8 +792,7 @@ __device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* s
 
 // 8 warps a block, each a K eighth of KSTEPS k16 steps: k-steps 0..3 of W_hh's fragments in
 // registers and 4..7 in shared memory (64 KB read every step). NT n8 tiles of batch rows a block
-// (up to 8 NT rows): 1 to B = 16, the rule; 2 / 4 to B = 32 / 64 with
-// SEQKERNELS_LSTM_ROW_SPLIT_WIDE=1 (diagnostic; compile-checked only, 2026-11-28). At NT = 4 the
+// (up to 8 NT rows): 1 to B = 16, 2 to B = 32 and 4 to B = 64 (row_split_wide). At NT = 4 the
 // shared memory is 66 KB of rows, 80 KB of partials and 64 KB of W_hh.
 template <class scalar_t, int HC, int NT = 1>
 struct RowSplitLayout {
@@ -1111,8 +1110,8 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
                          L::kRowWords, L::kTileBytes, L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0),
                          L::kWsmBytes, s.B * L::KQ * L::ES);
   };
-  // The row-split kernel (16-bit types, H = 1024, B <= 16; to B = 64 with row_split_wide) where
-  // cluster_row_split asks for it: NT n8 tiles of rows a block.
+  // The row-split kernel (16-bit types, H = 1024: B <= 16 where cluster_row_split asks for it, to
+  // B = 64 where row_split_wide does too): NT n8 tiles of rows a block.
   auto launch_row_split = [&](auto nt_c) {
     if constexpr (kOps == ClusterOperands::kSixteenBit) {
       constexpr int NT = decltype(nt_c)::value;
