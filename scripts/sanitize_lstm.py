@@ -7,6 +7,7 @@
     python scripts/sanitize_lstm.py --mode infer           # only the inference cases (or --mode train)
     python scripts/sanitize_lstm.py --one-cluster          # only the one-cluster kernels' cases (forward, backward)
     python scripts/sanitize_lstm.py --cluster              # only the cluster forward kernel's cases
+    python scripts/sanitize_lstm.py --direct-x3            # only the direct kernel's float32 cases without TF32
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
@@ -183,6 +184,13 @@ CLUSTER_FORWARD_CASES = [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33]
                          ([16, 16], 8, 1024, torch.bfloat16, True), ([20, 20], 8, 1024, torch.float16, True),
                          ([40, 40], 8, 1024, torch.bfloat16, True), ([8, 8], 8, 1024, torch.float32, True),
                          ([20, 20], 8, 1024, torch.float32, True), ([64, 64], 8, 1024, torch.float32, True)]
+
+# The direct forward kernel in float32 without TF32 (B <= 16, Hp <= 1024): x3 on fp16 parts at
+# B <= 8, Hp > 512 (Path::kHalfX3; 8 units per block, and 4 with a padded last block at H = 520;
+# packed, so that rows start late in reverse and read h0), on TF32 parts elsewhere.
+DIRECT_X3_CASES = [([1, 1, 1], 8, 1024, torch.float32, False), ([4, 4, 3, 1], 8, 1024, torch.float32, False),
+                   ([8, 8, 6], 8, 520, torch.float32, False), ([3, 3, 1], 8, 700, torch.float32, False),
+                   ([2, 2], 8, 300, torch.float32, False), ([12, 12, 9], 8, 600, torch.float32, False)]
 
 
 def run_cases(cases, gen, modes) -> int:
@@ -390,8 +398,10 @@ def main() -> int:
                         help="only the one-cluster kernels' cases, forward and backward (sets --backend persistent)")
     parser.add_argument("--cluster", action="store_true",
                         help="only the cluster forward kernel's cases (sets --backend persistent)")
+    parser.add_argument("--direct-x3", action="store_true",
+                        help="only the direct forward kernel's float32 cases without TF32 (sets --backend persistent)")
     args = parser.parse_args()
-    if args.one_cluster or args.cluster:
+    if args.one_cluster or args.cluster or args.direct_x3:
         args.backend = "persistent"
     if args.backend is not None:
         os.environ["SEQKERNELS_LSTM_BACKEND"] = args.backend
@@ -408,6 +418,8 @@ def main() -> int:
         failures = run_cases(ONE_CLUSTER_CASES, gen, modes)
     elif args.cluster:
         failures = run_cases(CLUSTER_FORWARD_CASES, gen, modes)
+    elif args.direct_x3:
+        failures = run_cases(DIRECT_X3_CASES, gen, modes)
     else:
         failures = sweep(gen, backend, modes)
     if args.extra:

@@ -42,6 +42,10 @@ CUDA_PERSISTENT_MAX_STATE_MMA = 8 * 1024  # kPersistentMaxStateMma
 CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA = 16  # kPersistentMaxForwardBatchMma
 # lstm.cu's kX3StepsMinBatch: the cuBLAS loop's split TF32 forward steps, beyond the persistent forward's B
 CUDA_X3_STEPS_MIN_BATCH = CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA + 1
+# The direct forward kernel's x3 products on fp16 parts (Path::kHalfX3): one batch row per lane, at
+# 8 k-steps per warp (H > 512).
+CUDA_DIRECT_X3_HALF_MAX_BATCH = 8
+CUDA_DIRECT_X3_HALF_ABOVE_HIDDEN = 512
 # lstm.cu's kX3HalfDhMinBatch / kX3HalfDhMinUnits and kX3DhMinBatch / kX3DhMinUnits: the replayed
 # cuBLAS backward's split dh GEMMs, on fp16 parts where a row part's units fit, else on TF32 parts
 CUDA_X3_HALF_DH_MIN_BATCH = 32
@@ -229,6 +233,13 @@ def cluster_half_products() -> bool:
     return os.environ.get("SEQKERNELS_LSTM_CLUSTER_HALF", "") != "0"
 
 
+def direct_x3_half_products() -> bool:
+    """direct_x3_half_products (csrc/cuda/lstm_persistent.cuh): whether float32 without TF32 multiplies
+    on fp16 parts in the direct forward kernel at B <= 8 and H > 512, unless
+    SEQKERNELS_LSTM_DIRECT_X3_HALF=0 (diagnostic: TF32 parts)."""
+    return os.environ.get("SEQKERNELS_LSTM_DIRECT_X3_HALF", "") != "0"
+
+
 def cluster_whole_k(batch: int) -> bool:
     """cluster_whole_k (csrc/cuda/lstm_persistent.cuh): whether the cluster forward kernel's
     one-m16-tile instances on 16-bit operands multiply all of K in each block
@@ -366,7 +377,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"B*H >= {CUDA_X3_HALF_DH_MIN_UNITS} where a part's units fit, else on TF32 parts "
                               f"from B = {CUDA_X3_DH_MIN_BATCH} with B*H >= {CUDA_X3_DH_MIN_UNITS})")
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA:
-            return "persistent", f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}"
+            parts = ("fp16" if batch <= CUDA_DIRECT_X3_HALF_MAX_BATCH and hidden > CUDA_DIRECT_X3_HALF_ABOVE_HIDDEN
+                     and direct_x3_half_products() else "TF32")
+            return "persistent", (f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} (the direct "
+                                  f"forward kernel up to H = 1024, its products on {parts} parts)")
         if (why := _cluster_forward(batch, hidden, elem, clusters, x3=True)) is not None:
             return "persistent", f"{what}: {why}"
         if hidden <= CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 and bh <= CUDA_FUSED_MAX_FORWARD_BH:

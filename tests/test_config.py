@@ -409,3 +409,14 @@ def test_cli_prints_the_choice_and_why(args, present, absent):
 def test_cli_rejects_half_a_shape():
     out = run_cli("--batch", "4")
     assert out.returncode == 2 and "--batch and --hidden go together" in out.stderr
+
+
+@pytest.mark.parametrize("setting,batch,hidden,parts", [("", 1, 1024, "fp16"), ("", 8, 600, "fp16"), ("", 9, 1024, "TF32"),
+                                                       ("", 4, 512, "TF32"), ("0", 4, 1024, "TF32")])
+def test_direct_x3_parts_follow_the_switch(monkeypatch, setting, batch, hidden, parts):
+    """float32 without TF32 at B <= 16: the direct kernel's products on fp16 parts to B = 8 at H > 512
+    unless SEQKERNELS_LSTM_DIRECT_X3_HALF=0 (diagnostic), on TF32 parts otherwise."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_DIRECT_X3_HALF", setting)
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    forward = lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=False, clusters=True)["forward"]
+    assert forward[0] == "persistent" and f"its products on {parts} parts" in forward[1], forward

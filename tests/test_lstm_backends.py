@@ -505,8 +505,9 @@ def test_float32_direct_forward_is_as_accurate_as_fma(monkeypatch, B, H):
 
 def _direct_paths(fn) -> set[str]:
     """The arithmetic paths of the direct forward kernels that ran during fn(): their second
-    template argument (Path) as "16-bit", "TF32", "x3" or "scaled fp16"."""
-    names = {0: "16-bit", 1: "TF32", 3: "x3", 4: "scaled fp16"}
+    template argument (Path) as "16-bit", "TF32", "x3" (on TF32 parts), "scaled fp16" or "x3 fp16"
+    (x3 on fp16 parts)."""
+    names = {0: "16-bit", 1: "TF32", 3: "x3", 4: "scaled fp16", 5: "x3 fp16"}
     paths = set()
     for n in kernel_names(fn):
         if "lstm_persistent_forward_direct_kernel" in n:
@@ -534,6 +535,51 @@ def test_direct_forward_tf32_operands(monkeypatch, half, batch_sizes, H, reverse
         assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {"scaled fp16" if half else "TF32"}
         compare_layer(batch_sizes, 8, H, reverse=reverse, bias=True, precision="tf32", seed=H + len(batch_sizes),
                       what=f"direct forward, {'scaled fp16' if half else 'TF32'} operands")
+
+
+@pytest.mark.parametrize("half", [True, False])
+@pytest.mark.parametrize("batch_sizes,H,reverse", [
+    ([1] * 6, 1024, False), ([4, 4, 3, 1], 1024, True), ([8, 7, 5, 2], 604, True), ([3, 3, 1], 48, True),
+    ([8, 8, 6, 3], 1000, True), ([6, 6, 2], 520, False), ([2] * 5, 300, False), ([12, 12, 9, 4, 1], 600, True),
+])
+def test_direct_forward_x3_operands(monkeypatch, half, batch_sizes, H, reverse):
+    """float32 without TF32 on the direct kernel: at B <= 8 and H > 512 (8 k-steps per warp) by
+    default the x3 products on fp16 parts (Path::kHalfX3: W_hh scaled per warp and h0 per row, each
+    value an fp16 value and 2^11 times its remainder), with SEQKERNELS_LSTM_DIRECT_X3_HALF=0 and
+    elsewhere on TF32 parts: which ran, and the outputs and every gradient of a packed input
+    (reversed: rows that start late read h0; 4 and 8 units per block, padded last blocks) against
+    the float64 reference within float32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    if not half:
+        monkeypatch.setenv("SEQKERNELS_LSTM_DIRECT_X3_HALF", "0")
+    fp16_parts = half and batch_sizes[0] <= 8 and H > 512
+    with _Precision("float32"):
+        assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {"x3 fp16" if fp16_parts else "x3"}
+        compare_layer(batch_sizes, 8, H, reverse=reverse, bias=True, precision="float32", seed=H + len(batch_sizes),
+                      what=f"direct forward, x3 on {'fp16' if fp16_parts else 'TF32'} parts")
+
+
+@pytest.mark.parametrize("batch_sizes,I,H", [([4] * 4, 9, 1024), ([8] * 4, 12, 520), ([2] * 4, 9, 700)])
+def test_direct_forward_x3_half_products_scale_h0_and_w_hh(monkeypatch, batch_sizes, I, H):
+    """The direct kernel's x3 products on fp16 parts (float32 without TF32, B <= 8, H > 512): an h0 row beyond
+    fp16's range (~1e5) and one far below it (~1e-5), W_hh at 1e-5 of nn.LSTM's range: within
+    float32's bound of the float64 reference. Unscaled, row 0 would overflow to inf and W_hh's small
+    parts fall below fp16's subnormals."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    _check_scaled_h0_and_w_hh(batch_sizes, I, H, 31, lambda run: _direct_paths(run) == {"x3 fp16"},
+                              f"direct forward, x3 on fp16 parts B={batch_sizes[0]} H={H}", precision="float32")
+
+
+@pytest.mark.parametrize("batch_sizes,H", [([4] * 4, 1024), ([8, 8, 6], 600), ([2] * 3, 520)])
+def test_direct_forward_x3_half_products_keep_infs(monkeypatch, batch_sizes, H):
+    """The direct kernel's x3 products on fp16 parts: an inf in h0 (multiplied as 0 on the tensor
+    cores, its products with W_hh added in float32 by the gate threads) reaches the first step's
+    pre-activations as in a float32 GEMM (the row's gates saturate, its outputs stay finite), not
+    as inf - inf = NaN between the parts."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision("float32"):
+        assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {"x3 fp16"}
+    _check_inf_in_h0_as_float32(batch_sizes, H)
 
 
 @pytest.mark.parametrize("batch_sizes,I,H", [([4] * 4, 9, 1024), ([12] * 4, 12, 512), ([2] * 4, 9, 300)])
@@ -1266,11 +1312,13 @@ def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I):
                               f"scaled fp16 operands B={B}")
 
 
-def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int, taken, what: str) -> None:
-    """float32 with TF32 on scaled fp16 operands: W_hh at 1e-5 of nn.LSTM's range, h0's row 0 at
-    1e5 and row 1 at 1e-5 (and with I % 4 == 0, where the projection is scaled too, W_ih and x's
-    packed rows 0 and 1 likewise): taken(run) holds for the call, and its outputs and every
-    gradient are within TF32's bound of the float64 reference."""
+def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int, taken, what: str,
+                              precision: str = "tf32") -> None:
+    """float32 on scaled fp16 operands (with TF32; precision "float32": without it, x3 on fp16
+    parts): W_hh at 1e-5 of nn.LSTM's range, h0's row 0 at 1e5 and row 1 at 1e-5 (and with
+    I % 4 == 0, where the projection is scaled too, W_ih and x's packed rows 0 and 1 likewise):
+    taken(run) holds for the call, and its outputs and every gradient are within the precision's
+    bound of the float64 reference."""
     t, up = layer_case(batch_sizes, I, H, True, seed=seed)
     t["w_hh"] *= 1e-5
     t["h0"][0] *= 1e5
@@ -1283,11 +1331,11 @@ def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int,
     def run():
         return run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
 
-    with _Precision("tf32"):
+    with _Precision(precision):
         got = run()
         assert taken(run)
     ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
-    check(got, ref64, "tf32", what)
+    check(got, ref64, precision, what)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

@@ -58,6 +58,16 @@ inline bool cluster_half_products() { return switch_on("SEQKERNELS_LSTM_CLUSTER_
 // Whether float32 with TF32 allowed takes scaled fp16 operands in the direct forward kernel
 // (Path::kHalfScaled); SEQKERNELS_LSTM_DIRECT_HALF=0 (diagnostic) keeps TF32 operands there.
 inline bool direct_half_products() { return switch_on("SEQKERNELS_LSTM_DIRECT_HALF"); }
+// Whether float32 with TF32 off multiplies on fp16 parts in the direct forward kernel at B <= 8 and
+// Hp > 512 (Path::kHalfX3: W_hh's parts in half the bytes of TF32 parts, 64 KB read from shared
+// memory a step instead of 160, and half as many MMAs). One build on an H200 (2026-11-28, `infer`,
+// T = 256, CUDA-graph replays, ms, TF32 parts / fp16 parts): H = 1024 B = 1 / 4 / 8 0.761-0.765 /
+// 0.677-0.688, 1.043-1.044 / 0.905-0.918, 1.187-1.188 / 1.075-1.092 (`train` eager calls B = 1 / 8
+// 3.54-3.55 / 3.42-3.46, 5.85-5.90 / 5.72-5.78); at H = 512 and 256, where TF32 parts keep W_hh in
+// registers, fp16 parts were slower (B = 1 0.431-0.433 / 0.482-0.489, 0.358-0.363 / 0.411-0.426),
+// so the kernel takes them at 8 k-steps per warp only. SEQKERNELS_LSTM_DIRECT_X3_HALF=0
+// (diagnostic) keeps TF32 parts (Path::kTf32x3) there too.
+inline bool direct_x3_half_products() { return switch_on("SEQKERNELS_LSTM_DIRECT_X3_HALF"); }
 
 // Whether the cluster forward kernel's 16-bit-operand instances at H = 1024 in one m16 tile (B <= 16)
 // multiply all of K in each block (kWholeK: every block reads all of h_{t-1}, twice the bytes, and

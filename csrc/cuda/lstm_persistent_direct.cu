@@ -46,6 +46,19 @@ namespace {
 // small TF32 values: 8 bytes a unit, twice the exchange; beyond Hp = 512 at B > 8 a lane's two
 // rows then ran in two passes, for want of registers.)
 //
+// float32 with TF32 off at B <= 8, Hp > 512 on fp16 parts (Path::kHalfX3, 2026-11-28). The same three
+// products on fp16 parts instead of TF32 ones: a value x (W_hh scaled per warp and h0 per row by
+// powers of two, as kHalfScaled's) is big = fp16(x) and small = fp16(2^11 (x - big)), 22
+// significant bits as the TF32 parts (2^-22 of the value: x3_bits' rounding; below fp16's normal
+// range, 2^-36 of the largest value at most). The exchange is kTf32x3's; the consumer rounds each
+// pair of values to fp16 (big) and their remainders times 2^11 (small), and the A tile's rows
+// g + 8 carry row g's small pair as in kTf32x3 at B <= 8: two fp16 MMAs per k16 step instead of
+// four TF32 ones, and W_hh's two parts take 8 bytes a weight, TF32 parts' half, so that at
+// Hp = 1024 half of them stay in registers and the rest (64 KB, not 160) in shared memory. The
+// small terms are added times 2^-11. h0's non-finite values (inf, NaN) enter the MMAs as 0, and
+// the gate threads of the rows that read them add their products with W_hh in float32 (cold:
+// a flag per row), so an inf gives what a float32 GEMM gives, not inf - inf = NaN between parts.
+//
 // One L2 sector per block slice. With 4 units per block a block's slice of a row is two words,
 // 16 bytes; two blocks writing halves of one 32-byte sector while every block polls it cost up
 // to a quarter of the step time (H200: bf16 B = 8, H = 512 0.525 against 0.696 ms per graph
@@ -73,7 +86,7 @@ constexpr int kDirectKS = 8;  // k-steps of 8 LL words per warp
 // Resident W_hh fragments per k-step and n8 tile (pairs of 32-bit registers): 16-bit 1 (one
 // MMA), TF32 2 (two MMAs), x3 4 (W's big and small parts for each of the two).
 constexpr int direct_frags(Path P) {
-  return P == Path::kMma16 || P == Path::kHalfScaled ? 1 : P == Path::kTf32 ? 2 : 4;
+  return P == Path::kMma16 || P == Path::kHalfScaled ? 1 : P == Path::kTf32 || P == Path::kHalfX3 ? 2 : 4;
 }
 constexpr int kTf32PairFlagShift = 38;
 constexpr unsigned kTf32PairFlagPeriod = (1u << 26) - 1;
@@ -98,6 +111,39 @@ __device__ __forceinline__ uint32_t x3_second(u64 w) { return static_cast<uint32
 __device__ __forceinline__ uint32_t x3_big(uint32_t v) { return v & 0xffffe000u; }
 __device__ __forceinline__ uint32_t x3_small(uint32_t v) {
   return __float_as_uint(__fsub_rn(__uint_as_float(v), __uint_as_float(x3_big(v))));
+}
+// kHalfX3's fp16 parts of an x3 word's two values, each part as an MMA operand pair (the word's
+// first value in the low half): .x the values rounded to fp16 (big), .y 2^11 times their
+// remainders (small; the remainders are exact in float32).
+__device__ __forceinline__ uint2 x3_half_parts(u64 w) {
+  const float v0 = __uint_as_float(x3_first(w)), v1 = __uint_as_float(x3_second(w));
+  uint32_t big, small;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(big) : "f"(v1), "f"(v0));  // the first operand -> the upper half
+  float b0, b1;
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+      : "=f"(b0), "=f"(b1)
+      : "r"(big));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(small) : "f"((v1 - b1) * 2048.0f), "f"((v0 - b0) * 2048.0f));
+  return make_uint2(big, small);
+}
+// kHalfX3's part of a scaled W_hh value (resident fragments, once): 0 big, 1 small (0 where the
+// value is not finite, which big keeps).
+__device__ __forceinline__ c10::Half half_x3_part(float x, int part) {
+  const c10::Half big(x);
+  if (part == 0) return big;
+  const float rem = x - static_cast<float>(big);
+  return c10::Half(isfinite(rem) ? rem * 2048.0f : 0.0f);
+}
+// Sum of W_hh row w_row's products with the non-finite values of an h0 row (kHalfX3, which
+// multiplies those as 0): what a float32 GEMM adds for them (inf or NaN). Cold path.
+template <class scalar_t>
+__device__ __noinline__ float h0_non_finite_products(const scalar_t* w_row, const scalar_t* h0_row, int H) {
+  float sum = 0.0f;
+  for (int k = 0; k < H; ++k) {
+    const float v = static_cast<float>(h0_row[k]);
+    if (!isfinite(v)) sum += static_cast<float>(w_row[k]) * v;
+  }
+  return sum;
 }
 // A TF32 pair word's first (bits 0-18) and second (19-37) value, as TF32 bits for the MMA.
 __device__ __forceinline__ uint32_t tf32_pair_first(u64 w) { return static_cast<uint32_t>(w << 13) & 0xffffe000u; }
@@ -125,7 +171,8 @@ constexpr int direct_branch_free_rows(Path P, int64_t H, int64_t B) {
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
 // start late in the reverse direction. Two elements per word: 16-bit values, TF32 pairs, x3_bits
-// pairs (float) or (kHalfScaled) fp16 values of the row times its scale. Cold path, out of line.
+// pairs (float; kHalfX3 of the row times its scale) or (kHalfScaled) fp16 values of the row times
+// its scale. Cold path, out of line.
 template <class scalar_t, Path P>
 __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word, float scale) {
   constexpr bool kX3 = P == Path::kTf32x3;
@@ -140,6 +187,9 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
         const scalar_t v = h0_row[k];
         if constexpr (kX3) {
           bits |= static_cast<u64>(x3_bits(static_cast<float>(v))) << (30 * e);
+        } else if constexpr (P == Path::kHalfX3) {  // scaled; non-finite values as 0 (the kernel adds them)
+          const float x = static_cast<float>(v) * scale;
+          bits |= static_cast<u64>(isfinite(x) ? x3_bits(x) : 0u) << (30 * e);
         } else if constexpr (P == Path::kHalfScaled) {
           bits |= static_cast<u64>(c10::Half(static_cast<float>(v) * scale).x) << (16 * e);
         } else if constexpr (sizeof(scalar_t) == 4) {
@@ -155,8 +205,8 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
 }
 
 // Rows [nll, bt) of the A fragments from h0 (step 0, and rows that start late in reverse):
-// the payloads of this lane's pairs, as the LL buffer would hold them (kHalfScaled: each row times
-// row_scale[row]). Cold path (its loads are out of line in h0_pair; the arrays stay in registers,
+// the payloads of this lane's pairs, as the LL buffer would hold them (kHalfScaled, kHalfX3: each
+// row times row_scale[row]). Cold path (its loads are out of line in h0_pair; the arrays stay in registers,
 // hence inline here).
 template <class scalar_t, Path P, int KPC>
 __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_words, int word0, int nll, int bt,
@@ -170,7 +220,7 @@ __device__ __forceinline__ void h0_fragments(const scalar_t* h0, int H, int row_
     for (int f = 0; f < KPC; ++f) {
       const int word = word0 + f * 8;
       if (word < row_words) {
-        const float scale = P == Path::kHalfScaled ? row_scale[row] : 1.0f;
+        const float scale = P == Path::kHalfScaled || P == Path::kHalfX3 ? row_scale[row] : 1.0f;
         const ulonglong2 v = h0_pair<scalar_t, P>(h0 + static_cast<int64_t>(row) * H, H, word, scale);
         lo[r][f] = v.x;
         hi[r][f] = v.y;
@@ -195,20 +245,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (A run-time tile count predicated every MMA: a WARPSYNC before each, and copies of the A
   // fragments per predicate, ~45 % of the product's instructions.)
   constexpr int kNT = U4 ? 2 : 4;
-  constexpr bool kX3 = P == Path::kTf32x3;                // float32, TF32 off: x3_bits pairs
-  constexpr bool kTf32Pairs = P == Path::kTf32 || kX3;  // float h, two units per word
+  constexpr bool kX3 = P == Path::kTf32x3;                // float32, TF32 off: x3_bits pairs, TF32 parts
+  constexpr bool kHalfX3 = P == Path::kHalfX3;            // float32, TF32 off: x3_bits pairs, fp16 parts
+  constexpr bool kX3Words = kX3 || kHalfX3;               // h exchanged as x3_bits pairs
+  constexpr bool kTf32Pairs = P == Path::kTf32 || kX3Words;  // float h, two units per word
   constexpr bool kHalf = P == Path::kHalfScaled;        // float32, TF32: fp16 words, scaled W_hh and h0
+  constexpr bool kScaled = kHalf || kHalfX3;            // fp16 operands: W_hh scaled per warp, h0 per row
   static_assert(kTf32Pairs || kHalf || sizeof(scalar_t) == 2, "direct kernel: 16-bit types or float32");
   static_assert(!(kTf32Pairs || kHalf) || std::is_same_v<scalar_t, float>, "direct kernel: float32 paths");
-  using MmaT = std::conditional_t<kHalf, c10::Half, scalar_t>;  // the MMA's operand type
-  // MMAs per k-step of 8 LL words (16 elements): 16-bit 1; TF32 2; x3 6 (4 with kStacked). The
-  // resident fragments per k-step: [kFrag][2] registers (x3: W's big and small parts of each
-  // of the two TF32 MMAs, m = 2 * mma + part).
+  static_assert(!kHalfX3 || kBranchFreeRows == 1, "kHalfX3: one batch row per lane (B <= 8)");
+  using MmaT = std::conditional_t<kScaled, c10::Half, scalar_t>;  // the MMA's operand type
+  // MMAs per k-step of 8 LL words (16 elements): 16-bit 1; TF32 2; x3 6 (4 with kStacked); x3 on
+  // fp16 parts 2. The resident fragments per k-step: [kFrag][2] registers (x3: W's big and small
+  // parts of each of the two TF32 MMAs, m = 2 * mma + part; on fp16 parts m = part).
   constexpr int kFrag = direct_frags(P);
   constexpr int PAD = U4;  // Geometry::pad_shift
   // x3 with one batch row per lane: the small values ride in the A tile's rows g + 8 (step 2).
-  constexpr bool kStacked = kX3 && kBranchFreeRows == 1;
-  constexpr int kFlagShift = kX3 ? kX3FlagShift : kTf32Pairs ? kTf32PairFlagShift : 32;
+  constexpr bool kStacked = kX3Words && kBranchFreeRows == 1;
+  constexpr int kFlagShift = kX3Words ? kX3FlagShift : kTf32Pairs ? kTf32PairFlagShift : 32;
   // A lane re-reads all of its pending words per round while they are at most one row's worth
   // (KPC: always at B <= 8); with more, it first waits for one alone (one load in flight) so
   // that polling does not flood L2.
@@ -219,7 +273,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem);  // [2][kWarps][16][kDirectRow] partial sums, by step parity
   SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
-  // kHalf: h0's row scales [0, 16) and their inverses [16, 32), after the step table.
+  // kScaled: h0's row scales [0, 16) and their inverses [16, 32), after the step table; kHalfX3 then
+  // [32, 48): 1 where the row holds a non-finite value.
   float* const h0_scale = reinterpret_cast<float*>(smem + g.off_seg + sizeof(SegTable));
 
   const int H = g.H, U = g.U, B = g.B, T = g.T;
@@ -235,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(KREG >= 1 && KREG <= KPC, "direct kernel instance");
   uint32_t bfr[kNT][KREG][kFrag][2];
   uint2* const wsm = reinterpret_cast<uint2*>(smem + g.off_w) + warp * (KPC - KREG) * kFrag * kNT * 32 + lane;
-  // kHalf: this warp's fragments scaled by w_scale, its partial sums by w_unscale (powers of two).
+  // kScaled: this warp's fragments scaled by w_scale, its partial sums by w_unscale (powers of two).
   float w_scale = 1.0f, w_unscale = 1.0f;
   {
     const scalar_t* __restrict__ w_hh = a.w_hh;
@@ -244,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (gate >= 4 || j0 + u >= H || k >= H) return static_cast<scalar_t>(0.0f);
       return w_hh[static_cast<int64_t>(gate * H + j0 + u) * H + k];
     };
-    if constexpr (kHalf) {  // the largest finite magnitude of this warp's fragments (loaded below)
+    if constexpr (kScaled) {  // the largest finite magnitude of this warp's fragments (loaded below)
       float m = 0.0f;
 #pragma unroll 1
       for (int nt = 0; nt < kNT; ++nt) {
@@ -271,6 +326,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int k = k0 + 2 * (m >> 1);
             b0 = tf32_part(static_cast<float>(wf(k, col)), m & 1);
             b1 = tf32_part(static_cast<float>(wf(k + 1, col)), m & 1);
+          } else if constexpr (kHalfX3) {  // the 16-bit layout below, of the scaled values' part m
+            auto part_of = [&](int k) { return half_x3_part(static_cast<float>(wf(k, col)) * w_scale, m); };
+            b0 = pack2(part_of(k0), part_of(k0 + 1));
+            b1 = pack2(part_of(k0 + 2), part_of(k0 + 3));
           } else if constexpr (kTf32Pairs) {
             b0 = to_tf32(static_cast<float>(wf(k0 + 2 * m, col)));
             b1 = to_tf32(static_cast<float>(wf(k0 + 2 * m + 1, col)));
@@ -300,18 +359,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   acc_t bias_r[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) bias_r[q] = it.valid ? bias_sum(a.b_ih, a.b_hh, q * H + it.j) : acc_t(0);
-  if constexpr (kHalf) {
+  if constexpr (kScaled) {
     // h0 may hold any value: each row as fp16 times the power of two that takes its largest finite
     // magnitude into [2^14, 2^15); the partial sums of the rows that read h0 are multiplied back.
     for (int r = warp; r < B; r += kWarps) {
       float m = 0.0f;
+      bool non_finite = false;
       const scalar_t* h0_row = a.h0 + static_cast<int64_t>(r) * H;
-      for (int k = lane; k < H; k += 32) m = finite_abs_max(m, static_cast<float>(h0_row[k]));
+      for (int k = lane; k < H; k += 32) {
+        const float v = static_cast<float>(h0_row[k]);
+        m = finite_abs_max(m, v);
+        non_finite |= !isfinite(v);
+      }
       float scale, unscale;
       power_of_two_scales(warp_max(m), scale, unscale);
+      non_finite = __any_sync(0xffffffffu, non_finite);
       if (lane == 0) {
         h0_scale[r] = scale;
         h0_scale[16 + r] = unscale;
+        if constexpr (kHalfX3) h0_scale[32 + r] = non_finite ? 1.0f : 0.0f;
       }
     }
   }
@@ -351,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nll = s > 0 ? min(bt, bt_prev) : 0;  // rows of h_{t-1} in the LL buffer; [nll, bt) from h0
     // The flag of step s - 1's words (none are read at s = 0).
     const unsigned want = s == 0                ? 0u
-                          : kX3                 ? x3_flag(s - 1)
+                          : kX3Words            ? x3_flag(s - 1)
                           : kTf32Pairs          ? tf32_pair_flag(s - 1)
                                                 : static_cast<unsigned>(s);
 
@@ -517,6 +583,40 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int e = 0; e < 4; ++e) acc[nt][e] += acc_lo[nt][e] + acc_sb[nt][e];
         }
       }
+    } else if constexpr (kHalfX3) {
+      // A's rows g: row g's big fp16 pairs, rows g + 8 its small ones (kStacked): A·W_big gives
+      // big·big (rows g) and small·big (rows g + 8), A·W_small big·small (rows g) and small·small
+      // (dropped). Two dependent MMA chains per tile.
+      float acc_lo[kNT][4];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) acc_lo[nt][0] = acc_lo[nt][1] = acc_lo[nt][2] = acc_lo[nt][3] = 0.f;
+#pragma unroll
+      for (int f = 0; f < KPC; ++f) {
+        // Word 2t (lo) holds this lane's elements k = 2t, 2t + 1 of the k16 step, word 2t + 1 (hi)
+        // k = 2t + 8, 2t + 9, as in the 16-bit layout.
+        const uint2 p0 = x3_half_parts(lo[0][f]), p2 = x3_half_parts(hi[0][f]);
+        const uint32_t af[4] = {p0.x, p0.y, p2.x, p2.y};
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          uint2 wb, ws;
+          if (f < KREG) {
+            const uint32_t(&b)[kFrag][2] = bfr[nt][f < KREG ? f : 0];
+            wb = make_uint2(b[0][0], b[0][1]);
+            ws = make_uint2(b[1][0], b[1][1]);
+          } else {
+            wb = wsm[(((f - KREG) * kFrag + 0) * kNT + nt) * 32];
+            ws = wsm[(((f - KREG) * kFrag + 1) * kNT + nt) * 32];
+          }
+          MmaInst<c10::Half>::run(acc_lo[nt], af, ws.x, ws.y);
+          MmaInst<c10::Half>::run(acc[nt], af, wb.x, wb.y);
+        }
+      }
+      // The small terms times 2^-11, then back from the scaled fragments (exact: powers of two).
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        acc[nt][0] = (acc[nt][0] + (acc[nt][2] + acc_lo[nt][0]) * 0x1p-11f) * w_unscale;
+        acc[nt][1] = (acc[nt][1] + (acc[nt][3] + acc_lo[nt][1]) * 0x1p-11f) * w_unscale;
+      }
     } else {
 #pragma unroll
       for (int f = 0; f < KPC; ++f) {
@@ -573,8 +673,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         acc_t partial = sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
-        // kHalf: the rows that read h0 this step ([nll, bt)) read it times their row's power of two.
-        if constexpr (kHalf) partial *= it.n >= nll ? h0_scale[16 + it.n] : 1.0f;
+        // kScaled: the rows that read h0 this step ([nll, bt)) read it times their row's power of two
+        // (kHalfX3: its non-finite values as 0, added here).
+        if constexpr (kScaled) partial *= it.n >= nll ? h0_scale[16 + it.n] : 1.0f;
+        if constexpr (kHalfX3) {
+          if (__builtin_expect(it.n >= nll && h0_scale[32 + it.n] != 0.0f, 0)) {
+            partial += h0_non_finite_products(a.w_hh + (static_cast<int64_t>(q) * H + it.j) * H,
+                                              a.h0 + static_cast<int64_t>(it.n) * H, H);
+          }
+        }
         pq[q] = pv[q] + bias_r[q] + partial;
       }
     }
@@ -596,7 +703,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     trace.mark(2);
     // Padding units publish zeros.
     u64* const pub = pub0 + ((s & 1) ? buf_words : 0);
-    if constexpr (kX3) {
+    if constexpr (kX3Words) {
       const uint32_t bits = x3_bits(static_cast<float>(h));
       const uint32_t hi_bits = __shfl_down_sync(0xffffffffu, bits, 1);  // unit u + 1 of the same row
       if (s + 1 < T && active && (it.u & 1) == 0) {
@@ -670,15 +777,15 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   constexpr int kMaxNT = MmaCfg<Path::kMma16, false>::kNT;  // 4 n8 tiles at most, whatever the path
   off += static_cast<size_t>(kWarps) * (KPC - KREG) * direct_frags(P) * kMaxNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
-  // kHalfScaled: h0's 16 row scales and their inverses after the step table.
-  const size_t h0_scales = P == Path::kHalfScaled ? 32 * sizeof(float) : 0;
+  // kHalfScaled: h0's 16 row scales and their inverses after the step table; kHalfX3 16 row flags more.
+  const size_t h0_scales = (P == Path::kHalfScaled ? 32 : P == Path::kHalfX3 ? 48 : 0) * sizeof(float);
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable) + h0_scales);
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
 }
 
 }  // namespace
 
-// The direct forward kernel (DP: kMma16, kTf32, kTf32x3 or kHalfScaled) where one of its instances
+// The direct forward kernel (DP: kMma16, kTf32, kTf32x3, kHalfScaled or kHalfX3) where one of its instances
 // takes the call; false otherwise, having launched nothing.
 template <class scalar_t, Path DP, bool kTraining>
 bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
@@ -687,12 +794,12 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
   // depends on U: try each instance with the U values that give its KPC.
   auto try_direct = [&](auto kpc_c, auto u4_c, auto rows_c) {
     constexpr int KPC = decltype(kpc_c)::value, U4 = decltype(u4_c)::value, ROWS = decltype(rows_c)::value;
-    // The k-steps whose W_hh fragments stay in registers, the rest in shared memory: TF32 at 8
-    // k-steps per warp half; x3 (four fragments per k-step) 3 of 8 (160 KB in shared memory at
-    // 8 units per block), and 2 of 4 at 8 units per block.
-    constexpr int KREG = DP == Path::kTf32x3 ? (KPC == 8 ? 3 : KPC == 4 && !U4 ? 2 : KPC)
-                         : DP == Path::kTf32 && KPC == 8 ? 4
-                                                          : KPC;
+    // The k-steps whose W_hh fragments stay in registers, the rest in shared memory: TF32 and x3
+    // on fp16 parts (two fragments per k-step) at 8 k-steps per warp half; x3 on TF32 parts (four)
+    // 3 of 8 (160 KB in shared memory at 8 units per block), and 2 of 4 at 8 units per block.
+    constexpr int KREG = DP == Path::kTf32x3                                 ? (KPC == 8 ? 3 : KPC == 4 && !U4 ? 2 : KPC)
+                         : (DP == Path::kTf32 || DP == Path::kHalfX3) && KPC == 8 ? 4
+                                                                                : KPC;
     auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, DP, kTraining, KPC, KREG, U4, ROWS>;
     auto make = [&](int U, Geometry& g) {
       // U4 = 1 exactly at U = 4 (2 n8 tiles), 0 at U = 8 (4): the kernel's kNT, and its PAD (the
@@ -707,10 +814,18 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
            try_direct(IntConst<4>{}, IntConst<0>{}, rows_c) || try_direct(IntConst<8>{}, IntConst<0>{}, rows_c);
   };
   const int rows = direct_branch_free_rows(DP, s.H, s.B);
-  if constexpr (DP == Path::kMma16 || DP == Path::kHalfScaled) {
-    if (rows == 0) return try_each(IntConst<0>{});
+  if constexpr (DP == Path::kHalfX3) {
+    // B <= 8 (the A tile's rows g + 8 hold the small parts) at 8 k-steps per warp (Hp > 512), where
+    // TF32 parts kept 160 KB of W_hh in shared memory; at Hp <= 512 those stay faster
+    // (direct_x3_half_products' measurements, lstm_persistent.cuh).
+    return rows == 1 && (try_direct(IntConst<8>{}, IntConst<1>{}, IntConst<1>{}) ||
+                         try_direct(IntConst<8>{}, IntConst<0>{}, IntConst<1>{}));
+  } else {
+    if constexpr (DP == Path::kMma16 || DP == Path::kHalfScaled) {
+      if (rows == 0) return try_each(IntConst<0>{});
+    }
+    return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
   }
-  return rows == 1 ? try_each(IntConst<1>{}) : try_each(IntConst<2>{});
 }
 
 // The instances run_forward (lstm_persistent.cu) calls: tensor-core paths of each dtype.
@@ -722,6 +837,7 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
 SK_INSTANTIATE_DIRECT(float, Path::kTf32)
 SK_INSTANTIATE_DIRECT(float, Path::kHalfScaled)
 SK_INSTANTIATE_DIRECT(float, Path::kTf32x3)
+SK_INSTANTIATE_DIRECT(float, Path::kHalfX3)
 SK_INSTANTIATE_DIRECT(c10::Half, Path::kMma16)
 SK_INSTANTIATE_DIRECT(c10::BFloat16, Path::kMma16)
 #undef SK_INSTANTIATE_DIRECT
