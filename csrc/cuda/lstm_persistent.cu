@@ -318,7 +318,7 @@ bool run_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_
     if constexpr (P != Path::kFma) {
       if (run_direct_forward<scalar_t, P, kTraining>(s, prop, args, like)) return true;
     } else if constexpr (std::is_same_v<scalar_t, float>) {
-      // float32 with TF32 off: the x3 products on fp16 parts at B <= 8 unless
+      // float32 with TF32 off: the x3 products on fp16 parts at B <= 8, Hp > 512 unless
       // SEQKERNELS_LSTM_DIRECT_X3_HALF=0, else on TF32 parts (Hp <= 1024).
       if (direct_x3_half_products() && run_direct_forward<scalar_t, Path::kHalfX3, kTraining>(s, prop, args, like)) {
         return true;

@@ -60,9 +60,9 @@ enum class Path : int {
   // (h_t = o·tanh(c) is in [-1, 1]); TF32's 10-bit mantissa with float32 sums, as the cluster
   // kernel's ClusterOperands::kHalfScaled.
   kHalfScaled,
-  // float32 with TF32 off, direct forward kernel at B <= 8, Hp > 512 only: kTf32x3's products on fp16 parts
-  // (h and W_hh, scaled as kHalfScaled's, each an fp16 value and 2^11 times its remainder in fp16;
-  // 22 significant bits), two fp16 MMAs per k16 step; h exchanged as kTf32x3's.
+  // float32 with TF32 off, direct forward kernel at B <= 8, Hp > 512 only: kTf32x3's products on
+  // fp16 parts (h and W_hh, scaled as kHalfScaled's, each an fp16 value and 2^11 times its
+  // remainder in fp16; 22 significant bits), two fp16 MMAs per k16 step; h exchanged as kTf32x3's.
   kHalfX3,
 };
 

@@ -797,9 +797,10 @@ bool run_direct_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<
     // The k-steps whose W_hh fragments stay in registers, the rest in shared memory: TF32 and x3
     // on fp16 parts (two fragments per k-step) at 8 k-steps per warp half; x3 on TF32 parts (four)
     // 3 of 8 (160 KB in shared memory at 8 units per block), and 2 of 4 at 8 units per block.
-    constexpr int KREG = DP == Path::kTf32x3                                 ? (KPC == 8 ? 3 : KPC == 4 && !U4 ? 2 : KPC)
-                         : (DP == Path::kTf32 || DP == Path::kHalfX3) && KPC == 8 ? 4
-                                                                                : KPC;
+    constexpr bool kTwoFrags = DP == Path::kTf32 || DP == Path::kHalfX3;
+    constexpr int KREG = DP == Path::kTf32x3       ? (KPC == 8 ? 3 : KPC == 4 && !U4 ? 2 : KPC)
+                         : kTwoFrags && KPC == 8 ? 4
+                                                 : KPC;
     auto direct = &lstm_persistent_forward_direct_kernel<scalar_t, DP, kTraining, KPC, KREG, U4, ROWS>;
     auto make = [&](int U, Geometry& g) {
       // U4 = 1 exactly at U = 4 (2 n8 tiles), 0 at U = 8 (4): the kernel's kNT, and its PAD (the
