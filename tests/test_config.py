@@ -411,8 +411,8 @@ def test_cli_rejects_half_a_shape():
     assert out.returncode == 2 and "--batch and --hidden go together" in out.stderr
 
 
-@pytest.mark.parametrize("setting,batch,hidden,parts", [("", 1, 1024, "fp16"), ("", 8, 600, "fp16"), ("", 9, 1024, "TF32"),
-                                                       ("", 4, 512, "TF32"), ("0", 4, 1024, "TF32")])
+@pytest.mark.parametrize("setting,batch,hidden,parts", [
+    ("", 1, 1024, "fp16"), ("", 8, 600, "fp16"), ("", 9, 1024, "TF32"), ("", 4, 512, "TF32"), ("0", 4, 1024, "TF32")])
 def test_direct_x3_parts_follow_the_switch(monkeypatch, setting, batch, hidden, parts):
     """float32 without TF32 at B <= 16: the direct kernel's products on fp16 parts to B = 8 at H > 512
     unless SEQKERNELS_LSTM_DIRECT_X3_HALF=0 (diagnostic), on TF32 parts otherwise."""
