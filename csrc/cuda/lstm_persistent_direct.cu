@@ -369,11 +369,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int k = lane; k < H; k += 32) {
         const float v = static_cast<float>(h0_row[k]);
         m = finite_abs_max(m, v);
-        non_finite |= !isfinite(v);
+        if constexpr (kHalfX3) non_finite |= !isfinite(v);
       }
       float scale, unscale;
       power_of_two_scales(warp_max(m), scale, unscale);
-      non_finite = __any_sync(0xffffffffu, non_finite);
+      if constexpr (kHalfX3) non_finite = __any_sync(0xffffffffu, non_finite);  // kHalfScaled has no use for it
       if (lane == 0) {
         h0_scale[r] = scale;
         h0_scale[16 + r] = unscale;
