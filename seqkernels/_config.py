@@ -304,11 +304,12 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
                "and H = 1024 with TF32 (TF32 operands: SEQKERNELS_LSTM_CLUSTER_HALF=0)")
     else:
         return None
-    operand_bytes = 2 if elem == 2 or (not x3 and cluster_half_products()) else 4
-    cluster = ("the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes"
-               f"{_cluster_polls(batch, hidden // 2, operand_bytes)}")
     if elem == 2 and hidden == 1024 and cluster_row_split() and row_split_wide():
         cluster = _row_split(batch)
+    else:
+        operand_bytes = 2 if elem == 2 or (not x3 and cluster_half_products()) else 4
+        cluster = ("the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes"
+                   f"{_cluster_polls(batch, hidden // 2, operand_bytes)}")
     if elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
         return f"{why} ({_one_cluster(batch, hidden)}; else {cluster})"
     return f"{why} ({cluster})"
