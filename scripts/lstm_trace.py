@@ -24,12 +24,15 @@ import seqkernels  # noqa: E402
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--train", action="store_true", help="trace a forward and a backward instead of `infer`")
 parser.add_argument("--seq-len", type=int, default=256)
+parser.add_argument("--tf32", choices=["default", "on", "off"], default="default",
+                    help="float32's TF32 switches (harness.set_tf32): PyTorch's defaults, both on, both off")
 parser.add_argument("--cases", nargs="+", metavar="DTYPE:B:H",
                     default=["bf16:1:256", "bf16:8:256", "bf16:16:256", "bf16:1:512", "bf16:8:512", "bf16:16:512"])
 args = parser.parse_args()
 if not torch.cuda.is_available():
     sys.exit("lstm_trace: the trace is the CUDA kernels'; no CUDA device here")
 cases = [harness.parse_case(c) for c in args.cases]
+harness.set_tf32({"default": None, "on": True, "off": False}[args.tf32])
 
 
 def call(model: torch.nn.Module, x: torch.Tensor) -> None:
