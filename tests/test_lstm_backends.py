@@ -570,15 +570,18 @@ def test_direct_forward_x3_half_products_scale_h0_and_w_hh(monkeypatch, batch_si
                               f"direct forward, x3 on fp16 parts B={batch_sizes[0]} H={H}", precision="float32")
 
 
-@pytest.mark.parametrize("batch_sizes,H", [([4] * 4, 1024), ([8, 8, 6], 600), ([2] * 3, 520)])
-def test_direct_forward_x3_half_products_keep_infs(monkeypatch, batch_sizes, H):
-    """The direct kernel's x3 products on fp16 parts: an inf in h0 (multiplied as 0 on the tensor
-    cores, its products with W_hh added in float32 by the gate threads) reaches the first step's
+@pytest.mark.parametrize("batch_sizes,H,parts", [([4] * 4, 1024, "x3 fp16"), ([8, 8, 6], 600, "x3 fp16"),
+                                                   ([2] * 3, 520, "x3 fp16"), ([4] * 4, 256, "x3"),
+                                                   ([12] * 3, 1024, "x3"), ([16, 16, 11], 512, "x3")])
+def test_direct_forward_x3_keep_infs(monkeypatch, batch_sizes, H, parts):
+    """The direct kernel's x3 products (on fp16 parts at B <= 8, H > 512, else on TF32 parts, at
+    B <= 8 one row per lane, above two): an inf in h0 (multiplied as 0 on the tensor cores, its
+    products with W_hh added in float32 by the gate threads) reaches the first step's
     pre-activations as in a float32 GEMM (the row's gates saturate, its outputs stay finite), not
     as inf - inf = NaN between the parts."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision("float32"):
-        assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {"x3 fp16"}
+        assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {parts}
     _check_inf_in_h0_as_float32(batch_sizes, H)
 
 

@@ -44,7 +44,9 @@ namespace {
 // lane) the A tile's unused rows g + 8 carry the small values of rows g, so two MMAs per half
 // k-step give all four products. (Until 2026-11-26 an LL word carried a unit pair's big or its
 // small TF32 values: 8 bytes a unit, twice the exchange; beyond Hp = 512 at B > 8 a lane's two
-// rows then ran in two passes, for want of registers.)
+// rows then ran in two passes, for want of registers.) h0's non-finite values enter the MMAs as 0
+// and the gate threads add their products in float32, as in kHalfX3 below (split, an inf would
+// give inf - inf = NaN).
 //
 // float32 with TF32 off at B <= 8, Hp > 512 on fp16 parts (Path::kHalfX3, 2026-11-28). The same three
 // products on fp16 parts instead of TF32 ones: a value x (W_hh scaled per warp and h0 per row by
@@ -134,8 +136,8 @@ __device__ __forceinline__ c10::Half half_x3_part(float x, int part) {
   const float rem = x - static_cast<float>(big);
   return c10::Half(isfinite(rem) ? rem * 2048.0f : 0.0f);
 }
-// Sum of W_hh row w_row's products with the non-finite values of an h0 row (kHalfX3, which
-// multiplies those as 0): what a float32 GEMM adds for them (inf or NaN). Cold path.
+// Sum of W_hh row w_row's products with the non-finite values of an h0 row (kTf32x3, kHalfX3, which
+// multiply those as 0): what a float32 GEMM adds for them (inf or NaN). Cold path.
 template <class scalar_t>
 __device__ __noinline__ float h0_non_finite_products(const scalar_t* w_row, const scalar_t* h0_row, int H) {
   float sum = 0.0f;
@@ -171,8 +173,8 @@ constexpr int direct_branch_free_rows(Path P, int64_t H, int64_t B) {
 
 // The payloads of the LL pair (words 2t, 2t+1 of a k-step) of an h0 row: step 0, and rows that
 // start late in the reverse direction. Two elements per word: 16-bit values, TF32 pairs, x3_bits
-// pairs (float; kHalfX3 of the row times its scale) or (kHalfScaled) fp16 values of the row times
-// its scale. Cold path, out of line.
+// pairs (float, non-finite values as 0; kHalfX3 of the row times its scale) or (kHalfScaled) fp16
+// values of the row times its scale. Cold path, out of line.
 template <class scalar_t, Path P>
 __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word, float scale) {
   constexpr bool kX3 = P == Path::kTf32x3;
@@ -185,8 +187,9 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
       const int k = (word + w) * 2 + e;
       if (k < H) {
         const scalar_t v = h0_row[k];
-        if constexpr (kX3) {
-          bits |= static_cast<u64>(x3_bits(static_cast<float>(v))) << (30 * e);
+        if constexpr (kX3) {  // non-finite values as 0 (the kernel adds them)
+          const float x = static_cast<float>(v);
+          bits |= static_cast<u64>(isfinite(x) ? x3_bits(x) : 0u) << (30 * e);
         } else if constexpr (P == Path::kHalfX3) {  // scaled; non-finite values as 0 (the kernel adds them)
           const float x = static_cast<float>(v) * scale;
           bits |= static_cast<u64>(isfinite(x) ? x3_bits(x) : 0u) << (30 * e);
@@ -273,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem);  // [2][kWarps][16][kDirectRow] partial sums, by step parity
   SegTable* seg = reinterpret_cast<SegTable*>(smem + g.off_seg);
-  // kScaled: h0's row scales [0, 16) and their inverses [16, 32), after the step table; kHalfX3 then
+  // kScaled: h0's row scales [0, 16) and their inverses [16, 32), after the step table; kX3Words
   // [32, 48): 1 where the row holds a non-finite value.
   float* const h0_scale = reinterpret_cast<float*>(smem + g.off_seg + sizeof(SegTable));
 
@@ -359,9 +362,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   acc_t bias_r[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) bias_r[q] = it.valid ? bias_sum(a.b_ih, a.b_hh, q * H + it.j) : acc_t(0);
-  if constexpr (kScaled) {
-    // h0 may hold any value: each row as fp16 times the power of two that takes its largest finite
-    // magnitude into [2^14, 2^15); the partial sums of the rows that read h0 are multiplied back.
+  if constexpr (kScaled || kX3Words) {
+    // kScaled: h0 may hold any value: each row as fp16 times the power of two that takes its largest
+    // finite magnitude into [2^14, 2^15); the partial sums of the rows that read h0 are multiplied
+    // back. kX3Words: the rows that hold a non-finite value (their products with it added in float32).
     for (int r = warp; r < B; r += kWarps) {
       float m = 0.0f;
       bool non_finite = false;
@@ -369,15 +373,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int k = lane; k < H; k += 32) {
         const float v = static_cast<float>(h0_row[k]);
         m = finite_abs_max(m, v);
-        if constexpr (kHalfX3) non_finite |= !isfinite(v);
+        if constexpr (kX3Words) non_finite |= !isfinite(v);
       }
-      float scale, unscale;
-      power_of_two_scales(warp_max(m), scale, unscale);
-      if constexpr (kHalfX3) non_finite = __any_sync(0xffffffffu, non_finite);  // kHalfScaled has no use for it
+      float scale = 1.0f, unscale = 1.0f;
+      if constexpr (kScaled) power_of_two_scales(warp_max(m), scale, unscale);
+      if constexpr (kX3Words) non_finite = __any_sync(0xffffffffu, non_finite);  // kHalfScaled has no use for it
       if (lane == 0) {
-        h0_scale[r] = scale;
-        h0_scale[16 + r] = unscale;
-        if constexpr (kHalfX3) h0_scale[32 + r] = non_finite ? 1.0f : 0.0f;
+        if constexpr (kScaled) {
+          h0_scale[r] = scale;
+          h0_scale[16 + r] = unscale;
+        }
+        if constexpr (kX3Words) h0_scale[32 + r] = non_finite ? 1.0f : 0.0f;
       }
     }
   }
@@ -674,9 +680,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < 4; ++q) {
         acc_t partial = sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
         // kScaled: the rows that read h0 this step ([nll, bt)) read it times their row's power of two
-        // (kHalfX3: its non-finite values as 0, added here).
+        // (kX3Words: its non-finite values as 0, added here).
         if constexpr (kScaled) partial *= it.n >= nll ? h0_scale[16 + it.n] : 1.0f;
-        if constexpr (kHalfX3) {
+        if constexpr (kX3Words) {
           if (__builtin_expect(it.n >= nll && h0_scale[32 + it.n] != 0.0f, 0)) {
             partial += h0_non_finite_products(a.w_hh + (static_cast<int64_t>(q) * H + it.j) * H,
                                               a.h0 + static_cast<int64_t>(it.n) * H, H);
@@ -777,8 +783,10 @@ bool make_direct_geometry(const LstmSizes& s, const cudaDeviceProp& prop, int U,
   constexpr int kMaxNT = MmaCfg<Path::kMma16, false>::kNT;  // 4 n8 tiles at most, whatever the path
   off += static_cast<size_t>(kWarps) * (KPC - KREG) * direct_frags(P) * kMaxNT * 32 * sizeof(uint2);
   g.off_seg = static_cast<int>(align16(off));
-  // kHalfScaled: h0's 16 row scales and their inverses after the step table; kHalfX3 16 row flags more.
-  const size_t h0_scales = (P == Path::kHalfScaled ? 32 : P == Path::kHalfX3 ? 48 : 0) * sizeof(float);
+  // kHalfScaled: h0's 16 row scales and their inverses after the step table; kHalfX3 16 row flags more
+  // (kTf32x3 those flags at the same offsets).
+  const size_t h0_scales =
+      (P == Path::kHalfScaled ? 32 : P == Path::kHalfX3 || P == Path::kTf32x3 ? 48 : 0) * sizeof(float);
   g.smem = g.off_seg + static_cast<int>(sizeof(SegTable) + h0_scales);
   return static_cast<size_t>(g.smem) <= prop.sharedMemPerBlockOptin;
 }
