@@ -559,6 +559,27 @@ def test_direct_forward_x3_operands(monkeypatch, half, batch_sizes, H, reverse):
                       what=f"direct forward, x3 on {'fp16' if fp16_parts else 'TF32'} parts")
 
 
+@pytest.mark.parametrize("batch_sizes,H", [([4] * 4, 1024), ([8, 8, 6, 5], 600), ([1] * 4, 520)])
+def test_direct_forward_x3_half_products_carry_nan(monkeypatch, batch_sizes, H):
+    """The direct kernel's x3 products on fp16 parts: a NaN in x (step 1) makes its row's h_1 NaN, and
+    the exchange carries it (as a NaN small part: the big parts' exponent bit and the small parts' sign
+    carry the step's flag) into every unit of that row from step 2 on, as the float64 reference has
+    it; the other rows stay within float32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision("float32"):
+        assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {"x3 fp16"}
+    t, _ = layer_case(batch_sizes, 9, H, bias=True, seed=62)
+    row = batch_sizes[-1] - 1  # present at every step
+    t["x"][batch_sizes[0] + row, 4] = float("nan")  # step 1
+    got, ref = _float32_forward_and_reference(t, batch_sizes)
+    assert torch.isnan(ref[1][row]).all() and torch.isfinite(ref[1][:row]).all()  # h_n
+    for name, g, r in zip(("y", "h_n", "c_n"), got, ref):
+        g, r = g.double().cpu(), r.double()
+        assert torch.equal(torch.isnan(g), torch.isnan(r)), f"{name}: NaN where the reference has none, or not"
+        ok = ~torch.isnan(r)
+        assert max_abs(g[ok] - r[ok]) <= TOL["float32"] * max(1.0, max_abs(r[ok])), name
+
+
 @pytest.mark.parametrize("batch_sizes,I,H", [([4] * 4, 9, 1024), ([8] * 4, 12, 520), ([2] * 4, 9, 700)])
 def test_direct_forward_x3_half_products_scale_h0_and_w_hh(monkeypatch, batch_sizes, I, H):
     """The direct kernel's x3 products on fp16 parts (float32 without TF32, B <= 8, H > 512): an h0 row beyond
