@@ -763,6 +763,25 @@ def test_inference_and_noncontiguous_input(device):
 LOOPS = {"cpu": ("persistent", "gemm", "persistent-avx2", "persistent-amx"), "cuda": ("persistent", "fused", "cublas")}
 
 
+def _force_loop(device: str, monkeypatch, loop_index: int) -> str:
+    """Forces LOOPS[device][loop_index] (SEQKERNELS_LSTM_BACKEND and the CPU's kernel switches) and
+    returns its name; skips where the device has fewer loops or the CPU no AMX."""
+    if loop_index >= len(LOOPS[device]):
+        pytest.skip(f"{device} has {len(LOOPS[device])} loops to force")
+    loop = LOOPS[device][loop_index]
+    backend = loop
+    if loop == "persistent-avx2":
+        monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")
+        backend = "persistent"
+    if loop == "persistent-amx":
+        if not cpu_has_amx():
+            pytest.skip("this CPU has no AMX-BF16")
+        monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1")
+        backend = "persistent"
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", backend)
+    return loop
+
+
 @pytest.mark.parametrize("loop_index", [0, 1, 2, 3])
 @pytest.mark.parametrize("precision", ["float32", "tf32", "bfloat16"])
 @pytest.mark.parametrize("batch, hidden", [(3, 16), (12, 64), (12, 600)])
@@ -772,22 +791,11 @@ def test_nan_in_the_input_propagates_like_nn_lstm(device, monkeypatch, loop_inde
     (activation approximations, TF32 / 16-bit conversions, the persistent kernels' exchange
     formats: on CUDA B = 12 runs the direct kernel with two rows per lane, float32 without TF32
     with h as 30-bit values). The CPU's vectorised exp once clamped NaN to a finite value."""
-    if loop_index >= len(LOOPS[device]):
-        pytest.skip(f"{device} has {len(LOOPS[device])} loops to force")
-    loop = LOOPS[device][loop_index]
-    if loop == "persistent-avx2":
-        monkeypatch.setenv("SEQKERNELS_CPU_AVX512", "0")
-        loop = "persistent"
-    if loop == "persistent-amx":
-        if not cpu_has_amx():
-            pytest.skip("this CPU has no AMX-BF16")
-        monkeypatch.setenv("SEQKERNELS_CPU_AMX", "1")
-        loop = "persistent"
+    _force_loop(device, monkeypatch, loop_index)
     if precision == "tf32":
         if device == "cpu":
             pytest.skip("TF32 is a CUDA precision")
         monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", loop)
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     T, nan_step, nan_row = 8, 3, 1
     config = dict(input_size=hidden, hidden_size=hidden, num_layers=1, bias=True, batch_first=False,
@@ -805,6 +813,34 @@ def test_nan_in_the_input_propagates_like_nn_lstm(device, monkeypatch, loop_inde
         expected = want if name == "output" else want[-1]
         assert torch.equal(torch.isnan(ref), expected), f"nn.LSTM's {name}: not the NaN pattern assumed"
         assert torch.equal(torch.isnan(got), expected), f"{name}: NaN where nn.LSTM has none, or the reverse"
+
+
+@pytest.mark.parametrize("loop_index", [0, 1, 2, 3])
+@pytest.mark.parametrize("batch, hidden", [(3, 16), (12, 64), (3, 600), (12, 600)])
+def test_inf_in_h0_saturates_like_nn_lstm(device, monkeypatch, loop_index, batch, hidden):
+    """float32 (TF32 off): an inf in h0 reaches the first step's pre-activations as in nn.LSTM's
+    float32 GEMM, so its row's gates saturate and every output stays finite, within float32's
+    bound of nn.LSTM. No loop may split it into inf - inf = NaN (the CPU's AMX parts, the CUDA
+    direct kernel's x3 parts: B = 3, H = 600 on fp16 parts, the other shapes on TF32 parts)."""
+    loop = _force_loop(device, monkeypatch, loop_index)
+    if device == "cuda" and loop == "fused":
+        pytest.skip("the fused loop's split products turn an inf in h0 into NaN (docs/precision.md)")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    config = dict(input_size=hidden, hidden_size=hidden, num_layers=1, bias=True, batch_first=False,
+                  bidirectional=False, proj_size=0)
+    torch.manual_seed(3 * batch + hidden)
+    ref_module, ours = make_lstms(config, torch.float32, device)
+    x = torch.randn(6, batch, hidden, device=device)
+    h0 = torch.randn(1, batch, hidden, device=device)
+    c0 = torch.randn(1, batch, hidden, device=device)
+    h0[0, batch - 1, hidden // 2] = float("inf")
+    with torch.no_grad():
+        got = ours(x, (h0, c0))
+        want = ref_module(x, (h0, c0))
+    for name, a, e in (("output", got[0], want[0]), ("h_n", got[1][0], want[1][0]), ("c_n", got[1][1], want[1][1])):
+        assert torch.isfinite(e).all(), f"nn.LSTM's {name}: not finite, not the case assumed"
+        assert torch.isfinite(a).all(), f"{name}: not finite where nn.LSTM's is"
+        assert_close(a, e, torch.float32, name)
 
 
 def test_empty_batch_like_nn_lstm():
