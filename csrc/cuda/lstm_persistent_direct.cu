@@ -177,7 +177,7 @@ constexpr int direct_branch_free_rows(Path P, int64_t H, int64_t B) {
 // values of the row times its scale. Cold path, out of line.
 template <class scalar_t, Path P>
 __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int word, float scale) {
-  constexpr bool kX3 = P == Path::kTf32x3;
+  constexpr bool kX3Words = P == Path::kTf32x3 || P == Path::kHalfX3;
   u64 p[2];
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
@@ -187,11 +187,8 @@ __device__ __noinline__ ulonglong2 h0_pair(const scalar_t* h0_row, int H, int wo
       const int k = (word + w) * 2 + e;
       if (k < H) {
         const scalar_t v = h0_row[k];
-        if constexpr (kX3) {  // non-finite values as 0 (the kernel adds them)
-          const float x = static_cast<float>(v);
-          bits |= static_cast<u64>(isfinite(x) ? x3_bits(x) : 0u) << (30 * e);
-        } else if constexpr (P == Path::kHalfX3) {  // scaled; non-finite values as 0 (the kernel adds them)
-          const float x = static_cast<float>(v) * scale;
+        if constexpr (kX3Words) {  // non-finite values as 0 (the kernel adds them); kHalfX3's scaled
+          const float x = P == Path::kHalfX3 ? static_cast<float>(v) * scale : static_cast<float>(v);
           bits |= static_cast<u64>(isfinite(x) ? x3_bits(x) : 0u) << (30 * e);
         } else if constexpr (P == Path::kHalfScaled) {
           bits |= static_cast<u64>(c10::Half(static_cast<float>(v) * scale).x) << (16 * e);
@@ -372,12 +369,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const scalar_t* h0_row = a.h0 + static_cast<int64_t>(r) * H;
       for (int k = lane; k < H; k += 32) {
         const float v = static_cast<float>(h0_row[k]);
-        m = finite_abs_max(m, v);
+        if constexpr (kScaled) m = finite_abs_max(m, v);
         if constexpr (kX3Words) non_finite |= !isfinite(v);
       }
       float scale = 1.0f, unscale = 1.0f;
       if constexpr (kScaled) power_of_two_scales(warp_max(m), scale, unscale);
-      if constexpr (kX3Words) non_finite = __any_sync(0xffffffffu, non_finite);  // kHalfScaled has no use for it
+      if constexpr (kX3Words) non_finite = __any_sync(0xffffffffu, non_finite);
       if (lane == 0) {
         if constexpr (kScaled) {
           h0_scale[r] = scale;
