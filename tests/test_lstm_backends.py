@@ -562,9 +562,9 @@ def test_direct_forward_x3_operands(monkeypatch, half, batch_sizes, H, reverse):
 @pytest.mark.parametrize("batch_sizes,H", [([4] * 4, 1024), ([8, 8, 6, 5], 600), ([1] * 4, 520)])
 def test_direct_forward_x3_half_products_carry_nan(monkeypatch, batch_sizes, H):
     """The direct kernel's x3 products on fp16 parts: a NaN in x (step 1) makes its row's h_1 NaN, and
-    the exchange carries it (as a NaN small part: the big parts' exponent bit and the small parts' sign
-    carry the step's flag) into every unit of that row from step 2 on, as the float64 reference has
-    it; the other rows stay within float32's bound."""
+    the exchange carries it (x3_bits keeps a NaN a NaN; the consumer's fp16 parts of it are NaN) into
+    every unit of that row from step 2 on, as the float64 reference has it; the other rows stay
+    within float32's bound."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision("float32"):
         assert _direct_paths(_train_call(torch.float32, batch_sizes[0], H, T=3)) == {"x3 fp16"}
