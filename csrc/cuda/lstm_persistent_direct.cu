@@ -673,20 +673,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     acc_t pq[4];
     if (active && it.valid) {
       const float* rr = red + (s & 1) * kWarps * kDirectWarp + it.n * kDirectRow + it.u;
+      // All four sums first, then the rare branch once: a branch between the sums would serialise
+      // their shared-memory loads on the path to publication.
+      acc_t partial[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        acc_t partial = sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
-        // kScaled: the rows that read h0 this step ([nll, bt)) read it times their row's power of two
-        // (kX3Words: its non-finite values as 0, added here).
-        if constexpr (kScaled) partial *= it.n >= nll ? h0_scale[16 + it.n] : 1.0f;
-        if constexpr (kX3Words) {
-          if (__builtin_expect(it.n >= nll && h0_scale[32 + it.n] != 0.0f, 0)) {
-            partial += h0_non_finite_products(a.w_hh + (static_cast<int64_t>(q) * H + it.j) * H,
-                                              a.h0 + static_cast<int64_t>(it.n) * H, H);
+        partial[q] = sum_partials<kWarps>(rr + q * U, kWarps, kDirectWarp, 0);
+        // kScaled: the rows that read h0 this step ([nll, bt)) read it times their row's power of two.
+        if constexpr (kScaled) partial[q] *= it.n >= nll ? h0_scale[16 + it.n] : 1.0f;
+      }
+      if constexpr (kX3Words) {
+        // kX3Words: h0's non-finite values entered the MMAs as 0; their products are added here.
+        if (__builtin_expect(it.n >= nll && h0_scale[32 + it.n] != 0.0f, 0)) {
+#pragma unroll  // unrolled: a rolled loop indexes partial[] and puts it on the stack
+          for (int q = 0; q < 4; ++q) {
+            partial[q] += h0_non_finite_products(a.w_hh + (static_cast<int64_t>(q) * H + it.j) * H,
+                                                 a.h0 + static_cast<int64_t>(it.n) * H, H);
           }
         }
-        pq[q] = pv[q] + bias_r[q] + partial;
       }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pq[q] = pv[q] + bias_r[q] + partial[q];
     }
     acc_t act_r[4] = {0, 0, 0, 0}, c_new = 0;
     scalar_t h = static_cast<scalar_t>(0.0f);
