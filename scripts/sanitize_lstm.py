@@ -7,6 +7,7 @@
     python scripts/sanitize_lstm.py --mode infer           # only the inference cases (or --mode train)
     python scripts/sanitize_lstm.py --one-cluster          # only the one-cluster kernels' cases (forward, backward)
     python scripts/sanitize_lstm.py --cluster              # only the cluster forward kernel's cases
+    python scripts/sanitize_lstm.py --cluster --dtype float32  # ... and of those only float32's
     python scripts/sanitize_lstm.py --direct-x3            # only the direct kernel's float32 cases without TF32
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
@@ -176,14 +177,17 @@ ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128,
 # to block 1; B = 1: block 1 has none); SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 sends them from B = 2
 # to the cluster kernel (all of K in each block up to B = 8), B = 1 to the direct kernel. fp16
 # B = 20 and bf16 B = 40 at H = 1024 run the row split in 2 and 4 n8 tiles of rows a block, and
-# with SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 the cluster kernel in 2 and 4 m16 tiles.
+# with SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 the cluster kernel in 2 and 4 m16 tiles. float32 with TF32
+# at H = 1024 (scaled fp16 operands) runs the row split too: B = 5 / 8 in one n8 tile, B = 20 / 64
+# in 2 / 4 (with SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 the cluster kernel); at B = 1 the direct kernel.
 CLUSTER_FORWARD_CASES = [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
                          ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),
                          ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),
                          ([3, 3], 8, 1024, torch.bfloat16, True), ([1, 1, 1], 8, 1024, torch.float16, True),
                          ([16, 16], 8, 1024, torch.bfloat16, True), ([20, 20], 8, 1024, torch.float16, True),
                          ([40, 40], 8, 1024, torch.bfloat16, True), ([8, 8], 8, 1024, torch.float32, True),
-                         ([20, 20], 8, 1024, torch.float32, True), ([64, 64], 8, 1024, torch.float32, True)]
+                         ([20, 20], 8, 1024, torch.float32, True), ([64, 64], 8, 1024, torch.float32, True),
+                         ([5, 5], 8, 1024, torch.float32, True), ([1, 1, 1], 8, 1024, torch.float32, True)]
 
 # The direct forward kernel in float32 without TF32 (B <= 16, Hp <= 1024): x3 on fp16 parts at
 # B <= 8, Hp > 512 (Path::kHalfX3; 8 units per block, and 4 with a padded last block at H = 520;
@@ -400,6 +404,8 @@ def main() -> int:
                         help="only the cluster forward kernel's cases (sets --backend persistent)")
     parser.add_argument("--direct-x3", action="store_true",
                         help="only the direct forward kernel's float32 cases without TF32 (sets --backend persistent)")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                        help="with --one-cluster, --cluster or --direct-x3: only that dtype's cases")
     args = parser.parse_args()
     if args.one_cluster or args.cluster or args.direct_x3:
         args.backend = "persistent"
@@ -414,12 +420,16 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"cudnn rnn fp32_precision: {rnn_precision}  SEQKERNELS_LSTM_BACKEND={backend}", flush=True)
     modes = {"both": (True, False), "infer": (False,), "train": (True,)}[args.mode]
+
+    def of_dtype(cases):
+        return [c for c in cases if args.dtype is None or c[3] == getattr(torch, args.dtype)]
+
     if args.one_cluster:
-        failures = run_cases(ONE_CLUSTER_CASES, gen, modes)
+        failures = run_cases(of_dtype(ONE_CLUSTER_CASES), gen, modes)
     elif args.cluster:
-        failures = run_cases(CLUSTER_FORWARD_CASES, gen, modes)
+        failures = run_cases(of_dtype(CLUSTER_FORWARD_CASES), gen, modes)
     elif args.direct_x3:
-        failures = run_cases(DIRECT_X3_CASES, gen, modes)
+        failures = run_cases(of_dtype(DIRECT_X3_CASES), gen, modes)
     else:
         failures = sweep(gen, backend, modes)
     if args.extra:
