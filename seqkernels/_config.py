@@ -249,24 +249,28 @@ def cluster_whole_k(batch: int) -> bool:
 
 
 def cluster_row_split() -> bool:
-    """cluster_row_split (csrc/cuda/lstm_persistent.cuh): whether the 16-bit types' calls at H = 1024,
-    B <= 16 run the row-split kernel (the pair splits the batch rows, each block all of K; from B = 1,
-    where the direct kernel ran before it), unless SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 (diagnostic,
-    which also keeps it from B > 16: row_split_wide)."""
+    """cluster_row_split (csrc/cuda/lstm_persistent.cuh): whether the calls on 16-bit operands (16-bit
+    types; float32 with TF32 on scaled fp16 operands) at H = 1024, B <= 16 run the row-split kernel
+    (the pair splits the batch rows, each block all of K; from B = 1, where the direct kernel ran
+    before it), unless SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 (diagnostic, which also keeps it from
+    B > 16: row_split_wide)."""
     return os.environ.get("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "") != "0"
 
 
 def row_split_wide() -> bool:
     """row_split_wide (csrc/cuda/lstm_persistent.cuh): whether the row-split kernel also takes the
-    16-bit types' calls at 16 < B <= 64, H = 1024, unless SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 (diagnostic)."""
+    calls on 16-bit operands at 16 < B <= 64, H = 1024, unless SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0
+    (diagnostic)."""
     return os.environ.get("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "") != "0"
 
 
-def _row_split(batch: int) -> str:
-    """The row-split forward kernel's line (16-bit types, H = 1024; csrc/cuda/lstm_persistent_cluster.cu)."""
+def _row_split(batch: int, elem: int) -> str:
+    """The row-split forward kernel's line (16-bit operands: 16-bit types, or float32 with TF32 on scaled
+    fp16 operands; H = 1024; csrc/cuda/lstm_persistent_cluster.cu)."""
     rows = (batch + 1) // 2
     tiles = f"; {-(-rows // 8)} n8 tiles of rows a block" if batch > 16 else ""
-    return ("the row-split forward kernel: 16-bit types, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; "
+    operands = "16-bit types" if elem == 2 else "float32 with TF32 on scaled fp16 operands"
+    return (f"the row-split forward kernel: {operands}, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; "
             f"the pair splits the batch rows, each block all of K, each warp gathering its own K eighth{tiles}"
             f"{_cluster_polls(rows, 1024, 2)}")
 
@@ -304,12 +308,12 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
                "and H = 1024 with TF32 (TF32 operands: SEQKERNELS_LSTM_CLUSTER_HALF=0)")
     else:
         return None
-    if elem == 2 and hidden == 1024 and cluster_row_split() and row_split_wide():
-        cluster = _row_split(batch)
+    sixteen = elem == 2 or (not x3 and cluster_half_products())  # 16-bit operands
+    if sixteen and hidden == 1024 and cluster_row_split() and row_split_wide():
+        cluster = _row_split(batch, elem)
     else:
-        operand_bytes = 2 if elem == 2 or (not x3 and cluster_half_products()) else 4
         cluster = ("the cluster forward kernel: sm_90 with >= 128 SMs, equal batch sizes"
-                   f"{_cluster_polls(batch, hidden // 2, operand_bytes)}")
+                   f"{_cluster_polls(batch, hidden // 2, 2 if sixteen else 4)}")
     if elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
         return f"{why} ({_one_cluster(batch, hidden)}; else {cluster})"
     return f"{why} ({cluster})"
@@ -335,8 +339,9 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
-    if clusters and hidden == 1024 and elem == 2 and cluster_row_split():
-        return _row_split(batch)
+    # (float32 with TF32 at B = 1: the direct kernel, faster there)
+    if clusters and hidden == 1024 and cluster_row_split() and (elem == 2 or (sixteen and batch >= min_batch)):
+        return _row_split(batch, elem)
     if clusters and hidden == 1024 and batch >= min_batch:
         whole_k = sixteen and cluster_whole_k(batch)
         polls = _cluster_polls(batch, hidden if whole_k else hidden // 2, 2 if sixteen else 4)

@@ -300,13 +300,12 @@ _CLI_CHOICES = [
      ["forward: persistent (auto: B = 3 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"],
      ["cluster forward kernel", "direct forward kernel"]),
     (["--batch", "8", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "each block multiplies all of K"],
-     ["row-split"]),
+     ["forward: persistent (auto: TF32, B = 8 <= 16", "(the row-split forward kernel: float32 with TF32 on scaled "
+      "fp16 operands, H = 1024, equal batch sizes, sm_90 with >= 128 SMs; the pair splits the batch rows"],
+     ["cluster forward kernel", "direct forward kernel"]),
     (["--batch", "9", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["it polls h_{t-1} itself, not the step flags (a block gathers 9 KiB of h_{t-1} a step, <= 32 KiB))"],
-     ["all of K"]),
-    (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2", "all of K"], []),
+     ["it polls h_{t-1} itself, not the step flags (a block gathers 10 KiB of h_{t-1} a step, <= 32 KiB))"],
+     ["cluster forward kernel"]),
     (["--batch", "1", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 1 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"],
      ["cluster forward kernel", "direct forward kernel"]),
@@ -319,7 +318,8 @@ _CLI_CHOICES = [
      ["the row-split forward kernel", "3 n8 tiles of rows a block; it waits for the step flags (a block gathers "
       "48 KiB of h_{t-1} a step, > 32 KiB)"], ["polls h_{t-1} itself", "cluster forward kernel"]),
     (["--batch", "24", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["the cluster forward kernel"], ["row-split"]),
+     ["(the row-split forward kernel: float32 with TF32 on scaled fp16 operands", "2 n8 tiles of rows a block"],
+     ["cluster forward kernel"]),
     (["--batch", "64", "--hidden", "512", "--dtype", "float32", "--device", "cuda"],
      ["it polls h_{t-1} itself, not the step flags (a block gathers 32 KiB of h_{t-1} a step, <= 32 KiB)"],
      ["waits"]),
@@ -334,22 +334,25 @@ _CLI_CHOICES = [
     (["--batch", "5", "--hidden", "1024", "--dtype", "float16", "--device", "cuda"],
      ["forward: persistent (auto: B = 5 <= 16 and H = 1024 <= 1024 (the row-split forward kernel"], []),
     (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["KiB (the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"], []),
+     ["KiB (the row-split forward kernel: float32 with TF32"], ["cluster forward kernel"]),
     (["--batch", "1", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["KiB (the direct forward kernel)"], []),
+     ["KiB (the direct forward kernel)"], ["row-split"]),
 ]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("setting,batch,kernel", [
     ("0", 8, "(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"),
     ("0", 3, "(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"),
     ("0", 1, "(the direct forward kernel)"),
-    ("1", 1, "(the row-split forward kernel")])
-def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel):
-    """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): 0 gives 16-bit types at H = 1024 the last rule's
-    kernels (the cluster kernel from B = 2, the direct kernel at B = 1); anything else the row split."""
+    ("1", 2, "(the row-split forward kernel")])
+def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel, dtype):
+    """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): 0 gives 16-bit operands at H = 1024 (16-bit types,
+    float32 with TF32 on scaled fp16 operands) the last rule's kernels (the cluster kernel from B = 2,
+    the direct kernel at B = 1); anything else the row split (16-bit types from B = 1, float32 from
+    B = 2)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", setting)
-    out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda")
+    out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", dtype, "--device", "cuda")
     assert out.returncode == 0, out.stderr
     assert kernel in out.stdout
 

@@ -1206,9 +1206,11 @@ def _row_split_tiles(fn) -> set[int]:
 @pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
                                                       ("bfloat16", 5, False), ("float16", 2, False),
-                                                      ("bfloat16", 1, True)])
+                                                      ("bfloat16", 1, True), ("tf32", 16, True),
+                                                      ("tf32", 5, False), ("tf32", 2, False)])
 def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
-    """At H = 1024, B <= 16 the 16-bit types' forward runs the row-split kernel (each block of a
+    """At H = 1024, B <= 16 the forward on 16-bit operands (16-bit types; float32 with TF32 on scaled
+    fp16 operands, from B = 2) runs the row-split kernel (each block of a
     pair takes half of the batch rows, an odd B leaving one row fewer to block 1 and B = 1 none, for
     all of K and all of the cluster's units; W_hh as the MMA's A operand; each warp gathers its own
     K eighth); SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 (diagnostic) never: which kernel ran, and 67
@@ -1234,7 +1236,8 @@ def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,reverse,tiles", [("bfloat16", 17, False, 2), ("float16", 32, True, 2),
-                                                            ("bfloat16", 33, True, 4), ("float16", 64, False, 4)])
+                                                            ("bfloat16", 33, True, 4), ("float16", 64, False, 4),
+                                                            ("tf32", 24, True, 2), ("tf32", 49, False, 4)])
 def test_row_split_wide_matches_reference(monkeypatch, precision_name, B, reverse, tiles, poll_data):
     """The row-split kernel also takes 16 < B <= 64 at H = 1024 (2 n8 tiles of rows a block to B = 32,
     4 to 64; B = 17 / 33 leave the last tile one row); SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 (diagnostic)
@@ -1260,16 +1263,17 @@ def test_row_split_wide_matches_reference(monkeypatch, precision_name, B, revers
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("precision_name,B", [("float16", 40), ("bfloat16", 24)])
+@pytest.mark.parametrize("precision_name,B", [("float16", 40), ("bfloat16", 24), ("tf32", 12), ("tf32", 40)])
 def test_row_split_wide_in_cuda_graph(monkeypatch, precision_name, B):
-    """Inference and a training step whose forward runs the wide row split (4 / 2 n8 tiles of rows a
-    block), captured in CUDA graphs: replays on fresh input data agree with eager calls."""
+    """Inference and a training step whose forward runs the row split (1 / 2 / 4 n8 tiles of rows a
+    block; float32 with TF32 on scaled fp16 operands, its projection scaled too), captured in CUDA
+    graphs: replays on fresh input data agree with eager calls."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, 1024, T=3)
         run()
-        assert _row_split_tiles(run) == {4 if B > 32 else 2}
+        assert _row_split_tiles(run) == {1 if B <= 16 else 2 if B <= 32 else 4}
         torch.manual_seed(11)
         model = seqkernels.LSTM(1024, 1024).to(device="cuda", dtype=dtype)
         static_x = torch.randn(5, B, 1024, device="cuda", dtype=dtype)
@@ -1306,8 +1310,10 @@ def test_cluster_forward_tf32_operands(monkeypatch, half, B, H, reverse):
     """float32 with TF32 on the cluster kernel: by default on fp16 operands scaled by powers of two
     (TF32's 10-bit mantissa; every H, B up to 64; the input projection likewise), with
     SEQKERNELS_LSTM_CLUSTER_HALF=0 on TF32 operands (no instance at H = 1024 beyond B = 32): which
-    ran, and the outputs and every gradient against the float64 reference within TF32's bound."""
+    ran, and the outputs and every gradient against the float64 reference within TF32's bound. The
+    row split, which takes the scaled fp16 operands' calls at H = 1024, is off here."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
     if not half:
         monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_HALF", "0")
     with _Precision("tf32"):
@@ -1322,9 +1328,11 @@ def test_cluster_forward_tf32_operands(monkeypatch, half, B, H, reverse):
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("B,I", [(8, 9), (64, 12)])
-def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I):
-    """The scaled fp16 operands of float32 with TF32: an h0 row beyond fp16's range (~1e5, row 0)
+@pytest.mark.parametrize("row_split", [True, False], ids=["row-split", "cluster"])
+@pytest.mark.parametrize("B,I", [(8, 9), (64, 12), (5, 12)])
+def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I, row_split):
+    """The scaled fp16 operands of float32 with TF32 (the row-split kernel at H = 1024, and the
+    cluster kernel with SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0): an h0 row beyond fp16's range (~1e5, row 0)
     and one far below it (~1e-5, row 1), with W_hh at 1e-5 of nn.LSTM's range (its largest value
     ~3e-7, an fp16 subnormal unscaled), so that row 0's h0·W_hh stays O(1) and its gates do not
     saturate; at I = 12 (the projection scaled too; I = 9 leaves it to TF32) x's packed rows 0 and 1
@@ -1332,8 +1340,13 @@ def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I):
     TF32's bound. Unscaled, row 0 would overflow to inf (then NaN) and W_hh would keep ~2
     significant bits."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    _check_scaled_h0_and_w_hh([B] * 4, I, 1024, 83, lambda run: _cluster_products(run) == {"half"},
-                              f"scaled fp16 operands B={B}")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "1" if row_split else "0")
+    if row_split:
+        taken = lambda run: _row_split_tiles(run) == {1 if B <= 16 else 4}  # noqa: E731
+    else:
+        taken = lambda run: _cluster_products(run) == {"half"}  # noqa: E731
+    _check_scaled_h0_and_w_hh([B] * 4, I, 1024, 83, taken,
+                              f"scaled fp16 operands B={B}, {'row split' if row_split else 'cluster kernel'}")
 
 
 def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int, taken, what: str,
@@ -1363,12 +1376,19 @@ def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int,
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-def test_cluster_forward_half_products_keep_infs(monkeypatch):
-    """float32 with TF32 on scaled fp16 operands: an inf in h0 and one in x (which set no scale)
+@pytest.mark.parametrize("row_split", ["1", "0"], ids=["row-split", "cluster"])
+@pytest.mark.parametrize("B", [40, 6])
+def test_cluster_forward_half_products_keep_infs(monkeypatch, B, row_split):
+    """float32 with TF32 on scaled fp16 operands (the row-split kernel at H = 1024, and the cluster
+    kernel with SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0): an inf in h0 and one in x (which set no scale)
     reach the first step's pre-activations as in TF32 GEMMs (the rows' gates saturate, their outputs
     stay finite)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    _check_inf_in_h0_as_float32([40] * 4, 1024, "tf32", I=12, x_inf=True)
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", row_split)
+    with _Precision("tf32"):
+        ran_row_split = bool(_row_split_tiles(_train_call(torch.float32, B, 1024, T=3)))
+    assert ran_row_split == (row_split == "1")
+    _check_inf_in_h0_as_float32([B] * 4, 1024, "tf32", I=12, x_inf=True)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1392,10 +1412,11 @@ def test_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
 @pytest.mark.parametrize("precision_name,B,H", [("bfloat16", 33, 256), ("tf32", 40, 1024)])
 def test_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B, H):
     """Inference and a training step whose forward runs the cluster kernel (bf16, the one-cluster
-    kernel off; float32 with TF32 on scaled fp16 operands), captured in CUDA graphs: replays on
-    fresh input data agree with eager calls."""
+    kernel off; float32 with TF32 on scaled fp16 operands, the row split off), captured in CUDA
+    graphs: replays on fresh input data agree with eager calls."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "0")
     dtype = DTYPE[precision_name]
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)

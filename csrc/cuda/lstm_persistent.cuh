@@ -84,8 +84,8 @@ inline bool cluster_whole_k(int64_t batch) {
   return mode == 1 || (mode == -1 && batch <= kClusterWholeKMaxBatch);
 }
 
-// Whether the cluster forward kernel's calls at H = 1024, B <= 16 on 16-bit types run the row-split
-// kernel instead (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K
+// Whether the cluster forward kernel's calls at H = 1024, B <= 16 on 16-bit operands (16-bit types;
+// float32 with TF32 on scaled fp16 operands) run the row-split kernel instead (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K
 // and all of the cluster's units, nothing exchanged between the pair, each warp gathering its own
 // K eighth); at B = 1 it also takes the call from the direct kernel (cluster_forward_applies).
 // One build on an H200 (2026-11-28, `infer`, T = 256, CUDA-graph replays, ms, this rule's kernel
@@ -94,6 +94,10 @@ inline bool cluster_whole_k(int64_t batch) {
 // / 0.492-0.493, 0.437-0.443 / 0.527-0.528, 0.455-0.466 / 0.518, 0.448-0.467 / 0.532; B = 8 / 12 /
 // 16 0.525-0.530 / 0.575-0.579, 0.552-0.555 / 0.601-0.607, 0.579-0.583 / 0.629-0.635; fp16 the same
 // to within 0.01 ms; `train` eager calls B = 4 / 8 / 16 1-2 % faster (docs/benchmarks.md).
+// float32 with TF32 on scaled fp16 operands takes it from B = 2 (thirty-fifth session, 2026-11-28,
+// one build, the same method, the last rule / the row split): B = 2 / 3 / 4 / 8 / 16 0.564-0.566 /
+// 0.521-0.523, 0.572-0.578 / 0.541-0.542, 0.596-0.605 / 0.535-0.549, 0.681-0.684 / 0.628-0.638,
+// 0.759-0.761 / 0.703-0.710; at B = 1 the direct kernel stays (0.506-0.508 / 0.525-0.526).
 // SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never, at any B (the direct kernel at B = 1, the
 // cluster kernel from B = 2: whole K to B = 8, K halves above); unset or anything else, always.
 inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") != 0; }
@@ -102,7 +106,9 @@ inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTE
 // on an H200 (2026-11-28, T = 256, ms, cluster kernel / wide row split; `infer` CUDA-graph replays):
 // bf16 B = 17 / 24 / 32 / 48 / 64 0.952-0.954 / 0.836-0.842, 1.022-1.024 / 0.880-0.884,
 // 1.080-1.090 / 0.927-0.939, 1.865-1.869 / 1.314-1.330, 2.077 / 1.434-1.443; fp16 within 0.01 ms of
-// those; `train` eager calls bf16 B = 32 / 64 3.51-3.55 / 3.37-3.42, 4.97-5.01 / 4.34-4.38.
+// those; `train` eager calls bf16 B = 32 / 64 3.51-3.55 / 3.37-3.42, 4.97-5.01 / 4.34-4.38; float32
+// with TF32 (scaled fp16 operands, thirty-fifth session) B = 24 / 48 / 64 1.081-1.085 / 0.952-0.961,
+// 1.930-1.938 / 1.430-1.439, 2.221-2.231 / 1.552-1.562.
 // SEQKERNELS_LSTM_ROW_SPLIT_WIDE (diagnostic): "0" never (the cluster kernel above B = 16); unset
 // or anything else, always.
 inline bool row_split_wide() { return diagnostic_mode("SEQKERNELS_LSTM_ROW_SPLIT_WIDE") != 0; }
@@ -155,7 +161,8 @@ constexpr int64_t kClusterForwardMinBatchOneTile = 2;
 constexpr int64_t kClusterForwardMinBatchOneTileTf32 = 8;
 inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
   // (cluster_forward_fits has no float32 H = 1024 instance without TF32.) 16-bit types at B = 1
-  // take the row-split kernel (cluster_row_split, above).
+  // take the row-split kernel (cluster_row_split, above); float32 with TF32 there stays on the
+  // direct kernel (faster at B = 1 only: 0.506-0.508 against 0.525-0.526 ms, cluster_row_split).
   int64_t one_tile_min_batch = kClusterForwardMinBatchOneTile;
   if (ops == ClusterOperands::kTf32) one_tile_min_batch = kClusterForwardMinBatchOneTileTf32;
   if (ops == ClusterOperands::kSixteenBit && cluster_row_split()) one_tile_min_batch = 1;

@@ -733,7 +733,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------
 // Forward kernel in clusters of two blocks, the batch rows split between the pair (row split;
-// 16-bit types, H = 1024, B <= 64: cluster_row_split and row_split_wide, lstm_persistent.cuh)
+// 16-bit operands: 16-bit types, float32 with TF32 from B = 2; H = 1024, B <= 64: cluster_row_split and
+// row_split_wide, lstm_persistent.cuh)
 // ---------------------------------------------------------------------------------------
 // The K halves exchange partial sums between the pair after the product (~1100 cycles a step at
 // bf16 B = 8 / 16, H = 1024); whole K removes that but doubles the bytes each block gathers
@@ -756,6 +757,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // half of W_hh's shared-memory reads, 0.568 / 0.711 against 0.557 / 0.683: docs/benchmarks.md.)
 // The exchange and its poison are the cluster kernel's (the same buffers, flags and argument:
 // a block's readers are the rank-r blocks, which it reads from in turn).
+// float32 with TF32 allowed runs it on the cluster kernel's scaled fp16 operands (kHalfScaled):
+// each warp's W_hh fragments times one power of two (its partials scaled back before they meet),
+// h0's rows each times their own at the first step, h_t in [-1, 1] exchanged as fp16, and a
+// scaled projection's pre (pre_unscale) scaled back in the gate math.
 constexpr int kRowSplitRegKSteps = 4;  // k16 steps a warp with W_hh's A fragments in registers (the rest in shared memory)
 constexpr int kRowSplitLdu = 20;       // row stride (floats) of the partials: conflict-free stores
 
@@ -793,10 +798,11 @@ __device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* s
 // 8 warps a block, each a K eighth of KSTEPS k16 steps: k-steps 0..3 of W_hh's fragments in
 // registers and 4..7 in shared memory (64 KB read every step). NT n8 tiles of batch rows a block
 // (up to 8 NT rows): 1 to B = 16, 2 to B = 32 and 4 to B = 64 (row_split_wide). At NT = 4 the
-// shared memory is 66 KB of rows, 80 KB of partials and 64 KB of W_hh.
-template <class scalar_t, int HC, int NT = 1>
+// shared memory is 66 KB of rows, 80 KB of partials and 64 KB of W_hh. op_t: the operand type
+// (16-bit; c10::Half for float32's scaled operands).
+template <class op_t, int HC, int NT = 1>
 struct RowSplitLayout {
-  static constexpr int ES = sizeof(scalar_t), UC = HC / 64, ROWS = 8 * NT, LDX = HC + 16 / ES;
+  static constexpr int ES = sizeof(op_t), UC = HC / 64, ROWS = 8 * NT, LDX = HC + 16 / ES;
   static constexpr int kWarps = kThreads / 32, KSTEPS = HC / 16 / kWarps;
   static constexpr int KSR = kRowSplitRegKSteps, KSS = KSTEPS - KSR;
   static constexpr int kRowWords = HC * ES / 4;
@@ -805,6 +811,8 @@ struct RowSplitLayout {
   static constexpr int kTileBytes = ROWS * LDX * ES;
   static constexpr int kPartialBytes = kWarps * 4 * ROWS * kRowSplitLdu * 4;
   static constexpr int kWsmBytes = kWarps * 4 * KSS * 32 * 16;
+  // float32 (scaled fp16 operands): h0's inverse row scales (float), after the partials.
+  static constexpr int kRowScaleBytes = ROWS * 4;
 };
 
 template <class scalar_t, bool kTraining, int HC, int NT>
@@ -813,16 +821,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = float;
   using Math = CudaMath;
-  using L = RowSplitLayout<scalar_t, HC, NT>;
+  // float32 with TF32 allowed: fp16 operands scaled by powers of two (kHalf); else the 16-bit type's.
+  constexpr bool kHalf = std::is_same_v<scalar_t, float>;
+  using op_t = ClusterOperandType<scalar_t, kHalf ? ClusterOperands::kHalfScaled : ClusterOperands::kSixteenBit>;
+  using L = RowSplitLayout<op_t, HC, NT>;
   constexpr int H = HC, UC = L::UC, LDX = L::LDX, ES = L::ES, KSR = L::KSR, KSS = L::KSS, KSTEPS = L::KSTEPS;
   constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu, kWarps = L::kWarps, ROWS = L::ROWS;
   static_assert(UC == 16 && KSTEPS % 2 == 0, "row-split kernel: H = 1024");
   static_assert(ROWS * (UC / 2) <= kThreads, "row-split kernel: one unit pair of one row a thread");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);                     // [ROWS][LDX]: this block's rows of h_{t-1}
+  op_t* const xt = reinterpret_cast<op_t*>(smem);                             // [ROWS][LDX]: this block's rows of h_{t-1}
   float* const part = reinterpret_cast<float*>(smem + g.off_part);           // [warp][gate][row][LDU]
   uint4* const wsm = reinterpret_cast<uint4*>(smem + g.off_w);               // [warp][gate][k-step - KSR][lane]
+  float* const row_unscale = part + L::kPartialBytes / 4;                    // kHalf: [ROWS] h0's inverse row scales
   const int B = g.B, T = g.T;
   const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -837,6 +849,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   // `warp`: a0 = A[gq][2tq, 2tq + 1], a1 = A[gq + 8][..], a2 / a3 the same at k + 8.
   uint32_t afr[4][KSR][4];
   uint4* const wsm_warp = wsm + warp * (4 * KSS * 32) + lane;
+  // kHalf: this warp's fragments scaled by w_scale (their largest finite magnitude to [2^14, 2^15)),
+  // its partial sums by w_unscale (powers of two: exact).
+  float w_scale = 1.0f, w_unscale = 1.0f;
+  if constexpr (kHalf) {
+    float m = 0.0f;
+#pragma unroll 1
+    for (int q = 0; q < 4; ++q) {
+#pragma unroll 1
+      for (int r = gq; r < 16; r += 8) {
+        const float* wr = a.w_hh + static_cast<int64_t>(q * H + cluster * UC + r) * H + warp * KSTEPS * 16;
+#pragma unroll 1
+        for (int k = tq; k < KSTEPS * 16; k += 4) m = finite_abs_max(m, wr[k]);
+      }
+    }
+    power_of_two_scales(warp_max(m), w_scale, w_unscale);
+  }
+  auto op_pair = [&](const scalar_t* w, int k) {
+    if constexpr (kHalf) {
+      return pack2(c10::Half(w[k] * w_scale), c10::Half(w[k + 1] * w_scale));
+    } else {
+      return pack2(w[k], w[k + 1]);
+    }
+  };
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const scalar_t* w0 = a.w_hh + static_cast<int64_t>(q * H + cluster * UC + gq) * H;
@@ -844,8 +879,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int f = 0; f < KSTEPS; ++f) {
       const int k0 = (warp * KSTEPS + f) * 16 + 2 * tq;
-      const uint4 fr = make_uint4(pack2(w0[k0], w0[k0 + 1]), pack2(w8[k0], w8[k0 + 1]), pack2(w0[k0 + 8], w0[k0 + 9]),
-                                  pack2(w8[k0 + 8], w8[k0 + 9]));
+      const uint4 fr = make_uint4(op_pair(w0, k0), op_pair(w8, k0), op_pair(w0, k0 + 8), op_pair(w8, k0 + 8));
       if (f < KSR) {
         afr[q][f < KSR ? f : 0][0] = fr.x;
         afr[q][f < KSR ? f : 0][1] = fr.y;
@@ -865,16 +899,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   acc_t c_st[2] = {0, 0}, bias_r[4][2] = {};
   scalar_t h_st[2] = {static_cast<scalar_t>(0.0f), static_cast<scalar_t>(0.0f)};
   if (active) load_unit_pair_state(a, H, grow, j, c_st, h_st, bias_r);
+  // pre of this step and of the next. kHalf: a scaled projection's (pre_unscale) row scale comes
+  // with it, its gate scales stay here (else all 1).
   float2 pv[4] = {}, pv_next[4] = {};
-  auto prefetch = [&](int s, float2 (&dst)[4]) {
+  float row_u = 1.0f, row_u_next = 1.0f, gate_u[4][2];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      gate_u[q][e] = kHalf && active && a.pre_unscale != nullptr
+                         ? a.pre_unscale[static_cast<int64_t>(T) * B + q * H + j + e]
+                         : 1.0f;
+    }
+  }
+  auto prefetch = [&](int s, float2 (&dst)[4], float& dst_u) {
     if (active) {
       const int t = a.reverse ? T - 1 - s : s;
-      const acc_t* pr = a.pre + (static_cast<int64_t>(t) * B + grow) * (4 * H) + j;
+      const int64_t row = static_cast<int64_t>(t) * B + grow;
+      const acc_t* pr = a.pre + row * (4 * H) + j;
 #pragma unroll
       for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+      if (kHalf && a.pre_unscale != nullptr) dst_u = a.pre_unscale[row];
     }
   };
-  prefetch(0, pv);
+  prefetch(0, pv, row_u);
 
   // ldmatrix.x4 of two k-steps' B fragments: lane l gives row l % 8 of an n8 tile at k + 8 (l / 8).
   const uint32_t xt_lane = shared_address(xt) + ((lane & 7) * LDX + (lane >> 3) * 8) * ES;
@@ -892,11 +940,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = a.reverse ? T - 1 - s : s;
     // 1. The row tile: this block's rows of h_{t-1} (h0 at the first step).
     if (s == 0) {
-      constexpr int per_row = H / 4;  // chunks of 4 elements
-      for (int i = threadIdx.x; i < nrows * per_row; i += kThreads) {
-        const int r = i / per_row, c = (i - r * per_row) * 4;
-        *reinterpret_cast<uint2*>(xt + r * LDX + c) =
-            *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(row0 + r) * H + c);
+      if constexpr (kHalf) {
+        // One warp per row, scaled by its own power of two (rows >= nrows: 1, unused).
+        for (int r = warp; r < ROWS; r += kWarps) {
+          const float unscale =
+              r < nrows ? scale_row_to_half(a.h0 + static_cast<int64_t>(row0 + r) * H, H, lane, xt + r * LDX) : 1.0f;
+          if (lane == 0) row_unscale[r] = unscale;
+        }
+      } else {
+        constexpr int per_row = H / 4;  // chunks of 4 elements
+        for (int i = threadIdx.x; i < nrows * per_row; i += kThreads) {
+          const int r = i / per_row, c = (i - r * per_row) * 4;
+          *reinterpret_cast<uint2*>(xt + r * LDX + c) =
+              *reinterpret_cast<const uint2*>(a.h0 + static_cast<int64_t>(row0 + r) * H + c);
+        }
       }
     } else {
       // This warp's K eighth (units H / 8 * warp ..): the words of the kPartClusters clusters
@@ -935,8 +992,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncwarp();
     }
-    if (s + 1 < T) prefetch(s + 1, pv_next);
-    if (s == 0) __syncthreads();  // h0's rows were stored by any thread
+    if (s + 1 < T) prefetch(s + 1, pv_next, row_u_next);
+    if (s == 0) __syncthreads();  // h0's rows (and kHalf's row scales) were stored by any thread
     trace.mark(0);
 
     // 2. This warp's K part: acc[q][nt] = W_hh's gate-q rows x this block's rows of n8 tile nt
@@ -958,7 +1015,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               if (nt == 0 || nt * 8 < nrows) {
-                MmaInst<scalar_t>::run(acc[q][nt], afr[q][ff < KSR ? ff : 0], b[nt][2 * h2], b[nt][2 * h2 + 1]);
+                MmaInst<op_t>::run(acc[q][nt], afr[q][ff < KSR ? ff : 0], b[nt][2 * h2], b[nt][2 * h2 + 1]);
               }
             }
           } else {
@@ -966,13 +1023,30 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t af[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-              if (nt == 0 || nt * 8 < nrows) MmaInst<scalar_t>::run(acc[q][nt], af, b[nt][2 * h2], b[nt][2 * h2 + 1]);
+              if (nt == 0 || nt * 8 < nrows) MmaInst<op_t>::run(acc[q][nt], af, b[nt][2 * h2], b[nt][2 * h2 + 1]);
             }
           }
         }
       }
     }
     trace.mark(1);
+    if constexpr (kHalf) {  // back from the scaled operands (exact: powers of two)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float u0 = w_unscale, u1 = w_unscale;  // batch rows 8 nt + 2tq, + 1 (h0's row scales at s = 0)
+        if (s == 0) {
+          u0 *= row_unscale[nt * 8 + 2 * tq];
+          u1 *= row_unscale[nt * 8 + 2 * tq + 1];
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc[q][nt][0] *= u0;
+          acc[q][nt][1] *= u1;
+          acc[q][nt][2] *= u0;
+          acc[q][nt][3] *= u1;
+        }
+      }
+    }
     // The partials: gate row (unit) gq / gq + 8, batch rows 8 nt + 2tq / + 1. The last step's gate
     // math read them before the last step's publish barrier.
 #pragma unroll
@@ -1007,8 +1081,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             v[sl].y += v[sl + w].y;
           }
         }
-        pq[q][0] = pv[q].x + bias_r[q][0] + v[0].x;
-        pq[q][1] = pv[q].y + bias_r[q][1] + v[0].y;
+        if constexpr (kHalf) {
+          pq[q][0] = pv[q].x * row_u * gate_u[q][0] + bias_r[q][0] + v[0].x;
+          pq[q][1] = pv[q].y * row_u * gate_u[q][1] + bias_r[q][1] + v[0].y;
+        } else {
+          pq[q][0] = pv[q].x + bias_r[q][0] + v[0].x;
+          pq[q][1] = pv[q].y + bias_r[q][1] + v[0].y;
+        }
       }
       unit_pair_cell<Math>(pq, c_st, h, h_st, act_r, c_new);
     }
@@ -1018,7 +1097,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (s + 1 < T) {
       const int64_t at = static_cast<int64_t>(grow) * kRowWords + j * ES / 4;
       if (active) {
-        st_relaxed_u32(hx + (s % kClusterBuffers) * buf_words + at, unpoisoned(pack2(h[0], h[1])));
+        // (kHalf: h_t in [-1, 1] needs no scale.)
+        st_relaxed_u32(hx + (s % kClusterBuffers) * buf_words + at,
+                       unpoisoned(pack2(static_cast<op_t>(h[0]), static_cast<op_t>(h[1]))));
         st_relaxed_u32(hx + ((s + 2) % kClusterBuffers) * buf_words + at, kClusterPoison);
       }
       __syncthreads();
@@ -1029,6 +1110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     trace.mark(3);
 #pragma unroll
     for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
+    row_u = row_u_next;
   }
   report_trace(trace, kTraining ? "forward row split (training)" : "forward row split (inference)", g);
   if (active) {
@@ -1110,14 +1192,17 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
                          L::kRowWords, L::kTileBytes, L::kPartialBytes + 2 * 8 + (kHalf ? L::kRowScaleBytes : 0),
                          L::kWsmBytes, s.B * L::KQ * L::ES);
   };
-  // The row-split kernel (16-bit types, H = 1024: B <= 16 where cluster_row_split asks for it, to
-  // B = 64 where row_split_wide does too): NT n8 tiles of rows a block.
+  // The row-split kernel (16-bit operands: 16-bit types, float32 with TF32 on scaled fp16 operands;
+  // H = 1024: B <= 16 where cluster_row_split asks for it, to B = 64 where row_split_wide does
+  // too): NT n8 tiles of rows a block.
   auto launch_row_split = [&](auto nt_c) {
-    if constexpr (kOps == ClusterOperands::kSixteenBit) {
+    if constexpr (kOps == ClusterOperands::kSixteenBit || kHalf) {
       constexpr int NT = decltype(nt_c)::value;
-      using L = RowSplitLayout<scalar_t, 1024, NT>;
+      using L = RowSplitLayout<ClusterOperandType<scalar_t, kOps>, 1024, NT>;
+      // The partials (and kHalf's row scales).
       return launch_layout(&lstm_persistent_forward_row_split_kernel<scalar_t, kTraining, 1024, NT>, 1024, L::kRowWords,
-                           L::kTileBytes, L::kPartialBytes, L::kWsmBytes, (s.B + 1) / 2 * 1024 * L::ES);
+                           L::kTileBytes, L::kPartialBytes + (kHalf ? L::kRowScaleBytes : 0), L::kWsmBytes,
+                           (s.B + 1) / 2 * 1024 * L::ES);
     } else {
       return false;
     }
