@@ -85,9 +85,10 @@ inline bool cluster_whole_k(int64_t batch) {
 }
 
 // Whether the cluster forward kernel's calls at H = 1024, B <= 16 on 16-bit operands (16-bit types;
-// float32 with TF32 on scaled fp16 operands) run the row-split kernel instead (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K
-// and all of the cluster's units, nothing exchanged between the pair, each warp gathering its own
-// K eighth); at B = 1 it also takes the call from the direct kernel (cluster_forward_applies).
+// float32 with TF32 on scaled fp16 operands) run the row-split kernel instead
+// (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K and all of the
+// cluster's units, nothing exchanged between the pair, each warp gathering its own K eighth); for
+// 16-bit types at B = 1 it also takes the call from the direct kernel (cluster_forward_applies).
 // One build on an H200 (2026-11-28, `infer`, T = 256, CUDA-graph replays, ms, this rule's kernel
 // against the last one's: B = 1 the direct kernel, B = 2 / 3 the whole-K cluster kernel, B >= 4 the
 // row split with the whole tile gathered before a block barrier): bf16 B = 1 / 2 / 3 / 4 0.446-0.458

@@ -203,6 +203,22 @@ __device__ __forceinline__ void load_unit_pair_state(const FwdArgs<scalar_t>& a,
   }
 }
 
+// kHalf (float32 on scaled fp16 operands): the gate scales of a scaled projection's pre for a
+// thread's unit pair (pre_unscale[N + g], g = q H + j + e); all 1 without one, or for 16-bit types.
+template <bool kHalf>
+__device__ __forceinline__ void load_gate_unscales(const float* pre_unscale, int T, int B, int H, int j, bool active,
+                                                   float (&gate_u)[4][2]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      gate_u[q][e] = kHalf && active && pre_unscale != nullptr
+                         ? pre_unscale[static_cast<int64_t>(T) * B + q * H + j + e]
+                         : 1.0f;
+    }
+  }
+}
+
 // The cell of a thread's unit pair from its pre-activations pq[gate][unit]: c and h (h_st, the last
 // step's) updated, the activated gates and c_t kept for the training outputs.
 template <class Math, class scalar_t>
@@ -353,15 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // projection's (pre_unscale) row scale comes with it, its gate scales stay here (else all 1).
   float2 pv[4] = {}, pv_next[4] = {};
   float row_u = 1.0f, row_u_next = 1.0f, gate_u[4][2];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      gate_u[q][e] = kHalf && active && a.pre_unscale != nullptr
-                         ? a.pre_unscale[static_cast<int64_t>(T) * B + q * H + j + e]
-                         : 1.0f;
-    }
-  }
+  load_gate_unscales<kHalf>(a.pre_unscale, T, B, H, j, active, gate_u);
   auto prefetch = [&](int s, float2 (&dst)[4], float& dst_u) {
     if (active) {
       const int t = a.reverse ? T - 1 - s : s;
@@ -903,15 +911,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // with it, its gate scales stay here (else all 1).
   float2 pv[4] = {}, pv_next[4] = {};
   float row_u = 1.0f, row_u_next = 1.0f, gate_u[4][2];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      gate_u[q][e] = kHalf && active && a.pre_unscale != nullptr
-                         ? a.pre_unscale[static_cast<int64_t>(T) * B + q * H + j + e]
-                         : 1.0f;
-    }
-  }
+  load_gate_unscales<kHalf>(a.pre_unscale, T, B, H, j, active, gate_u);
   auto prefetch = [&](int s, float2 (&dst)[4], float& dst_u) {
     if (active) {
       const int t = a.reverse ? T - 1 - s : s;
