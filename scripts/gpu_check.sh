@@ -14,7 +14,8 @@
 #                  itself), the CUDA tests of tests/test_lstm.py again with SEQKERNELS_LSTM_BACKEND=
 #                  persistent, =fused and =cublas, the rest of tests/test_lstm.py, extra checks
 #   sanitizer.log  compute-sanitizer memcheck, racecheck, synccheck and initcheck of
-#                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent, fused); memcheck of
+#                  scripts/sanitize_lstm.py, once per LSTM backend (cublas, persistent, fused); memcheck,
+#                  racecheck and synccheck of its --cluster and --direct-x3 cases; memcheck of
 #                  scripts/check_convrnn_cuda.py and check_convlstm_cuda.py --small, racecheck and
 #                  synccheck of both
 #   bench.json, bench.log   benchmarks/bench_lstm.py records (bench.log: every suite's progress, and
@@ -33,8 +34,8 @@
 # skip, default "initcheck initcheck_persistent initcheck_fused initcheck_mm"; set it, even empty, to run them: build
 # tests tests_persistent tests_fused tests_cublas memcheck racecheck synccheck initcheck memcheck_persistent
 # racecheck_persistent synccheck_persistent initcheck_persistent memcheck_fused racecheck_fused synccheck_fused
-# initcheck_fused initcheck_mm conv_memcheck conv_racecheck extra conv_extra examples bench grid conv_bench
-# conv_memory cputests), BENCH_ARGS (extra
+# initcheck_fused initcheck_mm san_cluster san_direct_x3 conv_memcheck conv_racecheck extra conv_extra examples
+# bench grid conv_bench conv_memory cputests), BENCH_ARGS (extra
 # arguments for bench_lstm.py, e.g. "--quick"), GPU_CHECK_TESTS (the pytest targets of the first
 # test step, default tests/; e.g. tests/test_convrnn.py for a ConvRNN-only run), GPU_CHECK_TESTS_CAP (its
 # time box in seconds, default 300), GPU_CHECK_BUILD_CAP (the build's time box in seconds, default 330:
@@ -200,6 +201,15 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         torch.cuda.synchronize()
         print('mm', dtype, (m, k, n), 'ok', flush=True)
 "
+
+# The kernels the backend sweeps above reach only at some shapes: the cluster forward and row-split
+# kernels (H = 1024, 16 < B <= 64; `--cluster`) and the direct kernel's float32 products without
+# TF32 (`--direct-x3`), each under memcheck, racecheck and synccheck.
+for cases in cluster direct_x3; do
+  run_step "san_$cases" "memcheck + racecheck + synccheck (sanitize_lstm.py --${cases/_/-})" 240 "$SAN_LOG" bash -c \
+    "set -e; for tool in memcheck racecheck synccheck; do $export_san compute-sanitizer --tool \$tool \
+     --error-exitcode 99 $PY scripts/sanitize_lstm.py --${cases/_/-}; done"
+done
 
 # The conv ops: memcheck both (cuDNN's convolutions run inside ConvLSTM's), racecheck and
 # synccheck both ops' kernels (they use shared memory and block barriers).
