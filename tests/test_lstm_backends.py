@@ -1349,6 +1349,62 @@ def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I, row_
                               f"scaled fp16 operands B={B}, {'row split' if row_split else 'cluster kernel'}")
 
 
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("row_split,B,H", [("1", 5, 1024), ("1", 40, 1024), ("0", 8, 1024), ("0", 20, 256),
+                                           ("0", 33, 512)])
+def test_half_operands_scale_every_w_hh_slice(monkeypatch, row_split, B, H):
+    """float32 with TF32 on scaled fp16 operands (the row-split kernel, and the cluster kernel with
+    SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0): every row of W_hh holds one value 16x nn.LSTM's range, at
+    column (37 row) % H (every column residue, spread over every warp's slice). Each warp scales its
+    slice by its largest finite magnitude; a value its scan missed would overflow fp16 (16x the
+    scaled maximum of [2^14, 2^15) is beyond 65504) and the outputs would not be finite. The
+    outputs and every gradient against the float64 reference within TF32's bound."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", row_split)
+    batch_sizes = [B] * 4
+    t, up = layer_case(batch_sizes, 12, H, True, seed=B + H)
+    rows = torch.arange(4 * H)
+    cols = rows * 37 % H
+    t["w_hh"][rows, cols] = torch.where(rows % 2 == 0, 16.0, -16.0).double() * H**-0.5
+
+    def run():
+        return run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+
+    with _Precision("tf32"):
+        got = run()
+        if row_split == "1":
+            assert _row_split_tiles(run) == {1 if B <= 16 else 4}
+        else:
+            assert _cluster_products(run) == {"half"}
+    ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    check(got, ref64, "tf32", f"W_hh's scan, B={B} H={H}, row split {row_split}")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("B", [5, 24])
+def test_half_operands_leave_misaligned_w_hh(monkeypatch, B):
+    """float32 with TF32 at H = 1024, W_hh 4 bytes past a 16-byte boundary (a view one float into
+    its buffer): the scaled-operand kernels read W_hh as float4s, so neither the row split nor the
+    cluster kernel takes the call; what does (auto) gives the reference's values."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    batch_sizes = [B] * 4
+    t, up = layer_case(batch_sizes, 12, 1024, True, seed=B)
+
+    def misaligned_w_hh(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
+        w_view = torch.cat([w_hh.new_zeros(1), w_hh.flatten()])[1:].view_as(w_hh)
+        assert w_view.data_ptr() % 16 == 4 and w_view.is_contiguous()
+        return lstm_layer(x, bs, h0, c0, w_ih, w_view, b_ih, b_hh, reverse=reverse)
+
+    def run():
+        return run_layer(misaligned_w_hh, t, up, batch_sizes, False, torch.float32, "cuda")
+
+    with _Precision("tf32"):
+        got = run()
+        assert not _row_split_tiles(run) and "half" not in _cluster_products(run)
+    ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
+    check(got, ref64, "tf32", f"misaligned W_hh, B={B}")
+
+
 def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int, taken, what: str,
                               precision: str = "tf32") -> None:
     """float32 on scaled fp16 operands (with TF32; precision "float32": without it, x3 on fp16

@@ -93,6 +93,25 @@ __device__ __forceinline__ void power_of_two_scales(float m, float& scale, float
   unscale = ldexpf(1.0f, -e);
 }
 
+// One warp: the largest finite magnitude over kRows rows of kCols floats, row r at row(r) (16-byte
+// aligned), broadcast to every lane. One float4 a lane per load, unrolled so that 16 loads are in
+// flight: the scaled-operand kernels' scan of their W_hh slice before the first step, which with
+// one scalar load a lane took up to 256 L2 round trips in a row.
+template <int kRows, int kCols, class RowFn>
+__device__ __forceinline__ float warp_rows_abs_max(RowFn row, int lane) {
+  constexpr int kVecsPerRow = kCols / 4, kVecs = kRows * kVecsPerRow;
+  static_assert(kCols % 4 == 0 && kVecs % 32 == 0 && (kVecsPerRow & (kVecsPerRow - 1)) == 0,
+                "warp_rows_abs_max: whole float4s, a power of two of them a row, 32 a lane round");
+  float m = 0.0f;
+#pragma unroll 16
+  for (int i = 0; i < kVecs / 32; ++i) {
+    const int v = i * 32 + lane;
+    const float4 q = *reinterpret_cast<const float4*>(row(v / kVecsPerRow) + v % kVecsPerRow * 4);
+    m = finite_abs_max(finite_abs_max(finite_abs_max(finite_abs_max(m, q.x), q.y), q.z), q.w);
+  }
+  return warp_max(m);
+}
+
 // A bf16 / fp16 pair in 32 bits, lo in the low half (the lower k of an MMA fragment).
 template <class T>
 __device__ __forceinline__ uint32_t pack2(T lo, T hi) {

@@ -317,15 +317,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // kHalf: this warp's fragments scaled by w_scale, its partial sums by w_unscale (powers of two).
   float w_scale = 1.0f, w_unscale = 1.0f;
-  if constexpr (kHalf) {
-    float m = 0.0f;
-#pragma unroll 1
-    for (int nt = 0; nt < NTW; ++nt) {
-      const float* wr = w_row(nt * 8 + gq) + k_begin() + kpart * KSW * kStep;
-#pragma unroll 1
-      for (int k = tq; k < KSW * kStep; k += 4) m = finite_abs_max(m, wr[k]);
-    }
-    power_of_two_scales(warp_max(m), w_scale, w_unscale);
+  if constexpr (kHalf) {  // over the warp's OC rows of W_hh, its KSW k-steps of K
+    const float m = warp_rows_abs_max<OC, KSW * kStep>(
+        [&](int cc) { return w_row(cc) + k_begin() + kpart * KSW * kStep; }, lane);
+    power_of_two_scales(m, w_scale, w_unscale);
   }
 #pragma unroll
   for (int nt = 0; nt < NTW; ++nt) {
@@ -860,18 +855,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kHalf: this warp's fragments scaled by w_scale (their largest finite magnitude to [2^14, 2^15)),
   // its partial sums by w_unscale (powers of two: exact).
   float w_scale = 1.0f, w_unscale = 1.0f;
-  if constexpr (kHalf) {
-    float m = 0.0f;
-#pragma unroll 1
-    for (int q = 0; q < 4; ++q) {
-#pragma unroll 1
-      for (int r = gq; r < 16; r += 8) {
-        const float* wr = a.w_hh + static_cast<int64_t>(q * H + cluster * UC + r) * H + warp * KSTEPS * 16;
-#pragma unroll 1
-        for (int k = tq; k < KSTEPS * 16; k += 4) m = finite_abs_max(m, wr[k]);
-      }
-    }
-    power_of_two_scales(warp_max(m), w_scale, w_unscale);
+  if constexpr (kHalf) {  // over the 4 UC rows (gate r / UC, unit r % UC), the warp's K part
+    const float m = warp_rows_abs_max<4 * UC, KSTEPS * 16>(
+        [&](int r) {
+          return a.w_hh + static_cast<int64_t>((r / UC) * H + cluster * UC + r % UC) * H + warp * KSTEPS * 16;
+        },
+        lane);
+    power_of_two_scales(m, w_scale, w_unscale);
   }
   auto op_pair = [&](const scalar_t* w, int k) {
     if constexpr (kHalf) {
@@ -1135,8 +1125,8 @@ int cluster_forward_mode() { return diagnostic_mode("SEQKERNELS_LSTM_PERSISTENT_
 // The cluster forward kernel (bf16 / fp16, or float32 with or without TF32: kX3) where one of its
 // instances takes the call (cluster_forward_applies), its vector accesses aligned (8-byte rows of
 // h0 and pre and 4-byte pairs of the outputs for 16-bit types; 16-byte rows of h0, 8-byte pre and
-// output pairs for float), and 64 clusters of two co-resident; false otherwise, having launched
-// nothing.
+// output pairs for float, and a 16-byte W_hh for scaled fp16 operands), and 64 clusters of two
+// co-resident; false otherwise, having launched nothing.
 template <class scalar_t, bool kTraining, ClusterOperands kOps>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like) {
@@ -1150,7 +1140,9 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const uintptr_t pair_bytes = 2 * sizeof(scalar_t);
+  // kHalf: W_hh's scan reads float4s (warp_rows_abs_max).
   if (!aligned(args.h0, kFloat ? 16 : 8) || !aligned(args.pre, 8) || !aligned(args.y, pair_bytes) ||
+      (kHalf && !aligned(args.w_hh, 16)) ||
       (kTraining && (!aligned(args.gates, pair_bytes) || !aligned(args.cells, pair_bytes)))) {
     return false;
   }
