@@ -339,8 +339,7 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
     sixteen = elem == 2 or cluster_half_products()
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
-    # (float32 with TF32 at B = 1: the direct kernel, faster there)
-    if clusters and hidden == 1024 and cluster_row_split() and (elem == 2 or (sixteen and batch >= min_batch)):
+    if clusters and hidden == 1024 and cluster_row_split() and sixteen:
         return _row_split(batch, elem)
     if clusters and hidden == 1024 and batch >= min_batch:
         whole_k = sixteen and cluster_whole_k(batch)

@@ -336,7 +336,7 @@ _CLI_CHOICES = [
     (["--batch", "2", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
      ["KiB (the row-split forward kernel: float32 with TF32"], ["cluster forward kernel"]),
     (["--batch", "1", "--hidden", "1024", "--dtype", "float32", "--device", "cuda"],
-     ["KiB (the direct forward kernel)"], ["row-split"]),
+     ["KiB (the row-split forward kernel: float32 with TF32"], ["direct forward kernel"]),
 ]
 
 
@@ -345,12 +345,11 @@ _CLI_CHOICES = [
     ("0", 8, "(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"),
     ("0", 3, "(the cluster forward kernel in one m16 tile: H = 1024 and B >= 2"),
     ("0", 1, "(the direct forward kernel)"),
-    ("1", 2, "(the row-split forward kernel")])
+    ("1", 1, "(the row-split forward kernel")])
 def test_cli_follows_the_row_split_switch(monkeypatch, setting, batch, kernel, dtype):
     """SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): 0 gives 16-bit operands at H = 1024 (16-bit types,
     float32 with TF32 on scaled fp16 operands) the last rule's kernels (the cluster kernel from B = 2,
-    the direct kernel at B = 1); anything else the row split (16-bit types from B = 1, float32 from
-    B = 2)."""
+    the direct kernel at B = 1); anything else the row split (from B = 1)."""
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", setting)
     out = run_cli("--batch", str(batch), "--hidden", "1024", "--dtype", dtype, "--device", "cuda")
     assert out.returncode == 0, out.stderr

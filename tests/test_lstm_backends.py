@@ -1207,10 +1207,11 @@ def _row_split_tiles(fn) -> set[int]:
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
                                                       ("bfloat16", 5, False), ("float16", 2, False),
                                                       ("bfloat16", 1, True), ("tf32", 16, True),
-                                                      ("tf32", 5, False), ("tf32", 2, False)])
+                                                      ("tf32", 5, False), ("tf32", 2, False),
+                                                      ("tf32", 1, True)])
 def test_cluster_forward_row_split_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
     """At H = 1024, B <= 16 the forward on 16-bit operands (16-bit types; float32 with TF32 on scaled
-    fp16 operands, from B = 2) runs the row-split kernel (each block of a
+    fp16 operands) runs the row-split kernel (each block of a
     pair takes half of the batch rows, an odd B leaving one row fewer to block 1 and B = 1 none, for
     all of K and all of the cluster's units; W_hh as the MMA's A operand; each warp gathers its own
     K eighth); SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 (diagnostic) never: which kernel ran, and 67
@@ -1263,7 +1264,8 @@ def test_row_split_wide_matches_reference(monkeypatch, precision_name, B, revers
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("precision_name,B", [("float16", 40), ("bfloat16", 24), ("tf32", 12), ("tf32", 40)])
+@pytest.mark.parametrize("precision_name,B", [("float16", 40), ("bfloat16", 24), ("tf32", 12), ("tf32", 40),
+                                              ("tf32", 1)])
 def test_row_split_wide_in_cuda_graph(monkeypatch, precision_name, B):
     """Inference and a training step whose forward runs the row split (1 / 2 / 4 n8 tiles of rows a
     block; float32 with TF32 on scaled fp16 operands, its projection scaled too), captured in CUDA

@@ -87,18 +87,20 @@ inline bool cluster_whole_k(int64_t batch) {
 // Whether the cluster forward kernel's calls at H = 1024, B <= 16 on 16-bit operands (16-bit types;
 // float32 with TF32 on scaled fp16 operands) run the row-split kernel instead
 // (lstm_persistent_cluster.cu: the pair splits the batch rows, each block all of K and all of the
-// cluster's units, nothing exchanged between the pair, each warp gathering its own K eighth); for
-// 16-bit types at B = 1 it also takes the call from the direct kernel (cluster_forward_applies).
+// cluster's units, nothing exchanged between the pair, each warp gathering its own K eighth); at
+// B = 1 it also takes the call from the direct kernel (cluster_forward_applies).
 // One build on an H200 (2026-11-28, `infer`, T = 256, CUDA-graph replays, ms, this rule's kernel
 // against the last one's: B = 1 the direct kernel, B = 2 / 3 the whole-K cluster kernel, B >= 4 the
 // row split with the whole tile gathered before a block barrier): bf16 B = 1 / 2 / 3 / 4 0.446-0.458
 // / 0.492-0.493, 0.437-0.443 / 0.527-0.528, 0.455-0.466 / 0.518, 0.448-0.467 / 0.532; B = 8 / 12 /
 // 16 0.525-0.530 / 0.575-0.579, 0.552-0.555 / 0.601-0.607, 0.579-0.583 / 0.629-0.635; fp16 the same
 // to within 0.01 ms; `train` eager calls B = 4 / 8 / 16 1-2 % faster (docs/benchmarks.md).
-// float32 with TF32 on scaled fp16 operands takes it from B = 2 (thirty-fifth session, 2026-11-28,
-// one build, the same method, the last rule / the row split): B = 2 / 3 / 4 / 8 / 16 0.564-0.566 /
+// float32 with TF32 on scaled fp16 operands takes it too (thirty-fifth session, 2026-11-28, one
+// build, the same method, the last rule / the row split): B = 2 / 3 / 4 / 8 / 16 0.564-0.566 /
 // 0.521-0.523, 0.572-0.578 / 0.541-0.542, 0.596-0.605 / 0.535-0.549, 0.681-0.684 / 0.628-0.638,
-// 0.759-0.761 / 0.703-0.710; at B = 1 the direct kernel stays (0.506-0.508 / 0.525-0.526).
+// 0.759-0.761 / 0.703-0.710; at B = 1 the direct kernel was faster (0.506-0.508 / 0.525-0.526)
+// until W_hh's scan read float4s with 16 loads in flight (thirty-sixth session, 2026-11-28, one
+// build, direct / row split: 0.497-0.517 / 0.472-0.474).
 // SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT (diagnostic): "0" never, at any B (the direct kernel at B = 1, the
 // cluster kernel from B = 2: whole K to B = 8, K halves above); unset or anything else, always.
 inline bool cluster_row_split() { return diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT") != 0; }
@@ -161,12 +163,12 @@ inline bool cluster_forward_fits(const LstmSizes& s, int sm_major, int sm_count,
 constexpr int64_t kClusterForwardMinBatchOneTile = 2;
 constexpr int64_t kClusterForwardMinBatchOneTileTf32 = 8;
 inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_count, ClusterOperands ops) {
-  // (cluster_forward_fits has no float32 H = 1024 instance without TF32.) 16-bit types at B = 1
-  // take the row-split kernel (cluster_row_split, above); float32 with TF32 there stays on the
-  // direct kernel (faster at B = 1 only: 0.506-0.508 against 0.525-0.526 ms, cluster_row_split).
+  // (cluster_forward_fits has no float32 H = 1024 instance without TF32.) At B = 1 the row-split
+  // kernel takes the calls on 16-bit operands (cluster_row_split, above).
   int64_t one_tile_min_batch = kClusterForwardMinBatchOneTile;
   if (ops == ClusterOperands::kTf32) one_tile_min_batch = kClusterForwardMinBatchOneTileTf32;
-  if (ops == ClusterOperands::kSixteenBit && cluster_row_split()) one_tile_min_batch = 1;
+  const bool sixteen = ops == ClusterOperands::kSixteenBit || ops == ClusterOperands::kHalfScaled;
+  if (sixteen && cluster_row_split()) one_tile_min_batch = 1;
   return cluster_forward_fits(s, sm_major, sm_count, ops) && (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
 }
 
