@@ -179,7 +179,8 @@ ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128,
 # B = 20 and bf16 B = 40 at H = 1024 run the row split in 2 and 4 n8 tiles of rows a block, and
 # with SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 the cluster kernel in 2 and 4 m16 tiles. float32 with TF32
 # at H = 1024 (scaled fp16 operands) runs the row split too: B = 5 / 8 in one n8 tile, B = 20 / 64
-# in 2 / 4 (with SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 the cluster kernel); at B = 1 the direct kernel.
+# in 2 / 4, B = 1 in one with block 1 idle (with SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 the cluster
+# kernel, and at B = 1 the direct kernel).
 CLUSTER_FORWARD_CASES = [([17, 17, 17], 8, 256, torch.bfloat16, True), ([33, 33], 8, 512, torch.float16, True),
                          ([33, 33], 8, 256, torch.float32, True), ([20, 20], 8, 512, torch.float32, False),
                          ([12, 12], 8, 1024, torch.bfloat16, True), ([6, 6], 8, 1024, torch.float16, True),

@@ -42,8 +42,8 @@ namespace {
 // TF32 B = 32, H = 1024 1.703 / 1.599, B = 64, H = 512 1.546 / 1.494.
 // Warps: 2 column groups (group o: owner o's 4 UO columns, gate-major, NTW = UO / 2 n8 tiles)
 // x 4 K quarters of the block's half (KSW = H / 128 k16 steps each); B rows in MT m16 tiles (MT = 1
-// at B <= 16, where it takes only H = 1024, 16-bit from B = 2 and TF32 from B = 8:
-// cluster_forward_applies).
+// at B <= 16, where it takes only H = 1024, 16-bit from B = 2 and TF32 from B = 8, and 16-bit
+// operands from B = 1 as the row split: cluster_forward_applies).
 // float32: with TF32, m16n8k8 on TF32 operands, h exchanged as TF32 values; without it (kX3), h
 // exchanged whole and each product as three TF32 MMAs on split operands (W_hh's two parts
 // resident), at float32's accuracy. At H = 1024 float32's W_hh slice takes 128 KB: with TF32 half
@@ -219,6 +219,19 @@ __device__ __forceinline__ void load_gate_unscales(const float* pre_unscale, int
   }
 }
 
+// A thread's unit pair's pre (x·W_ihᵀ, four gate pairs) at step s of batch row n, and (kHalf, a
+// scaled projection's) that row's scale into dst_u (left as it is otherwise).
+template <bool kHalf, class scalar_t>
+__device__ __forceinline__ void load_unit_pair_pre(const FwdArgs<scalar_t>& a, int T, int B, int H, int s, int n,
+                                                   int j, float2 (&dst)[4], float& dst_u) {
+  const int t = a.reverse ? T - 1 - s : s;
+  const int64_t row = static_cast<int64_t>(t) * B + n;
+  const float* pr = a.pre + row * (4 * H) + j;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
+  if (kHalf && a.pre_unscale != nullptr) dst_u = a.pre_unscale[row];
+}
+
 // The cell of a thread's unit pair from its pre-activations pq[gate][unit]: c and h (h_st, the last
 // step's) updated, the activated gates and c_t kept for the training outputs.
 template <class Math, class scalar_t>
@@ -366,14 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float row_u = 1.0f, row_u_next = 1.0f, gate_u[4][2];
   load_gate_unscales<kHalf>(a.pre_unscale, T, B, H, j, active, gate_u);
   auto prefetch = [&](int s, float2 (&dst)[4], float& dst_u) {
-    if (active) {
-      const int t = a.reverse ? T - 1 - s : s;
-      const int64_t row = static_cast<int64_t>(t) * B + n;
-      const acc_t* pr = a.pre + row * (4 * H) + j;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
-      if (kHalf && a.pre_unscale != nullptr) dst_u = a.pre_unscale[row];
-    }
+    if (active) load_unit_pair_pre<kHalf>(a, T, B, H, s, n, j, dst, dst_u);
   };
   prefetch(0, pv, row_u);
 
@@ -736,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------
 // Forward kernel in clusters of two blocks, the batch rows split between the pair (row split;
-// 16-bit operands: 16-bit types, float32 with TF32 from B = 2; H = 1024, B <= 64: cluster_row_split and
+// 16-bit operands: 16-bit types, float32 with TF32; H = 1024, B <= 64: cluster_row_split and
 // row_split_wide, lstm_persistent.cuh)
 // ---------------------------------------------------------------------------------------
 // The K halves exchange partial sums between the pair after the product (~1100 cycles a step at
@@ -903,14 +909,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float row_u = 1.0f, row_u_next = 1.0f, gate_u[4][2];
   load_gate_unscales<kHalf>(a.pre_unscale, T, B, H, j, active, gate_u);
   auto prefetch = [&](int s, float2 (&dst)[4], float& dst_u) {
-    if (active) {
-      const int t = a.reverse ? T - 1 - s : s;
-      const int64_t row = static_cast<int64_t>(t) * B + grow;
-      const acc_t* pr = a.pre + row * (4 * H) + j;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const float2*>(pr + q * H);
-      if (kHalf && a.pre_unscale != nullptr) dst_u = a.pre_unscale[row];
-    }
+    if (active) load_unit_pair_pre<kHalf>(a, T, B, H, s, grow, j, dst, dst_u);
   };
   prefetch(0, pv, row_u);
 
