@@ -1368,18 +1368,11 @@ def test_half_operands_scale_every_w_hh_slice(monkeypatch, row_split, B, H):
     rows = torch.arange(4 * H)
     cols = rows * 37 % H
     t["w_hh"][rows, cols] = torch.where(rows % 2 == 0, 16.0, -16.0).double() * H**-0.5
-
-    def run():
-        return run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
-
-    with _Precision("tf32"):
-        got = run()
-        if row_split == "1":
-            assert _row_split_tiles(run) == {1 if B <= 16 else 4}
-        else:
-            assert _cluster_products(run) == {"half"}
-    ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
-    check(got, ref64, "tf32", f"W_hh's scan, B={B} H={H}, row split {row_split}")
+    if row_split == "1":
+        taken = lambda run: _row_split_tiles(run) == {1 if B <= 16 else 4}  # noqa: E731
+    else:
+        taken = lambda run: _cluster_products(run) == {"half"}  # noqa: E731
+    _check_float32_call(t, up, batch_sizes, taken, f"W_hh's scan, B={B} H={H}, row split {row_split}")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1397,14 +1390,9 @@ def test_half_operands_leave_misaligned_w_hh(monkeypatch, B):
         assert w_view.data_ptr() % 16 == 4 and w_view.is_contiguous()
         return lstm_layer(x, bs, h0, c0, w_ih, w_view, b_ih, b_hh, reverse=reverse)
 
-    def run():
-        return run_layer(misaligned_w_hh, t, up, batch_sizes, False, torch.float32, "cuda")
-
-    with _Precision("tf32"):
-        got = run()
-        assert not _row_split_tiles(run) and "half" not in _cluster_products(run)
-    ref64 = run_layer(_reference, t, up, batch_sizes, False, torch.float64, "cpu")
-    check(got, ref64, "tf32", f"misaligned W_hh, B={B}")
+    _check_float32_call(t, up, batch_sizes,
+                        lambda run: not _row_split_tiles(run) and "half" not in _cluster_products(run),
+                        f"misaligned W_hh, B={B}", fn=misaligned_w_hh)
 
 
 def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int, taken, what: str,
@@ -1422,9 +1410,17 @@ def _check_scaled_h0_and_w_hh(batch_sizes: list[int], I: int, H: int, seed: int,
         t["w_ih"] *= 1e-5
         t["x"][0] *= 1e5
         t["x"][1] *= 1e-5
+    _check_float32_call(t, up, batch_sizes, taken, what, precision)
+
+
+def _check_float32_call(t: dict, up: dict, batch_sizes: list[int], taken, what: str, precision: str = "tf32",
+                        fn=lstm_layer) -> None:
+    """fn (lstm_layer's signature) on the GPU in float32 under the precision (tf32 or float32) on the
+    float64 case t, up: taken(run) holds for the call, and its outputs and every gradient are within
+    the precision's bound of the float64 reference."""
 
     def run():
-        return run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda")
+        return run_layer(fn, t, up, batch_sizes, False, torch.float32, "cuda")
 
     with _Precision(precision):
         got = run()
