@@ -55,7 +55,13 @@ PY="${PYTHON:-python3}"
 BUDGET="${GPU_CHECK_BUDGET:-560}"
 # initcheck is skipped unless GPU_CHECK_SKIP is set (even empty): it flags cuBLAS's half-type stores
 # (see the initcheck_mm control below) and its persistent-backend run outlasted its 150 s box on
-# one H200 (2026-11-21), which left the benchmarks without time.
+# one H200 (2026-11-21), which left the benchmarks without time. On 2026-11-28 (f774862) that run
+# aborted instead, at its first H = 1024 case: under initcheck a block waited > 10 s for a flag and
+# the spin guard trapped (lstm_device.cuh). initcheck slows these kernels that much: one 3-step
+# bf16 forward at B = 5, H = 1024 took 23 s, and float32 B = 16 did not finish in 30 s. The single
+# forwards that finished (bf16 B = 5, H = 1024; bf16 B = 17, H = 64; float32 B = 16, H = 256)
+# reported exactly N·G uninitialised 4-byte reads: the size of pre, the input projection's cuBLAS
+# output (which kernel read them was not captured).
 SKIP=" ${GPU_CHECK_SKIP-initcheck initcheck_persistent initcheck_fused initcheck_mm} "
 T0=$(date +%s)
 rm -f /tmp/bench.md /tmp/convlstm.md /tmp/convrnn.md  # tables of an earlier run on a warm machine
