@@ -1894,12 +1894,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
 
   // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ. Where the cluster
   // kernel will multiply float32 on scaled fp16 operands, the projection does too (pre_unscale).
-  // That kernel declines a W_hh or h0 not 16-byte aligned (run_cluster_forward: both are read as
-  // float4s), so those calls go straight to the plain projection.
+  // That kernel declines a W_hh or h0 it cannot read (half_scaled_inputs_aligned), so those calls go
+  // straight to the plain projection.
   Tensor pre_unscale;
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (loop == cuda::Loop::kPersistent && cluster_forward && cluster_ops == cuda::ClusterOperands::kHalfScaled &&
-        aligned_for<4>(w_hh_p) && aligned_for<4>(h0.data_ptr<scalar_t>())) {
+        cuda::half_scaled_inputs_aligned(w_hh_p, h0.data_ptr<scalar_t>())) {
       pre_unscale = half_scaled_projection(N, G, I, x_p, w_ih_p, pre_p, opts);
     }
   }

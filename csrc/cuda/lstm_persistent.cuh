@@ -13,6 +13,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -121,6 +122,13 @@ inline ClusterOperands cluster_operands(int64_t elem_size, bool tf32) {
   if (elem_size != 4) return ClusterOperands::kSixteenBit;
   if (!tf32) return ClusterOperands::kTf32x3;
   return cluster_half_products() ? ClusterOperands::kHalfScaled : ClusterOperands::kTf32;
+}
+
+// Whether the op's own W_hh and h0 suit the cluster kernels on scaled fp16 operands (kHalfScaled):
+// both 16-byte aligned, for W_hh's scan (warp_rows_abs_max) and h0's float4 rows.
+// run_cluster_forward declines a call without it; lstm.cu asks first, to skip the scaled projection.
+inline bool half_scaled_inputs_aligned(const void* w_hh, const void* h0) {
+  return reinterpret_cast<std::uintptr_t>(w_hh) % 16 == 0 && reinterpret_cast<std::uintptr_t>(h0) % 16 == 0;
 }
 
 // The forward's cluster kernel (lstm_persistent_cluster.cu: 64 clusters of two blocks, one block

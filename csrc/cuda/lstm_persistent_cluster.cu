@@ -1139,9 +1139,8 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
   }
   auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const uintptr_t pair_bytes = 2 * sizeof(scalar_t);
-  // kHalf: W_hh's scan reads float4s (warp_rows_abs_max).
   if (!aligned(args.h0, kFloat ? 16 : 8) || !aligned(args.pre, 8) || !aligned(args.y, pair_bytes) ||
-      (kHalf && !aligned(args.w_hh, 16)) ||
+      (kHalf && !half_scaled_inputs_aligned(args.w_hh, args.h0)) ||
       (kTraining && (!aligned(args.gates, pair_bytes) || !aligned(args.cells, pair_bytes)))) {
     return false;
   }
