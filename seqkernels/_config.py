@@ -233,6 +233,12 @@ def cluster_half_products() -> bool:
     return os.environ.get("SEQKERNELS_LSTM_CLUSTER_HALF", "") != "0"
 
 
+def _sixteen_bit_operands(elem: int, x3: bool = False) -> bool:
+    """cluster_operands (csrc/cuda/lstm_persistent.cuh): whether the cluster kernels multiply 16-bit
+    operands: 16-bit types, and float32 with TF32 (not `x3`, without it) on scaled fp16 operands."""
+    return elem == 2 or (not x3 and cluster_half_products())
+
+
 def direct_x3_half_products() -> bool:
     """direct_x3_half_products (csrc/cuda/lstm_persistent.cuh): whether float32 without TF32 multiplies
     on fp16 parts in the direct forward kernel at B <= 8 and H > 512, unless
@@ -308,7 +314,7 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
                "and H = 1024 with TF32 (TF32 operands: SEQKERNELS_LSTM_CLUSTER_HALF=0)")
     else:
         return None
-    sixteen = elem == 2 or (not x3 and cluster_half_products())  # 16-bit operands
+    sixteen = _sixteen_bit_operands(elem, x3)
     if sixteen and hidden == 1024 and cluster_row_split() and row_split_wide():
         cluster = _row_split(batch, elem)
     else:
@@ -336,8 +342,7 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
     threshold (16-bit, or TF32), else the direct kernel."""
     if clusters and elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
         return _one_cluster(batch, hidden)
-    # 16-bit operands: 16-bit types, and float32 with TF32 on scaled fp16 operands
-    sixteen = elem == 2 or cluster_half_products()
+    sixteen = _sixteen_bit_operands(elem)
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
     if clusters and hidden == 1024 and cluster_row_split() and sixteen:
         return _row_split(batch, elem)

@@ -1202,6 +1202,11 @@ def _row_split_tiles(fn) -> set[int]:
     return {int(v) for v in _last_arguments(fn, "lstm_persistent_forward_row_split_kernel", r"\d+")}
 
 
+def _row_split_nt(B: int) -> int:
+    """The row split's n8 tiles of rows a block at batch B (each block takes (B + 1) / 2 rows)."""
+    return 1 if B <= 16 else 2 if B <= 32 else 4
+
+
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
 @pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
@@ -1275,7 +1280,7 @@ def test_row_split_wide_in_cuda_graph(monkeypatch, precision_name, B):
     with _Precision(precision_name):
         run = _train_call(dtype, B, 1024, T=3)
         run()
-        assert _row_split_tiles(run) == {1 if B <= 16 else 2 if B <= 32 else 4}
+        assert _row_split_tiles(run) == {_row_split_nt(B)}
         torch.manual_seed(11)
         model = seqkernels.LSTM(1024, 1024).to(device="cuda", dtype=dtype)
         static_x = torch.randn(5, B, 1024, device="cuda", dtype=dtype)
@@ -1302,6 +1307,14 @@ def _cluster_products(fn) -> set[str]:
             assert m, n
             products.add(("native", "native", "half", "x3")[int(m.group(1))])
     return products
+
+
+def _scaled_operands_taken(row_split: bool, B: int):
+    """taken(run) for float32 with TF32 on scaled fp16 operands: the row split in its n8 tiles for B,
+    or (row_split False) the cluster kernel's scaled-operand instance."""
+    if row_split:
+        return lambda run: _row_split_tiles(run) == {_row_split_nt(B)}
+    return lambda run: _cluster_products(run) == {"half"}
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1343,11 +1356,7 @@ def test_cluster_forward_half_products_scale_h0_and_w_hh(monkeypatch, B, I, row_
     significant bits."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT", "1" if row_split else "0")
-    if row_split:
-        taken = lambda run: _row_split_tiles(run) == {1 if B <= 16 else 4}  # noqa: E731
-    else:
-        taken = lambda run: _cluster_products(run) == {"half"}  # noqa: E731
-    _check_scaled_h0_and_w_hh([B] * 4, I, 1024, 83, taken,
+    _check_scaled_h0_and_w_hh([B] * 4, I, 1024, 83, _scaled_operands_taken(row_split, B),
                               f"scaled fp16 operands B={B}, {'row split' if row_split else 'cluster kernel'}")
 
 
@@ -1368,11 +1377,8 @@ def test_half_operands_scale_every_w_hh_slice(monkeypatch, row_split, B, H):
     rows = torch.arange(4 * H)
     cols = rows * 37 % H
     t["w_hh"][rows, cols] = torch.where(rows % 2 == 0, 16.0, -16.0).double() * H**-0.5
-    if row_split == "1":
-        taken = lambda run: _row_split_tiles(run) == {1 if B <= 16 else 4}  # noqa: E731
-    else:
-        taken = lambda run: _cluster_products(run) == {"half"}  # noqa: E731
-    _check_float32_call(t, up, batch_sizes, taken, f"W_hh's scan, B={B} H={H}, row split {row_split}")
+    _check_float32_call(t, up, batch_sizes, _scaled_operands_taken(row_split == "1", B),
+                        f"W_hh's scan, B={B} H={H}, row split {row_split}")
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
