@@ -84,6 +84,13 @@ CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
 CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
 # run_backward, csrc/cuda/lstm_one_cluster.cu: 16-bit backward calls of the persistent loop at these H
 ONE_CLUSTER_BACKWARD = "the one-cluster backward kernel where its clusters are resident, equal batch sizes, sm_90"
+# row_split_backward_applies, csrc/cuda/lstm_persistent.cuh: the persistent backward's row-split kernel
+# (16-bit types at H = kRowSplitBackwardHidden up to B = kRowSplitBackwardMaxBatch, equal batch sizes,
+# sm_90 with >= 128 SMs), which choose_loop's backward rule takes wherever it applies
+CUDA_ROW_SPLIT_BACKWARD_HIDDEN = 1024
+CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH = 16
+ROW_SPLIT_BACKWARD = ("the row-split backward kernel: 128 blocks of 16 units, each taking half of the batch rows "
+                      "for all of K = 4H, equal batch sizes, sm_90 with >= 128 SMs")
 CUDA_PERSISTENT_MAX_BACKWARD_HIDDEN_TF32 = 1024  # kSplitBackwardMaxHidden, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_MAX_HIDDEN_MMA = 1024  # kPersistentMaxHiddenMma, csrc/cuda/lstm_persistent.cuh
 CUDA_PERSISTENT_BACKWARD_SMALL_BATCH_TF32 = 4  # kPersistentBackwardSmallBatchTf32
@@ -270,6 +277,13 @@ def row_split_wide() -> bool:
     return os.environ.get("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "") != "0"
 
 
+def row_split_backward() -> bool:
+    """row_split_backward_applies's switch (csrc/cuda/lstm_persistent.cuh): whether the 16-bit backward
+    at H = 1024, B <= 16 may run the row-split backward kernel, unless
+    SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD=0 (diagnostic)."""
+    return os.environ.get("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD", "") != "0"
+
+
 def _row_split(batch: int, elem: int) -> str:
     """The row-split forward kernel's line (16-bit operands: 16-bit types, or float32 with TF32 on scaled
     fp16 operands; H = 1024; csrc/cuda/lstm_persistent_cluster.cu)."""
@@ -281,18 +295,18 @@ def _row_split(batch: int, elem: int) -> str:
             f"{_cluster_polls(rows, 1024, 2)}")
 
 
-def _cluster_polls(rows: int, k_range: int, operand_bytes: int) -> str:
+def _cluster_polls(rows: int, k_range: int, operand_bytes: int, what: str = "h_{t-1}") -> str:
     """cluster_polls_data (csrc/cuda/lstm_persistent.cuh) for a block that gathers `rows` rows of
-    `k_range` units of h_{t-1} a step, `operand_bytes` each: the CLI's clause."""
+    `k_range` values of `what` (h_{t-1}; the backward's dG) a step, `operand_bytes` each: the CLI's clause."""
     setting = os.environ.get("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", "")
     gathered = rows * k_range * operand_bytes
     if setting:
         polls, why = setting != "0", f"SEQKERNELS_LSTM_CLUSTER_POLL_DATA={setting}"
     else:
         polls = gathered <= CUDA_CLUSTER_POLL_DATA_MAX_BYTES
-        why = (f"a block gathers {gathered / 1024:g} KiB of h_{{t-1}} a step, {'<=' if polls else '>'} "
+        why = (f"a block gathers {gathered / 1024:g} KiB of {what} a step, {'<=' if polls else '>'} "
                f"{CUDA_CLUSTER_POLL_DATA_MAX_BYTES // 1024} KiB")
-    return (f"; it polls h_{{t-1}} itself, not the step flags ({why})" if polls
+    return (f"; it polls {what} itself, not the step flags ({why})" if polls
             else f"; it waits for the step flags ({why})")
 
 
@@ -420,6 +434,11 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"({_forward_kernel_at_small_batch(batch, hidden, elem, clusters)})")
     elif half and not backward and (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
         return "persistent", f"auto: {why}"
+    elif (backward and half and clusters and hidden == CUDA_ROW_SPLIT_BACKWARD_HIDDEN
+          and batch <= CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH and row_split_backward()):
+        return "persistent", (f"auto: backward, 16-bit, H = {hidden} and B = {batch} <= "
+                              f"{CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH}: {ROW_SPLIT_BACKWARD}"
+                              f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG')}")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         kernel = f" ({ONE_CLUSTER_BACKWARD}; else the split or general kernel)" if one_cluster_backward else ""
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB{kernel}"

@@ -133,13 +133,14 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     # tensor-core dtypes (csrc/cuda/lstm_loop.cuh)
     (1, 1024, torch.bfloat16, True, "persistent", "persistent"),  # 2 KiB state
     (16, 256, torch.float16, True, "persistent", "persistent"),  # 8 KiB: the limit
-    (8, 1024, torch.bfloat16, True, "persistent", "fused"),  # 16 KiB: forward B <= 16, H <= 1024; backward H > 768
+    (8, 1024, torch.bfloat16, True, "persistent", "persistent"),  # 16 KiB: forward B <= 16, H <= 1024; backward: row split
     (16, 512, torch.bfloat16, True, "persistent", "persistent"),  # backward: B <= 16, B*H <= 8192, H <= 768
     (8, 768, torch.float16, True, "persistent", "persistent"),  # the same rule
     (16, 768, torch.bfloat16, True, "persistent", "fused"),  # backward: B*H = 12288 > 8192
     (32, 256, torch.bfloat16, True, "persistent", "fused"),  # forward: the cluster kernel; backward: B > 16
     (16, 296, torch.bfloat16, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters)
-    (16, 1024, torch.float16, True, "persistent", "fused"),  # 32 KiB: the forward's limit
+    (16, 1024, torch.float16, True, "persistent", "persistent"),  # 32 KiB: the forward's limit; backward: row split
+    (17, 1024, torch.bfloat16, True, "persistent", "fused"),  # backward B > 16: not the row split's
     (17, 512, torch.bfloat16, True, "persistent", "fused"),  # forward 16 < B <= 64, H = 512: the cluster kernel
     (17, 640, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, H = 640: not the cluster kernel's H
     (8, 2048, torch.bfloat16, True, "cublas", "cublas"),  # H > 1280: neither persistent nor fused
@@ -237,6 +238,31 @@ def test_cuda_choice_without_clusters(monkeypatch, batch, hidden, forward):
             "fused")
         assert lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=False, clusters=True)["forward"][0] == (
             "persistent")
+
+
+@pytest.mark.parametrize("batch,clause", [(16, "it waits for the step flags (a block gathers 64 KiB of dG a step"),
+                                          (8, "it polls dG itself, not the step flags (a block gathers 32 KiB"),
+                                          (1, "it polls dG itself")])
+def test_cuda_row_split_backward_follows_its_switch(monkeypatch, batch, clause):
+    """The 16-bit backward at H = 1024, B <= 16 takes the persistent loop for its row-split kernel (on
+    a GPU with clusters and >= 128 SMs), named with its exchange's polling rule; without such a GPU or
+    under SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD=0 (diagnostic) the rule before it: the persistent loop
+    while the state is <= 8 KiB (B <= 4), else the fused loop."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    monkeypatch.delenv("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD", raising=False)
+    monkeypatch.delenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", raising=False)
+    for dtype in (torch.bfloat16, torch.float16):
+        loop, why = lstm_loop_choice(batch, 1024, dtype, 0, "cuda", clusters=True)["backward"]
+        assert loop == "persistent" and "the row-split backward kernel" in why and clause in why
+        before = "persistent" if batch <= 4 else "fused"
+        assert lstm_loop_choice(batch, 1024, dtype, 0, "cuda", clusters=False)["backward"][0] == before
+        monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD", "0")
+        loop, why = lstm_loop_choice(batch, 1024, dtype, 0, "cuda", clusters=True)["backward"]
+        assert loop == before and "row-split backward" not in why
+        monkeypatch.delenv("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD")
+    # float32 (TF32) keeps its own backward rules
+    assert "row-split backward" not in lstm_loop_choice(batch, 1024, torch.float32, 0, "cuda", tf32=True,
+                                                         clusters=True)["backward"][1]
 
 
 @pytest.mark.parametrize("batch,forward_with_tf32_operands", [(32, "persistent"), (40, "cublas"), (64, "cublas")])

@@ -1288,6 +1288,86 @@ def test_row_split_wide_in_cuda_graph(monkeypatch, precision_name, B):
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("poll_data", ["0", "1"], ids=["flags", "poll-data"])
+@pytest.mark.parametrize("precision_name,B,reverse", [("bfloat16", 16, False), ("float16", 8, True),
+                                                      ("bfloat16", 5, True), ("float16", 15, False),
+                                                      ("float16", 2, False), ("bfloat16", 1, True)])
+def test_row_split_backward_matches_reference(monkeypatch, precision_name, B, reverse, poll_data):
+    """At H = 1024, B <= 16, bf16 / fp16, the persistent backward runs the row-split backward kernel
+    (128 blocks of 16 units, each taking half of the batch rows for all of K = 4H: an odd B leaves
+    block 1 of a pair a row fewer, B = 1 none; dG exchanged between the blocks of a half every
+    step); SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD=0 (diagnostic) never: which kernel ran, and 67 steps
+    (the four exchange buffers cycled 16 times), 1 and 2 against the float64 reference, every
+    gradient (dx, dW_ih, dW_hh and the biases from its dG and hprev, grad_h0 from its last product,
+    grad_c0 its last dc), with the producers' step flags waited for first
+    (SEQKERNELS_LSTM_CLUSTER_POLL_DATA=0) and with the poisoned words polled (=1)."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", poll_data)
+    monkeypatch.delenv("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD", raising=False)
+    with _Precision(precision_name):
+        run = _train_call(DTYPE[precision_name], B, 1024, T=3)
+        run()
+        assert _persistent_variants(run, "backward", "row_split") == {"row_split"}
+        for steps in (67, 1, 2):
+            compare_layer([B] * steps, 5, 1024, reverse=reverse, bias=True, precision=precision_name,
+                          seed=steps + B, what=f"row-split backward, {steps} steps")
+        monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD", "0")
+        assert "row_split" not in _persistent_variants(run, "backward", "row_split")
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+def test_row_split_backward_is_deterministic(monkeypatch):
+    """Two training calls on the row-split backward (the warps' partial sums added in a fixed
+    order) give bit-identical gradients."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    torch.manual_seed(5)
+    model = seqkernels.LSTM(1024, 1024).to(device="cuda", dtype=torch.float16)
+    x = torch.randn(29, 11, 1024, device="cuda", dtype=torch.float16, requires_grad=True)
+    grads = []
+
+    def step():
+        model.zero_grad()
+        x.grad = None
+        y, _ = model(x)
+        y.float().square().sum().backward()
+        grads.append([x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
+
+    assert any("backward_row_split" in n for n in kernel_names(step))
+    step()
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+def test_row_split_backward_leaves_ragged_batches(monkeypatch):
+    """A packed sequence whose batch shrinks is not the row-split backward's (every step full): the
+    split or general backward kernel takes it, right against the reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    with _Precision("bfloat16"):
+        names = kernel_names(lambda: compare_layer([9, 9, 4, 1], 5, 1024, reverse=True, bias=True,
+                                                   precision="bfloat16", what="ragged, not the row split"))
+        assert not any("backward_row_split" in n for n in names)
+        assert any("lstm_persistent_backward" in n for n in names)
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,B", [("bfloat16", 16), ("float16", 3)])
+def test_row_split_backward_in_cuda_graph(monkeypatch, precision_name, B):
+    """A training step whose backward runs the row-split backward kernel, captured in a CUDA graph
+    (with inference): replays on fresh input data agree with eager calls."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)  # auto takes it
+    dtype = DTYPE[precision_name]
+    with _Precision(precision_name):
+        run = _train_call(dtype, B, 1024, T=3)
+        run()
+        assert _persistent_variants(run, "backward", "row_split") == {"row_split"}
+        torch.manual_seed(13)
+        model = seqkernels.LSTM(1024, 1024).to(device="cuda", dtype=dtype)
+        static_x = torch.randn(6, B, 1024, device="cuda", dtype=dtype)
+        check_cuda_graph_replays(model, static_x)
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 def test_cluster_forward_x3_keeps_an_inf_in_h0_as_float32(monkeypatch):
     """float32 without TF32 on the cluster kernel: an inf in h0 reaches the first step's
     pre-activations as a float32 GEMM gives it (the row's gates saturate, its outputs stay

@@ -2068,8 +2068,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   // The reverse-time loop (lstm_loop.cuh): the persistent kernel (lstm_persistent.cu) or one
   // fused kernel per step (lstm_fused_step.cu), each filling dG, hprev, dhbuf (grad_h0) and
   // dcbuf (grad_c0) as the cuBLAS loop below does, where it applies.
+  const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
+  const bool row_split_backward =
+      cuda::row_split_backward_applies(s, sizeof(scalar_t), prop.major, prop.multiProcessorCount);
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
-                                            cuda::kHalfType<scalar_t>, /*backward=*/true);
+                                            cuda::kHalfType<scalar_t>, /*backward=*/true, /*cluster_forward=*/false,
+                                            row_split_backward);
   const scalar_t* grad_h_n_p = grad_h_n.data_ptr<scalar_t>();
   const scalar_t* grad_c_n_p = grad_c_n.data_ptr<scalar_t>();
   const bool native =

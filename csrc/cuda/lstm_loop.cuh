@@ -82,6 +82,12 @@ constexpr int64_t kClusterHiddenMultiple = 32;
 // Backward, 16-bit, beyond the 8 KiB state: persistent (the split backward kernel in clusters)
 // while B <= 16, B·H <= 8192, H <= 768 and H % 32 == 0 (at H = 1024 its 128 blocks do not fit in
 // clusters on an H200, and B = 16, H = 768 was faster on the fused loop).
+// And wherever the row-split backward kernel applies (`row_split_backward`: 16-bit, H = 1024,
+// B <= 16, equal batch sizes, sm_90 with >= 128 SMs; lstm_persistent.cuh): backward op, H200
+// (2026-11-28, thirty-eighth session, ms, row split / the persistent loop without it (split or
+// general kernel) / fused): bf16 B = 1 1.048 / 1.407 / 1.791, B = 2 1.021 / 1.749 / 1.868, B = 4
+// 1.083 / 2.017 / 1.881, B = 8 1.317 / 2.583 / 2.044, B = 12 1.657 / 3.062 / 2.208, B = 16 1.818 /
+// 3.393 / 2.334; fp16 within 0.07 ms of those.
 constexpr int64_t kPersistentMaxBackwardBatchHalf = 16;
 constexpr int64_t kPersistentMaxBackwardBHHalf = 8 * 1024;
 constexpr int64_t kPersistentMaxBackwardHiddenHalf = 768;
@@ -141,7 +147,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    re-measured 2026-11-24) or with the state <= 64 KiB (TF32; else only these), and in the
 //    backward also (the split backward kernel, in thread-block clusters where they fit) for TF32
 //    at B <= 4 and at B <= 16 (B <= 5 at H > 896) with H > 768 or H % 32 == 0 (H <= 1024), for
-//    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0; else fused while
+//    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0, and where the row-split
+//    backward kernel applies (16-bit, H = 1024, B <= 16, since 2026-11-28); else fused while
 //    B·H <= 32768 with H <= 1280 (16-bit) or 1024 (TF32) (forward; the H200 grid of
 //    2026-11-25) or B <= 32 with B·H <= 32768
 //    and H <= 1280, or B <= 4 with H <= 1792 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768,
@@ -171,7 +178,7 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //  - float64 (no fused loop): persistent while the state is <= 64 KiB (forward) / 32 KiB
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward,
-                        bool cluster_forward = false) {
+                        bool cluster_forward = false, bool row_split_backward = false) {
   switch (lstm_backend_from_env()) {  // validated on every call
     case LstmBackend::kGemm:
       return Loop::kCublas;
@@ -203,7 +210,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
     // Beyond the tensor-core kernels' limit: not the persistent loop (it would fall back).
   } else if (backward) {
     const bool clusters = s.H % kClusterHiddenMultiple == 0;
-    persistent = state <= kPersistentMaxStateMma ||
+    persistent = state <= kPersistentMaxStateMma || row_split_backward ||
                  (half ? clusters && s.B <= kPersistentMaxBackwardBatchHalf && bh <= kPersistentMaxBackwardBHHalf &&
                              s.H <= kPersistentMaxBackwardHiddenHalf
                        : s.H <= kSplitBackwardMaxHidden &&

@@ -180,6 +180,20 @@ inline bool cluster_forward_applies(const LstmSizes& s, int sm_major, int sm_cou
   return cluster_forward_fits(s, sm_major, sm_count, ops) && (s.B > 16 || (s.H == 1024 && s.B >= one_tile_min_batch));
 }
 
+// The persistent backward's row-split kernel (lstm_row_split_backward.cu): 16-bit types at H = 1024,
+// 1 <= B <= kRowSplitBackwardMaxBatch, equal batch sizes at every step, no projection, on sm_90 with
+// at least kClusterForwardBlocks SMs (its 128 blocks, one per SM). lstm.cu asks it before choosing the
+// backward's loop (choose_loop's `row_split_backward`), run_backward before launching.
+// SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD (diagnostic): "0" never (auto's rule without it; a forced
+// persistent loop then runs the split or general backward kernel).
+constexpr int64_t kRowSplitBackwardHidden = 1024;
+constexpr int64_t kRowSplitBackwardMaxBatch = 16;
+inline bool row_split_backward_applies(const LstmSizes& s, int64_t elem_size, int sm_major, int sm_count) {
+  return switch_on("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD") && elem_size == 2 && sm_major >= 9 &&
+         sm_count >= kClusterForwardBlocks && s.P == 0 && s.H == kRowSplitBackwardHidden && s.B >= 1 &&
+         s.B <= kRowSplitBackwardMaxBatch && all_steps_full(s);
+}
+
 // Whether the cluster forward kernels (and the row split) poll the poisoned words of h_{t-1}
 // themselves instead of waiting for the producers' step flags first: one L2 round trip and one
 // block barrier fewer a step, but every thread's words re-read while poisoned, which costs more

@@ -747,6 +747,8 @@ bool run_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar
                                             args.hprev, args.grad_h0, args.grad_c0)) {
       return true;
     }
+    // H = 1024, B <= 16: the batch rows split over 128 blocks of 16 units (lstm_row_split_backward.cu).
+    if (run_row_split_backward(s, prop, args, like)) return true;
   }
   if constexpr (P != Path::kFma) {
     auto try_split = [&](auto ntw_c, auto cl_c) {

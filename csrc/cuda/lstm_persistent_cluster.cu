@@ -2,6 +2,7 @@
 // with and without TF32): lstm_persistent.cu has the loop's design, lstm_persistent_common.cuh its
 // shared parts; the comment below this kernel's.
 
+#include "flagged_exchange.cuh"
 #include "lstm_persistent_common.cuh"
 
 namespace seqkernels {
@@ -103,52 +104,6 @@ struct ClusterForwardLayout {
   static constexpr int kRowScaleBytes = ROWS * 4;
 };
 
-// The cluster forward kernel's exchange: step flags and raw 16-bit pairs (relaxed, at GPU scope:
-// never a stale L1 line from the buffer's use four steps earlier).
-__device__ __forceinline__ uint4 ld_relaxed_v4(const uint32_t* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_u32(uint32_t* p, uint32_t v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_relaxed_u32x2(uint32_t* p, uint32_t v0, uint32_t v1) {
-  asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v0), "r"(v1) : "memory");
-}
-
-// The cluster forward kernel's exchange buffers hold this word until a step's h arrives: two
-// 16-bit values 0xffff (a negative NaN with every payload bit set, which no conversion of a
-// float32 gives: a NaN converts to the positive canonical one) or float bits 0xffffffff (the same
-// for float32, whose arithmetic gives the canonical NaN 0x7fffffff; TF32 values have their low
-// 13 bits clear).
-constexpr uint32_t kClusterPoison = 0xffffffffu;
-constexpr int kClusterBuffers = 4;  // exchange buffers of h, by step % 4
-// A published word, never the poison (which would only be such a NaN: then its positive twin).
-__device__ __forceinline__ uint32_t unpoisoned(uint32_t w) { return w == kClusterPoison ? 0x7fffffffu : w; }
-__device__ __forceinline__ bool poisoned(uint4 v) {
-  return v.x == kClusterPoison || v.y == kClusterPoison || v.z == kClusterPoison || v.w == kClusterPoison;
-}
-// Re-reads the 16 bytes at p until none of their words is the poison (the slow path of the
-// cluster forward kernel's gather where a thread has more than 8 words: the data of a producer
-// whose step flag arrived first).
-__device__ __noinline__ uint4 wait_unpoisoned(const uint32_t* p, unsigned step) {
-  const long long t0 = clock64();
-  while (true) {
-    const uint4 v = ld_relaxed_v4(p);
-    if (!poisoned(v)) return v;
-    check_spin_timeout(t0, step);
-  }
-}
-
 // Two adjacent elements (p 4-byte aligned for 16-bit types, 8-byte for float) in one store.
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, T v0, T v1) {
@@ -170,26 +125,6 @@ __device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
 // SASS unchanged). It keeps its own copies of the other three pieces inline: through those helpers
 // its address arithmetic and register allocation change (78 and 2 of its 88 instances' SASS,
 // sass_compare), which would need a GPU to measure; fold them in when it is next measured.
-// Re-reads a thread's poisoned 16-byte words of h_{t-1} (bit e of pending: word e, at
-// address_of(e)) together, one L2 round trip a round, until none is the poison.
-template <int kVecs, int N, class AddressOf>
-__device__ __forceinline__ void reread_poisoned(uint4 (&v)[N], unsigned pending, AddressOf address_of, unsigned step) {
-  if (pending == 0) return;
-  const long long t0 = clock64();
-  while (true) {
-#pragma unroll
-    for (int e = 0; e < kVecs; ++e) {
-      if (pending & (1u << e)) v[e] = ld_relaxed_v4(address_of(e));
-    }
-#pragma unroll
-    for (int e = 0; e < kVecs; ++e) {
-      if ((pending & (1u << e)) && !poisoned(v[e])) pending &= ~(1u << e);
-    }
-    if (pending == 0) break;
-    check_spin_timeout(t0, step);
-  }
-}
-
 // A thread's unit pair (units j, j + 1 of batch row `row`) at the start: c0, h0 and the summed biases.
 template <class scalar_t>
 __device__ __forceinline__ void load_unit_pair_state(const FwdArgs<scalar_t>& a, int H, int row, int j,
@@ -772,37 +707,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // scaled projection's pre (pre_unscale) scaled back in the gate math.
 constexpr int kRowSplitRegKSteps = 4;  // k16 steps a warp with W_hh's A fragments in registers (the rest in shared memory)
 constexpr int kRowSplitLdu = 20;       // row stride (floats) of the partials: conflict-free stores
-
-// The row-split kernel's gather: thread-owned 16-byte words of h_{t-1} (word_of(e): the row among
-// the block's and the word in it, e < kVecs; rows >= nrows skipped) loaded from src (the block's
-// first row, kRowWords words a row), the poisoned ones re-read together until they arrive, then
-// stored into the row tile xt (LDX elements a row).
-template <int kVecs, int kRowWords, int LDX, class scalar_t, class WordOf>
-__device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* src, int nrows, const WordOf& word_of,
-                                                 unsigned step) {
-  uint4 v[kVecs];
-  unsigned pending = 0;
-#pragma unroll
-  for (int e = 0; e < kVecs; ++e) {
-    const int2 rw = word_of(e);
-    if (rw.x < nrows) {
-      v[e] = ld_relaxed_v4(src + rw.x * kRowWords + rw.y * 4);
-      if (poisoned(v[e])) pending |= 1u << e;
-    }
-  }
-  reread_poisoned<kVecs>(
-      v, pending,
-      [&](int e) {
-        const int2 rw = word_of(e);
-        return src + rw.x * kRowWords + rw.y * 4;
-      },
-      step);
-#pragma unroll
-  for (int e = 0; e < kVecs; ++e) {
-    const int2 rw = word_of(e);
-    if (rw.x < nrows) *reinterpret_cast<uint4*>(xt + rw.x * LDX + rw.y * 8) = v[e];
-  }
-}
 
 // 8 warps a block, each a K eighth of KSTEPS k16 steps: k-steps 0..3 of W_hh's fragments in
 // registers and 4..7 in shared memory (64 KB read every step). NT n8 tiles of batch rows a block

@@ -167,6 +167,9 @@ struct BwdArgs {
   u64* dbuf;                 // [2, B, row_words] LL exchange of dG, or of partial dh (split kernel);
                              // flags zeroed before launch
   int trace;                 // SEQKERNELS_LSTM_TRACE: block 0 prints cycles per step and phase
+  // The row-split backward kernel: poll the poisoned words of dG itself, without waiting for the
+  // producers' step flags first (cluster_polls_data, lstm_persistent.cuh).
+  int poll_data;
 };
 
 namespace {
@@ -786,6 +789,12 @@ int cluster_forward_mode();
 template <class scalar_t, bool kTraining, ClusterOperands kOps>
 bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs<scalar_t>& args,
                          const at::Tensor& like);
+
+// The row-split backward kernel (bf16 / fp16 only: H = 1024, B <= 16) where
+// row_split_backward_applies; false otherwise, having launched nothing (lstm_row_split_backward.cu).
+template <class scalar_t>
+bool run_row_split_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdArgs<scalar_t>& args,
+                            const at::Tensor& like);
 
 }  // namespace persistent
 }  // namespace cuda
