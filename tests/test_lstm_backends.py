@@ -860,7 +860,8 @@ def test_split_backward_kernel_is_taken(monkeypatch, precision_name, B, H, split
     else without clusters at 16-bit B·H <= 1024 and TF32 B = 1 or H >= 512 (B <= 16,
     H <= 1024); the general kernel elsewhere. SEQKERNELS_LSTM_PERSISTENT_SPLIT=0 keeps the
     general one, =1 takes the split one wherever it can run. (The one-cluster backward, which takes
-    16-bit types with equal batch sizes at H <= 512 first, off.)"""
+    16-bit types with equal batch sizes at H <= 512 first, off, and so is the row-split backward,
+    which takes them at H = 1024, B <= 16.)"""
     without_clusters = B * H <= 1024 if precision_name in ("bfloat16", "float16") else (B == 1 or H >= 512)
     if split and not without_clusters and not _sm90():
         pytest.skip("the split kernel is taken here for its clusters (sm_90)")
@@ -868,6 +869,7 @@ def test_split_backward_kernel_is_taken(monkeypatch, precision_name, B, H, split
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     monkeypatch.delenv("SEQKERNELS_LSTM_PERSISTENT_SPLIT", raising=False)
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD", "0")
     can_run = precision_name in ("bfloat16", "float16", "tf32") and B <= 16 and H <= 1024
     with _Precision(precision_name):
         run = _train_call(dtype, B, H, T=3)
