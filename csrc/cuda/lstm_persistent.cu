@@ -77,12 +77,14 @@
 // LL buffer, and one barrier per step is left (its comment has the details; docs/kernels.md the
 // measurements).
 //
-// Files: the kernel families build as four translation units, in parallel (one file was the
+// Files: the kernel families build as five translation units, in parallel (one file was the
 // build's critical path): this one (the general forward kernel, the choice among the forward
 // kernels, lstm_persistent_forward), lstm_persistent_direct.cu (the direct forward kernel),
-// lstm_persistent_cluster.cu (the forward kernel in clusters of two blocks) and
-// lstm_persistent_backward.cu (the general and split backward kernels, lstm_persistent_backward);
-// lstm_persistent_common.cuh holds what they share.
+// lstm_persistent_cluster.cu (the forward kernel in clusters of two blocks, and its row split),
+// lstm_persistent_backward.cu (the general and split backward kernels, lstm_persistent_backward)
+// and lstm_row_split_backward.cu (the backward's row split at H = 1024);
+// lstm_persistent_common.cuh holds what they share, flagged_exchange.cuh the step flags and
+// poisoned words of the row splits and the cluster kernel.
 
 #include "lstm_persistent_common.cuh"
 
