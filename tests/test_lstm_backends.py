@@ -1059,13 +1059,15 @@ def test_one_cluster_forward_matches_reference(monkeypatch, precision_name, B, H
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-def test_one_cluster_backward_is_deterministic(monkeypatch):
-    """Two training calls of the one-cluster backward (partial sums added in a fixed order) give
-    bit-identical gradients."""
+@pytest.mark.parametrize("kernel,H,B,T,dtype", [("one_cluster", 256, 12, 33, torch.bfloat16),
+                                                ("row_split", 1024, 11, 29, torch.float16)])
+def test_backward_kernels_are_deterministic(monkeypatch, kernel, H, B, T, dtype):
+    """Two training calls of the one-cluster backward and of the row-split backward (partial sums
+    added in a fixed order in both) give bit-identical gradients."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     torch.manual_seed(3)
-    model = seqkernels.LSTM(256, 256).to(device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(33, 12, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    model = seqkernels.LSTM(H, H).to(device="cuda", dtype=dtype)
+    x = torch.randn(T, B, H, device="cuda", dtype=dtype, requires_grad=True)
     grads = []
 
     def step():
@@ -1075,7 +1077,7 @@ def test_one_cluster_backward_is_deterministic(monkeypatch):
         y.float().square().sum().backward()
         grads.append([x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
 
-    assert any("backward_one_cluster" in n for n in kernel_names(step))
+    assert any(f"backward_{kernel}" in n for n in kernel_names(step))
     step()
     for a, b in zip(*grads):
         assert torch.equal(a, b)
@@ -1315,29 +1317,6 @@ def test_row_split_backward_matches_reference(monkeypatch, precision_name, B, re
                           seed=steps + B, what=f"row-split backward, {steps} steps")
         monkeypatch.setenv("SEQKERNELS_LSTM_ROW_SPLIT_BACKWARD", "0")
         assert "row_split" not in _persistent_variants(run, "backward", "row_split")
-
-
-@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-def test_row_split_backward_is_deterministic(monkeypatch):
-    """Two training calls on the row-split backward (the warps' partial sums added in a fixed
-    order) give bit-identical gradients."""
-    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    torch.manual_seed(5)
-    model = seqkernels.LSTM(1024, 1024).to(device="cuda", dtype=torch.float16)
-    x = torch.randn(29, 11, 1024, device="cuda", dtype=torch.float16, requires_grad=True)
-    grads = []
-
-    def step():
-        model.zero_grad()
-        x.grad = None
-        y, _ = model(x)
-        y.float().square().sum().backward()
-        grads.append([x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
-
-    assert any("backward_row_split" in n for n in kernel_names(step))
-    step()
-    for a, b in zip(*grads):
-        assert torch.equal(a, b)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "lstm_device.cuh"
+#include "lstm_persistent_common.cuh"
 
 namespace seqkernels {
 namespace cuda {
@@ -48,6 +49,40 @@ __device__ __forceinline__ uint32_t unpoisoned(uint32_t w) { return w == kCluste
 __device__ __forceinline__ bool poisoned(uint4 v) {
   return v.x == kClusterPoison || v.y == kClusterPoison || v.z == kClusterPoison || v.w == kClusterPoison;
 }
+// Publishes a block's step: a block barrier (every thread's words stored, so that they are mostly
+// there when the flag arrives), then thread 0's step flag; the last warp's fence (the release
+// pattern of a grid barrier, off the path of the flag: that warp only waits for the next step's
+// gather after it) orders the poison before the next step's words. The flag is a hint: readers
+// re-read poisoned words.
+__device__ __forceinline__ void publish_step_flag(uint32_t* flags, uint32_t value) {
+  __syncthreads();
+  if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, value);
+  if (threadIdx.x == kThreads - 32) __threadfence();
+}
+
+// The row splits' blocks (the forward's row-split kernel, the row-split backward): block 2 p + r
+// takes half r of the batch rows, [row0, row0 + nrows) with ceil(B / 2) rows a block (block-uniform;
+// at B = 1 block 1 has none, and nothing reads from it).
+struct RowHalf {
+  int rank, pair, row0, nrows;
+};
+__device__ __forceinline__ RowHalf row_half(int B) {
+  const int rank = static_cast<int>(blockIdx.x) & 1, rows_per_block = (B + 1) / 2, row0 = rank * rows_per_block;
+  return RowHalf{rank, static_cast<int>(blockIdx.x) >> 1, row0, min(rows_per_block, B - row0)};
+}
+
+// A row split's warp before its gather: lanes 0 .. kCount - 1 wait until the step flags of the rank-r
+// blocks of pairs first .. first + kCount - 1 (flag 2 p + rank) reach `step`; then the warp meets.
+template <int kCount>
+__device__ __forceinline__ void wait_step_flags(const uint32_t* flags, int first, int rank, int lane, unsigned step) {
+  if (lane < kCount) {
+    const uint32_t* fl = flags + 2 * (first + lane) + rank;
+    const long long t0 = clock64();
+    while (ld_relaxed_u32(fl) < step) check_spin_timeout(t0, step);
+  }
+  __syncwarp();
+}
+
 // Re-reads the 16 bytes at p until none of their words is the poison (the slow path of the
 // cluster forward kernel's gather where a thread has more than 8 words: the data of a producer
 // whose step flag arrived first).

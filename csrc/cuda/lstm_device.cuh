@@ -193,6 +193,36 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// The backward kernels' item (batch row b, unit j) at iteration i, step s = T - 1 - i (time t =
+// reverse ? T - 1 - s : s): the saved activated gates, c_t, grad_y_t, and c_{t-1} and h_{t-1} (c0 and
+// h0 at s = 0), as floats, loaded one iteration ahead of their use (the one-cluster and row-split
+// backward kernels; `a` holds gates, cells, y, grad_y, h0, c0 and reverse, G = 4H gate rows); nothing
+// where !live (no item).
+struct BackwardItemInputs {
+  float act[4], c, c_prev, dy, h_prev;
+};
+template <int H, class Args>
+__device__ __forceinline__ void load_backward_item(const Args& a, int T, int B, int i, int b, int j, bool live,
+                                                   BackwardItemInputs& in) {
+  constexpr int64_t G = 4 * static_cast<int64_t>(H);
+  const int s = T - 1 - i;
+  const int64_t t = a.reverse ? T - 1 - s : s;
+  const int64_t row = t * B + b;
+  if (!live) return;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) in.act[q] = static_cast<float>(a.gates[row * G + q * H + j]);
+  in.c = static_cast<float>(a.cells[row * H + j]);
+  in.dy = static_cast<float>(a.grad_y[row * H + j]);
+  if (s > 0) {
+    const int64_t prow = (a.reverse ? t + 1 : t - 1) * B + b;
+    in.c_prev = static_cast<float>(a.cells[prow * H + j]);
+    in.h_prev = static_cast<float>(a.y[prow * H + j]);
+  } else {
+    in.c_prev = static_cast<float>(a.c0[static_cast<int64_t>(b) * H + j]);
+    in.h_prev = static_cast<float>(a.h0[static_cast<int64_t>(b) * H + j]);
+  }
+}
+
 // Spin-wait guard: a wait longer than this (in SM clock cycles, ~10 s) means a bug or a
 // broken co-residency assumption; trap so that the launch fails instead of hanging.
 constexpr long long kSpinTimeoutCycles = 20'000'000'000LL;

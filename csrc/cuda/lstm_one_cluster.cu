@@ -573,28 +573,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ld_lane = d_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
   // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
-  struct Inputs {
-    float act[4], c, c_prev, dy, h_prev;
-  };
-  auto load = [&](int i, Inputs& in) {
-    const int s = T - 1 - i;
-    const int64_t t = a.reverse ? T - 1 - s : s;
-    const int64_t row = t * B + b;
-    if (!live) return;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) in.act[q] = static_cast<float>(a.gates[row * G + q * H + j]);
-    in.c = static_cast<float>(a.cells[row * H + j]);
-    in.dy = static_cast<float>(a.grad_y[row * H + j]);
-    if (s > 0) {
-      const int64_t prow = (a.reverse ? t + 1 : t - 1) * B + b;
-      in.c_prev = static_cast<float>(a.cells[prow * H + j]);
-      in.h_prev = static_cast<float>(a.y[prow * H + j]);
-    } else {
-      in.c_prev = static_cast<float>(a.c0[static_cast<int64_t>(b) * H + j]);
-      in.h_prev = static_cast<float>(a.h0[static_cast<int64_t>(b) * H + j]);
-    }
-  };
-  Inputs cur{}, next{};
+  auto load = [&](int i, BackwardItemInputs& in) { load_backward_item<H>(a, T, B, i, b, j, live, in); };
+  BackwardItemInputs cur{}, next{};
   load(0, cur);
   float dc_carry = live ? static_cast<float>(a.grad_c_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
   float dh_rec = live ? static_cast<float>(a.grad_h_n[static_cast<int64_t>(b) * H + j]) : 0.0f;

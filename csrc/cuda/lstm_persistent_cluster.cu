@@ -635,13 +635,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         if (active) st_relaxed_u32(ahead, kClusterPoison);
       }
-      // Every thread's pairs are stored before thread 0's flag, so that they are mostly there when
-      // it arrives; the last warp's fence (the release pattern of a grid barrier, off the path of
-      // the flag: that warp only waits for the next step's gather after it) orders the poison
-      // before the next step's pairs.
-      __syncthreads();
-      if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
-      if (threadIdx.x == kThreads - 32) __threadfence();
+      publish_step_flag(flags, static_cast<uint32_t>(s + 1));
     }
     if (active) {
       const int64_t row = static_cast<int64_t>(t) * B + n;
@@ -749,11 +743,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint4* const wsm = reinterpret_cast<uint4*>(smem + g.off_w);               // [warp][gate][k-step - KSR][lane]
   float* const row_unscale = part + L::kPartialBytes / 4;                    // kHalf: [ROWS] h0's inverse row scales
   const int B = g.B, T = g.T;
-  const int rank = static_cast<int>(blockIdx.x) & 1, cluster = static_cast<int>(blockIdx.x) >> 1;
+  const RowHalf half = row_half(B);
+  const int rank = half.rank, cluster = half.pair, row0 = half.row0, nrows = half.nrows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-  const int rows_per_block = (B + 1) / 2, row0 = rank * rows_per_block;
-  const int nrows = min(rows_per_block, B - row0);  // block-uniform
-  if (nrows <= 0) return;                           // B = 1: block 1 has no rows (nothing reads from it)
+  if (nrows <= 0) return;
 
   // Rows >= nrows of the tile stay zero (finite) for the whole sequence.
   for (int i = threadIdx.x; i < L::kTileBytes / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
@@ -854,14 +847,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Only this warp reads these columns of the tile (its ldmatrix below), so a __syncwarp
       // orders them.
       constexpr int kPartClusters = H / kWarps / UC;
-      if (!a.poll_data) {
-        if (lane < kPartClusters) {
-          const uint32_t* fl = flags + 2 * (warp * kPartClusters + lane) + rank;
-          const long long t0 = clock64();
-          while (ld_relaxed_u32(fl) < static_cast<uint32_t>(s)) check_spin_timeout(t0, static_cast<unsigned>(s));
-        }
-        __syncwarp();
-      }
+      if (!a.poll_data) wait_step_flags<kPartClusters>(flags, warp * kPartClusters, rank, lane, static_cast<unsigned>(s));
       // 16-byte words (8 units): 16 a row in a K eighth, 4 NT a lane; at NT = 4 in two passes of
       // 16 rows (half the words in registers at once: the whole tile's 64 spilled).
       constexpr int kPasses = NT > 2 ? 2 : 1, kPassRows = ROWS / kPasses;
@@ -995,9 +981,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                        unpoisoned(pack2(static_cast<op_t>(h[0]), static_cast<op_t>(h[1]))));
         st_relaxed_u32(hx + ((s + 2) % kClusterBuffers) * buf_words + at, kClusterPoison);
       }
-      __syncthreads();
-      if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(s + 1));
-      if (threadIdx.x == kThreads - 32) __threadfence();
+      publish_step_flag(flags, static_cast<uint32_t>(s + 1));
     }
     if (active) store_unit_pair_outputs<kTraining>(a, static_cast<int64_t>(t) * B + grow, H, j, h, act_r, c_new);
     trace.mark(3);

@@ -88,11 +88,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   scalar_t* const xt = reinterpret_cast<scalar_t*>(smem);            // [ROWS][LDX]: this block's rows of dG
   float* const part = reinterpret_cast<float*>(smem + g.off_part);   // [warp][UB][LDR]
   const int B = g.B, T = g.T;
-  const int rank = static_cast<int>(blockIdx.x) & 1, group = static_cast<int>(blockIdx.x) >> 1;
+  const RowHalf half = row_half(B);
+  const int rank = half.rank, group = half.pair, row0 = half.row0, nrows = half.nrows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-  const int rows_per_block = (B + 1) / 2, row0 = rank * rows_per_block;
-  const int nrows = min(rows_per_block, B - row0);  // block-uniform
-  if (nrows <= 0) return;                           // B = 1: block 1 has no rows (nothing reads from it)
+  if (nrows <= 0) return;
 
   // Rows >= nrows of the tile stay zero (finite) for the whole sequence.
   for (int i = threadIdx.x; i < L::kTileBytes / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = uint4{};
@@ -124,28 +123,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int j = group * UB + u, grow = row0 + n;
   const bool odd = (u & 1) != 0;
   // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
-  struct Inputs {
-    float act[4], c, c_prev, dy, h_prev;
+  auto load = [&](int i, BackwardItemInputs& in) {
+    if (active) load_backward_item<H>(a, T, B, i, grow, j, /*live=*/true, in);
   };
-  auto load = [&](int i, Inputs& in) {
-    if (!active) return;
-    const int s = T - 1 - i;
-    const int64_t t = a.reverse ? T - 1 - s : s;
-    const int64_t row = t * B + grow;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) in.act[q] = static_cast<float>(a.gates[row * G + q * H + j]);
-    in.c = static_cast<float>(a.cells[row * H + j]);
-    in.dy = static_cast<float>(a.grad_y[row * H + j]);
-    if (s > 0) {
-      const int64_t prow = (a.reverse ? t + 1 : t - 1) * B + grow;
-      in.c_prev = static_cast<float>(a.cells[prow * H + j]);
-      in.h_prev = static_cast<float>(a.y[prow * H + j]);
-    } else {
-      in.c_prev = static_cast<float>(a.c0[static_cast<int64_t>(grow) * H + j]);
-      in.h_prev = static_cast<float>(a.h0[static_cast<int64_t>(grow) * H + j]);
-    }
-  };
-  Inputs cur{}, next{};
+  BackwardItemInputs cur{}, next{};
   load(0, cur);
   float dc_carry = active ? static_cast<float>(a.grad_c_n[static_cast<int64_t>(grow) * H + j]) : 0.0f;
   float dh_rec = active ? static_cast<float>(a.grad_h_n[static_cast<int64_t>(grow) * H + j]) : 0.0f;
@@ -171,14 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // groups that produce it, whose rank-r blocks' flags lanes 0..7 wait for unless a.poll_data).
       // Only this warp reads these columns of the tile (its ldmatrix below): a __syncwarp orders them.
       constexpr int kPartGroups = kRowSplitBackwardBlocks / 2 / kWarps;
-      if (!a.poll_data) {
-        if (lane < kPartGroups) {
-          const uint32_t* fl = flags + 2 * (warp * kPartGroups + lane) + rank;
-          const long long t0 = clock64();
-          while (ld_relaxed_u32(fl) < static_cast<uint32_t>(i)) check_spin_timeout(t0, static_cast<unsigned>(i));
-        }
-        __syncwarp();
-      }
+      if (!a.poll_data) wait_step_flags<kPartGroups>(flags, warp * kPartGroups, rank, lane, static_cast<unsigned>(i));
       // 16-byte words: 64 a row in a K eighth, in two passes of 4 rows (8 a lane in flight).
       constexpr int kPassRows = 4, kVecs = kPassRows * kVecPerRow / 32;
       const uint32_t* src = dx + ((i - 1) % kClusterBuffers) * buf_words + static_cast<int64_t>(row0) * kRowWords;
@@ -264,9 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       st_relaxed_u32(ahead, kClusterPoison);
       st_relaxed_u32(ahead + kGateWords, kClusterPoison);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) st_relaxed_u32(flags + blockIdx.x, static_cast<uint32_t>(i + 1));
-    if (threadIdx.x == kThreads - 32) __threadfence();
+    publish_step_flag(flags, static_cast<uint32_t>(i + 1));
     // The outputs for lstm.cu's whole-sequence GEMMs.
     if (active) {
       scalar_t* gr = a.dG + row * G + j;
