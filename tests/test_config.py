@@ -448,3 +448,26 @@ def test_direct_x3_parts_follow_the_switch(monkeypatch, setting, batch, hidden, 
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     forward = lstm_loop_choice(batch, hidden, torch.float32, 0, "cuda", tf32=False, clusters=True)["forward"]
     assert forward[0] == "persistent" and f"its products on {parts} parts" in forward[1], forward
+
+
+def test_backward_choice_candidates_set_switches_the_extension_reads():
+    """scripts/lstm_backward_choice.py's candidates (--loops) set SEQKERNELS_LSTM_BACKEND to a loop and
+    only diagnostic switches that csrc/ reads under those names (a renamed switch fails here, where
+    the script would silently time the default twice)."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        import lstm_backward_choice as choice
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    sources = "".join(p.read_text() for p in (root / "csrc").rglob("*") if p.suffix in (".cpp", ".h", ".cu", ".cuh"))
+    for name in choice.LOOPS + tuple(choice.VARIANTS):
+        env = choice.candidate_env(name)
+        assert env["SEQKERNELS_LSTM_BACKEND"] in choice.LOOPS
+        for var in env:
+            assert f'"{var}"' in sources, var
+    assert choice.candidate_env("fused") == {"SEQKERNELS_LSTM_BACKEND": "fused"}
+    with pytest.raises(ValueError, match="unknown candidate"):
+        choice.candidate_env("persistent-fast")
