@@ -174,8 +174,9 @@ ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128,
 # B = 8; h_{t-1}'s words polled where a block gathers at most 32 KiB a step, re-read together) and
 # TF32 (on scaled fp16 operands) at H = 1024 with 1, 2 and 4 m16 tiles (float32 B = 8 all of K in
 # each block). The 16-bit H = 1024 cases to B = 16 run the row-split kernel, and in training the
-# row-split backward kernel (B = 3: one row fewer to block 1; B = 1: block 1 has none); SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 sends them from B = 2
-# to the cluster kernel (all of K in each block up to B = 8), B = 1 to the direct kernel. fp16
+# row-split backward kernel (B = 3: one row fewer to block 1; B = 1: block 1 has none);
+# SEQKERNELS_LSTM_CLUSTER_ROW_SPLIT=0 sends them from B = 2 to the cluster kernel (all of K in each
+# block up to B = 8), B = 1 to the direct kernel. fp16
 # B = 20 and bf16 B = 40 at H = 1024 run the row split in 2 and 4 n8 tiles of rows a block, and
 # with SEQKERNELS_LSTM_ROW_SPLIT_WIDE=0 the cluster kernel in 2 and 4 m16 tiles. float32 with TF32
 # at H = 1024 (scaled fp16 operands) runs the row split too: B = 5 / 8 in one n8 tile, B = 20 / 64

@@ -146,6 +146,16 @@ __device__ __forceinline__ void gather_row_words(scalar_t* xt, const uint32_t* s
   }
 }
 
+// Host: launches `kernel` cooperatively (launch_with_exchange) with the flagged exchange in `buffer`:
+// kClusterBuffers buffers of [g.B][g.row_words] 32-bit words, poisoned, then g.nblocks step flags,
+// zeroed: the layout the kernels index (their flags after the buffers).
+template <class Kernel, class Args>
+bool launch_with_flagged_exchange(Kernel kernel, Args& args, u64*& buffer, const at::Tensor& like) {
+  const int64_t words = static_cast<int64_t>(kClusterBuffers) * args.g.B * args.g.row_words;
+  return launch_with_exchange(kernel, args, buffer, like, (words + args.g.nblocks + 1) / 2,
+                              static_cast<size_t>(words) * 4);
+}
+
 }  // namespace
 }  // namespace persistent
 }  // namespace cuda

@@ -121,10 +121,12 @@ __device__ __forceinline__ void st_shared2(uint32_t addr, float v0, float v1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
 }
 
-// Helpers of the row-split kernel below; the cluster kernel calls load_unit_pair_state too (its
-// SASS unchanged). It keeps its own copies of the other three pieces inline: through those helpers
-// its address arithmetic and register allocation change (78 and 2 of its 88 instances' SASS,
-// sass_compare), which would need a GPU to measure; fold them in when it is next measured.
+// Helpers of the row-split kernel below; the cluster kernel calls load_unit_pair_state,
+// load_gate_unscales and load_unit_pair_pre too (its SASS unchanged by them). It keeps its own
+// copies of the cell and the output stores inline (unit_pair_cell, store_unit_pair_outputs): through
+// those helpers (with the gather's re-reads, now flagged_exchange.cuh's) its address arithmetic and
+// register allocation changed (78 and 2 of its 88 instances' SASS, sass_compare), which would need a
+// GPU to measure; fold them in when it is next measured.
 // A thread's unit pair (units j, j + 1 of batch row `row`) at the start: c0, h0 and the summed biases.
 template <class scalar_t>
 __device__ __forceinline__ void load_unit_pair_state(const FwdArgs<scalar_t>& a, int H, int row, int j,
@@ -1055,10 +1057,8 @@ bool run_cluster_forward(const LstmSizes& s, const cudaDeviceProp& prop, FwdArgs
     g.off_w = static_cast<int>(align16(g.off_part + part_bytes));
     g.smem = g.off_w + wsm_bytes;
     if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
-    const int64_t h_words = static_cast<int64_t>(kClusterBuffers) * g.B * row_words;
     args.poll_data = cluster_polls_data(gathered_bytes);
-    return launch_with_exchange(kernel, args, args.xbuf, like, (h_words + kClusterForwardBlocks + 1) / 2,
-                                static_cast<size_t>(h_words) * 4);
+    return launch_with_flagged_exchange(kernel, args, args.xbuf, like);
   };
   // One cluster-kernel instance.
   auto launch_instance = [&](auto mt_c, auto hc_c, auto whole_k_c) {

@@ -288,10 +288,7 @@ bool run_row_split_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdA
   if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
   // What a block gathers of dG a step: its ceil(B / 2) rows of 4H values.
   args.poll_data = cluster_polls_data(static_cast<int64_t>((s.B + 1) / 2) * L::G * L::ES);
-  // The exchange: kClusterBuffers poisoned buffers of [B][4H] values, then the blocks' step flags.
-  const int64_t dg_words = static_cast<int64_t>(kClusterBuffers) * g.B * L::kRowWords;
-  return launch_with_exchange(kernel, args, args.dbuf, like, (dg_words + kRowSplitBackwardBlocks + 1) / 2,
-                              static_cast<size_t>(dg_words) * 4);
+  return launch_with_flagged_exchange(kernel, args, args.dbuf, like);
 }
 
 template bool run_row_split_backward<c10::Half>(const LstmSizes&, const cudaDeviceProp&, BwdArgs<c10::Half>&,
