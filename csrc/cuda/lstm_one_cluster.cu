@@ -134,6 +134,7 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, uint32_t l
 // every block, slices of slice_bytes), counted on that block's mbarrier (at bar_local).
 struct SliceSender {
   bool sends;
+  int dest;
   uint32_t slice_remote, bar_remote;
 };
 __device__ __forceinline__ SliceSender slice_sender(int cl, int rank, int lane, int warp, uint32_t buf_local,
@@ -142,6 +143,7 @@ __device__ __forceinline__ SliceSender slice_sender(int cl, int rank, int lane, 
   SliceSender out;
   out.sends = sender < cl - 1;
   const int dest = (rank + 1 + (out.sends ? sender : 0)) % cl;
+  out.dest = dest;
   out.slice_remote = cluster_address(buf_local + rank * slice_bytes, dest);
   out.bar_remote = cluster_address(bar_local, dest);
   return out;
@@ -463,21 +465,34 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
 //   dh = grad_y_t + dh_rec, dh_rec = dG_{s+1} · W_hh (grad_h_n at the first iteration), c from
 //   cells, c_prev from cells of step s - 1 (c0 at s = 0), the saved gates; lstm_cell_backward gives
 //   the four pre-activation gradients dG_s of the item and dc_prev (a register); dG_s goes to
-//   global memory (the weight gradients' GEMMs after the loop) and, as 16-bit values, into every
-//   block's shared memory of the cluster for the next iteration's product. A final product after
-//   the last iteration gives grad_h0 = dG_0 · W_hh; grad_c0 is the last dc_prev.
-// The product: dh_rec[j][n] = sum_m W_hh[m][j] · dG[n][m], m over all 4H gate rows. Block r's A
-// operand is W_hhᵀ's rows of its 32 units (2 m16 tiles of 16 units) over K = 4H, resident as A
-// fragments; warp w takes tile w % 2 and K quarter w / 2 (4 KS / 4 = KS k-steps: 128 registers at
-// H = 512, the forward's count). The four quarters' partial sums meet in shared memory after a
-// block barrier, added in a fixed order (deterministic). K runs in the exchange's order: block r'
-// (slice r'), then gate q, then unit u, k = 128 r' + 32 q + u for gate row m = q H + 32 r' + u.
-// A dG slice (8 rows x 128 values, 2 KB) is 16 core matrices [k / 8][n][k % 8] (dslice_index), so
-// ldmatrix.x4 reads B fragments of two k-steps, as in the forward.
-// Exchange: the forward's protocol with dG slices: buffer i % 2 holds iteration i's dG, each
-// phase of its mbarrier expects (CL - 1) slices and thread 0's arrival; a block sends iteration
-// i + 1's dG into buffer (i + 1) % 2 only after its product of iteration i + 1 read iteration
-// i - 1's there, so nothing is overwritten before every block of the cluster read it.
+//   global memory (the weight gradients' GEMMs after the loop) and, as 16-bit values, into the
+//   block's dG slice for its product. The last iteration's partial sums give grad_h0 = dG_0 · W_hh;
+//   grad_c0 is the last dc_prev.
+// The product, split by gate rows: block r multiplies only its own dG slice (its 128 gate rows m =
+// q H + 32 r + u), partial_r[n][j] = sum over those m of dG[n][m] · W_hh[m][j] for every unit j of H,
+// and sends block r' the float partials of r''s 32 units (8 rows x 32 units, 1 KB); each block adds
+// the CL partials of its items in rank order (deterministic). A operand: W_hhᵀ restricted to the
+// block's rows, [j][k] with k = 32 q + u, resident as A fragments (warp w: j tiles w · H / 128 ..,
+// 8 k-steps each: 4 KS registers, 128 at H = 512, the forward's count). B operand: the dG slice
+// (8 rows x 128 values, 2 KB, 16 core matrices [k / 8][n][k % 8]: dslice_index), by ldmatrix.x4.
+// The product needs no other block's data, so it follows the gate math after one block barrier.
+// Why partials. Exchanging all of dG instead (each block multiplying every block's slice by its
+// units' columns over K = 4H) moves 2 KB per block pair and iteration, and the exchange's wait grew
+// with its bytes: ~11 bytes a cycle into each SM at H = 512 (trace, H200: the forward's 7.5 KB in 689
+// cycles, that backward's 30 KB in 2787). Partials are half the bytes: 3677 against 4950 cycles a
+// step at bf16 B = 8, H = 512, and the backward op 9-18 % faster at every B <= 16, H in {256, 512}
+// measured (docs/kernels.md).
+// Exchange: the forward's protocol with partial slices: recv[i % 2] holds iteration i's partials (by
+// source rank; the own one stored there directly by its warps), each phase of its mbarrier expects
+// (CL - 1) KB and thread 0's arrival; a block sends iteration i + 2's partials into recv[i % 2] only
+// after every block sent it iteration i + 1's, which each block does after its sum of iteration i's
+// there (and after its block barrier), so nothing is overwritten before it was read. The staged
+// partials (by destination and parity) are read by their copies before they are written again two
+// iterations later (the same argument).
+// A partial slice (floats) is [n][u ^ 8 (n / 2)]: the senders' fragment stores (rows 2 tq, units gq)
+// and the receivers' row reads both hit every bank once.
+constexpr int kPartialElems = kGroupRows * kUnitsPerBlock;  // floats a destination block gets
+__host__ __device__ constexpr int partial_index(int n, int u) { return n * kUnitsPerBlock + (u ^ ((n >> 1) << 3)); }
 constexpr int kGateSliceElems = kGroupRows * 4 * kUnitsPerBlock;  // a block's dG: 8 rows x 4 gates x 32 units
 __host__ __device__ constexpr int dslice_index(int n, int k) { return (k >> 3) * kCoreElems + n * 8 + (k & 7); }
 
@@ -506,117 +521,95 @@ __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_backward_one_cluster_kernel(const __grid_constant__ OneClusterBackwardArgs<scalar_t> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int H = KS * 16;
-  constexpr int CL = H / kUnitsPerBlock;           // blocks per cluster
-  constexpr int kQuarterSteps = KS;  // k-steps of a warp's K quarter: 4H / 4 / 16
-  constexpr int kAcc = 4;            // independent MMA chains
+  constexpr int CL = H / kUnitsPerBlock;            // blocks per cluster
+  constexpr int kTilesPerWarp = H / 16 / 8;         // m16 tiles of units j: 1, 2, 4
+  constexpr int kOwnSteps = 4 * kUnitsPerBlock / 16;  // k-steps over the block's 128 gate rows
+  constexpr int kAcc = 4 / kTilesPerWarp;           // MMA chains per tile: 4 chains in all
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
-  // A quarter is CL / 4 whole dG slices (8 k-steps each).
-  static_assert(CL >= 4 && CL <= 16 && CL % 4 == 0, "one-cluster backward: H in {128, 256, 512}");
-  // Dynamic shared memory (72 KB at H = 512, over the 48 KB of static): the receive buffers
-  // (iteration i's dG in dbuf[i % 2]) and the block's staged slices, by parity.
+  static_assert(CL >= 4 && CL <= 16 && kTilesPerWarp * 8 * 16 == H, "one-cluster backward: H in {128, 256, 512}");
+  // Dynamic shared memory (66 KB at H = 512): the receive buffers (iteration i's partials in
+  // recv[i % 2][source rank], the own one stored there directly), the staged partials by destination
+  // and parity, and the block's dG slice (16-bit, the product's B operand).
   extern __shared__ __align__(128) unsigned char one_cluster_smem[];
-  auto dbuf = reinterpret_cast<scalar_t(*)[CL][kGateSliceElems]>(one_cluster_smem);
-  auto stage =
-      reinterpret_cast<scalar_t(*)[kGateSliceElems]>(one_cluster_smem + 2 * CL * kGateSliceElems * sizeof(scalar_t));
-  __shared__ __align__(16) float4 partials[2][4][32];  // [tile][K quarter][lane]
+  auto recv = reinterpret_cast<float(*)[CL][kPartialElems]>(one_cluster_smem);
+  auto stage = reinterpret_cast<float(*)[2][kPartialElems]>(one_cluster_smem + 2 * CL * kPartialElems * sizeof(float));
+  auto dslice = reinterpret_cast<scalar_t*>(one_cluster_smem + 4 * CL * kPartialElems * sizeof(float));
   __shared__ __align__(8) uint64_t bars[2];
 
   const int T = a.T, B = a.B;
   const int rank = static_cast<int>(blockIdx.x) % CL;
   const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-  const int tile = warp & 1, quarter = warp >> 1;
-  constexpr uint32_t kSliceBytes = kGateSliceElems * sizeof(scalar_t);
-  constexpr uint32_t kStepBytes = (CL - 1) * kSliceBytes;
-  constexpr uint32_t kBufBytes = CL * kSliceBytes;
+  constexpr uint32_t kPartialBytes = kPartialElems * sizeof(float);
+  constexpr uint32_t kStepBytes = (CL - 1) * kPartialBytes;
+  constexpr uint32_t kBufBytes = CL * kPartialBytes;
 
-  // A fragments of W_hhᵀ: tile rows = units 32 rank + 16 tile + (gq, gq + 8); k-step f of the
-  // quarter covers k = 16 (quarter kQuarterSteps + f) + 2 tq (+ 1, + 8, + 9).
-  uint32_t wf[kQuarterSteps][4];
+  // A fragments: tile t of the warp covers units 16 (warp kTilesPerWarp + t) + (gq, gq + 8); k-step
+  // f covers the block's gate rows k = 16 f + 2 tq (+ 1, + 8, + 9), k = 32 q + u for row q H + 32 rank
+  // + u (u even: k and k + 1 are rows m and m + 1 of one gate).
+  uint32_t wf[kTilesPerWarp][kOwnSteps][4];
   {
-    const int u_lo = rank * kUnitsPerBlock + tile * 16 + gq, u_hi = u_lo + 8;
-    auto w_pair = [&](int k, int unit) {  // W_hh[m(k)][unit], W_hh[m(k + 1)][unit] (k even)
-      const int r2 = k >> 7, kl = k & 127, q = kl >> 5, u = kl & 31;
-      const int64_t m = static_cast<int64_t>(q) * H + r2 * kUnitsPerBlock + u;
+    auto w_pair = [&](int k, int unit) {  // W_hh[m(k)][unit], W_hh[m(k) + 1][unit]
+      const int64_t m = static_cast<int64_t>(k >> 5) * H + rank * kUnitsPerBlock + (k & 31);
       const scalar_t lo = a.w_hh[m * H + unit], hi = a.w_hh[(m + 1) * H + unit];
       return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
     };
 #pragma unroll
-    for (int f = 0; f < kQuarterSteps; ++f) {
-      const int k = 16 * (quarter * kQuarterSteps + f) + 2 * tq;
-      wf[f][0] = w_pair(k, u_lo);
-      wf[f][1] = w_pair(k, u_hi);
-      wf[f][2] = w_pair(k + 8, u_lo);
-      wf[f][3] = w_pair(k + 8, u_hi);
+    for (int t = 0; t < kTilesPerWarp; ++t) {
+      const int u_lo = 16 * (warp * kTilesPerWarp + t) + gq, u_hi = u_lo + 8;
+#pragma unroll
+      for (int f = 0; f < kOwnSteps; ++f) {
+        const int k = 16 * f + 2 * tq;
+        wf[t][f][0] = w_pair(k, u_lo);
+        wf[t][f][1] = w_pair(k, u_hi);
+        wf[t][f][2] = w_pair(k + 8, u_lo);
+        wf[t][f][3] = w_pair(k + 8, u_hi);
+      }
     }
   }
   // The item: unit j (ul of the block), the group's row nl, batch row b.
   const int ul = threadIdx.x & 31, nl = threadIdx.x >> 5, b = row0 + nl;
   const int j = rank * kUnitsPerBlock + ul;
   const bool live = b < B;
-  // Where the item's sum of partials lies: tile ul / 16, fragment row ul % 16 (lane (ul % 8) * 4 +
-  // nl / 2, element 2 (ul % 16 >= 8) + nl % 2).
-  const int p_tile = ul >> 4, p_lane = (ul & 7) * 4 + (nl >> 1), p_elem = ((ul >> 3) & 1) * 2 + (nl & 1);
 
-  // Zeros in every buffer and staging slice: rows past B are sent and multiplied, never written.
-  for (int i = threadIdx.x; i < (2 * CL + 2) * kGateSliceElems; i += kThreads) {
-    reinterpret_cast<scalar_t*>(one_cluster_smem)[i] = scalar_t(0.0f);
+  // Zeros everywhere: the dG slice's rows past B are multiplied, never written.
+  for (int i = threadIdx.x; i < 4 * CL * kPartialElems + kGateSliceElems * static_cast<int>(sizeof(scalar_t)) / 4;
+       i += kThreads) {
+    reinterpret_cast<float*>(one_cluster_smem)[i] = 0.0f;
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   init_exchange_barriers(bars, true, T > 1, kStepBytes);  // every iteration sends
   cluster_sync();
 
-  const uint32_t d_local = shared_address(&dbuf[0][0][0]);
+  const uint32_t recv_local = shared_address(&recv[0][0][0]);
   const uint32_t bar_local = shared_address(&bars[0]);
-  const uint32_t stage_local = shared_address(&stage[0][0]);
-  const SliceSender tx = slice_sender(CL, rank, lane, warp, d_local, bar_local, kSliceBytes);
-  const uint32_t ld_lane = d_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
+  const SliceSender tx = slice_sender(CL, rank, lane, warp, recv_local, bar_local, kPartialBytes);
+  const uint32_t tx_stage = shared_address(&stage[tx.sends ? tx.dest : 0][0][0]);
+  // ldmatrix.x4 of the dG slice: lane l gives row l % 8 of core matrix l / 8 (two k-steps).
+  const uint32_t ld_lane = shared_address(dslice) + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
-  // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
   auto load = [&](int i, BackwardItemInputs& in) { load_backward_item<H>(a, T, B, i, b, j, live, in); };
   BackwardItemInputs cur{}, next{};
   load(0, cur);
   float dc_carry = live ? static_cast<float>(a.grad_c_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
   float dh_rec = live ? static_cast<float>(a.grad_h_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
-  // SEQKERNELS_LSTM_TRACE (lstm_device.cuh): phases 0 wait, 1 product, 2 gates, 3 barrier and
-  // copies, 4 stores.
+  // SEQKERNELS_LSTM_TRACE: phases 0 wait, 1 product (and the partials' stores), 2 the partials' sum
+  // and the gate math, 3 barrier and copies, 4 stores.
   PhaseTrace trace;
   trace.start(a.trace);
 
-  // Iterations 0 .. T - 1 run step T - 1 - i; iteration T only multiplies (grad_h0).
+  // Iterations 0 .. T - 1 run step T - 1 - i; iteration T only adds partials (grad_h0).
   for (int i = 0; i <= T; ++i) {
     if (i > 0) {
-      const int rd = (i - 1) & 1;  // iteration i - 1's dG
+      const int rd = (i - 1) & 1;  // iteration i - 1's partials
       mbarrier_wait_guarded(bar_local + rd * 8, ((i - 1) >> 1) & 1, static_cast<unsigned>(i));
       if (threadIdx.x == 0 && i + 1 < T) mbarrier_arrive_expect(&bars[rd], kStepBytes);  // iteration i + 1's
       if (i + 1 <= T - 1) load(i + 1, next);
       trace.mark(0);
-      // dh_rec = dG_{s+1} · W_hh: this warp's quarter of K, then the four quarters in order.
-      float acc[kAcc][4] = {};
-      const uint32_t ld_buf = ld_lane + rd * kBufBytes;
+      float sum = 0.0f;
 #pragma unroll
-      for (int f = 0; f < kQuarterSteps; f += 2) {
-        const int ks = quarter * kQuarterSteps + f;  // the first of two k-steps: 32 k of slice ks / 8
-        uint32_t bf[4];
-        ldmatrix_x4(bf, ld_buf + (ks >> 3) * kSliceBytes + ((ks & 7) >> 1) * 4 * kCoreElems * sizeof(scalar_t));
-        MmaInst<scalar_t>::run(acc[f % kAcc], wf[f], bf[0], bf[1]);
-        MmaInst<scalar_t>::run(acc[(f + 1) % kAcc], wf[f + 1], bf[2], bf[3]);
-      }
-      float4 sum;
-      sum.x = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
-      sum.y = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
-      sum.z = (acc[0][2] + acc[1][2]) + (acc[2][2] + acc[3][2]);
-      sum.w = (acc[0][3] + acc[1][3]) + (acc[2][3] + acc[3][3]);
-      partials[tile][quarter][lane] = sum;
-      __syncthreads();
-      float q4[4];
-#pragma unroll
-      for (int kq = 0; kq < 4; ++kq) {
-        const float4 p = partials[p_tile][kq][p_lane];
-        q4[kq] = p_elem == 0 ? p.x : p_elem == 1 ? p.y : p_elem == 2 ? p.z : p.w;
-      }
-      dh_rec = (q4[0] + q4[1]) + (q4[2] + q4[3]);
-      trace.mark(1);
+      for (int src = 0; src < CL; ++src) sum += recv[rd][src][partial_index(nl, ul)];
+      dh_rec = sum;
     } else if (T > 1) {
       load(1, next);
     }
@@ -634,16 +627,45 @@ __global__ void __launch_bounds__(kThreads, 1)
       dc_carry = dc_prev;
       const float dq[4] = {dpre.i, dpre.f, dpre.g, dpre.o};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const scalar_t v = static_cast<scalar_t>(dq[q]);
-        stage[i & 1][dslice_index(nl, q * kUnitsPerBlock + ul)] = v;
-        dbuf[i & 1][rank][dslice_index(nl, q * kUnitsPerBlock + ul)] = v;  // read after the barrier below
-      }
+      for (int q = 0; q < 4; ++q) dslice[dslice_index(nl, q * kUnitsPerBlock + ul)] = static_cast<scalar_t>(dq[q]);
     }
     trace.mark(2);
-    // The staged slice to every other block of the cluster (every iteration sends: iteration T
-    // multiplies the last one).
-    send_staged(tx, stage_local, i & 1, kSliceBytes, kBufBytes);
+    __syncthreads();  // the block's dG slice is whole (the previous product's reads are behind the last barrier)
+
+    // partial = W_hhᵀ (own rows) · dG slice: kAcc chains per tile, each ldmatrix feeding every tile.
+    float acc[kTilesPerWarp][kAcc][4] = {};
+#pragma unroll
+    for (int f = 0; f < kOwnSteps; f += 2) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, ld_lane + (f >> 1) * 4 * kCoreElems * sizeof(scalar_t));
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+        MmaInst<scalar_t>::run(acc[t][f % kAcc], wf[t][f], bf[0], bf[1]);
+        MmaInst<scalar_t>::run(acc[t][(f + 1) % kAcc], wf[t][f + 1], bf[2], bf[3]);
+      }
+    }
+    // Tile t's units belong to block jt / 2 (its tile jt % 2): staged for it, or the own partial
+    // straight into the receive buffer. D fragment: rows gq (elements 0, 1) and gq + 8 (2, 3), batch
+    // rows 2 tq and 2 tq + 1.
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t) {
+      float d[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        d[e] = acc[t][0][e];
+#pragma unroll
+        for (int c = 1; c < kAcc; ++c) d[e] += acc[t][c][e];
+      }
+      const int jt = warp * kTilesPerWarp + t, dest = jt >> 1, u = 16 * (jt & 1) + gq;
+      float* out = dest == rank ? recv[i & 1][rank] : stage[dest][i & 1];
+      out[partial_index(2 * tq, u)] = d[0];
+      out[partial_index(2 * tq + 1, u)] = d[1];
+      out[partial_index(2 * tq, u + 8)] = d[2];
+      out[partial_index(2 * tq + 1, u + 8)] = d[3];
+    }
+    trace.mark(1);
+    // The staged partials to their blocks (every iteration sends: iteration T adds the last ones).
+    send_staged(tx, tx_stage, i & 1, kPartialBytes, kBufBytes);
     trace.mark(3);
     if (live) {
       scalar_t* gr = a.dG + row * G + j;
@@ -668,7 +690,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <class scalar_t, int KS>
 bool launch_backward(const OneClusterBackwardArgs<scalar_t>& args) {
   // Dynamic shared memory: 2 receive buffers of CL slices and 2 staging slices.
-  constexpr int kSmem = (2 * cluster_of(KS) + 2) * kGateSliceElems * static_cast<int>(sizeof(scalar_t));
+  // Dynamic shared memory: 2 receive buffers and 2 staging slices per destination (floats), the dG slice.
+  constexpr int kSmem = 4 * cluster_of(KS) * kPartialElems * static_cast<int>(sizeof(float)) +
+                        kGateSliceElems * static_cast<int>(sizeof(scalar_t));
   return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS>, args, cluster_of(KS), kSmem);
 }
 
