@@ -71,6 +71,8 @@ CUDA_CLUSTER_FORWARD_MIN_SMS = 128
 # h_{t-1} a step (its rows of its K range), the cluster kernels poll h_{t-1}'s poisoned words without
 # waiting for the step flags first
 CUDA_CLUSTER_POLL_DATA_MAX_BYTES = 32 * 1024
+# kRowSplitBackwardPollDataMaxBytes: the row-split backward's bound on the dG it gathers (its whole range)
+CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES = 64 * 1024
 # cluster_whole_k, csrc/cuda/lstm_persistent.cuh: up to this B the cluster kernel's one-m16-tile
 # instances on 16-bit operands (H = 1024) multiply all of K in each block (no partial sums between
 # the pair); SEQKERNELS_LSTM_CLUSTER_WHOLE_K=0 never, =1 at any B (diagnostic)
@@ -295,17 +297,19 @@ def _row_split(batch: int, elem: int) -> str:
             f"{_cluster_polls(rows, 1024, 2)}")
 
 
-def _cluster_polls(rows: int, k_range: int, operand_bytes: int, what: str = "h_{t-1}") -> str:
+def _cluster_polls(rows: int, k_range: int, operand_bytes: int, what: str = "h_{t-1}",
+                   max_bytes: int = CUDA_CLUSTER_POLL_DATA_MAX_BYTES) -> str:
     """cluster_polls_data (csrc/cuda/lstm_persistent.cuh) for a block that gathers `rows` rows of
-    `k_range` values of `what` (h_{t-1}; the backward's dG) a step, `operand_bytes` each: the CLI's clause."""
+    `k_range` values of `what` (h_{t-1}; the backward's dG) a step, `operand_bytes` each, polling up
+    to `max_bytes`: the CLI's clause."""
     setting = os.environ.get("SEQKERNELS_LSTM_CLUSTER_POLL_DATA", "")
     gathered = rows * k_range * operand_bytes
     if setting:
         polls, why = setting != "0", f"SEQKERNELS_LSTM_CLUSTER_POLL_DATA={setting}"
     else:
-        polls = gathered <= CUDA_CLUSTER_POLL_DATA_MAX_BYTES
+        polls = gathered <= max_bytes
         why = (f"a block gathers {gathered / 1024:g} KiB of {what} a step, {'<=' if polls else '>'} "
-               f"{CUDA_CLUSTER_POLL_DATA_MAX_BYTES // 1024} KiB")
+               f"{max_bytes // 1024} KiB")
     return (f"; it polls {what} itself, not the step flags ({why})" if polls
             else f"; it waits for the step flags ({why})")
 
@@ -438,7 +442,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
           and batch <= CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH and row_split_backward()):
         return "persistent", (f"auto: backward, 16-bit, H = {hidden} and B = {batch} <= "
                               f"{CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH}: {ROW_SPLIT_BACKWARD}"
-                              f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG')}")
+                              f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG', CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES)}")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         kernel = f" ({ONE_CLUSTER_BACKWARD}; else the split or general kernel)" if one_cluster_backward else ""
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB{kernel}"

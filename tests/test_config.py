@@ -240,8 +240,9 @@ def test_cuda_choice_without_clusters(monkeypatch, batch, hidden, forward):
             "persistent")
 
 
-@pytest.mark.parametrize("batch,clause", [(16, "it waits for the step flags (a block gathers 64 KiB of dG a step"),
-                                          (8, "it polls dG itself, not the step flags (a block gathers 32 KiB"),
+@pytest.mark.parametrize("batch,clause", [(16, "it polls dG itself, not the step flags (a block gathers 64 KiB of "
+                                                "dG a step, <= 64 KiB)"),
+                                          (12, "it polls dG itself, not the step flags (a block gathers 48 KiB"),
                                           (1, "it polls dG itself")])
 def test_cuda_row_split_backward_follows_its_switch(monkeypatch, batch, clause):
     """The 16-bit backward at H = 1024, B <= 16 takes the persistent loop for its row-split kernel (on

@@ -209,11 +209,17 @@ inline bool row_split_backward_applies(const LstmSizes& s, int64_t elem_size, in
 // 1.148-1.151 (up to 32 KB), 1.933-1.942 / 4.449-4.466 (48 KB); without TF32 (float operands)
 // H = 256 B = 24 / 64 0.911-0.920 / 0.759-0.763, 1.325-1.327 / 1.195-1.197 (12 / 32 KB), H = 512
 // B = 24 / 64 1.289-1.297 / 1.200-1.203 (24 KB), 2.342-2.344 / 4.708-4.716 (64 KB).
+// The row-split backward gathers dG (its ceil(B / 2) rows of 4H values, up to 64 KB at B = 16) and
+// polls at every B it runs (max_bytes = kRowSplitBackwardPollDataMaxBytes): backward op alone,
+// H200, bf16 / fp16 H = 1024, ms, flags / polled, three runs in two sessions (2026-11-28), B = 12
+// 1.649 / 1.533, 1.620 / 1.545, 1.553 / 1.401 (bf16), 1.599 / 1.541, 1.563 / 1.457 (fp16); B = 16
+// 1.562 / 1.513, 1.767 / 1.708, 1.723 / 1.629 (bf16), 1.801 / 1.722, 1.715 / 1.652 (fp16).
 // SEQKERNELS_LSTM_CLUSTER_POLL_DATA (diagnostic): "0" never, anything else always; unset, this rule.
 constexpr int64_t kClusterPollDataMaxBytes = 32 * 1024;
-inline bool cluster_polls_data(int64_t gathered_bytes) {
+constexpr int64_t kRowSplitBackwardPollDataMaxBytes = 64 * 1024;
+inline bool cluster_polls_data(int64_t gathered_bytes, int64_t max_bytes = kClusterPollDataMaxBytes) {
   const int mode = diagnostic_mode("SEQKERNELS_LSTM_CLUSTER_POLL_DATA");
-  return mode == -1 ? gathered_bytes <= kClusterPollDataMaxBytes : mode == 1;
+  return mode == -1 ? gathered_bytes <= max_bytes : mode == 1;
 }
 
 // Forward of one layer and direction, after the input projection. Writes y, the saved

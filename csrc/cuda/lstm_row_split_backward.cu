@@ -287,7 +287,8 @@ bool run_row_split_backward(const LstmSizes& s, const cudaDeviceProp& prop, BwdA
   g.smem = g.off_part + L::kPartialBytes;
   if (static_cast<size_t>(g.smem) > prop.sharedMemPerBlockOptin || !co_resident(fn, g, prop)) return false;
   // What a block gathers of dG a step: its ceil(B / 2) rows of 4H values.
-  args.poll_data = cluster_polls_data(static_cast<int64_t>((s.B + 1) / 2) * L::G * L::ES);
+  args.poll_data =
+      cluster_polls_data(static_cast<int64_t>((s.B + 1) / 2) * L::G * L::ES, kRowSplitBackwardPollDataMaxBytes);
   return launch_with_flagged_exchange(kernel, args, args.dbuf, like);
 }
 
