@@ -150,13 +150,14 @@ __device__ __forceinline__ SliceSender slice_sender(int cl, int rank, int lane, 
 }
 
 // After the block's stores into its staging slice of parity p: the fence that lets the async proxy
-// read them, the block barrier, then each sender's bulk copy into buffer p of its destination.
+// read them, the block barrier, then each sender's bulk copy (the slice's first copy_bytes) into
+// buffer p of its destination.
 __device__ __forceinline__ void send_staged(const SliceSender& tx, uint32_t stage_local, int p, uint32_t slice_bytes,
-                                            uint32_t buf_bytes) {
+                                            uint32_t buf_bytes, uint32_t copy_bytes) {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   if (tx.sends) {
-    bulk_copy_to_cluster(tx.slice_remote + p * buf_bytes, stage_local + p * slice_bytes, slice_bytes,
+    bulk_copy_to_cluster(tx.slice_remote + p * buf_bytes, stage_local + p * slice_bytes, copy_bytes,
                          tx.bar_remote + p * 8);
   }
 }
@@ -378,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       hbuf[s & 1][rank][slice_index(bl, quad * 4 + uq)] = h;  // read after the barrier below
     }
     trace.mark(2);
-    if (s + 1 < T) send_staged(tx, stage_local, s & 1, kSliceBytes, kBufBytes);  // the staged slice to every block
+    if (s + 1 < T) send_staged(tx, stage_local, s & 1, kSliceBytes, kBufBytes, kSliceBytes);  // to every block
     trace.mark(3);
     if (live) {
       c_st = c_new;
@@ -470,7 +471,8 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
 //   grad_c0 is the last dc_prev.
 // The product, split by gate rows: block r multiplies only its own dG slice (its 128 gate rows m =
 // q H + 32 r + u), partial_r[n][j] = sum over those m of dG[n][m] · W_hh[m][j] for every unit j of H,
-// and sends block r' the float partials of r''s 32 units (8 rows x 32 units, 1 KB); each block adds
+// and sends block r' the float partials of r''s 32 units (the group's rows x 32 units: 1 KB at 8 rows,
+// 128 bytes at B = 1; a slice's rows are contiguous, and the wait follows the bytes); each block adds
 // the CL partials of its items in rank order (deterministic). A operand: W_hhᵀ restricted to the
 // block's rows, [j][k] with k = 32 q + u, resident as A fragments (warp w: j tiles w · H / 128 ..,
 // 8 k-steps each: 4 KS registers, 128 at H = 512, the forward's count). B operand: the dG slice
@@ -484,7 +486,7 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
 // measured (docs/kernels.md).
 // Exchange: the forward's protocol with partial slices: recv[i % 2] holds iteration i's partials (by
 // source rank; the own one stored there directly by its warps), each phase of its mbarrier expects
-// (CL - 1) KB and thread 0's arrival; a block sends iteration i + 2's partials into recv[i % 2] only
+// (CL - 1) sent slices and thread 0's arrival; a block sends iteration i + 2's partials into recv[i % 2] only
 // after every block sent it iteration i + 1's, which each block does after its sum of iteration i's
 // there (and after its block barrier), so nothing is overwritten before it was read. The staged
 // partials (by destination and parity) are read by their copies before they are written again two
@@ -541,8 +543,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   constexpr uint32_t kPartialBytes = kPartialElems * sizeof(float);
-  constexpr uint32_t kStepBytes = (CL - 1) * kPartialBytes;
   constexpr uint32_t kBufBytes = CL * kPartialBytes;
+  // Only the group's live rows are sent (a partial slice's rows are contiguous, 128 bytes each): the
+  // exchange's wait follows its bytes.
+  const int group_rows = B - row0 < kGroupRows ? B - row0 : kGroupRows;
+  const uint32_t sent_bytes = static_cast<uint32_t>(group_rows) * kUnitsPerBlock * sizeof(float);
+  const uint32_t step_bytes = (CL - 1) * sent_bytes;
 
   // A fragments: tile t of the warp covers units 16 (warp kTilesPerWarp + t) + (gq, gq + 8); k-step
   // f covers the block's gate rows k = 16 f + 2 tq (+ 1, + 8, + 9), k = 32 q + u for row q H + 32 rank
@@ -578,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     reinterpret_cast<float*>(one_cluster_smem)[i] = 0.0f;
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  init_exchange_barriers(bars, true, T > 1, kStepBytes);  // every iteration sends
+  init_exchange_barriers(bars, true, T > 1, step_bytes);  // every iteration sends
   cluster_sync();
 
   const uint32_t recv_local = shared_address(&recv[0][0][0]);
@@ -603,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (i > 0) {
       const int rd = (i - 1) & 1;  // iteration i - 1's partials
       mbarrier_wait_guarded(bar_local + rd * 8, ((i - 1) >> 1) & 1, static_cast<unsigned>(i));
-      if (threadIdx.x == 0 && i + 1 < T) mbarrier_arrive_expect(&bars[rd], kStepBytes);  // iteration i + 1's
+      if (threadIdx.x == 0 && i + 1 < T) mbarrier_arrive_expect(&bars[rd], step_bytes);  // iteration i + 1's
       if (i + 1 <= T - 1) load(i + 1, next);
       trace.mark(0);
       float sum = 0.0f;
@@ -665,7 +671,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     trace.mark(1);
     // The staged partials to their blocks (every iteration sends: iteration T adds the last ones).
-    send_staged(tx, tx_stage, i & 1, kPartialBytes, kBufBytes);
+    send_staged(tx, tx_stage, i & 1, kPartialBytes, kBufBytes, sent_bytes);
     trace.mark(3);
     if (live) {
       scalar_t* gr = a.dG + row * G + j;
