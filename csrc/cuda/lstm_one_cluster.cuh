@@ -44,8 +44,9 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
                               const scalar_t* c0, scalar_t* y, scalar_t* gates, scalar_t* cells, scalar_t* h_n,
                               float* c_n);
 
-// The backward of the same decomposition (one cluster per 8 batch rows, W_hhᵀ's rows of a block's
-// units resident, dG exchanged in distributed shared memory), where the forward kernel fits and
+// The backward of the same clusters (one per 8 batch rows; each block holds W_hh's 128 rows of its
+// units' gates and multiplies its own dG by them, the partial sums of dh exchanged in distributed
+// shared memory), where the forward kernel fits and
 // SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD (diagnostic) is not "0"; lstm_persistent_backward.cu's
 // run_backward calls it first for bf16 / fp16.
 bool one_cluster_backward_applies(const LstmSizes& s, int sm_major);
