@@ -486,11 +486,11 @@ bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) 
 // measured (docs/kernels.md).
 // Exchange: the forward's protocol with partial slices: recv[i % 2] holds iteration i's partials (by
 // source rank; the own one stored there directly by its warps), each phase of its mbarrier expects
-// (CL - 1) sent slices and thread 0's arrival; a block sends iteration i + 2's partials into recv[i % 2] only
-// after every block sent it iteration i + 1's, which each block does after its sum of iteration i's
-// there (and after its block barrier), so nothing is overwritten before it was read. The staged
-// partials (by destination and parity) are read by their copies before they are written again two
-// iterations later (the same argument).
+// (CL - 1) sent slices and thread 0's arrival; a block sends iteration i + 2's partials into
+// recv[i % 2] only after every block sent it iteration i + 1's, which each block does after its sum
+// of iteration i's there (and after its block barrier), so nothing is overwritten before it was
+// read. The staged partials (by destination and parity) are read by their copies before they are
+// written again two iterations later (the same argument).
 // A partial slice (floats) is [n][u ^ 8 (n / 2)]: the senders' fragment stores (rows 2 tq, units gq)
 // and the receivers' row reads both hit every bank once.
 constexpr int kPartialElems = kGroupRows * kUnitsPerBlock;  // floats a destination block gets
@@ -594,6 +594,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ldmatrix.x4 of the dG slice: lane l gives row l % 8 of core matrix l / 8 (two k-steps).
   const uint32_t ld_lane = shared_address(dslice) + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
+  // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
   auto load = [&](int i, BackwardItemInputs& in) { load_backward_item<H>(a, T, B, i, b, j, live, in); };
   BackwardItemInputs cur{}, next{};
   load(0, cur);
@@ -695,7 +696,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <class scalar_t, int KS>
 bool launch_backward(const OneClusterBackwardArgs<scalar_t>& args) {
-  // Dynamic shared memory: 2 receive buffers of CL slices and 2 staging slices.
   // Dynamic shared memory: 2 receive buffers and 2 staging slices per destination (floats), the dG slice.
   constexpr int kSmem = 4 * cluster_of(KS) * kPartialElems * static_cast<int>(sizeof(float)) +
                         kGateSliceElems * static_cast<int>(sizeof(scalar_t));
