@@ -1,6 +1,7 @@
 """The host's share of an eager seqkernels.LSTM call on the GPU: a timeline of one call.
 
     python scripts/lstm_host_timeline.py [--iters 10] [--out DIR] [--cpu-ops] [--host-only] [--case TEXT]
+    python scripts/lstm_host_timeline.py --train-host
 
 An eager call's CUDA-event time is the GPU's time plus whatever the GPU waits for the host:
 before the time loop's kernel is launched the GPU is mostly idle, so the host work in front
@@ -21,6 +22,7 @@ for scale one allocation and one small kernel. With --cpu-ops, each `infer` case
 the operators the call ran on the host (the profiler's cpu_op events: the module's, the op's
 own span and the allocations and copies inside it). --case traces only the cases whose name
 contains the text (e.g. "B=16 H=1024"); the host-time table always covers its four shapes.
+--train-host prints only train_host_breakdown's tables (a training call's parts).
 Diagnostic only: the benchmark is what the tables come from.
 """
 from __future__ import annotations
@@ -28,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
+import time
 
 import sys
 
@@ -174,6 +178,90 @@ def host_breakdown(device):
                 print(f"   {str(dtype).replace('torch.', '')} B={B} H={H}  {label:30s} {us:8.1f}")
 
 
+def train_host_breakdown(device, iters=60):
+    """Host time of a training call's parts (us, median of ``iters``), each timed twice: the GPU idle
+    (drained first), and the GPU asleep (behind a device sleep, as the backward's launches are
+    behind the forward's loop); then the host operators of ten calls (profiler, CPU only: no CUDA
+    runtime tracing, whose own cost per runtime call distorts a timeline)."""
+    from torch.profiler import ProfilerActivity as PA
+
+    from seqkernels.ops import _autograd
+    from seqkernels.ops.lstm import lstm_layer
+
+    fwd_op = torch.ops.seqkernels.lstm_forward.default
+    bwd_op = torch.ops.seqkernels.lstm_backward.default
+    print("\n== host time of a train call's parts (us, median of 60, no profiler): the GPU idle, the GPU asleep")
+    for dtype, B, H in ((torch.float16, 8, 512), (torch.bfloat16, 16, 256)):
+        m = seqkernels.LSTM(H, H, device=device, dtype=dtype)
+        x = torch.randn(256, B, H, device=device, dtype=dtype, requires_grad=True)
+        x2 = x.detach().reshape(256 * B, H)
+        x2g = x2.clone().requires_grad_()
+        bs = torch.full((256,), B, dtype=torch.int64)
+        h0 = torch.randn(B, H, device=device, dtype=dtype)
+        w = (m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
+        args = (x2, bs, h0, h0, *w, None, False, True)
+        with torch.no_grad():
+            y, h_n, c_n, gates, cells = _below(fwd_op, args)
+        dy = torch.randn_like(y)
+        bargs = (dy, torch.zeros_like(h_n), torch.zeros_like(c_n), x2, bs, h0, h0, w[0], w[1], None, y, gates,
+                 cells, False, True)
+
+        def clear():
+            for p in (*m.parameters(), x, x2g):
+                p.grad = None
+
+        state = {}
+
+        def forward():
+            state["y"] = m(x)[0]
+
+        def loss():
+            state["loss"] = state["y"].float().sum()
+
+        def backward():
+            state["loss"].backward()
+
+        rows = {
+            "module forward (records grad)": (clear, forward),
+            "  lstm_layer (records grad)": (clear, lambda: lstm_layer(x2g, bs, h0, h0, *w)),
+            "  Function.apply": (clear, lambda: _autograd._EAGER_FUNCTIONS[fwd_op].apply(*args)),
+            "  op below autograd, training": (clear, lambda: _below(fwd_op, args)),
+            "loss (y.float().sum())": (lambda: (clear(), forward()), loss),
+            "loss.backward()": (lambda: (clear(), forward(), loss()), backward),
+            "  backward op below autograd": (clear, lambda: _below(bwd_op, bargs)),
+            "  torch.zeros_like(h_n)": (clear, lambda: torch.zeros_like(h_n)),
+            "one small kernel (torch.neg)": (clear, lambda: torch.neg(h0)),
+            "one allocation (torch.empty)": (clear, lambda: torch.empty(B, H, device=device, dtype=dtype)),
+            "pure Python (300-term sum)": (clear, lambda: sum(i * i for i in range(300))),
+        }
+        for label, (before, fn) in rows.items():
+            medians = []
+            for asleep in (False, True):
+                samples = []
+                for i in range(iters + 5):
+                    before()
+                    torch.cuda.synchronize()
+                    if asleep:
+                        torch.cuda._sleep(4_000_000)
+                    t0 = time.perf_counter()
+                    fn()
+                    samples.append((time.perf_counter() - t0) * 1e6)
+                torch.cuda.synchronize()
+                medians.append(statistics.median(samples[5:]))
+            print(f"   {str(dtype).replace('torch.', '')} B={B} H={H}  {label:32s} {medians[0]:8.1f} {medians[1]:8.1f}")
+        for _ in range(3):
+            clear(), forward(), loss(), backward()
+        torch.cuda.synchronize()
+        with profile(activities=[PA.CPU]) as prof:
+            for _ in range(10):
+                clear()
+                torch.cuda.synchronize()
+                torch.cuda._sleep(4_000_000)
+                forward(), loss(), backward()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
 def _below(op, args):
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
@@ -184,11 +272,16 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None, help="keep the Chrome traces here")
     ap.add_argument("--host-only", action="store_true", help="only the host-time breakdown (no profiler)")
+    ap.add_argument("--train-host", action="store_true",
+                    help="only the host time of a train call's parts and its host operators (no CUDA tracing)")
     ap.add_argument("--case", default=None, help="only the traced cases whose name contains this, e.g. 'B=16 H=1024'")
     ap.add_argument("--cpu-ops", action="store_true",
                     help="also list each infer call's operators on the host (allocations, copies, the op itself)")
     args = ap.parse_args()
     device = torch.device("cuda")
+    if args.train_host:
+        train_host_breakdown(device)
+        return
     if args.host_only:
         host_breakdown(device)
         return
