@@ -11,11 +11,10 @@ I = H, one layer, PyTorch's default TF32 switches) this traces ``iters`` calls w
 torch.profiler and prints, for the call of median length, every CUDA runtime call in order:
 its host offset from the call's start, its host duration, the kernel or memset it issued and
 when that ran on the GPU (offsets in us). The summary line gives the host time until the loop
-kernel's launch and the GPU's idle time before it. Then, for the `train` cases, the call's
-median time (CUDA events, 30 interleaved calls, each after an untimed one:
-benchmarks/harness.py's measure_interleaved) with the op's eager
-autograd.Function (seqkernels.ops._autograd.register_autograd, the default) and with the op's
-registered torch.library formula. Last, the host time (no profiler) of an `infer` call's layers:
+kernel's launch and the GPU's idle time before it. Then the median time of lstm_layer's training
+call (CUDA events, 30 interleaved calls, each after an untimed one: benchmarks/harness.py's
+measure_interleaved) with the op's eager autograd.Function (seqkernels.ops._autograd.
+register_autograd, the default) and with the op's registered torch.library formula. Last, the host time (no profiler) of an `infer` call's layers:
 the module call, its lstm_infer operator, the functional lstm_layer, the op below autograd, a
 default zero state, and
 for scale one allocation and one small kernel. With --cpu-ops, each `infer` case also lists
@@ -107,9 +106,13 @@ def timeline(trace_path):
 
 
 def compare_autograd(device):
+    """lstm_layer's training call (the path torch.compile and torch.func take; the module's eager
+    call takes lstm_padded) with the op's eager autograd.Function (call_op's direct apply) against
+    the op's registered torch.library formula."""
     from seqkernels.ops import _autograd
+    from seqkernels.ops.lstm import lstm_layer
 
-    eager = dict(_autograd._EAGER_FUNCTIONS)
+    applies = dict(_autograd._EAGER_APPLY)
 
     class Registered:
         """Stands in for an op's autograd.Function: the op itself through the dispatcher, so that
@@ -121,28 +124,38 @@ def compare_autograd(device):
         def apply(self, *args):
             return self.op(*args[: self.n])
 
-    registered = {op: Registered(op) for op in eager}
+    registered = {op: Registered(op).apply for op in applies}
 
-    def recording_through(functions, call):
+    def recording_through(table, call):
         def run():
-            _autograd._EAGER_FUNCTIONS.clear()
-            _autograd._EAGER_FUNCTIONS.update(functions)
+            _autograd._EAGER_APPLY.clear()
+            _autograd._EAGER_APPLY.update(table)
             call()
 
         return run
 
-    print("\n== train calls: eager autograd.Function against the registered torch.library formula (ms)")
-    for name, call in cases(device):
-        if not name.endswith("train"):
-            continue
+    print("\n== lstm_layer train calls: eager autograd.Function against the registered torch.library formula (ms)")
+    for dtype, B, H in ((torch.float32, 8, 512), (torch.float16, 8, 512), (torch.bfloat16, 16, 256)):
+        m = seqkernels.LSTM(H, H, device=device, dtype=dtype)
+        x = torch.randn(256 * B, H, device=device, dtype=dtype, requires_grad=True)
+        bs = torch.full((256,), B, dtype=torch.int64)
+        h0 = torch.zeros(B, H, device=device, dtype=dtype)
+        w = (m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0)
+
+        def call():
+            for p in (*m.parameters(), x):
+                p.grad = None
+            lstm_layer(x, bs, h0, h0, *w)[0].float().sum().backward()
+
         try:
             times = harness.measure_interleaved(
-                {"function": recording_through(eager, call), "registered": recording_through(registered, call)}, device,
-                iters=30)
+                {"function": recording_through(applies, call), "registered": recording_through(registered, call)},
+                device, iters=30)
         finally:
-            _autograd._EAGER_FUNCTIONS.clear()
-            _autograd._EAGER_FUNCTIONS.update(eager)
+            _autograd._EAGER_APPLY.clear()
+            _autograd._EAGER_APPLY.update(applies)
         f, r = times["function"].median_ms, times["registered"].median_ms
+        name = f"{str(dtype).replace('torch.', '')} B={B} H={H}"
         print(f"   {name:28s} function {f:.3f}  registered {r:.3f}  ({(r - f) * 1e3:.0f} us less)")
 
 

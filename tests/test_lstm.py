@@ -1203,6 +1203,26 @@ def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(d
             assert ours._forward_short(inp, hx) is None
 
 
+def test_dense_grads_gives_zeros_for_missing_gradients(device):
+    """The backward formulas' dense_grads: a missing gradient becomes zeros of its tensor's shape
+    (on a GPU several share one allocation, each in memory of its own, contiguous), a given one
+    a contiguous tensor of its values."""
+    from seqkernels.ops._autograd import dense_grads
+
+    y, h, c = (torch.randn(*s, device=device) for s in ((7, 5), (3, 5), (2, 3, 4)))
+    expanded = torch.randn(1, 5, device=device).expand(7, 5)
+    got = dense_grads((expanded, y), (None, h), (None, c), (None, y))
+    assert [g.shape for g in got] == [y.shape, h.shape, c.shape, y.shape]
+    assert all(g.is_contiguous() for g in got)
+    torch.testing.assert_close(got[0], expanded, rtol=0, atol=0)
+    for g in got[1:]:
+        assert torch.count_nonzero(g) == 0
+    spans = sorted((g.data_ptr(), g.data_ptr() + g.numel() * g.element_size()) for g in got[1:])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no overlap
+    got[1].fill_(1)  # each its own memory
+    assert torch.count_nonzero(got[2]) == 0 and torch.count_nonzero(got[3]) == 0
+
+
 def test_short_paths_under_inference_mode(device):
     """torch.inference_mode (grad mode off, inference tensors): the module and the cell take
     lstm_infer there too, with no_grad's results bitwise."""

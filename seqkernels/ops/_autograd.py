@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch._functorch.utils import unwrap_dead_wrappers
 from torch.autograd import forward_ad as _forward_ad
 
 
@@ -15,6 +16,18 @@ def records_grad(*args) -> bool:
 # op -> the autograd.Function that eager calls of the functionals record (register_autograd,
 # register_double_backward).
 _EAGER_FUNCTIONS: dict = {}
+# op -> that Function's apply without autograd.Function.apply's Python (_untransformed_apply).
+_EAGER_APPLY: dict = {}
+
+
+def _untransformed_apply(function: type):
+    """``function.apply`` for calls outside torch.func transforms: the C++ apply that
+    autograd.Function.apply ends in there, without the Python in front of it. That binds the
+    arguments to ``forward``'s signature (inspect.signature on every call; the forwards here take
+    ``*args``, so it binds nothing) before the same C++ call: 50 against 23 us a recorded call on
+    a 2-core x86 host, host time that precedes the loop's launch on a GPU. Callers unwrap dead
+    functorch wrappers first, as Function.apply does."""
+    return super(torch.autograd.Function, function).apply
 
 
 def _op_function(op, label: str, backward, setup_context) -> type:
@@ -74,7 +87,12 @@ def register_autograd(op, backward, setup_context) -> None:
       directly. (torch.library's kernel also fails under ``torch.func.grad``: its Function
       has no separate ``setup_context``.)"""
     torch.library.register_autograd(op, backward, setup_context=setup_context)
-    _EAGER_FUNCTIONS[op] = _op_function(op, _label(op), backward, setup_context)
+    _set_eager_function(op, _op_function(op, _label(op), backward, setup_context))
+
+
+def _set_eager_function(op, function: type) -> None:
+    _EAGER_FUNCTIONS[op] = function
+    _EAGER_APPLY[op] = _untransformed_apply(function)
 
 
 def transformed() -> bool:
@@ -89,15 +107,18 @@ def call_op(op, recording: bool, *args, extra: tuple = ()):
     - autograd records (``recording``) in an eager call, a torch.func transform is active, or a
       forward-mode AD level is open: the op's ``autograd.Function`` (``register_autograd``,
       ``register_double_backward``), which runs the same formula as the op's registered one,
-      given ``extra`` too (inputs its formula reads that the op does not take);
+      given ``extra`` too (inputs its formula reads that the op does not take); outside
+      transforms through its C++ apply directly (``_untransformed_apply``);
     - autograd records nothing (grad mode off, or no input requires grad): the op below
       autograd, where its autograd kernel would only redispatch (a few microseconds per call,
       a measurable share of a small op on a GPU: a ConvRNN of the template's shape runs in
       ~30 us)."""
     if torch.compiler.is_compiling():
         return op(*args)
-    if recording or transformed():
+    if transformed():
         return _EAGER_FUNCTIONS[op].apply(*args, *extra)
+    if recording:
+        return _EAGER_APPLY[op](*unwrap_dead_wrappers(args + extra))
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
 
@@ -157,6 +178,38 @@ def dense_grad(grad: Tensor | None, like: Tensor) -> Tensor:
     """Autograd hands over None for unused outputs and expanded (stride-0) gradients for
     sums; kernels that take dense, contiguous gradients get zeros or a contiguous copy."""
     return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+
+def dense_grads(*pairs: tuple[Tensor | None, Tensor]) -> tuple[Tensor, ...]:
+    """``dense_grad`` of each (grad, like) pair, on a GPU the missing gradients' zeros from one
+    allocation and one fill: a launch per zero tensor is host time between a training call's
+    forward and its backward loop (15-48 us for a zeros_like on an H200 host), where unused h_n
+    and c_n are the common case. Each zero tensor starts 64 elements after the last at least
+    (aligned as an allocation's rows). On the CPU, where a fill launches nothing, one zeros_like
+    each is cheaper than the views."""
+    missing = [like for grad, like in pairs if grad is None]
+    first = missing[0] if missing else None
+    if len(missing) < 2 or first.device.type == "cpu" or any(t.dtype != first.dtype or t.device != first.device
+                                                              for t in missing):
+        return tuple(dense_grad(grad, like) for grad, like in pairs)
+    row = -(-max(t.numel() for t in missing) // 64) * 64
+    flat = first.new_zeros(len(missing) * row)
+    out, k = [], 0
+    for grad, like in pairs:
+        if grad is None:
+            out.append(flat.as_strided(like.shape, _contiguous_strides(like.shape), k * row))
+            k += 1
+        else:
+            out.append(grad.contiguous())
+    return tuple(out)
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def mark_saved_outputs(ctx, *saved: Tensor) -> None:
@@ -250,4 +303,4 @@ def register_double_backward(backward_op: str, first_order, saved_outputs: tuple
             result[i] = g
         return tuple(result)
 
-    _EAGER_FUNCTIONS[op] = _function_type(op, label, forward, setup_context, backward)
+    _set_eager_function(op, _function_type(op, label, forward, setup_context, backward))

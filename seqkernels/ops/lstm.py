@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..reference.lstm import lstm_layer_reference
 from ._autograd import (
-    call_backward_op, call_op, check_same_device, dense_grad, mark_saved_outputs, records_grad, reference_vjp,
+    call_backward_op, call_op, check_same_device, dense_grads, mark_saved_outputs, records_grad, reference_vjp,
     register_autograd, register_double_backward, vmap_fold, vmap_per_sample, vmap_unfold,
 )
 
@@ -159,9 +159,7 @@ def _lstm_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_gates, _grad_cells):
     x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, b_ih, b_hh = ctx.saved_tensors
     dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr = call_backward_op(
         _backward,
-        dense_grad(grad_y, y),
-        dense_grad(grad_h_n, h0),
-        dense_grad(grad_c_n, c0),
+        *dense_grads((grad_y, y), (grad_h_n, h0), (grad_c_n, c0)),
         x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells,
         ctx.reverse,
         ctx.has_bias,
