@@ -14,9 +14,9 @@ when that ran on the GPU (offsets in us). The summary line gives the host time u
 kernel's launch and the GPU's idle time before it. Then the median time of lstm_layer's training
 call (CUDA events, 30 interleaved calls, each after an untimed one: benchmarks/harness.py's
 measure_interleaved) with the op's eager autograd.Function (seqkernels.ops._autograd.
-register_autograd, the default) and with the op's registered torch.library formula. Last, the host time (no profiler) of an `infer` call's layers:
-the module call, its lstm_infer operator, the functional lstm_layer, the op below autograd, a
-default zero state, and
+register_autograd, the default) and with the op's registered torch.library formula. Last, the
+host time (no profiler) of an `infer` call's layers: the module call, its lstm_infer operator,
+the functional lstm_layer, the op below autograd, a default zero state, and
 for scale one allocation and one small kernel. With --cpu-ops, each `infer` case also lists
 the operators the call ran on the host (the profiler's cpu_op events: the module's, the op's
 own span and the allocations and copies inside it). --case traces only the cases whose name

@@ -1203,6 +1203,100 @@ def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(d
             assert ours._forward_short(inp, hx) is None
 
 
+def _layer_path_call(module, x, state):
+    """The module's call through lstm_layer (autograd records its reshape, selects and views):
+    the path lstm_padded replaces, as torch.compile and torch.func transforms still take it."""
+    T, B = (x.shape[1], x.shape[0]) if module.batch_first else (x.shape[0], x.shape[1])
+    seq = x.transpose(0, 1) if module.batch_first else x
+    if state is None:
+        zeros = x.new_zeros(2, B, module.hidden_size)
+        h0, c0 = zeros[0], zeros[1]
+    else:
+        h0, c0 = state[0][0], state[1][0]
+    y, h_n, c_n = lstm_layer(seq.reshape(T * B, -1), torch.full((T,), B, dtype=torch.int64), h0, c0,
+                             module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0 if module.bias else None,
+                             module.bias_hh_l0 if module.bias else None)
+    output = y.view(T, B, -1)
+    return (output.transpose(0, 1) if module.batch_first else output), (h_n.unsqueeze(0), c_n.unsqueeze(0))
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_short_path_where_autograd_records_is_one_padded_node(device, batch_first, with_state, layout, bias):
+    """Where autograd records in an eager call, the short path is one lstm_padded node: the same
+    lstm_forward and lstm_backward calls as the lstm_layer path, so outputs and every gradient
+    (input, state, weights; losses on output, h_n and c_n) are that path's bitwise; its outputs are
+    no views, and may be modified in place, after which backward raises as it does for lstm_layer's
+    (output is saved), as it does after an in-place change of the input or the state it read."""
+    torch.manual_seed(21)
+    T, B, I, H = 5, 3, 4, 6
+    m = LSTM(I, H, batch_first=batch_first, bias=bias, device=device)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    if layout == "strided":  # every other feature of a wider tensor: not contiguous
+        x = torch.randn(*shape[:2], 2 * I, device=device)[..., ::2].requires_grad_()
+    else:
+        x = torch.randn(*shape, device=device, requires_grad=True)
+    state = tuple(torch.randn(1, B, H, device=device, requires_grad=True) for _ in range(2)) if with_state else None
+    leaves = [x, *(state or ()), *m.parameters()]
+
+    def run(call):
+        for t in leaves:
+            t.grad = None
+        out, (h_n, c_n) = call()
+        (out.sin().sum() + h_n.cos().sum() + (c_n * c_n).sum()).backward()
+        return [out, h_n, c_n] + [t.grad for t in leaves]
+
+    (got, names) = _op_names(lambda: run(lambda: m(x, state)))
+    assert "seqkernels::lstm_forward" in names and "seqkernels::lstm_backward" in names
+    expected = run(lambda: _layer_path_call(m, x, state))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out, (h_n, c_n) = m(x, state)
+    assert type(out.grad_fn).__name__ == "_PaddedLayerBackward" and h_n.grad_fn is out.grad_fn
+    assert not out._is_view() and not h_n._is_view()
+    out.mul_(2)  # allowed, as on lstm_layer's output
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    if layout == "contiguous" and not batch_first:  # x is read in place: a later change is caught
+        out, _ = m(x, state)
+        with torch.no_grad():
+            x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    if with_state:
+        out, _ = m(x, state)
+        with torch.no_grad():
+            state[0].add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_short_path_double_backward_matches_layer_path(device, batch_first):
+    """create_graph through lstm_padded: the gradients' own gradients (input, state, weights) are
+    the lstm_layer path's (float64; the same first-order op and double-backward formula)."""
+    torch.manual_seed(22)
+    m = LSTM(3, 4, batch_first=batch_first, device=device, dtype=torch.float64)
+    x = torch.randn(2, 3, 3, device=device, dtype=torch.float64, requires_grad=True)
+    state = tuple(torch.randn(1, 2 if batch_first else 3, 4, device=device, dtype=torch.float64,
+                              requires_grad=True) for _ in range(2))
+    leaves = [x, *state, *m.parameters()]
+
+    def second(call):
+        out, (h_n, _) = call()
+        grads = torch.autograd.grad(out.pow(2).sum() + h_n.sum(), [x, *state], create_graph=True)
+        return torch.autograd.grad(sum(g.sin().sum() for g in grads), leaves, allow_unused=True)
+
+    got = second(lambda: m(x, state))
+    expected = second(lambda: _layer_path_call(m, x, state))
+    for a, b in zip(got, expected):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_dense_grads_gives_zeros_for_missing_gradients(device):
     """The backward formulas' dense_grads: a missing gradient becomes zeros of its tensor's shape
     (on a GPU several share one allocation, each in memory of its own, contiguous), a given one

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from ..ops._autograd import records_grad, transformed
-from ..ops.lstm import lstm_infer, lstm_layer
+from ..ops.lstm import lstm_infer, lstm_layer, lstm_padded
 
 __all__ = ["LSTM", "LSTMCell", "replace_lstm"]
 
@@ -225,7 +225,8 @@ class LSTM(nn.RNNBase):
         else, which the general path below handles (and validates, raising nn.LSTM's errors).
         On a GPU the module's Python precedes the loop's launch and adds to a small call's time
         one for one (~20 us of host time here on a 2-core x86 host against the general path).
-        Where autograd records nothing and nothing traces, one lstm_infer call; else lstm_layer."""
+        Outside torch.compile and torch.func transforms, one lstm_infer call where autograd records
+        nothing and one lstm_padded node where it records; else lstm_layer."""
         if (type(input) is not Tensor or self.num_layers != 1 or self.bidirectional or self.proj_size
                 or input.dim() != 3 or input.size(2) != self.input_size or torch._C._is_any_autocast_enabled()):
             return None
@@ -241,10 +242,15 @@ class LSTM(nn.RNNBase):
                 return None
             h0, c0 = state
         w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(0)
-        if _one_operator_applies(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
-            # One operator does the rest: 13-21 us of host time less than the path below on a 2-core
-            # x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
-            output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
+        if not (torch.compiler.is_compiling() or transformed()):
+            if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
+                # One autograd node does the rest (lstm_padded): fewer recorded operations than the
+                # path below, whose host time precedes the loop's launch on a GPU.
+                output, h_n, c_n = lstm_padded(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
+            else:
+                # One operator does the rest: 13-21 us of host time less than the path below on a
+                # 2-core x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
+                output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
             return output, (h_n, c_n)
         if hx is None:
             # _zero_state's zeros, made [B, H] directly: its [L*D, B, H] views would cost two more
