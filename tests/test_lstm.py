@@ -1273,6 +1273,36 @@ def test_short_path_where_autograd_records_is_one_padded_node(device, batch_firs
             out.sum().backward()
 
 
+def test_short_path_keeps_no_batch_first_input_alive(device):
+    """lstm_padded copies a batch-first input time-major before its node (as lstm_layer's path does)
+    and saves that copy: the caller's tensor is not kept alive until backward (a sin of it is, the
+    control), and the gradients still reach it."""
+    import gc
+    import weakref
+
+    torch.manual_seed(23)
+    m = LSTM(4, 6, batch_first=True, device=device)
+    src = torch.randn(3, 5, 4, device=device, requires_grad=True)
+    x = src * 2
+    alive = weakref.ref(x)
+    out, _ = m(x)
+    del x
+    gc.collect()
+    assert alive() is None
+    control = src * 2
+    alive = weakref.ref(control)
+    kept = control.sin()  # SinBackward0 saves its input
+    del control
+    gc.collect()
+    assert alive() is not None and kept is not None
+    out.sum().backward()
+    got = src.grad.clone()
+    src.grad = None
+    expected, _ = _layer_path_call(m, src * 2, None)
+    expected.sum().backward()
+    torch.testing.assert_close(got, src.grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_short_path_double_backward_matches_layer_path(device, batch_first):
     """create_graph through lstm_padded: the gradients' own gradients (input, state, weights) are

@@ -101,42 +101,35 @@ def lstm_padded(
     views, zero state and batch sizes made inside one autograd node (_PaddedLayer) below autograd,
     where lstm_layer's path records five more nodes (the input's reshape, the state's selects, the
     output's view, h_n's and c_n's unsqueeze) around its own: host time that precedes the loop's
-    launch on a GPU, and the backward's."""
-    return _PADDED_APPLY(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first)
+    launch on a GPU, and the backward's. A batch-first or otherwise non-contiguous input is first
+    copied time-major, recorded (as lstm_layer's path's reshape copies it), so that the node saves
+    that copy and not the caller's tensor."""
+    seq = input.transpose(0, 1) if batch_first else input
+    if not seq.is_contiguous():
+        seq = seq.contiguous()
+    return _PADDED_APPLY(*unwrap_dead_wrappers((seq, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first)
 
 
 def _contiguous(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.contiguous()
 
 
-def _shares_memory(a: Tensor, b: Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def _time_major_rows(input: Tensor, batch_first: bool) -> Tensor:
-    """input [T, B, I] ([B, T, I] batch_first) as lstm_forward's x [T*B, I]: a view where the
-    layout allows, else a copy."""
-    seq = input.transpose(0, 1) if batch_first else input
-    return seq.reshape(seq.shape[0] * seq.shape[1], seq.shape[2]).contiguous()
-
-
 class _PaddedLayer(torch.autograd.Function):
-    """lstm_padded's node. Its outputs are not views in autograd's sense (made below
-    ADInplaceOrView), so that a caller may modify them in place as it may lstm_layer's: a view
-    made inside a Function may not be. Such aliases share no version counter with what they alias,
-    so what backward reads of the caller's memory it saves as the caller's tensors (input, h0, c0,
-    the output), whose version counters catch an in-place change before backward, and remakes the
-    views of them (no copy); copies (x when batch_first or input was not contiguous, the zero
-    state) it keeps, as nothing else can reach them."""
+    """lstm_padded's node, on a contiguous time-major input seq [T, B, I]. Its outputs are made
+    below ADInplaceOrView, so they are not views in autograd's sense and a caller may modify them
+    in place, as it may lstm_layer's (a view made inside a Function may not be). Such aliases share
+    no version counter with what they alias, so the node saves the tensors it reads as given (seq,
+    h0, c0, its output), whose version counters catch an in-place change before backward, and
+    remakes its views of them in backward (free); only the zero state, its own, is saved as made."""
 
     @staticmethod
-    def forward(ctx, input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
+    def forward(ctx, seq, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
+        steps, batch, size = seq.shape
         with torch._C._AutoDispatchBelowADInplaceOrView():
-            x = _time_major_rows(input, batch_first)  # [N, I]
-            steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
+            x = seq.view(steps * batch, size)  # [N, I]
             batch_sizes = torch.full((steps,), batch, dtype=torch.int64)
             if h0 is None:
-                zeros = input.new_zeros(2, batch, w_hh.shape[1])  # one allocation and fill for both
+                zeros = seq.new_zeros(2, batch, w_hh.shape[1])  # one allocation and fill for both
                 h0_rows, c0_rows = zeros[0], zeros[1]
             else:
                 h0_rows, c0_rows = h0[0].contiguous(), c0[0].contiguous()
@@ -148,31 +141,23 @@ class _PaddedLayer(torch.autograd.Function):
             if batch_first:
                 output = output.transpose(0, 1)
             h_n, c_n = h_n.unsqueeze(0), c_n.unsqueeze(0)
-        private_x = not _shares_memory(x, input)
-        private_state = h0 is None or not (_shares_memory(h0_rows, h0) or _shares_memory(c0_rows, c0))
         ctx.batch_first, ctx.batch_sizes = batch_first, batch_sizes
         ctx.has_bias, ctx.has_state = b_ih is not None, h0 is not None
-        ctx.private_x, ctx.private_state = private_x, private_state
-        ctx.save_for_backward(
-            input, h0, c0, w_ih, w_hh, b_ih, b_hh, output, gates, cells, x if private_x else None,
-            h0_rows if private_state else None, c0_rows if private_state else None,
-        )
+        zero_state = (h0_rows, c0_rows) if h0 is None else (None, None)
+        ctx.save_for_backward(seq, h0, c0, w_ih, w_hh, b_ih, b_hh, output, gates, cells, *zero_state)
         ctx.set_materialize_grads(False)
         return output, h_n, c_n
 
     @staticmethod
     def backward(ctx, grad_output, grad_h_n, grad_c_n):
-        input, h0_in, c0_in, w_ih, w_hh, b_ih, b_hh, output, gates, cells, x, h0, c0 = ctx.saved_tensors
-        # A double backward being recorded (create_graph): x, h0 and c0 remade from the caller's
-        # tensors with autograd, so that the gradients' own gradients reach them.
-        recording = torch.is_grad_enabled()
-        if recording or not ctx.private_x:
-            x = _time_major_rows(input, ctx.batch_first)
-        if ctx.has_state and (recording or not ctx.private_state):
-            h0, c0 = h0_in[0].contiguous(), c0_in[0].contiguous()
-        y = _time_major_rows(output, ctx.batch_first)  # a view of lstm_forward's y
+        seq, h0, c0, w_ih, w_hh, b_ih, b_hh, output, gates, cells, h0_zero, c0_zero = ctx.saved_tensors
+        # Under create_graph these views record, so that the gradients' own gradients reach seq, h0
+        # and c0 (the double-backward formula of lstm_backward's Function).
+        x = seq.view(-1, seq.shape[2])
+        h0, c0 = (h0[0].contiguous(), c0[0].contiguous()) if ctx.has_state else (h0_zero, c0_zero)
+        y = (output.transpose(0, 1) if ctx.batch_first else output).reshape(x.shape[0], -1)  # lstm_forward's y
         if grad_output is not None:
-            grad_output = _time_major_rows(grad_output, ctx.batch_first)
+            grad_output = (grad_output.transpose(0, 1) if ctx.batch_first else grad_output).reshape(y.shape)
         dx, dh0, dc0, dw_ih, dw_hh, dbias, _ = call_backward_op(
             _backward,
             *dense_grads((grad_output, y), (None if grad_h_n is None else grad_h_n[0], h0),
@@ -182,12 +167,9 @@ class _PaddedLayer(torch.autograd.Function):
             ctx.has_bias,
             extra=(b_ih, b_hh),
         )
-        grad_input = dx.view(ctx.batch_sizes.shape[0], -1, dx.shape[1])  # [T, B, I]
-        if ctx.batch_first:
-            grad_input = grad_input.transpose(0, 1)
         db = dbias if ctx.has_bias else None
         dh0, dc0 = (dh0.unsqueeze(0), dc0.unsqueeze(0)) if ctx.has_state else (None, None)
-        return grad_input, dh0, dc0, dw_ih, dw_hh, db, db, None
+        return dx.view(seq.shape), dh0, dc0, dw_ih, dw_hh, db, db, None
 
 
 # _PaddedLayer.apply without autograd.Function.apply's Python (see _autograd._untransformed_apply):
