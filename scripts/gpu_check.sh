@@ -30,7 +30,9 @@
 # Packages missing on the GPU machine (no network there) travel as wheels in .whl/ (carry it):
 # they are installed into /tmp/site and put on PYTHONPATH.
 #
-# Env: GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
+# Env: GPU_CHECK_CARRIED (a build carried from an earlier call, scripts/carried_build.sh; default
+# .sobuild: loaded in place of the build where its key matches), GPU_CHECK_SAVE_BUILD=1 (save this
+# call's build into $OUT/carried for a later call), GPU_CHECK_BUDGET (seconds, default 560), GPU_CHECK_SKIP (space-separated step keys to
 # skip, default "initcheck initcheck_persistent initcheck_fused initcheck_mm"; set it, even empty, to run them: build
 # tests tests_persistent tests_fused tests_cublas memcheck racecheck synccheck initcheck memcheck_persistent
 # racecheck_persistent synccheck_persistent initcheck_persistent memcheck_fused racecheck_fused synccheck_fused
@@ -125,18 +127,25 @@ BUILD_LOG="$OUT/build.log"
 # A warm machine keeps the last call's build, but every call copies the tree anew, so ninja sees
 # new mtimes and recompiles everything (~180 s on an H200 host). The build is skipped where the
 # sources of _C and the build settings hash as the last successful build's did (its log is reused).
+# A bare machine takes a build carried from an earlier call instead (scripts/carried_build.sh:
+# GPU_CHECK_CARRIED, default .sobuild, named in the call's carry) where its key matches.
 BUILD_STAMP="build/gpu_check_sources.sha256"
 BUILD_LOG_KEPT="build/gpu_check_build.log"
-build_hash() {
-  { find csrc setup.py -type f | LC_ALL=C sort | xargs sha256sum
-    echo "${TORCH_CUDA_ARCH_LIST:-9.0} ${NVCC_APPEND_FLAGS:-} ${DEBUG:-}"; } | sha256sum | cut -c1-64
-}
-SOURCES_HASH="$(build_hash)"
+CARRIED="${GPU_CHECK_CARRIED:-.sobuild}"
+SOURCES_HASH="$(bash scripts/carried_build.sh key)"
 if [[ "$SKIP" != *" build "* ]] && [ -f "$BUILD_STAMP" ] && [ "$(cat "$BUILD_STAMP")" = "$SOURCES_HASH" ] \
   && "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' >/dev/null 2>&1; then
   cp "$BUILD_LOG_KEPT" "$BUILD_LOG" 2>/dev/null
   STEPS+=("build: up to date (sources and settings unchanged since this machine's last build)")
   echo "=== build: up to date, the last build's log reused" | tee -a "$BUILD_LOG"
+elif [[ "$SKIP" != *" build "* ]] && [ -d "$CARRIED" ] \
+  && bash scripts/carried_build.sh load "$CARRIED" >>"$BUILD_LOG" 2>&1 \
+  && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' \
+    >>"$BUILD_LOG" 2>&1; then
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the carried _C is in the tree, not installed
+  cat "$CARRIED/ptxas.txt" >>"$BUILD_LOG" 2>/dev/null
+  STEPS+=("build: carried from $CARRIED (key ${SOURCES_HASH:0:12}), not built")
+  echo "=== build: carried from $CARRIED, its ptxas report reused" | tee -a "$BUILD_LOG"
 else
   [[ "$SKIP" == *" build "* ]] || rm -f "$BUILD_STAMP"
   run_step build build "${GPU_CHECK_BUILD_CAP:-330}" "$BUILD_LOG" \
@@ -145,6 +154,9 @@ else
     "$PY" -m pip install -v --no-build-isolation --no-deps -e .
   if [[ "${STEPS[-1]}" == "build: rc=0,"* ]]; then
     mkdir -p build && cp "$BUILD_LOG" "$BUILD_LOG_KEPT" && echo "$SOURCES_HASH" >"$BUILD_STAMP"
+    if [ "${GPU_CHECK_SAVE_BUILD:-0}" = 1 ]; then
+      bash scripts/carried_build.sh save "$OUT/carried" "$BUILD_LOG" || note "saving the build for a later call FAILED"
+    fi
   fi
   if ! "$PY" -c 'import seqkernels, torch; torch.ops.seqkernels.lstm_forward' >>"$BUILD_LOG" 2>&1; then
     note "import seqkernels FAILED (see build.log)"
