@@ -1169,11 +1169,25 @@ def test_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device
     torch.testing.assert_close(y_grad.detach(), y, rtol=0, atol=0)
 
 
+class _WithoutShortPath:
+    """A module's attributes with its _forward_short declining: LSTMCell.forward on it runs the
+    general path."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def _forward_short(self, input, hx):
+        return None
+
+
 @pytest.mark.parametrize("with_state", [False, True])
 def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device, with_state):
     """LSTMCell's common call where autograd records nothing is one lstm_infer call of one step:
     lstm_layer's results bitwise, nn.LSTMCell's within float32's tolerance; where autograd records,
-    lstm_layer; anything unusual (unbatched input, a list state, another dtype, a wrong state
+    the general path's lstm_layer call without its checks (outputs and gradients bitwise); anything unusual (unbatched input, a list state, another dtype, a wrong state
     shape) goes to the general path, which raises nn.LSTMCell's errors."""
     torch.manual_seed(19)
     B, I, H = 3, 4, 6
@@ -1196,6 +1210,21 @@ def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(d
     (h_grad, _), names = _op_names(lambda: ours(x, state))
     assert "seqkernels::lstm_forward" in names and "seqkernels::lstm_infer" not in names
     torch.testing.assert_close(h_grad.detach(), h, rtol=0, atol=0)
+    # Where autograd records, the short path makes the general path's lstm_layer call: the same
+    # outputs and gradients, bitwise.
+    assert ours._forward_short(x, state) is not None
+
+    def gradients(call):
+        for p in ours.parameters():
+            p.grad = None
+        h1, c1 = call()
+        (h1.sin().sum() + c1.cos().sum()).backward()
+        return [h1, c1] + [p.grad for p in ours.parameters()]
+
+    short = gradients(lambda: ours(x, state))
+    general = gradients(lambda: LSTMCell.forward(_WithoutShortPath(ours), x, state))
+    for a, b in zip(short, general):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
     if with_state:
         declined = [(x[0], None), (x, list(state)), (x.double(), None), (x, (state[0][:2], state[1])),
                     (x, (state[0], state[1].double()))]
