@@ -43,6 +43,13 @@ def _one_operator_applies(*tensors) -> bool:
     return not (records_grad(*tensors) or torch.compiler.is_compiling() or transformed())
 
 
+def _cell_step(input: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+               b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One LSTMCell step as lstm_layer of one step: input [B, I], h0 / c0 [B, H] -> h, c [B, H]."""
+    _, h, c = lstm_layer(input, torch.full((1,), input.size(0), dtype=torch.int64), h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return h, c
+
+
 def _apply_permutation(tensor: Tensor, permutation: Tensor, dim: int = 1) -> Tensor:
     return tensor.index_select(dim, permutation)
 
@@ -221,14 +228,16 @@ class LSTM(nn.RNNBase):
 
     def _forward_one_layer(self, input, hx):
         """The common call in a few Python operations: one layer, one direction, no projection, a
-        valid batched 3-D tensor, no state or a valid (h_0, c_0), no autocast. None for anything
-        else, which the general path below handles (and validates, raising nn.LSTM's errors).
-        On a GPU the module's Python precedes the loop's launch and adds to a small call's time
-        one for one (~20 us of host time here on a 2-core x86 host against the general path).
-        Outside torch.compile and torch.func transforms, one lstm_infer call where autograd records
-        nothing and one lstm_padded node where it records; else lstm_layer."""
+        valid batched 3-D tensor, no state or a valid (h_0, c_0), no autocast, in an eager call
+        outside torch.func transforms: one lstm_infer call where autograd records nothing, one
+        lstm_padded node where it records. None for anything else, which the general path below
+        handles (lstm_layer, which torch.compile traces and torch.func transforms; it validates,
+        raising nn.LSTM's errors). On a GPU the module's Python precedes the loop's launch and adds
+        to a small call's time one for one (~20 us of host time here on a 2-core x86 host against
+        the general path)."""
         if (type(input) is not Tensor or self.num_layers != 1 or self.bidirectional or self.proj_size
-                or input.dim() != 3 or input.size(2) != self.input_size or torch._C._is_any_autocast_enabled()):
+                or input.dim() != 3 or input.size(2) != self.input_size or torch._C._is_any_autocast_enabled()
+                or torch.compiler.is_compiling() or transformed()):
             return None
         if input.dtype != self._flat_weights[0].dtype:  # the weight dtype check_input compares with
             return None
@@ -242,32 +251,15 @@ class LSTM(nn.RNNBase):
                 return None
             h0, c0 = state
         w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(0)
-        if not (torch.compiler.is_compiling() or transformed()):
-            if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
-                # One autograd node does the rest (lstm_padded): fewer recorded operations than the
-                # path below, whose host time precedes the loop's launch on a GPU.
-                output, h_n, c_n = lstm_padded(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
-            else:
-                # One operator does the rest: 13-21 us of host time less than the path below on a
-                # 2-core x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
-                output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
-            return output, (h_n, c_n)
-        if hx is None:
-            # _zero_state's zeros, made [B, H] directly: its [L*D, B, H] views would cost two more
-            # index operations per call (~4 us here, measured).
-            zeros = torch.zeros(2, batch, self.hidden_size, dtype=input.dtype, device=input.device)
-            h0, c0 = zeros[0], zeros[1]
+        if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
+            # One autograd node does the rest (lstm_padded): fewer recorded operations than the
+            # general path, whose host time precedes the loop's launch on a GPU.
+            output, h_n, c_n = lstm_padded(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
         else:
-            h0, c0 = h0[0], c0[0]
-        seq = input.transpose(0, 1) if self.batch_first else input  # [T, B, I]
-        batch_sizes = torch.full((steps,), batch, dtype=torch.int64)
-        # _run_layers' one call of lstm_layer, without its loop over layers and directions.
-        y, h_n, c_n = lstm_layer(seq.reshape(steps * batch, self.input_size), batch_sizes, h0, c0, w_ih, w_hh,
-                                 b_ih, b_hh)
-        output = y.view(steps, batch, self.hidden_size)
-        if self.batch_first:
-            output = output.transpose(0, 1)
-        return output, (h_n.unsqueeze(0), c_n.unsqueeze(0))
+            # One operator does the rest: 13-21 us of host time less than the general path on a
+            # 2-core x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
+            output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, self.batch_first)
+        return output, (h_n, c_n)
 
     def _zero_state(self, input: Tensor, batch: int, real_hidden_size: int) -> tuple[Tensor, Tensor]:
         num_directions = 2 if self.bidirectional else 1
@@ -380,17 +372,8 @@ class LSTMCell(nn.RNNCellBase):
             # nn.LSTMCell accepts empty batches; the op needs at least one row.
             h, c = h0 * 0, c0 * 0  # zero, but connected to hx's graph like nn's
         else:
-            batch_sizes = torch.full((1,), batch, dtype=torch.int64)
-            _, h, c = lstm_layer(
-                input,
-                batch_sizes,
-                h0,
-                c0,
-                _cast(self.weight_ih, cast),
-                _cast(self.weight_hh, cast),
-                _cast(self.bias_ih, cast),
-                _cast(self.bias_hh, cast),
-            )
+            h, c = _cell_step(input, h0, c0, _cast(self.weight_ih, cast), _cast(self.weight_hh, cast),
+                              _cast(self.bias_ih, cast), _cast(self.bias_hh, cast))
         if not is_batched:
             h, c = h.squeeze(0), c.squeeze(0)
         return h, c
@@ -419,9 +402,7 @@ class LSTMCell(nn.RNNCellBase):
             # lstm_layer call, without its checks (those above cover them).
             if h0 is None:
                 h0 = c0 = torch.zeros(input.size(0), self.hidden_size, dtype=input.dtype, device=input.device)
-            batch_sizes = torch.full((1,), input.size(0), dtype=torch.int64)
-            _, h, c = lstm_layer(input, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh)
-            return h, c
+            return _cell_step(input, h0, c0, w_ih, w_hh, b_ih, b_hh)
         _, h_n, c_n = lstm_infer(input.unsqueeze(0), None if h0 is None else h0.unsqueeze(0),
                                  None if c0 is None else c0.unsqueeze(0), w_ih, w_hh, b_ih, b_hh, False)
         return h_n[0], c_n[0]
