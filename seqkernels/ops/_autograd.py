@@ -197,19 +197,11 @@ def dense_grads(*pairs: tuple[Tensor | None, Tensor]) -> tuple[Tensor, ...]:
     out, k = [], 0
     for grad, like in pairs:
         if grad is None:
-            out.append(flat.as_strided(like.shape, _contiguous_strides(like.shape), k * row))
+            out.append(flat.narrow(0, k * row, like.numel()).view(like.shape))
             k += 1
         else:
             out.append(grad.contiguous())
     return tuple(out)
-
-
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def mark_saved_outputs(ctx, *saved: Tensor) -> None:

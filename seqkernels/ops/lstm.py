@@ -24,6 +24,10 @@ _infer = torch.ops.seqkernels.lstm_infer.default
 _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
 
 
+def _contiguous(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.contiguous()
+
+
 def lstm_layer(
     x: Tensor,
     batch_sizes: Tensor,
@@ -53,9 +57,9 @@ def lstm_layer(
         c0.contiguous(),
         w_ih.contiguous(),
         w_hh.contiguous(),
-        None if b_ih is None else b_ih.contiguous(),
-        None if b_hh is None else b_hh.contiguous(),
-        None if w_hr is None else w_hr.contiguous(),
+        _contiguous(b_ih),
+        _contiguous(b_hh),
+        _contiguous(w_hr),
         reverse,
         training,
     )
@@ -108,10 +112,6 @@ def lstm_padded(
     if not seq.is_contiguous():
         seq = seq.contiguous()
     return _PADDED_APPLY(*unwrap_dead_wrappers((seq, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first)
-
-
-def _contiguous(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.contiguous()
 
 
 class _PaddedLayer(torch.autograd.Function):
