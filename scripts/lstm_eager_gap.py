@@ -93,7 +93,7 @@ def device_span(fn):
     return end - spans[0][0], busy, sorted(gaps, reverse=True)[:3]
 
 
-def host_split(m, clear_grads, iters=40):
+def host_split(m, x, state, clear_grads, iters=40):
     """Median host time (us) of a training call's three parts, each issued while the GPU sleeps
     (so nothing waits for the device): the module's forward, the loss, loss.backward()."""
     parts = {"forward": [], "loss": [], "backward": []}
@@ -102,7 +102,7 @@ def host_split(m, clear_grads, iters=40):
         torch.cuda.synchronize()
         torch.cuda._sleep(SLEEP)
         t0 = time.perf_counter()
-        y = m(x, (h0, c0))[0]
+        y = m(x, state)[0]
         t1 = time.perf_counter()
         loss = y.float().sum()
         t2 = time.perf_counter()
@@ -165,7 +165,7 @@ for dtype, B, H in CASES:
         print(f"  {who}: eager {ms[who]:.3f}  device(eager) {ms[who + '_behind'] - ms['sleep']:.3f}{graph}")
     if train:
         for who, m in (("ours", ours), ("cudnn", ref)):
-            host = host_split(m, clear_grads)
+            host = host_split(m, x, (h0, c0), clear_grads)
             print(f"  {who} host us (no profiler, median): forward {host['forward']:.1f}, loss {host['loss']:.1f}, "
                   f"backward {host['backward']:.1f}")
 
