@@ -37,6 +37,12 @@ TORCH_LIBRARY(seqkernels, m) {
   m.def(
       "lstm_infer(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, "
       "bool batch_first) -> (Tensor output, Tensor h_n, Tensor c_n)");
+  // The same call where autograd records it (seqkernels.LSTM's eager training call): one autograd
+  // node in C++ (csrc/lstm_padded.cpp), with lstm_forward / lstm_backward inside; below autograd,
+  // the outputs alone. Arguments and returns as lstm_infer's.
+  m.def(
+      "lstm_padded(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, "
+      "bool batch_first) -> (Tensor output, Tensor h_n, Tensor c_n)");
   // Gradients of lstm_forward (training=True) given the gradients of y, h_n and c_n.
   // Returns grad_x [N, I], grad_h0 [B, Hout], grad_c0 [B, H], grad_w_ih [G, I],
   //   grad_w_hh [G, Hout], grad_bias [G] (the gradient of b_ih and of b_hh; [0] if has_bias
@@ -45,6 +51,15 @@ TORCH_LIBRARY(seqkernels, m) {
       "lstm_backward(Tensor grad_y, Tensor grad_h_n, Tensor grad_c_n, Tensor x, Tensor batch_sizes, "
       "Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, Tensor y, Tensor gates, "
       "Tensor cells, bool reverse, bool has_bias) "
+      "-> (Tensor grad_x, Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, "
+      "Tensor grad_bias, Tensor grad_w_hr)");
+  // lstm_backward where autograd records it (a double backward: create_graph=True), through its
+  // autograd.Function, whose formula also reads b_ih and b_hh (implemented in Python,
+  // seqkernels/ops/lstm.py; lstm_padded's C++ node calls it). Returns lstm_backward's outputs.
+  m.def(
+      "lstm_backward_recorded(Tensor grad_y, Tensor grad_h_n, Tensor grad_c_n, Tensor x, Tensor batch_sizes, "
+      "Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, Tensor y, Tensor gates, "
+      "Tensor cells, bool reverse, bool has_bias, Tensor? b_ih, Tensor? b_hh) "
       "-> (Tensor grad_x, Tensor grad_h0, Tensor grad_c0, Tensor grad_w_ih, Tensor grad_w_hh, "
       "Tensor grad_bias, Tensor grad_w_hr)");
 

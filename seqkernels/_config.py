@@ -137,10 +137,17 @@ def _build_config() -> dict:
     return {k: getattr(bc, k) for k in ("CUDA", "CUDA_ARCH_LIST", "TORCH_VERSION", "TORCH_CUDA_VERSION", "DEBUG")}
 
 
+# Ops whose kernels, registered for every dispatch key, run another op of the library.
+_CALLS = {"lstm_padded": "lstm_forward", "lstm_backward_recorded": "lstm_backward"}
+
+
 def _registered(op: str, key: str) -> bool:
     """Whether the op runs on dispatch key ``key``: a kernel for that key, or one for every key
     (CompositeImplicitAutograd: what a schema defined with its function gets, e.g.
-    release_step_graphs, which takes no tensor)."""
+    release_step_graphs, which takes no tensor). lstm_padded's and lstm_backward_recorded's
+    kernels are registered for every key (CompositeExplicitAutograd, CompositeImplicitAutograd in
+    Python) and run where the op they call does (_CALLS)."""
+    op = _CALLS.get(op, op)
     name = f"seqkernels::{op}"
     try:
         return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in (key, "CompositeImplicitAutograd"))

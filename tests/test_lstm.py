@@ -1254,7 +1254,7 @@ def _layer_path_call(module, x, state):
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_short_path_where_autograd_records_is_one_padded_node(device, batch_first, with_state, layout, bias):
-    """Where autograd records in an eager call, the short path is one lstm_padded node: the same
+    """Where autograd records in an eager call, the short path is one lstm_padded node (C++): the same
     lstm_forward and lstm_backward calls as the lstm_layer path, so outputs and every gradient
     (input, state, weights; losses on output, h_n and c_n) are that path's bitwise; its outputs are
     no views, and may be modified in place, after which backward raises as it does for lstm_layer's
@@ -1283,7 +1283,8 @@ def test_short_path_where_autograd_records_is_one_padded_node(device, batch_firs
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     out, (h_n, c_n) = m(x, state)
-    assert type(out.grad_fn).__name__ == "_PaddedLayerBackward" and h_n.grad_fn is out.grad_fn
+    assert out.grad_fn.name() == "torch::autograd::CppNode<seqkernels::LstmPaddedFunction>"
+    assert h_n.grad_fn is out.grad_fn
     assert not out._is_view() and not h_n._is_view()
     out.mul_(2)  # allowed, as on lstm_layer's output
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -1437,6 +1438,73 @@ def test_lstm_infer_rejects_bad_arguments(device, case):
     mutate(args)
     with pytest.raises(expected, match=match):
         torch.ops.seqkernels.lstm_infer(*args)
+
+
+def _padded_args(device, bias, state, batch_first, dtype=torch.float64):
+    """_infer_args with the input, the state and the weights requiring grad."""
+    args = list(_infer_args(device, bias, state, batch_first, dtype))
+    for i in (0, 1, 2, 3, 4, 5, 6):
+        if args[i] is not None:
+            args[i].requires_grad_()
+    return tuple(args)
+
+
+@pytest.mark.parametrize("bias, state, batch_first", [(True, True, False), (False, True, True), (True, False, True),
+                                                      (False, False, False)])
+def test_opcheck_lstm_padded(device, bias, state, batch_first):
+    """lstm_padded, the module's recorded call as one operator with a C++ autograd node: its schema,
+    fake function, autograd registration and AOT dispatch (gradients included)."""
+    torch.manual_seed(24)
+    torch.library.opcheck(torch.ops.seqkernels.lstm_padded.default, _padded_args(device, bias, state, batch_first))
+
+
+@pytest.mark.parametrize("bias, state, batch_first", [(True, True, True), (False, False, False)])
+def test_lstm_padded_gradcheck(device, bias, state, batch_first):
+    """The C++ node's gradients (every input) by finite differences, and the gradients' own
+    gradients (its backward under create_graph: lstm_backward_recorded's double-backward formula)."""
+    torch.manual_seed(25)
+    args = _padded_args(device, bias, state, batch_first)
+    tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+
+    def call(*values):
+        full = list(args)
+        for i, v in zip(tensors, values):
+            full[i] = v
+        return torch.ops.seqkernels.lstm_padded(*full)
+
+    inputs = tuple(args[i] for i in tensors)
+    assert torch.autograd.gradcheck(call, inputs)
+    assert torch.autograd.gradgradcheck(call, inputs)
+
+
+@pytest.mark.parametrize("case", sorted(k for k in BAD_INFER if "requires-grad" not in k))
+def test_lstm_padded_rejects_bad_arguments(device, case):
+    """Direct calls of lstm_padded with bad arguments raise, recording or not (its own checks,
+    then lstm_forward's)."""
+    mutate, expected, match = BAD_INFER[case]
+    for recording in (False, True):
+        args = list(_padded_args(device, True, True, False, torch.float32) if recording else _infer_args(device))
+        torch.ops.seqkernels.lstm_padded(*args)  # the unmutated call is valid
+        mutate(args)
+        with pytest.raises(expected, match=match):
+            torch.ops.seqkernels.lstm_padded(*args)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_lstm_padded_without_autograd_is_lstm_infer(device, batch_first):
+    """Where nothing records (grad mode off, or below autograd with tensors that require grad),
+    lstm_padded returns lstm_infer's outputs bitwise, and its output is no view of its input."""
+    torch.manual_seed(26)
+    args = _padded_args(device, True, True, batch_first, torch.float32)
+    with torch.no_grad():
+        expected = torch.ops.seqkernels.lstm_infer(*args)
+        got = torch.ops.seqkernels.lstm_padded(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        below = torch.ops.seqkernels.lstm_padded(*args)
+    for a, b, c in zip(got, below, expected):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+        torch.testing.assert_close(b, c, rtol=0, atol=0)
+        assert a.grad_fn is None
 
 
 def test_functional_call_weights_reach_the_short_path(device):

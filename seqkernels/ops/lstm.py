@@ -21,6 +21,7 @@ from ._autograd import (
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
 _infer = torch.ops.seqkernels.lstm_infer.default
+_padded = torch.ops.seqkernels.lstm_padded.default
 _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
 
 
@@ -101,82 +102,33 @@ def lstm_padded(
     None) in an eager call outside torch.func transforms and torch.compile (which take lstm_layer).
     Returns nn.LSTM's output [T, B, H] ([B, T, H]), h_n and c_n [1, B, H].
 
-    The same lstm_forward and lstm_backward calls as lstm_layer's, with the module's reshapes,
-    views, zero state and batch sizes made inside one autograd node (_PaddedLayer) below autograd,
-    where lstm_layer's path records five more nodes (the input's reshape, the state's selects, the
-    output's view, h_n's and c_n's unsqueeze) around its own: host time that precedes the loop's
-    launch on a GPU, and the backward's. A batch-first or otherwise non-contiguous input is first
-    copied time-major, recorded (as lstm_layer's path's reshape copies it), so that the node saves
-    that copy and not the caller's tensor."""
-    seq = input.transpose(0, 1) if batch_first else input
-    if not seq.is_contiguous():
-        seq = seq.contiguous()
-    return _PADDED_APPLY(*unwrap_dead_wrappers((seq, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first)
+    The lstm_padded operator, whose autograd node is C++ (csrc/lstm_padded.cpp): the same
+    lstm_forward and lstm_backward calls as lstm_layer's path, with the module's reshapes, views,
+    zero state and batch sizes made inside the node below autograd, where lstm_layer's path records
+    five more nodes around its own, and without Python in the node's forward or backward: host
+    time that precedes the loop's launch on a GPU, and the backward loop's. A batch-first or
+    otherwise non-contiguous input is first copied time-major, recorded (as lstm_layer's path's
+    reshape copies it), so that the node saves that copy and not the caller's tensor. Under
+    create_graph the node's backward calls lstm_backward through its autograd.Function
+    (lstm_backward_recorded, below), which records the double-backward formula."""
+    return _padded(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first)
 
 
-class _PaddedLayer(torch.autograd.Function):
-    """lstm_padded's node, on a contiguous time-major input seq [T, B, I]. Its outputs are made
-    below ADInplaceOrView, so they are not views in autograd's sense and a caller may modify them
-    in place, as it may lstm_layer's (a view made inside a Function may not be). Such aliases share
-    no version counter with what they alias, so the node saves the tensors it reads as given (seq,
-    h0, c0, its output), whose version counters catch an in-place change before backward, and
-    remakes its views of them in backward (free); only the zero state, its own, is saved as made."""
-
-    @staticmethod
-    def forward(ctx, seq, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
-        steps, batch, size = seq.shape
-        with torch._C._AutoDispatchBelowADInplaceOrView():
-            x = seq.view(steps * batch, size)  # [N, I]
-            batch_sizes = torch.full((steps,), batch, dtype=torch.int64)
-            if h0 is None:
-                zeros = seq.new_zeros(2, batch, w_hh.shape[1])  # one allocation and fill for both
-                h0_rows, c0_rows = zeros[0], zeros[1]
-            else:
-                h0_rows, c0_rows = h0[0].contiguous(), c0[0].contiguous()
-            y, h_n, c_n, gates, cells = _forward(
-                x, batch_sizes, h0_rows, c0_rows, w_ih.contiguous(), w_hh.contiguous(), _contiguous(b_ih),
-                _contiguous(b_hh), None, False, True,
-            )
-            output = y.view(steps, batch, y.shape[1])
-            if batch_first:
-                output = output.transpose(0, 1)
-            h_n, c_n = h_n.unsqueeze(0), c_n.unsqueeze(0)
-        ctx.batch_first, ctx.batch_sizes = batch_first, batch_sizes
-        ctx.has_bias, ctx.has_state = b_ih is not None, h0 is not None
-        zero_state = (h0_rows, c0_rows) if h0 is None else (None, None)
-        ctx.save_for_backward(seq, h0, c0, w_ih, w_hh, b_ih, b_hh, output, gates, cells, *zero_state)
-        ctx.set_materialize_grads(False)
-        return output, h_n, c_n
-
-    @staticmethod
-    def backward(ctx, grad_output, grad_h_n, grad_c_n):
-        seq, h0, c0, w_ih, w_hh, b_ih, b_hh, output, gates, cells, h0_zero, c0_zero = ctx.saved_tensors
-        # Under create_graph these views record, so that the gradients' own gradients reach seq, h0
-        # and c0 (the double-backward formula of lstm_backward's Function).
-        x = seq.view(-1, seq.shape[2])
-        h0, c0 = (h0[0].contiguous(), c0[0].contiguous()) if ctx.has_state else (h0_zero, c0_zero)
-        y = (output.transpose(0, 1) if ctx.batch_first else output).reshape(x.shape[0], -1)  # lstm_forward's y
-        if grad_output is not None:
-            grad_output = (grad_output.transpose(0, 1) if ctx.batch_first else grad_output).reshape(y.shape)
-        dx, dh0, dc0, dw_ih, dw_hh, dbias, _ = call_backward_op(
-            _backward,
-            *dense_grads((grad_output, y), (None if grad_h_n is None else grad_h_n[0], h0),
-                         (None if grad_c_n is None else grad_c_n[0], c0)),
-            x, ctx.batch_sizes, h0, c0, w_ih.contiguous(), w_hh.contiguous(), None, y, gates, cells,
-            False,
-            ctx.has_bias,
-            extra=(b_ih, b_hh),
-        )
-        db = dbias if ctx.has_bias else None
-        dh0, dc0 = (dh0.unsqueeze(0), dc0.unsqueeze(0)) if ctx.has_state else (None, None)
-        return dx.view(seq.shape), dh0, dc0, dw_ih, dw_hh, db, db, None
+@torch.library.impl("seqkernels::lstm_backward_recorded", "CompositeImplicitAutograd")
+def _lstm_backward_recorded(
+    grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse, has_bias, b_ih,
+    b_hh,
+):
+    """lstm_backward as the double backward records it (create_graph=True): through its
+    autograd.Function (register_double_backward), given the biases its formula reads. lstm_padded's
+    C++ node calls this where grad mode is on in its backward."""
+    return call_backward_op(
+        _backward, grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse,
+        has_bias, extra=(b_ih, b_hh),
+    )
 
 
-# _PaddedLayer.apply without autograd.Function.apply's Python (see _autograd._untransformed_apply):
-# lstm_padded runs only outside torch.func transforms.
-_PADDED_APPLY = super(torch.autograd.Function, _PaddedLayer).apply
-
-
+@torch.library.register_fake("seqkernels::lstm_padded")
 @torch.library.register_fake("seqkernels::lstm_infer")
 def _lstm_infer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
     torch._check(input.dim() == 3, lambda: "seqkernels.lstm_infer: input must be 3-D [T, B, I]")
