@@ -1,6 +1,6 @@
 """The host's share of an eager seqkernels.LSTM call on the GPU: a timeline of one call.
 
-    python scripts/lstm_host_timeline.py [--iters 10] [--out DIR] [--cpu-ops] [--host-only] [--case TEXT]
+    python scripts/lstm_host_timeline.py [--iters 10] [--out DIR] [--cpu-ops] [--host-only] [--case TEXT] [--trace-only]
     python scripts/lstm_host_timeline.py --train-host
 
 An eager call's CUDA-event time is the GPU's time plus whatever the GPU waits for the host:
@@ -19,9 +19,9 @@ host time (no profiler) of an `infer` call's layers: the module call, its lstm_i
 the functional lstm_layer, the op below autograd, a default zero state, and
 for scale one allocation and one small kernel. With --cpu-ops, each `infer` case also lists
 the operators the call ran on the host (the profiler's cpu_op events: the module's, the op's
-own span and the allocations and copies inside it). --case traces only the cases whose name
+own span and the allocations and copies inside it; a train case's autograd nodes too). --case traces only the cases whose name
 contains the text (e.g. "B=16 H=1024"); the host-time table always covers its four shapes.
---train-host prints only train_host_breakdown's tables (a training call's parts).
+--trace-only stops after the traced cases. --train-host prints only train_host_breakdown's tables (a training call's parts).
 Diagnostic only: the benchmark is what the tables come from.
 """
 from __future__ import annotations
@@ -289,7 +289,9 @@ def main():
                     help="only the host time of a train call's parts and its host operators (no CUDA tracing)")
     ap.add_argument("--case", default=None, help="only the traced cases whose name contains this, e.g. 'B=16 H=1024'")
     ap.add_argument("--cpu-ops", action="store_true",
-                    help="also list each infer call's operators on the host (allocations, copies, the op itself)")
+                    help="also list each traced call's operators on the host (allocations, copies, the op itself)")
+    ap.add_argument("--trace-only", action="store_true",
+                    help="only the traced cases (no autograd comparison, no host-time table)")
     args = ap.parse_args()
     device = torch.device("cuda")
     if args.train_host:
@@ -328,11 +330,13 @@ def main():
             busy = sum(r[5] - r[4] for r in rows if r[4] is not None and r[5] <= first[4])
             print(f"   first loop kernel launched at {first[0]:.1f} us (host), ran from {first[4]:.1f} us; "
                   f"GPU busy before it {busy:.1f} us")
-        if args.cpu_ops and not name.endswith("train"):
+        if args.cpu_ops:
             print(f"   the call's operators on the host (profiler's cpu_op events, nested ones included):")
             print(f"   {'host at':>8s} {'dur':>6s}  operator")
             for at, dur, op_name in ops:
                 print(f"   {at:8.1f} {dur:6.1f}  {op_name[:90]}")
+    if args.trace_only:
+        return
     compare_autograd(device)
     host_breakdown(device)
 
