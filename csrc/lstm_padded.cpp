@@ -18,7 +18,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <array>
 #include <tuple>
 
@@ -62,26 +61,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dispatched_forward(
 }
 
 // The gradients autograd leaves out (unused outputs arrive undefined: set_materialize_grads(false))
-// as zeros of their shapes from one allocation and one fill; on a GPU each zeros tensor is a launch
-// in the host work before the backward loop. Each zero tensor starts a multiple of 64 elements in.
-// Given gradients are made contiguous (a sum's gradient arrives expanded).
-void dense_gradients(std::array<Tensor, 3>& grads, const std::array<std::array<int64_t, 2>, 3>& shapes,
+// as zeros; given ones made contiguous (a sum's gradient arrives expanded). h_n's and c_n's, both
+// left out where a loss reads only the output (the common case), come from one allocation and one
+// fill: on a GPU each zeros tensor is a launch in the host work before the backward loop.
+//   grads: output's [T, B, H] (as [N, H] rows), h_n's and c_n's [B, H] (h_n[0], c_n[0])
+void dense_gradients(std::array<Tensor, 3>& grads, int64_t N, int64_t B, int64_t H,
                      const at::TensorOptions& options) {
-  int64_t missing = 0, row = 0;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (grads[i].defined()) {
-      grads[i] = grads[i].contiguous();
-    } else {
-      ++missing;
-      row = std::max(row, shapes[i][0] * shapes[i][1]);
-    }
+  Tensor& output = grads[0];
+  output = output.defined() ? output.contiguous() : at::zeros({N, H}, options);
+  if (!grads[1].defined() && !grads[2].defined()) {
+    const Tensor zeros = at::zeros({2, B, H}, options);
+    grads[1] = zeros[0];
+    grads[2] = zeros[1];
+    return;
   }
-  if (missing == 0) return;
-  row = (row + 63) / 64 * 64;
-  const Tensor zeros = at::zeros({missing * row}, options);
-  int64_t k = 0;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (!grads[i].defined()) grads[i] = zeros.narrow(0, row * k++, shapes[i][0] * shapes[i][1]).view(shapes[i]);
+  for (Tensor* state : {&grads[1], &grads[2]}) {
+    *state = state->defined() ? state->contiguous() : at::zeros({B, H}, options);
   }
 }
 
@@ -140,7 +135,7 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
     std::array<Tensor, 3> dense = {
         grads[0].defined() ? (batch_first ? grads[0].transpose(0, 1) : grads[0]).reshape({N, H}) : Tensor(),
         grads[1].defined() ? grads[1][0] : Tensor(), grads[2].defined() ? grads[2][0] : Tensor()};
-    dense_gradients(dense, {{{N, H}, {B, H}, {B, H}}}, y.options());
+    dense_gradients(dense, N, B, H, y.options());
     // create_graph: lstm_backward through its autograd.Function (seqkernels/ops/lstm.py), which
     // records the double-backward formula; else below autograd, where that Function has nothing to do.
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, unused_dw_hr] =

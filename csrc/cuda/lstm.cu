@@ -405,6 +405,14 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
   }
 }
 
+// The final cell state in the input's type (half types keep c in float): c_n = cbuf.
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kThreads) cell_state_out_kernel(const acc_t* __restrict__ cbuf,  // [B, H]
+                                                                   scalar_t* __restrict__ c_n,       // [B, H] out
+                                                                   int64_t count) {                  // B * H
+  for (int64_t i = global_thread(); i < count; i += global_stride()) c_n[i] = static_cast<scalar_t>(cbuf[i]);
+}
+
 // float32 with TF32: the replayed backward's dh GEMM on fp16 operands scaled by powers of two
 // (lstm_backward_replayed; fp16 has TF32's 10-bit mantissa, and the scales are exact). The step's
 // dG is that GEMM's A operand, its K split into `parts` (step_k_parts); part p of row b holds the
@@ -1844,6 +1852,24 @@ Tensor half_scaled_projection(int64_t N, int64_t G, int64_t I, const float* x_p,
   return unscale;
 }
 
+// c_n [B, H] in the input's type from the loop's cell state cbuf (acc_t), by one raw launch where
+// they differ (half types). Why not cbuf.to(): it is issued after the loop's launch, while the loop
+// runs, and in a training call the backward loop's launch waits behind it; Tensor::to's dispatch
+// and TensorIterator set-up took ~70 us there (profiled, H200 host), the raw launch ~10.
+template <class scalar_t, class acc_t>
+Tensor cell_state_out(const Tensor& cbuf, const at::TensorOptions& opts, cudaStream_t stream) {
+  if constexpr (std::is_same_v<acc_t, scalar_t>) {
+    return cbuf;
+  } else {
+    Tensor c_n = at::empty(cbuf.sizes(), opts);
+    const int64_t count = cbuf.numel();
+    cell_state_out_kernel<scalar_t, acc_t>
+        <<<blocks_for(count), kThreads, 0, stream>>>(cbuf.data_ptr<acc_t>(), c_n.data_ptr<scalar_t>(), count);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return c_n;
+  }
+}
+
 template <class scalar_t>
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     const LstmSizes& s, const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
@@ -1919,10 +1945,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     input_projection<scalar_t, acc_t, sc_t>(blas, N, G, I, x_p, w_ih_p, pre_p, opts);
     looped = loop_kernel(nullptr);
   }
-  if (looped) {
-    Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
-    return {y, hbuf, c_n, gates, cells};
-  }
+  if (looped) return {y, hbuf, cell_state_out<scalar_t, acc_t>(cbuf, opts, stream), gates, cells};
   // The cuBLAS loop's steps replayed from CUDA graphs, where that applies (above).
   Tensor replayed_h_n, replayed_c_n;
   if (lstm_forward_replayed<scalar_t>(s, reverse, training, blas, pre_p, b_ih_p, b_hh_p, w_hh, h0, c0, y_p, gates_p,
@@ -2016,8 +2039,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
     }
   }
 
-  Tensor c_n = std::is_same_v<acc_t, scalar_t> ? cbuf : cbuf.to(x.scalar_type());
-  return {y, hbuf, c_n, gates, cells};
+  return {y, hbuf, cell_state_out<scalar_t, acc_t>(cbuf, opts, stream), gates, cells};
 }
 
 template <class scalar_t>
