@@ -12,6 +12,12 @@
 #   bash scripts/carried_build.sh key        # the key: csrc/ and setup.py's hash, the build
 #                                            # settings, torch's and CUDA's versions
 #
+# The GPU machines set TORCH_CUDA_ARCH_LIST=9.0a in their environment (seen 2026-11-29), so a build
+# there is for sm_90a and its key says so unless the variable is set for both the build and the key
+# (gpu_check.sh uses the environment's value for both). A key computed here for that machine needs
+# the same value: TORCH_CUDA_ARCH_LIST=9.0a (or the 9.0 the build used), and PYTHON pointing at a
+# script that prints that machine's "torch.__version__ torch.version.cuda" ("2.11.0+cu130 13.0").
+#
 # Between calls, here: copy the parts a call returned into .sobuild/ (ignored) and name .sobuild
 # in the next call's carry. scripts/gpu_check.sh loads it (GPU_CHECK_CARRIED, default .sobuild) in
 # place of its build step, and with GPU_CHECK_SAVE_BUILD=1 saves its build into $OUT/carried
