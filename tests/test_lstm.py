@@ -1490,6 +1490,27 @@ def test_lstm_padded_rejects_bad_arguments(device, case):
             torch.ops.seqkernels.lstm_padded(*args)
 
 
+def test_lstm_padded_node_backward_twice_with_retain_graph(device):
+    """The C++ node keeps what it saved under retain_graph (a second backward gives the same
+    gradients, nn.LSTM's), and a backward after the graph was freed raises autograd's error."""
+    torch.manual_seed(27)
+    m = LSTM(4, 6, device=device, dtype=torch.float64)
+    ref = nn.LSTM(4, 6, device=device, dtype=torch.float64)
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(5, 3, 4, device=device, dtype=torch.float64)
+    out, (_, c_n) = m(x)
+    loss = out.sin().sum() + c_n.sum()
+    first = torch.autograd.grad(loss, list(m.parameters()), retain_graph=True)
+    second = torch.autograd.grad(loss, list(m.parameters()))
+    ref_out, (_, ref_c_n) = ref(x)
+    expected = torch.autograd.grad(ref_out.sin().sum() + ref_c_n.sum(), list(ref.parameters()))
+    for a, b, want in zip(first, second, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert_close(a, want, torch.float64, "grad")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(loss, list(m.parameters()))
+
+
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_lstm_padded_without_autograd_is_lstm_infer(device, batch_first):
     """Where nothing records (grad mode off, or below autograd with tensors that require grad),
