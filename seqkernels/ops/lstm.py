@@ -128,14 +128,23 @@ def _lstm_backward_recorded(
     )
 
 
-@torch.library.register_fake("seqkernels::lstm_padded")
-@torch.library.register_fake("seqkernels::lstm_infer")
-def _lstm_infer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
-    torch._check(input.dim() == 3, lambda: "seqkernels.lstm_infer: input must be 3-D [T, B, I]")
-    steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
-    h = w_hh.shape[1]
-    output = input.new_empty(steps, batch, h)
-    return output.transpose(0, 1) if batch_first else output, input.new_empty(1, batch, h), input.new_empty(1, batch, h)
+def _padded_call_fake(label: str):
+    """The fake function of lstm_infer and lstm_padded (the same arguments and outputs); ``label``
+    names the op in its message, as the kernels do."""
+
+    def fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
+        torch._check(input.dim() == 3, lambda: f"{label}: input must be 3-D [T, B, I]")
+        steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
+        h = w_hh.shape[1]
+        output = input.new_empty(steps, batch, h)
+        state = (input.new_empty(1, batch, h), input.new_empty(1, batch, h))
+        return (output.transpose(0, 1) if batch_first else output), *state
+
+    return fake
+
+
+torch.library.register_fake("seqkernels::lstm_infer")(_padded_call_fake("seqkernels.lstm_infer"))
+torch.library.register_fake("seqkernels::lstm_padded")(_padded_call_fake("seqkernels.lstm_padded"))
 
 
 @torch.library.register_fake("seqkernels::lstm_forward")
