@@ -38,11 +38,19 @@ TORCH_LIBRARY(seqkernels, m) {
       "lstm_infer(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, "
       "bool batch_first) -> (Tensor output, Tensor h_n, Tensor c_n)");
   // The same call where autograd records it (seqkernels.LSTM's eager training call): one autograd
-  // node in C++ (csrc/lstm_padded.cpp), with lstm_forward / lstm_backward inside; below autograd,
+  // node in C++ (csrc/lstm_recorded.cpp), with lstm_forward / lstm_backward inside; below autograd,
   // the outputs alone. Arguments and returns as lstm_infer's.
   m.def(
       "lstm_padded(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, "
       "bool batch_first) -> (Tensor output, Tensor h_n, Tensor c_n)");
+  // One LSTMCell step where autograd records it (seqkernels.LSTMCell's eager training call): one
+  // autograd node in C++ (csrc/lstm_recorded.cpp) around lstm_forward / lstm_backward of one step;
+  // below autograd, the outputs alone.
+  //   input [B, I], h0 / c0 [B, H] or both None (zeros), w_ih [G, I], w_hh [G, H], b_ih / b_hh [G]
+  // Returns h, c [B, H]: nn.LSTMCell's.
+  m.def(
+      "lstm_cell(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh) "
+      "-> (Tensor h, Tensor c)");
   // Gradients of lstm_forward (training=True) given the gradients of y, h_n and c_n.
   // Returns grad_x [N, I], grad_h0 [B, Hout], grad_c0 [B, H], grad_w_ih [G, I],
   //   grad_w_hh [G, Hout], grad_bias [G] (the gradient of b_ih and of b_hh; [0] if has_bias

@@ -1187,8 +1187,9 @@ class _WithoutShortPath:
 def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device, with_state):
     """LSTMCell's common call where autograd records nothing is one lstm_infer call of one step:
     lstm_layer's results bitwise, nn.LSTMCell's within float32's tolerance; where autograd records,
-    the general path's lstm_layer call without its checks (outputs and gradients bitwise); anything unusual (unbatched input, a list state, another dtype, a wrong state
-    shape) goes to the general path, which raises nn.LSTMCell's errors."""
+    one lstm_cell node (C++) with the general path's outputs and gradients bitwise; anything unusual
+    (unbatched input, a list state, another dtype, a wrong state shape) goes to the general path,
+    which raises nn.LSTMCell's errors."""
     torch.manual_seed(19)
     B, I, H = 3, 4, 6
     ours = LSTMCell(I, H, device=device)
@@ -1208,10 +1209,12 @@ def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(d
     assert_close(h, expected_h, torch.float32, "h")
     assert_close(c, expected_c, torch.float32, "c")
     (h_grad, _), names = _op_names(lambda: ours(x, state))
-    assert "seqkernels::lstm_forward" in names and "seqkernels::lstm_infer" not in names
+    assert "seqkernels::lstm_cell" in names and "seqkernels::lstm_forward" in names
+    assert "seqkernels::lstm_infer" not in names
+    assert h_grad.grad_fn.name() == "torch::autograd::CppNode<seqkernels::LstmCellFunction>"
     torch.testing.assert_close(h_grad.detach(), h, rtol=0, atol=0)
-    # Where autograd records, the short path makes the general path's lstm_layer call: the same
-    # outputs and gradients, bitwise.
+    # Where autograd records, the short path's node makes the general path's lstm_layer op calls:
+    # the same outputs and gradients, bitwise.
     assert ours._forward_short(x, state) is not None
 
     def gradients(call):
@@ -1526,6 +1529,94 @@ def test_lstm_padded_without_autograd_is_lstm_infer(device, batch_first):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
         torch.testing.assert_close(b, c, rtol=0, atol=0)
         assert a.grad_fn is None
+
+
+def _cell_args(device, bias=True, state=True, dtype=torch.float64, requires_grad=True):
+    B, I, H = 3, 5, 6
+    args = [torch.randn(B, I, device=device, dtype=dtype),
+            torch.randn(B, H, device=device, dtype=dtype) if state else None,
+            torch.randn(B, H, device=device, dtype=dtype) if state else None,
+            torch.randn(4 * H, I, device=device, dtype=dtype), torch.randn(4 * H, H, device=device, dtype=dtype),
+            torch.randn(4 * H, device=device, dtype=dtype) if bias else None,
+            torch.randn(4 * H, device=device, dtype=dtype) if bias else None]
+    return tuple(a.requires_grad_() if a is not None and requires_grad else a for a in args)
+
+
+@pytest.mark.parametrize("bias, state", [(True, True), (False, False), (True, False)])
+def test_opcheck_lstm_cell(device, bias, state):
+    """lstm_cell, LSTMCell's recorded step as one operator with a C++ autograd node: its schema,
+    fake function, autograd registration and AOT dispatch (gradients included)."""
+    torch.manual_seed(28)
+    torch.library.opcheck(torch.ops.seqkernels.lstm_cell.default, _cell_args(device, bias, state))
+
+
+@pytest.mark.parametrize("bias, state", [(True, True), (False, False)])
+def test_lstm_cell_op_gradcheck(device, bias, state):
+    """The cell node's gradients (every input) by finite differences, and their own gradients
+    (create_graph: lstm_backward_recorded's double-backward formula)."""
+    torch.manual_seed(29)
+    args = _cell_args(device, bias, state)
+    tensors = [i for i, a in enumerate(args) if a is not None]
+
+    def call(*values):
+        full = list(args)
+        for i, v in zip(tensors, values):
+            full[i] = v
+        return torch.ops.seqkernels.lstm_cell(*full)
+
+    inputs = tuple(args[i] for i in tensors)
+    assert torch.autograd.gradcheck(call, inputs)
+    assert torch.autograd.gradgradcheck(call, inputs)
+
+
+BAD_CELL = {
+    "input-3d": (lambda a: a.__setitem__(0, a[0].unsqueeze(0)), RuntimeError, "2-D"),
+    "h0-without-c0": (lambda a: a.__setitem__(2, None), RuntimeError, "both h0 and c0"),
+    "h0-wrong-batch": (lambda a: a.__setitem__(1, a[1][:2]), RuntimeError, None),
+    "w_ih-wrong-input": (lambda a: a.__setitem__(3, a[3][:, :4]), RuntimeError, "w_ih must have shape"),
+    "h0-float32": (lambda a: a.__setitem__(1, a[1].float()), TypeError, "dtype"),
+    "only-b_ih": (lambda a: a.__setitem__(6, None), RuntimeError, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CELL))
+def test_lstm_cell_op_rejects_bad_arguments(device, case):
+    """Direct calls of lstm_cell with bad arguments raise, recording or not (its own checks, then
+    lstm_forward's)."""
+    mutate, expected, match = BAD_CELL[case]
+    for recording in (False, True):
+        args = list(_cell_args(device, requires_grad=recording))
+        torch.ops.seqkernels.lstm_cell(*args)  # the unmutated call is valid
+        mutate(args)
+        with pytest.raises(expected, match=match):
+            torch.ops.seqkernels.lstm_cell(*args)
+
+
+def test_lstm_cell_op_without_autograd_and_in_place(device):
+    """Where nothing records, lstm_cell returns the recorded call's h and c bitwise (below autograd
+    too); its recorded outputs may be modified in place, after which backward raises, as it does
+    after an in-place change of the input or the state it read."""
+    torch.manual_seed(30)
+    args = _cell_args(device)
+    recorded = torch.ops.seqkernels.lstm_cell(*args)
+    with torch.no_grad():
+        plain = torch.ops.seqkernels.lstm_cell(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        below = torch.ops.seqkernels.lstm_cell(*args)
+    for r, p, b in zip(recorded, plain, below):
+        torch.testing.assert_close(p, r.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(b, r.detach(), rtol=0, atol=0)
+        assert p.grad_fn is None and not r._is_view()
+    h, c = recorded
+    h.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (h.sum() + c.sum()).backward()
+    for i in (0, 1):  # the input, the state
+        h, c = torch.ops.seqkernels.lstm_cell(*args)
+        with torch.no_grad():
+            args[i].add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            (h.sum() + c.sum()).backward()
 
 
 def test_functional_call_weights_reach_the_short_path(device):

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from ..ops._autograd import records_grad, transformed
-from ..ops.lstm import lstm_infer, lstm_layer, lstm_padded
+from ..ops.lstm import lstm_cell, lstm_infer, lstm_layer, lstm_padded
 
 __all__ = ["LSTM", "LSTMCell", "replace_lstm"]
 
@@ -35,12 +35,6 @@ def _plain_state(hx, shape: tuple, dtype: torch.dtype) -> tuple[Tensor, Tensor] 
             or c.dtype != dtype):
         return None
     return h, c
-
-
-def _one_operator_applies(*tensors) -> bool:
-    """Whether a short path may run as one lstm_infer call: autograd records nothing (the op has no
-    autograd formula), and nothing compiles or transforms the call (those take lstm_layer)."""
-    return not (records_grad(*tensors) or torch.compiler.is_compiling() or transformed())
 
 
 def _cell_step(input: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
@@ -381,7 +375,8 @@ class LSTMCell(nn.RNNCellBase):
     def _forward_short(self, input, hx):
         """The common call (a batched 2-D input of the weights' dtype, no state or a valid (h, c)
         tuple, no autocast) without the checks of the path below: one lstm_infer call of one step
-        where autograd records nothing and nothing traces, else that path's lstm_layer call. None
+        where autograd records nothing and nothing traces, one lstm_cell node where autograd records
+        in an eager call, else (torch.compile, torch.func) that path's lstm_layer call. None
         for anything else, which the path below handles (and validates, raising nn.LSTMCell's
         errors). A cell runs one step a call, so its host time is most of a small call: 12-18 us
         less a call than the path below on a 2-core x86 host (B = 4, H = 32, no_grad)."""
@@ -397,12 +392,16 @@ class LSTMCell(nn.RNNCellBase):
             if state is None:
                 return None
             h0, c0 = state
-        if not _one_operator_applies(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
-            # Autograd records, or torch.compile / a torch.func transform traces: the path below's
-            # lstm_layer call, without its checks (those above cover them).
+        if torch.compiler.is_compiling() or transformed():
+            # torch.compile or a torch.func transform traces: the path below's lstm_layer call,
+            # without its checks (those above cover them).
             if h0 is None:
                 h0 = c0 = torch.zeros(input.size(0), self.hidden_size, dtype=input.dtype, device=input.device)
             return _cell_step(input, h0, c0, w_ih, w_hh, b_ih, b_hh)
+        if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
+            # Autograd records: one lstm_cell operator, whose autograd node is C++ (no Python in its
+            # forward or backward), with the same op calls as lstm_layer's step.
+            return lstm_cell(input, h0, c0, w_ih, w_hh, b_ih, b_hh)
         _, h_n, c_n = lstm_infer(input.unsqueeze(0), None if h0 is None else h0.unsqueeze(0),
                                  None if c0 is None else c0.unsqueeze(0), w_ih, w_hh, b_ih, b_hh, False)
         return h_n[0], c_n[0]

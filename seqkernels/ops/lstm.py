@@ -22,6 +22,7 @@ _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
 _infer = torch.ops.seqkernels.lstm_infer.default
 _padded = torch.ops.seqkernels.lstm_padded.default
+_cell = torch.ops.seqkernels.lstm_cell.default
 _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
 
 
@@ -102,7 +103,7 @@ def lstm_padded(
     None) in an eager call outside torch.func transforms and torch.compile (which take lstm_layer).
     Returns nn.LSTM's output [T, B, H] ([B, T, H]), h_n and c_n [1, B, H].
 
-    The lstm_padded operator, whose autograd node is C++ (csrc/lstm_padded.cpp): the same
+    The lstm_padded operator, whose autograd node is C++ (csrc/lstm_recorded.cpp): the same
     lstm_forward and lstm_backward calls as lstm_layer's path, with the module's reshapes, views,
     zero state and batch sizes made inside the node below autograd, where lstm_layer's path records
     five more nodes around its own, and without Python in the node's forward or backward: host
@@ -112,6 +113,30 @@ def lstm_padded(
     create_graph the node's backward calls lstm_backward through its autograd.Function
     (lstm_backward_recorded, below), which records the double-backward formula."""
     return _padded(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first)
+
+
+def lstm_cell(
+    input: Tensor,
+    h0: Tensor | None,
+    c0: Tensor | None,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor | None,
+    b_hh: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """One LSTMCell step where autograd records it, in an eager call outside torch.func transforms
+    and torch.compile (which take lstm_layer): input [B, I], h0 / c0 [B, H] or both None. Returns
+    nn.LSTMCell's h and c [B, H]. The lstm_cell operator, whose autograd node is C++
+    (csrc/lstm_recorded.cpp): the same lstm_forward / lstm_backward calls as lstm_layer's step, with
+    the zero state and batch sizes made below autograd inside it."""
+    return _cell(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)))
+
+
+@torch.library.register_fake("seqkernels::lstm_cell")
+def _lstm_cell_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    torch._check(input.dim() == 2, lambda: "seqkernels.lstm_cell: input must be 2-D [B, I]")
+    h = w_hh.shape[1]
+    return input.new_empty(input.shape[0], h), input.new_empty(input.shape[0], h)
 
 
 @torch.library.impl("seqkernels::lstm_backward_recorded", "CompositeImplicitAutograd")

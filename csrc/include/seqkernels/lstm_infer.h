@@ -1,7 +1,7 @@
 // seqkernels.LSTM's common call (one layer, one direction, no projection, a padded [T, B, I]
 // sequence) as one operator: lstm_infer (inference only; each backend registers it with its own
 // lstm_forward, no second dispatch) and lstm_padded (the same call where autograd records it; one
-// C++ autograd node, csrc/lstm_padded.cpp). The argument handling is shared.
+// C++ autograd node, csrc/lstm_recorded.cpp). The argument handling is shared.
 #pragma once
 
 #include <ATen/core/Tensor.h>
