@@ -1461,23 +1461,28 @@ def test_opcheck_lstm_padded(device, bias, state, batch_first):
     torch.library.opcheck(torch.ops.seqkernels.lstm_padded.default, _padded_args(device, bias, state, batch_first))
 
 
-@pytest.mark.parametrize("bias, state, batch_first", [(True, True, True), (False, False, False)])
-def test_lstm_padded_gradcheck(device, bias, state, batch_first):
-    """The C++ node's gradients (every input) by finite differences, and the gradients' own
-    gradients (its backward under create_graph: lstm_backward_recorded's double-backward formula)."""
-    torch.manual_seed(25)
-    args = _padded_args(device, bias, state, batch_first)
+def _gradcheck_both_orders(op, args: tuple) -> None:
+    """gradcheck and gradgradcheck of op(*args) with respect to every tensor argument (the others,
+    None or flags, held fixed)."""
     tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
 
     def call(*values):
         full = list(args)
         for i, v in zip(tensors, values):
             full[i] = v
-        return torch.ops.seqkernels.lstm_padded(*full)
+        return op(*full)
 
     inputs = tuple(args[i] for i in tensors)
     assert torch.autograd.gradcheck(call, inputs)
     assert torch.autograd.gradgradcheck(call, inputs)
+
+
+@pytest.mark.parametrize("bias, state, batch_first", [(True, True, True), (False, False, False)])
+def test_lstm_padded_gradcheck(device, bias, state, batch_first):
+    """The C++ node's gradients (every input) by finite differences, and the gradients' own
+    gradients (its backward under create_graph: lstm_backward_recorded's double-backward formula)."""
+    torch.manual_seed(25)
+    _gradcheck_both_orders(torch.ops.seqkernels.lstm_padded, _padded_args(device, bias, state, batch_first))
 
 
 @pytest.mark.parametrize("case", sorted(k for k in BAD_INFER if "requires-grad" not in k))
@@ -1555,18 +1560,7 @@ def test_lstm_cell_op_gradcheck(device, bias, state):
     """The cell node's gradients (every input) by finite differences, and their own gradients
     (create_graph: lstm_backward_recorded's double-backward formula)."""
     torch.manual_seed(29)
-    args = _cell_args(device, bias, state)
-    tensors = [i for i, a in enumerate(args) if a is not None]
-
-    def call(*values):
-        full = list(args)
-        for i, v in zip(tensors, values):
-            full[i] = v
-        return torch.ops.seqkernels.lstm_cell(*full)
-
-    inputs = tuple(args[i] for i in tensors)
-    assert torch.autograd.gradcheck(call, inputs)
-    assert torch.autograd.gradgradcheck(call, inputs)
+    _gradcheck_both_orders(torch.ops.seqkernels.lstm_cell, _cell_args(device, bias, state))
 
 
 BAD_CELL = {
