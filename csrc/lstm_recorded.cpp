@@ -195,8 +195,8 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
 };
 
 // lstm_cell's node: one step, saved and remade as LstmPaddedFunction's (above), on [B, I] rows. It
-// returns h as lstm_forward's y (for one step, y and h_n are the same rows), so a loss on h reaches
-// backward as dy and h_n's gradient is always zeros.
+// returns lstm_forward's h_n and c_n, as lstm_layer's step did (for one step y holds the same rows;
+// it is saved, not returned), so a loss on h reaches backward as dh_n and y's gradient is zeros.
 struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
   // input: [B, I], contiguous (lstm_cell_autograd makes it so).
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const OptionalTensor& h0,
@@ -214,7 +214,7 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     ctx->save_for_backward({input, h0.value_or(Tensor()), c0.value_or(Tensor()), w_ih, w_hh, b_ih.value_or(Tensor()),
                             b_hh.value_or(Tensor()), y, gates, cells, zero_state ? h0_rows : Tensor(),
                             zero_state ? c0_rows : Tensor()});
-    return {y, c_n};
+    return {h_n, c_n};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -223,7 +223,7 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const bool has_state = ctx->saved_data["has_state"].toBool();
     const int64_t B = y.size(0), H = y.size(1);
-    std::array<Tensor, 3> dense = {grads[0], Tensor(), grads[1]};
+    std::array<Tensor, 3> dense = {Tensor(), grads[0], grads[1]};
     dense_gradients(dense, {B, B, B}, H, y.options());
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, unused_dw_hr] =
         layer_backward(dense, input, ctx->saved_data["batch_sizes"].toTensor(),
@@ -283,7 +283,7 @@ std::tuple<Tensor, Tensor> lstm_cell_outputs(const Tensor& input, const Optional
       dispatched_forward(input.contiguous(), at::full({1}, input.size(0), at::TensorOptions().dtype(at::kLong)),
                          h0_rows, c0_rows, w_ih.contiguous(), w_hh.contiguous(), contiguous_if_given(b_ih),
                          contiguous_if_given(b_hh), std::nullopt, /*reverse=*/false, /*training=*/false);
-  return {y, c_n};
+  return {h_n, c_n};
 }
 
 }  // namespace

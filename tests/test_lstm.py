@@ -1588,8 +1588,9 @@ def test_lstm_cell_op_rejects_bad_arguments(device, case):
 
 def test_lstm_cell_op_without_autograd_and_in_place(device):
     """Where nothing records, lstm_cell returns the recorded call's h and c bitwise (below autograd
-    too); its recorded outputs may be modified in place, after which backward raises, as it does
-    after an in-place change of the input or the state it read."""
+    too); its recorded outputs may be modified in place, the node saving neither (as lstm_layer's
+    step did not): the gradients then follow the modified values; backward raises after an in-place
+    change of the input or the state it read."""
     torch.manual_seed(30)
     args = _cell_args(device)
     recorded = torch.ops.seqkernels.lstm_cell(*args)
@@ -1601,10 +1602,21 @@ def test_lstm_cell_op_without_autograd_and_in_place(device):
         torch.testing.assert_close(p, r.detach(), rtol=0, atol=0)
         torch.testing.assert_close(b, r.detach(), rtol=0, atol=0)
         assert p.grad_fn is None and not r._is_view()
+    leaves = [a for a in args if a is not None]
+
+    def gradients(loss):
+        for t in leaves:
+            t.grad = None
+        loss.backward()
+        return [t.grad for t in leaves]
+
     h, c = recorded
     h.mul_(2)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        (h.sum() + c.sum()).backward()
+    c.add_(1)
+    modified = gradients(h.sin().sum() + c.cos().sum())
+    h, c = torch.ops.seqkernels.lstm_cell(*args)
+    for a, b in zip(modified, gradients((h * 2).sin().sum() + (c + 1).cos().sum())):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
     for i in (0, 1):  # the input, the state
         h, c = torch.ops.seqkernels.lstm_cell(*args)
         with torch.no_grad():
