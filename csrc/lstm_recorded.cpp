@@ -194,9 +194,11 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
   }
 };
 
-// lstm_cell's node: one step, saved and remade as LstmPaddedFunction's (above), on [B, I] rows. It
-// returns lstm_forward's h_n and c_n, as lstm_layer's step did (for one step y holds the same rows;
-// it is saved, not returned), so a loss on h reaches backward as dh_n and y's gradient is zeros.
+// lstm_cell's node: one step on [B, I] rows. Like LstmPaddedFunction (above) it saves the input and
+// the state as given and the zero state as made. It returns lstm_forward's h_n and c_n, as
+// lstm_layer's step did, and saves y instead (for one step, the same rows as h_n): none of its
+// outputs is saved, so they may be modified in place. A loss on h reaches backward as dh_n, and y's
+// gradient is zeros.
 struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
   // input: [B, I], contiguous (lstm_cell_autograd makes it so).
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const OptionalTensor& h0,
