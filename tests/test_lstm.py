@@ -1184,12 +1184,12 @@ class _WithoutShortPath:
 
 
 @pytest.mark.parametrize("with_state", [False, True])
-def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device, with_state):
-    """LSTMCell's common call where autograd records nothing is one lstm_infer call of one step:
-    lstm_layer's results bitwise, nn.LSTMCell's within float32's tolerance; where autograd records,
-    one lstm_cell node (C++) with the general path's outputs and gradients bitwise; anything unusual
-    (unbatched input, a list state, another dtype, a wrong state shape) goes to the general path,
-    which raises nn.LSTMCell's errors."""
+def test_cell_short_path_is_one_lstm_cell_call(device, with_state):
+    """LSTMCell's common call is one lstm_cell call. Where autograd records nothing it runs below
+    autograd (no node): lstm_layer's results bitwise, nn.LSTMCell's within float32's tolerance;
+    where autograd records, its C++ node, with the general path's outputs and gradients bitwise;
+    anything unusual (unbatched input, a list state, another dtype, a wrong state shape) goes to
+    the general path, which raises nn.LSTMCell's errors."""
     torch.manual_seed(19)
     B, I, H = 3, 4, 6
     ours = LSTMCell(I, H, device=device)
@@ -1200,7 +1200,8 @@ def test_cell_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(d
     with torch.no_grad():
         (h, c), names = _op_names(lambda: ours(x, state))
         expected_h, expected_c = ref(x, state)
-    assert "seqkernels::lstm_infer" in names and "seqkernels::lstm_forward" not in names
+    assert "seqkernels::lstm_cell" in names and "seqkernels::lstm_infer" not in names
+    assert h.grad_fn is None and c.grad_fn is None
     h0, c0 = state if with_state else (torch.zeros(B, H, device=device), torch.zeros(B, H, device=device))
     _, layer_h, layer_c = lstm_layer(x, torch.tensor([B]), h0, c0, ours.weight_ih.detach(), ours.weight_hh.detach(),
                                      ours.bias_ih.detach(), ours.bias_hh.detach())
@@ -1381,8 +1382,8 @@ def test_dense_grads_gives_zeros_for_missing_gradients(device):
 
 
 def test_short_paths_under_inference_mode(device):
-    """torch.inference_mode (grad mode off, inference tensors): the module and the cell take
-    lstm_infer there too, with no_grad's results bitwise."""
+    """torch.inference_mode (grad mode off, inference tensors): the module takes lstm_infer and the
+    cell lstm_cell there too, with no_grad's results bitwise."""
     torch.manual_seed(20)
     lstm, cell = LSTM(4, 6, device=device), LSTMCell(4, 6, device=device)
     x = torch.randn(5, 3, 4, device=device)
@@ -1390,8 +1391,11 @@ def test_short_paths_under_inference_mode(device):
     with torch.no_grad():
         expected = lstm(x, state), cell(x[0], (state[0][0], state[1][0]))
     with torch.inference_mode():
-        got, names = _op_names(lambda: (lstm(x, state), cell(x[0], (state[0][0], state[1][0]))))
+        got, names = _op_names(lambda: lstm(x, state))
+        cell_got, cell_names = _op_names(lambda: cell(x[0], (state[0][0], state[1][0])))
+    got = (got, cell_got)
     assert "seqkernels::lstm_infer" in names and "seqkernels::lstm_forward" not in names
+    assert "seqkernels::lstm_cell" in cell_names and "seqkernels::lstm_infer" not in cell_names
     for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

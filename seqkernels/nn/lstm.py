@@ -374,9 +374,9 @@ class LSTMCell(nn.RNNCellBase):
 
     def _forward_short(self, input, hx):
         """The common call (a batched 2-D input of the weights' dtype, no state or a valid (h, c)
-        tuple, no autocast) without the checks of the path below: one lstm_infer call of one step
-        where autograd records nothing and nothing traces, one lstm_cell node where autograd records
-        in an eager call, else (torch.compile, torch.func) that path's lstm_layer call. None
+        tuple, no autocast) without the checks of the path below: in an eager call one lstm_cell
+        operator (a C++ autograd node where autograd records), else (torch.compile, torch.func
+        transforms) that path's lstm_layer call. None
         for anything else, which the path below handles (and validates, raising nn.LSTMCell's
         errors). A cell runs one step a call, so its host time is most of a small call: 12-18 us
         less a call than the path below on a 2-core x86 host (B = 4, H = 32, no_grad)."""
@@ -398,13 +398,9 @@ class LSTMCell(nn.RNNCellBase):
             if h0 is None:
                 h0 = c0 = torch.zeros(input.size(0), self.hidden_size, dtype=input.dtype, device=input.device)
             return _cell_step(input, h0, c0, w_ih, w_hh, b_ih, b_hh)
-        if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
-            # Autograd records: one lstm_cell operator, whose autograd node is C++ (no Python in its
-            # forward or backward), with the same op calls as lstm_layer's step.
-            return lstm_cell(input, h0, c0, w_ih, w_hh, b_ih, b_hh)
-        _, h_n, c_n = lstm_infer(input.unsqueeze(0), None if h0 is None else h0.unsqueeze(0),
-                                 None if c0 is None else c0.unsqueeze(0), w_ih, w_hh, b_ih, b_hh, False)
-        return h_n[0], c_n[0]
+        # One lstm_cell operator: where autograd records, its C++ node (no Python in its forward or
+        # backward), with the same op calls as lstm_layer's step; else below autograd.
+        return lstm_cell(input, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
     def _check_forward_args(self, input: Tensor, hx, check_dtypes: bool = True) -> None:
         # The checks (order, types and messages) of ATen's lstm_cell, which nn.LSTMCell

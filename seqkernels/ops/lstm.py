@@ -124,12 +124,17 @@ def lstm_cell(
     b_ih: Tensor | None,
     b_hh: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """One LSTMCell step where autograd records it, in an eager call outside torch.func transforms
-    and torch.compile (which take lstm_layer): input [B, I], h0 / c0 [B, H] or both None. Returns
-    nn.LSTMCell's h and c [B, H]. The lstm_cell operator, whose autograd node is C++
-    (csrc/lstm_recorded.cpp): the same lstm_forward / lstm_backward calls as lstm_layer's step, with
-    the zero state and batch sizes made below autograd inside it."""
-    return _cell(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)))
+    """One LSTMCell step in an eager call outside torch.func transforms and torch.compile (which take
+    lstm_layer): input [B, I], h0 / c0 [B, H] or both None. Returns nn.LSTMCell's h and c [B, H].
+    The lstm_cell operator: where autograd records, its C++ autograd node (csrc/lstm_recorded.cpp)
+    with the same lstm_forward / lstm_backward calls as lstm_layer's step, the zero state and batch
+    sizes made below autograd inside it; else called below autograd, where its autograd kernel would
+    have nothing to do (one lstm_forward call: 9-11 us less a step than lstm_infer with its views, on
+    a 2-core x86 host)."""
+    if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
+        return _cell(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)))
+    with torch._C._AutoDispatchBelowAutograd():
+        return _cell(input, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
 @torch.library.register_fake("seqkernels::lstm_cell")
