@@ -123,14 +123,32 @@ void save_flags(AutogradContext* ctx, bool has_bias, bool has_state, const Tenso
   ctx->set_materialize_grads(false);
 }
 
-// lstm_cell's state rows: the given h0 / c0 [B, H] (both or neither) or zeros from one allocation.
-std::pair<Tensor, Tensor> cell_state(const Tensor& input, const OptionalTensor& h0, const OptionalTensor& c0,
-                                     const Tensor& w_hh) {
+// lstm_cell's one lstm_forward call: the state rows (the given h0 / c0 [B, H], both or neither, or
+// zeros from one allocation) and batch sizes [1] made here.
+struct CellForward {
+  Tensor h0, c0, batch_sizes;
+  std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> out;  // y, h_n, c_n, gates, cells
+};
+CellForward cell_forward(const Tensor& input, const OptionalTensor& h0, const OptionalTensor& c0, const Tensor& w_ih,
+                         const Tensor& w_hh, const OptionalTensor& b_ih, const OptionalTensor& b_hh, bool training) {
+  TORCH_CHECK(input.defined() && input.dim() == 2, "seqkernels.lstm_cell: input must be 2-D [B, I], got ",
+              std::to_string(input.defined() ? input.dim() : 0), "-D");
   TORCH_CHECK(h0.has_value() == c0.has_value(), "seqkernels.lstm_cell: give both h0 and c0, or neither");
-  if (h0.has_value()) return {h0->contiguous(), c0->contiguous()};
-  TORCH_CHECK(w_hh.defined() && w_hh.dim() == 2, "seqkernels.lstm_cell: w_hh must be 2-D [4H, H]");
-  const Tensor zeros = at::zeros({2, input.size(0), w_hh.size(1)}, input.options());
-  return {zeros[0], zeros[1]};
+  CellForward call;
+  if (h0.has_value()) {
+    call.h0 = h0->contiguous();
+    call.c0 = c0->contiguous();
+  } else {
+    TORCH_CHECK(w_hh.defined() && w_hh.dim() == 2, "seqkernels.lstm_cell: w_hh must be 2-D [4H, H]");
+    const Tensor zeros = at::zeros({2, input.size(0), w_hh.size(1)}, input.options());
+    call.h0 = zeros[0];
+    call.c0 = zeros[1];
+  }
+  call.batch_sizes = at::full({1}, input.size(0), at::TensorOptions().dtype(at::kLong));
+  call.out = dispatched_forward(input.contiguous(), call.batch_sizes, call.h0, call.c0, w_ih.contiguous(),
+                                w_hh.contiguous(), contiguous_if_given(b_ih), contiguous_if_given(b_hh), std::nullopt,
+                                /*reverse=*/false, training);
+  return call;
 }
 
 }  // namespace
@@ -205,17 +223,13 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
                                const OptionalTensor& c0, const Tensor& w_ih, const Tensor& w_hh,
                                const OptionalTensor& b_ih, const OptionalTensor& b_hh) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto [h0_rows, c0_rows] = cell_state(input, h0, c0, w_hh);
-    const Tensor batch_sizes = at::full({1}, input.size(0), at::TensorOptions().dtype(at::kLong));
-    const auto [y, h_n, c_n, gates, cells] =
-        dispatched_forward(input, batch_sizes, h0_rows, c0_rows, w_ih.contiguous(), w_hh.contiguous(),
-                           contiguous_if_given(b_ih), contiguous_if_given(b_hh), std::nullopt, /*reverse=*/false,
-                           /*training=*/true);
-    save_flags(ctx, b_ih.has_value(), h0.has_value(), batch_sizes);
+    const CellForward call = cell_forward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, /*training=*/true);
+    const auto& [y, h_n, c_n, gates, cells] = call.out;
+    save_flags(ctx, b_ih.has_value(), h0.has_value(), call.batch_sizes);
     const bool zero_state = !h0.has_value();
     ctx->save_for_backward({input, h0.value_or(Tensor()), c0.value_or(Tensor()), w_ih, w_hh, b_ih.value_or(Tensor()),
-                            b_hh.value_or(Tensor()), y, gates, cells, zero_state ? h0_rows : Tensor(),
-                            zero_state ? c0_rows : Tensor()});
+                            b_hh.value_or(Tensor()), y, gates, cells, zero_state ? call.h0 : Tensor(),
+                            zero_state ? call.c0 : Tensor()});
     return {h_n, c_n};
   }
 
@@ -265,10 +279,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_padded_outputs(const Tensor& input, cons
 std::tuple<Tensor, Tensor> lstm_cell_autograd(const Tensor& input, const OptionalTensor& h0, const OptionalTensor& c0,
                                               const Tensor& w_ih, const Tensor& w_hh, const OptionalTensor& b_ih,
                                               const OptionalTensor& b_hh) {
-  TORCH_CHECK(input.defined() && input.dim() == 2, "seqkernels.lstm_cell: input must be 2-D [B, I], got ",
-              std::to_string(input.defined() ? input.dim() : 0), "-D");
   // A non-contiguous input is copied here, where autograd records the copy, so that the node saves
-  // the copy (the op reads rows).
+  // the copy (the op reads rows). cell_forward checks the arguments.
   const Tensor rows = input.is_contiguous() ? input : input.contiguous();
   const variable_list out = LstmCellFunction::apply(rows, h0, c0, w_ih, w_hh, b_ih, b_hh);
   return {out[0], out[1]};
@@ -278,13 +290,8 @@ std::tuple<Tensor, Tensor> lstm_cell_autograd(const Tensor& input, const Optiona
 std::tuple<Tensor, Tensor> lstm_cell_outputs(const Tensor& input, const OptionalTensor& h0, const OptionalTensor& c0,
                                              const Tensor& w_ih, const Tensor& w_hh, const OptionalTensor& b_ih,
                                              const OptionalTensor& b_hh) {
-  TORCH_CHECK(input.defined() && input.dim() == 2, "seqkernels.lstm_cell: input must be 2-D [B, I], got ",
-              std::to_string(input.defined() ? input.dim() : 0), "-D");
-  const auto [h0_rows, c0_rows] = cell_state(input, h0, c0, w_hh);
   const auto [y, h_n, c_n, gates, cells] =
-      dispatched_forward(input.contiguous(), at::full({1}, input.size(0), at::TensorOptions().dtype(at::kLong)),
-                         h0_rows, c0_rows, w_ih.contiguous(), w_hh.contiguous(), contiguous_if_given(b_ih),
-                         contiguous_if_given(b_hh), std::nullopt, /*reverse=*/false, /*training=*/false);
+      cell_forward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, /*training=*/false).out;
   return {h_n, c_n};
 }
 

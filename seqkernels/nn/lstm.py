@@ -376,10 +376,10 @@ class LSTMCell(nn.RNNCellBase):
         """The common call (a batched 2-D input of the weights' dtype, no state or a valid (h, c)
         tuple, no autocast) without the checks of the path below: in an eager call one lstm_cell
         operator (a C++ autograd node where autograd records), else (torch.compile, torch.func
-        transforms) that path's lstm_layer call. None
-        for anything else, which the path below handles (and validates, raising nn.LSTMCell's
-        errors). A cell runs one step a call, so its host time is most of a small call: 12-18 us
-        less a call than the path below on a 2-core x86 host (B = 4, H = 32, no_grad)."""
+        transforms) that path's lstm_layer call. None for anything else, which the path below
+        handles (and validates, raising nn.LSTMCell's errors). A cell runs one step a call, so its
+        host time is most of a small call: 12-18 us less a call than the path below on a 2-core x86
+        host (B = 4, H = 32, no_grad)."""
         if (type(input) is not Tensor or input.dim() != 2 or input.size(0) == 0 or input.size(1) != self.input_size
                 or self.hidden_size == 0 or torch._C._is_any_autocast_enabled()):
             return None
