@@ -1091,7 +1091,7 @@ class _Tagger(nn.Module):
 
 
 class _OneLayer(nn.Module):
-    """One layer, one direction, no projection: the module's short path (LSTM._forward_one_layer)."""
+    """One layer, one direction, no projection: the module's short path (LSTM._forward_short)."""
 
     def __init__(self):
         super().__init__()
@@ -1110,10 +1110,14 @@ def test_short_path_taken_only_where_it_applies(device):
     x = torch.randn(4, 2, 3, device=device)
     state = (torch.randn(1, 2, 5, device=device), torch.randn(1, 2, 5, device=device))
     one = LSTM(3, 5, device=device)
-    assert one._forward_one_layer(x, None) is not None
-    assert one._forward_one_layer(x, state) is not None
+    assert one._forward_short(x, None) is not None
+    assert one._forward_short(x, state) is not None
+    stack = LSTM(3, 5, num_layers=2, device=device)
+    stack_state = (torch.randn(2, 2, 5, device=device), torch.randn(2, 2, 5, device=device))
+    assert stack._forward_short(x, None) is not None
+    assert stack._forward_short(x, stack_state) is not None
     declined = [
-        (LSTM(3, 5, num_layers=2, device=device), x, None),
+        (stack, x, state),  # one layer's state for two layers: the general path raises
         (LSTM(3, 5, bidirectional=True, device=device), x, None),
         (LSTM(3, 5, proj_size=2, device=device), x, None),
         (one, x[:, 0], None),  # unbatched
@@ -1123,7 +1127,7 @@ def test_short_path_taken_only_where_it_applies(device):
         (one, torch.nn.utils.rnn.pack_padded_sequence(x, [4, 3]), None),
     ]
     for module, inp, hx in declined:
-        assert module._forward_one_layer(inp, hx) is None
+        assert module._forward_short(inp, hx) is None
 
 
 def _op_names(fn):
@@ -1170,8 +1174,8 @@ def test_short_path_is_one_lstm_infer_call_where_autograd_records_nothing(device
 
 
 class _WithoutShortPath:
-    """A module's attributes with its _forward_short declining: LSTMCell.forward on it runs the
-    general path."""
+    """A module's attributes with its _forward_short declining: LSTM.forward or LSTMCell.forward on it
+    runs the general path (lstm_layer)."""
 
     def __init__(self, module):
         self._module = module
@@ -1305,6 +1309,71 @@ def test_short_path_where_autograd_records_is_one_padded_node(device, batch_firs
             state[0].add_(1)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.sum().backward()
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_short_path_stack_matches_general_path(device, batch_first, with_state, dropout):
+    """A stack of unidirectional layers without projection takes the short path layer by layer
+    (one lstm_padded node a layer where autograd records): the general path's outputs and every
+    gradient bitwise, dropout between layers included (the same seed draws the same masks), and
+    one lstm_infer call a layer where autograd records nothing."""
+    T, B, I, H, L = 5, 3, 4, 6, 3
+    torch.manual_seed(24)
+    m = LSTM(I, H, num_layers=L, batch_first=batch_first, dropout=dropout, device=device)
+    x = torch.randn(*((B, T, I) if batch_first else (T, B, I)), device=device, requires_grad=True)
+    state = tuple(torch.randn(L, B, H, device=device, requires_grad=True) for _ in range(2)) if with_state else None
+    leaves = [x, *(state or ()), *m.parameters()]
+
+    def run(call):
+        for t in leaves:
+            t.grad = None
+        torch.manual_seed(25)
+        out, (h_n, c_n) = call()
+        (out.sin().sum() + h_n.cos().sum() + (c_n * c_n).sum()).backward()
+        return [out, h_n, c_n] + [t.grad for t in leaves]
+
+    got, names = _op_names(lambda: run(lambda: m(x, state)))
+    assert "seqkernels::lstm_padded" in names and "seqkernels::lstm_forward" in names
+    expected = run(lambda: LSTM.forward(_WithoutShortPath(m), x, state))
+    for a, b in zip(got, expected):
+        assert a.shape == b.shape and a.stride() == b.stride()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out, (h_n, _) = m(x, state)
+    assert out.grad_fn.name() == "torch::autograd::CppNode<seqkernels::LstmPaddedFunction>"
+    assert h_n.shape == (L, B, H)
+    with torch.no_grad():
+        torch.manual_seed(25)
+        (y, (h_n, c_n)), names = _op_names(lambda: m(x, state))
+    assert "seqkernels::lstm_infer" in names and "seqkernels::lstm_forward" not in names
+    for a, b in zip((y, h_n, c_n), expected[:3]):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+
+
+def test_short_path_stack_records_only_the_layers_that_need_it(device):
+    """A stack whose first layer is frozen and whose input needs no gradient: the first layer is an
+    lstm_infer call, the second an lstm_padded node, and the gradients of the second layer's
+    weights are the general path's bitwise."""
+    torch.manual_seed(26)
+    m = LSTM(4, 6, num_layers=2, device=device)
+    for p in (m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0):
+        p.requires_grad_(False)
+    x = torch.randn(5, 3, 4, device=device)
+    trained = [m.weight_ih_l1, m.weight_hh_l1, m.bias_ih_l1, m.bias_hh_l1]
+
+    def run(call):
+        for p in trained:
+            p.grad = None
+        out, _ = call()
+        out.pow(2).sum().backward()
+        return [out] + [p.grad for p in trained]
+
+    got, names = _op_names(lambda: run(lambda: m(x)))
+    assert "seqkernels::lstm_infer" in names and "seqkernels::lstm_padded" in names
+    expected = run(lambda: LSTM.forward(_WithoutShortPath(m), x, None))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_short_path_keeps_no_batch_first_input_alive(device):
