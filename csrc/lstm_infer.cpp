@@ -56,12 +56,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> padded_forward(const char* op, co
                                                               const at::Tensor& w_ih, const at::Tensor& w_hh,
                                                               const std::optional<at::Tensor>& b_ih,
                                                               const std::optional<at::Tensor>& b_hh, bool batch_first,
-                                                              LstmForwardFn forward) {
+                                                              bool reverse, LstmForwardFn forward) {
   const PaddedCall call = padded_call(op, input, h0, c0, w_hh, batch_first);
   const auto [y, h_n, c_n, gates, cells] =
       forward(call.seq.reshape({call.T * call.B, call.I}).contiguous(), call.batch_sizes, call.h0, call.c0,
               w_ih.contiguous(), w_hh.contiguous(), contiguous_if_given(b_ih), contiguous_if_given(b_hh), std::nullopt,
-              /*reverse=*/false, /*training=*/false);
+              reverse, /*training=*/false);
   const at::Tensor output = y.view({call.T, call.B, y.size(1)});
   return {batch_first ? output.transpose(0, 1) : output, h_n.unsqueeze(0), c_n.unsqueeze(0)};
 }
@@ -70,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_infer(const at::Tensor& inpu
                                                           const std::optional<at::Tensor>& c0, const at::Tensor& w_ih,
                                                           const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
                                                           const std::optional<at::Tensor>& b_hh, bool batch_first,
-                                                          LstmForwardFn forward) {
+                                                          bool reverse, LstmForwardFn forward) {
   // No autograd formula: where autograd would record the call, raise instead of dropping gradients.
   const auto records = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   TORCH_CHECK(!c10::GradMode::is_enabled() ||
@@ -78,7 +78,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_infer(const at::Tensor& inpu
                     records(c0) || records(b_ih) || records(b_hh)),
               "seqkernels.lstm_infer computes no gradients: call it under torch.no_grad() or on tensors that do "
               "not require grad (seqkernels.LSTM and lstm_layer record gradients)");
-  return padded_forward("seqkernels.lstm_infer", input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, forward);
+  return padded_forward("seqkernels.lstm_infer", input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse,
+                        forward);
 }
 
 }  // namespace seqkernels

@@ -1,6 +1,6 @@
 // The modules' common calls where autograd records them (eager training calls) as operators
-// whose autograd nodes are C++: lstm_padded (seqkernels.LSTM: one layer, one direction, a padded
-// sequence) and lstm_cell (seqkernels.LSTMCell: one step). Why: on a GPU the host work between the
+// whose autograd nodes are C++: lstm_padded (seqkernels.LSTM: one layer and direction of a stack, a
+// padded sequence) and lstm_cell (seqkernels.LSTMCell: one step). Why: on a GPU the host work between the
 // forward's loop launch and the backward's (the loss, autograd's engine, the backward formula, the
 // backward op's set-up) is issued while the forward loop runs, and at small batch it outlasts that
 // loop, so the GPU waits for it. A Python autograd.Function added its Python to both ends: the
@@ -94,25 +94,26 @@ void dense_gradients(std::array<Tensor, 3>& grads, const std::array<int64_t, 3>&
   }
 }
 
-// lstm_backward of a node's layer, given dense gradients (dy [N, H], dh_n and dc_n [B, H]).
+// lstm_backward of a node's layer (run from the last step to the first if reverse), given dense
+// gradients (dy [N, H], dh_n and dc_n [B, H]).
 // create_graph (grad mode on in backward): through its autograd.Function (lstm_backward_recorded,
 // seqkernels/ops/lstm.py), which records the double-backward formula; else below autograd, where
 // that Function has nothing to do.
 Gradients layer_backward(const std::array<Tensor, 3>& dense, const Tensor& x, const Tensor& batch_sizes,
                          const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& y,
-                         const Tensor& gates, const Tensor& cells, bool has_bias, const Tensor& b_ih,
-                         const Tensor& b_hh) {
+                         const Tensor& gates, const Tensor& cells, bool reverse, bool has_bias,
+                         const Tensor& b_ih, const Tensor& b_hh) {
   static const auto backward_op = operator_handle<BackwardSignature>("seqkernels::lstm_backward");
   static const auto recorded_backward_op =
       operator_handle<RecordedBackwardSignature>("seqkernels::lstm_backward_recorded");
   if (c10::GradMode::is_enabled()) {
     return recorded_backward_op.call(dense[0], dense[1], dense[2], x, batch_sizes, h0, c0, w_ih.contiguous(),
-                                     w_hh.contiguous(), std::nullopt, y, gates, cells, /*reverse=*/false, has_bias,
-                                     given(b_ih), given(b_hh));
+                                     w_hh.contiguous(), std::nullopt, y, gates, cells, reverse, has_bias, given(b_ih),
+                                     given(b_hh));
   }
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op.call(dense[0], dense[1], dense[2], x, batch_sizes, h0, c0, w_ih.contiguous(), w_hh.contiguous(),
-                          std::nullopt, y, gates, cells, /*reverse=*/false, has_bias);
+                          std::nullopt, y, gates, cells, reverse, has_bias);
 }
 
 // What both nodes record in forward besides their saved tensors.
@@ -163,16 +164,18 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
   // seq: the input time-major and contiguous [T, B, I] (lstm_padded_autograd copies it so).
   static variable_list forward(AutogradContext* ctx, const Tensor& seq, const OptionalTensor& h0,
                                const OptionalTensor& c0, const Tensor& w_ih, const Tensor& w_hh,
-                               const OptionalTensor& b_ih, const OptionalTensor& b_hh, bool batch_first) {
+                               const OptionalTensor& b_ih, const OptionalTensor& b_hh, bool batch_first,
+                               bool reverse) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const PaddedCall call = padded_call("seqkernels.lstm_padded", seq, h0, c0, w_hh, /*batch_first=*/false);
     const auto [y, h_n, c_n, gates, cells] =
         dispatched_forward(seq.view({call.T * call.B, call.I}), call.batch_sizes, call.h0, call.c0,
                            w_ih.contiguous(), w_hh.contiguous(), contiguous_if_given(b_ih), contiguous_if_given(b_hh),
-                           std::nullopt, /*reverse=*/false, /*training=*/true);
+                           std::nullopt, reverse, /*training=*/true);
     Tensor output = y.view({call.T, call.B, y.size(1)});
     if (batch_first) output = output.transpose(0, 1);
     ctx->saved_data["batch_first"] = batch_first;
+    ctx->saved_data["reverse"] = reverse;
     save_flags(ctx, b_ih.has_value(), h0.has_value(), call.batch_sizes);
     const bool zero_state = !h0.has_value();
     ctx->save_for_backward({seq, h0.value_or(Tensor()), c0.value_or(Tensor()), w_ih, w_hh, b_ih.value_or(Tensor()),
@@ -199,7 +202,8 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, unused_dw_hr] =
         layer_backward(dense, seq.view({N, I}), ctx->saved_data["batch_sizes"].toTensor(),
                        has_state ? h0[0].contiguous() : saved[10], has_state ? c0[0].contiguous() : saved[11],
-                       saved[3], saved[4], y, saved[8], saved[9], has_bias, saved[5], saved[6]);
+                       saved[3], saved[4], y, saved[8], saved[9], ctx->saved_data["reverse"].toBool(), has_bias,
+                       saved[5], saved[6]);
     const Tensor db = has_bias ? dbias : Tensor();
     return {dx.view(seq.sizes()),
             has_state ? dh0.unsqueeze(0) : Tensor(),
@@ -208,6 +212,7 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
             dw_hh,
             db,
             db,
+            Tensor(),
             Tensor()};
   }
 };
@@ -244,7 +249,7 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, unused_dw_hr] =
         layer_backward(dense, input, ctx->saved_data["batch_sizes"].toTensor(),
                        has_state ? h0.contiguous() : saved[10], has_state ? c0.contiguous() : saved[11], saved[3],
-                       saved[4], y, saved[8], saved[9], has_bias, saved[5], saved[6]);
+                       saved[4], y, saved[8], saved[9], /*reverse=*/false, has_bias, saved[5], saved[6]);
     const Tensor db = has_bias ? dbias : Tensor();
     return {dx, has_state ? dh0 : Tensor(), has_state ? dc0 : Tensor(), dw_ih, dw_hh, db, db};
   }
@@ -255,7 +260,7 @@ namespace {
 std::tuple<Tensor, Tensor, Tensor> lstm_padded_autograd(const Tensor& input, const OptionalTensor& h0,
                                                         const OptionalTensor& c0, const Tensor& w_ih,
                                                         const Tensor& w_hh, const OptionalTensor& b_ih,
-                                                        const OptionalTensor& b_hh, bool batch_first) {
+                                                        const OptionalTensor& b_hh, bool batch_first, bool reverse) {
   TORCH_CHECK(input.defined() && input.dim() == 3, "seqkernels.lstm_padded: input must be 3-D [T, B, I], got ",
               std::to_string(input.defined() ? input.dim() : 0), "-D");
   // A batch-first or otherwise non-contiguous input is copied time-major here, where autograd
@@ -263,7 +268,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_padded_autograd(const Tensor& input, con
   // the caller's tensor.
   Tensor seq = batch_first ? input.transpose(0, 1) : input;
   if (!seq.is_contiguous()) seq = seq.contiguous();
-  const variable_list out = LstmPaddedFunction::apply(seq, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first);
+  const variable_list out = LstmPaddedFunction::apply(seq, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse);
   return {out[0], out[1], out[2]};
 }
 
@@ -271,8 +276,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_padded_autograd(const Tensor& input, con
 std::tuple<Tensor, Tensor, Tensor> lstm_padded_outputs(const Tensor& input, const OptionalTensor& h0,
                                                        const OptionalTensor& c0, const Tensor& w_ih,
                                                        const Tensor& w_hh, const OptionalTensor& b_ih,
-                                                       const OptionalTensor& b_hh, bool batch_first) {
-  return padded_forward("seqkernels.lstm_padded", input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first,
+                                                       const OptionalTensor& b_hh, bool batch_first, bool reverse) {
+  return padded_forward("seqkernels.lstm_padded", input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse,
                         &dispatched_forward);
 }
 

@@ -29,20 +29,22 @@ TORCH_LIBRARY(seqkernels, m) {
       "Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse, bool training) "
       "-> (Tensor y, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
   // The common module call as one operator, inference only (no autograd formula: it raises where
-  // autograd would record it): one layer, one direction, no projection, a padded sequence.
+  // autograd would record it): one layer and direction of a stack without projection, a padded
+  // sequence.
   //   input [T, B, I] ([B, T, I] if batch_first), h0 / c0 [1, B, H] or both None (zeros),
-  //   w_ih [G, I], w_hh [G, H], b_ih / b_hh [G] (both or neither)
+  //   w_ih [G, I], w_hh [G, H], b_ih / b_hh [G] (both or neither); reverse: from the last step
+  //   to the first (a bidirectional layer's second direction; output stays in time order)
   // Returns output [T, B, H] ([B, T, H] if batch_first: a transposed view), h_n / c_n [1, B, H]:
   //   nn.LSTM's outputs.
   m.def(
       "lstm_infer(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, "
-      "bool batch_first) -> (Tensor output, Tensor h_n, Tensor c_n)");
+      "bool batch_first, bool reverse=False) -> (Tensor output, Tensor h_n, Tensor c_n)");
   // The same call where autograd records it (seqkernels.LSTM's eager training call): one autograd
   // node in C++ (csrc/lstm_recorded.cpp), with lstm_forward / lstm_backward inside; below autograd,
   // the outputs alone. Arguments and returns as lstm_infer's.
   m.def(
       "lstm_padded(Tensor input, Tensor? h0, Tensor? c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, "
-      "bool batch_first) -> (Tensor output, Tensor h_n, Tensor c_n)");
+      "bool batch_first, bool reverse=False) -> (Tensor output, Tensor h_n, Tensor c_n)");
   // One LSTMCell step where autograd records it (seqkernels.LSTMCell's eager training call): one
   // autograd node in C++ (csrc/lstm_recorded.cpp) around lstm_forward / lstm_backward of one step;
   // below autograd, the outputs alone.

@@ -1116,9 +1116,12 @@ def test_short_path_taken_only_where_it_applies(device):
     stack_state = (torch.randn(2, 2, 5, device=device), torch.randn(2, 2, 5, device=device))
     assert stack._forward_short(x, None) is not None
     assert stack._forward_short(x, stack_state) is not None
+    both = LSTM(3, 5, bidirectional=True, device=device)
+    assert both._forward_short(x, None) is not None
+    assert both._forward_short(x, stack_state) is not None  # [L*D, B, H]: one layer, two directions
     declined = [
         (stack, x, state),  # one layer's state for two layers: the general path raises
-        (LSTM(3, 5, bidirectional=True, device=device), x, None),
+        (both, x, state),  # one direction's state for two
         (LSTM(3, 5, proj_size=2, device=device), x, None),
         (one, x[:, 0], None),  # unbatched
         (one, x.double(), None),  # dtype mismatch: the general path raises
@@ -1314,16 +1317,27 @@ def test_short_path_where_autograd_records_is_one_padded_node(device, batch_firs
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("dropout", [0.0, 0.4])
-def test_short_path_stack_matches_general_path(device, batch_first, with_state, dropout):
-    """A stack of unidirectional layers without projection takes the short path layer by layer
-    (one lstm_padded node a layer where autograd records): the general path's outputs and every
-    gradient bitwise, dropout between layers included (the same seed draws the same masks), and
-    one lstm_infer call a layer where autograd records nothing."""
-    T, B, I, H, L = 5, 3, 4, 6, 3
+@pytest.mark.parametrize("layers, bidirectional", [(3, False), (1, True), (2, True)])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_short_path_stack_matches_general_path(device, batch_first, with_state, dropout, layers, bidirectional,
+                                               layout):
+    """A stack without projection (several layers, or two directions) takes the short path layer by
+    layer and direction by direction (one lstm_padded node each where autograd records, the second
+    direction reversed): the general path's outputs and every gradient bitwise, with its strides,
+    dropout between layers included (the same seed draws the same masks), and one lstm_infer call
+    each where autograd records nothing."""
+    T, B, I, H, L = 5, 3, 4, 6, layers
+    D = 2 if bidirectional else 1
     torch.manual_seed(24)
-    m = LSTM(I, H, num_layers=L, batch_first=batch_first, dropout=dropout, device=device)
-    x = torch.randn(*((B, T, I) if batch_first else (T, B, I)), device=device, requires_grad=True)
-    state = tuple(torch.randn(L, B, H, device=device, requires_grad=True) for _ in range(2)) if with_state else None
+    m = LSTM(I, H, num_layers=L, batch_first=batch_first, dropout=dropout if L > 1 else 0.0,
+             bidirectional=bidirectional, device=device)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    if layout == "strided":  # every other feature of a wider tensor: not contiguous
+        x = torch.randn(*shape[:2], 2 * I, device=device)[..., ::2].requires_grad_()
+    else:
+        x = torch.randn(*shape, device=device, requires_grad=True)
+    state = (tuple(torch.randn(L * D, B, H, device=device, requires_grad=True) for _ in range(2)) if with_state
+             else None)
     leaves = [x, *(state or ()), *m.parameters()]
 
     def run(call):
@@ -1341,8 +1355,9 @@ def test_short_path_stack_matches_general_path(device, batch_first, with_state, 
         assert a.shape == b.shape and a.stride() == b.stride()
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     out, (h_n, _) = m(x, state)
-    assert out.grad_fn.name() == "torch::autograd::CppNode<seqkernels::LstmPaddedFunction>"
-    assert h_n.shape == (L, B, H)
+    if not bidirectional:  # else a cat joins the directions
+        assert out.grad_fn.name() == "torch::autograd::CppNode<seqkernels::LstmPaddedFunction>"
+    assert h_n.shape == (L * D, B, H)
     with torch.no_grad():
         torch.manual_seed(25)
         (y, (h_n, c_n)), names = _op_names(lambda: m(x, state))
@@ -1469,7 +1484,7 @@ def test_short_paths_under_inference_mode(device):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def _infer_args(device, bias=True, state=True, batch_first=False, dtype=torch.float32):
+def _infer_args(device, bias=True, state=True, batch_first=False, dtype=torch.float32, reverse=False):
     T, B, I, H = 4, 3, 5, 6
     x = torch.randn(B, T, I, device=device, dtype=dtype) if batch_first else torch.randn(T, B, I, device=device,
                                                                                           dtype=dtype)
@@ -1479,14 +1494,19 @@ def _infer_args(device, bias=True, state=True, batch_first=False, dtype=torch.fl
     w_hh = torch.randn(4 * H, H, device=device, dtype=dtype)
     b_ih = torch.randn(4 * H, device=device, dtype=dtype) if bias else None
     b_hh = torch.randn(4 * H, device=device, dtype=dtype) if bias else None
-    return x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first
+    return x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse
 
 
-@pytest.mark.parametrize("bias, state, batch_first", [(True, True, False), (False, True, True), (True, False, True),
-                                                      (False, False, False)])
-def test_opcheck_lstm_infer(device, bias, state, batch_first):
+# (bias, state, batch_first, reverse)
+OP_CASES = [(True, True, False, False), (False, True, True, False), (True, False, True, False),
+            (False, False, False, False), (True, True, True, True), (False, False, False, True)]
+
+
+@pytest.mark.parametrize("bias, state, batch_first, reverse", OP_CASES)
+def test_opcheck_lstm_infer(device, bias, state, batch_first, reverse):
     torch.manual_seed(18)
-    torch.library.opcheck(torch.ops.seqkernels.lstm_infer.default, _infer_args(device, bias, state, batch_first))
+    torch.library.opcheck(torch.ops.seqkernels.lstm_infer.default,
+                          _infer_args(device, bias, state, batch_first, reverse=reverse))
 
 
 BAD_INFER = {
@@ -1516,22 +1536,22 @@ def test_lstm_infer_rejects_bad_arguments(device, case):
         torch.ops.seqkernels.lstm_infer(*args)
 
 
-def _padded_args(device, bias, state, batch_first, dtype=torch.float64):
+def _padded_args(device, bias, state, batch_first, dtype=torch.float64, reverse=False):
     """_infer_args with the input, the state and the weights requiring grad."""
-    args = list(_infer_args(device, bias, state, batch_first, dtype))
+    args = list(_infer_args(device, bias, state, batch_first, dtype, reverse))
     for i in (0, 1, 2, 3, 4, 5, 6):
         if args[i] is not None:
             args[i].requires_grad_()
     return tuple(args)
 
 
-@pytest.mark.parametrize("bias, state, batch_first", [(True, True, False), (False, True, True), (True, False, True),
-                                                      (False, False, False)])
-def test_opcheck_lstm_padded(device, bias, state, batch_first):
+@pytest.mark.parametrize("bias, state, batch_first, reverse", OP_CASES)
+def test_opcheck_lstm_padded(device, bias, state, batch_first, reverse):
     """lstm_padded, the module's recorded call as one operator with a C++ autograd node: its schema,
     fake function, autograd registration and AOT dispatch (gradients included)."""
     torch.manual_seed(24)
-    torch.library.opcheck(torch.ops.seqkernels.lstm_padded.default, _padded_args(device, bias, state, batch_first))
+    torch.library.opcheck(torch.ops.seqkernels.lstm_padded.default,
+                          _padded_args(device, bias, state, batch_first, reverse=reverse))
 
 
 def _gradcheck_both_orders(op, args: tuple) -> None:
@@ -1550,12 +1570,15 @@ def _gradcheck_both_orders(op, args: tuple) -> None:
     assert torch.autograd.gradgradcheck(call, inputs)
 
 
-@pytest.mark.parametrize("bias, state, batch_first", [(True, True, True), (False, False, False)])
-def test_lstm_padded_gradcheck(device, bias, state, batch_first):
+@pytest.mark.parametrize("bias, state, batch_first, reverse", [(True, True, True, False), (False, False, False, False),
+                                                               (True, True, False, True)])
+def test_lstm_padded_gradcheck(device, bias, state, batch_first, reverse):
     """The C++ node's gradients (every input) by finite differences, and the gradients' own
-    gradients (its backward under create_graph: lstm_backward_recorded's double-backward formula)."""
+    gradients (its backward under create_graph: lstm_backward_recorded's double-backward formula),
+    forward and reversed."""
     torch.manual_seed(25)
-    _gradcheck_both_orders(torch.ops.seqkernels.lstm_padded, _padded_args(device, bias, state, batch_first))
+    _gradcheck_both_orders(torch.ops.seqkernels.lstm_padded,
+                           _padded_args(device, bias, state, batch_first, reverse=reverse))
 
 
 @pytest.mark.parametrize("case", sorted(k for k in BAD_INFER if "requires-grad" not in k))
@@ -1593,11 +1616,12 @@ def test_lstm_padded_node_backward_twice_with_retain_graph(device):
 
 
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_lstm_padded_without_autograd_is_lstm_infer(device, batch_first):
+@pytest.mark.parametrize("reverse", [False, True])
+def test_lstm_padded_without_autograd_is_lstm_infer(device, batch_first, reverse):
     """Where nothing records (grad mode off, or below autograd with tensors that require grad),
     lstm_padded returns lstm_infer's outputs bitwise, and its output is no view of its input."""
     torch.manual_seed(26)
-    args = _padded_args(device, True, True, batch_first, torch.float32)
+    args = _padded_args(device, True, True, batch_first, torch.float32, reverse)
     with torch.no_grad():
         expected = torch.ops.seqkernels.lstm_infer(*args)
         got = torch.ops.seqkernels.lstm_padded(*args)

@@ -2250,8 +2250,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 std::tuple<Tensor, Tensor, Tensor> lstm_infer_cuda(const Tensor& input, const std::optional<Tensor>& h0,
                                                    const std::optional<Tensor>& c0, const Tensor& w_ih,
                                                    const Tensor& w_hh, const std::optional<Tensor>& b_ih,
-                                                   const std::optional<Tensor>& b_hh, bool batch_first) {
-  return lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, &lstm_forward_cuda);
+                                                   const std::optional<Tensor>& b_hh, bool batch_first,
+                                                   bool reverse) {
+  return lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse, &lstm_forward_cuda);
 }
 
 }  // namespace

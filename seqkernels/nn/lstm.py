@@ -221,15 +221,15 @@ class LSTM(nn.RNNBase):
         return output, self.permute_hidden(hidden, unsorted_indices)
 
     def _forward_short(self, input, hx):
-        """The common call in a few Python operations: one direction, no projection, a valid batched
-        3-D tensor, no state or a valid (h_0, c_0), no autocast, in an eager call outside torch.func
-        transforms. Each layer is one lstm_infer call where autograd records nothing, one lstm_padded
+        """The common call in a few Python operations: no projection, a valid batched 3-D tensor, no
+        state or a valid (h_0, c_0), no autocast, in an eager call outside torch.func transforms. Each
+        layer and direction is one lstm_infer call where autograd records nothing, one lstm_padded
         node where it records. None for anything else, which the general path below handles
         (lstm_layer, which torch.compile traces and torch.func transforms; it validates, raising
         nn.LSTM's errors). On a GPU the module's Python precedes the loop's launch and adds to a small
         call's time one for one (~20 us of host time here on a 2-core x86 host against the general
-        path, one layer)."""
-        if (type(input) is not Tensor or self.bidirectional or self.proj_size or input.dim() != 3
+        path, one layer; ~50 us less a training call per layer and direction)."""
+        if (type(input) is not Tensor or self.proj_size or input.dim() != 3
                 or input.size(2) != self.input_size or torch._C._is_any_autocast_enabled()
                 or torch.compiler.is_compiling() or transformed()):
             return None
@@ -238,49 +238,63 @@ class LSTM(nn.RNNBase):
         steps, batch = (input.size(1), input.size(0)) if self.batch_first else (input.size(0), input.size(1))
         if steps == 0 or batch == 0:
             return None
-        layers = self.num_layers
+        layers, directions = self.num_layers, 2 if self.bidirectional else 1
         h0 = c0 = None
         if hx is not None:
-            state = _plain_state(hx, (layers, batch, self.hidden_size), input.dtype)
+            state = _plain_state(hx, (layers * directions, batch, self.hidden_size), input.dtype)
             if state is None:
                 return None
             h0, c0 = state
-        if layers == 1:
+        if layers == 1 and directions == 1:
             return self._short_layer(0, input, h0, c0, self.batch_first)
-        # A stack: layer k's input is layer k-1's output, time-major ([T, B, H], contiguous) between
-        # layers, so that dropout draws its mask over the general path's [T*B, H] rows (the same
-        # random stream, bitwise). A batch-first module's first layer reads, and its last layer
-        # writes, batch-first views (no copies: transposes of time-major tensors).
+        # A stack: layer l's input is layer l-1's output, time-major ([T, B, D*H], contiguous)
+        # between layers, so that dropout draws its mask over the general path's [T*B, D*H] rows (the
+        # same random stream, bitwise). One direction: a batch-first module's first layer reads, and
+        # its last layer writes, batch-first views (no copies: transposes of time-major tensors). Two
+        # directions read one time-major copy of the input (the general path's copy) and write
+        # [T, B, H] outputs that one cat joins.
         h_n: list[Tensor] = []
         c_n: list[Tensor] = []
         seq = input
+        if directions == 2:
+            seq = (input.transpose(0, 1) if self.batch_first else input).contiguous()
         for layer in range(layers):
             last = layer == layers - 1
-            batch_first = self.batch_first and (layer == 0 or last)
+            batch_first = directions == 1 and self.batch_first and (layer == 0 or last)
             layer_input = seq.transpose(0, 1) if batch_first and layer > 0 else seq
-            state_h, state_c = (None, None) if h0 is None else (h0[layer:layer + 1], c0[layer:layer + 1])
-            output, (h, c) = self._short_layer(layer, layer_input, state_h, state_c, batch_first)
-            h_n.append(h)
-            c_n.append(c)
-            if not last:
-                seq = output.transpose(0, 1) if batch_first else output  # [T, B, H]
-                if self.dropout > 0 and self.training:
-                    seq = F.dropout(seq, p=self.dropout, training=True)
+            outputs = []
+            for direction in range(directions):
+                k = layer * directions + direction
+                state_h, state_c = (None, None) if h0 is None else (h0[k:k + 1], c0[k:k + 1])
+                output, (h, c) = self._short_layer(k, layer_input, state_h, state_c, batch_first, direction == 1)
+                outputs.append(output)
+                h_n.append(h)
+                c_n.append(c)
+            if directions == 2:
+                seq = torch.cat(outputs, 2)  # [T, B, 2H]
+                output = seq.transpose(0, 1) if self.batch_first else seq
+            else:
+                output = outputs[0]
+                if not last:
+                    seq = output.transpose(0, 1) if batch_first else output  # [T, B, H]
+            if not last and self.dropout > 0 and self.training:
+                seq = F.dropout(seq, p=self.dropout, training=True)
         return output, (torch.cat(h_n), torch.cat(c_n))
 
-    def _short_layer(self, layer: int, input: Tensor, h0: Tensor | None, c0: Tensor | None,
-                     batch_first: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Layer `layer` of the short path: input [T, B, I] ([B, T, I] if batch_first), h0 / c0
-        [1, B, H] or None -> output [T, B, H] ([B, T, H]), (h_n, c_n) [1, B, H]."""
-        w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(layer)
+    def _short_layer(self, k: int, input: Tensor, h0: Tensor | None, c0: Tensor | None, batch_first: bool,
+                     reverse: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Layer and direction k (layer * D + direction) of the short path: input [T, B, I]
+        ([B, T, I] if batch_first), h0 / c0 [1, B, H] or None -> output [T, B, H] ([B, T, H]),
+        (h_n, c_n) [1, B, H]; reverse runs from the last step to the first."""
+        w_ih, w_hh, b_ih, b_hh, _ = self._layer_weights(k)
         if records_grad(input, h0, c0, w_ih, w_hh, b_ih, b_hh):
             # One autograd node does the rest (lstm_padded): fewer recorded operations than the
             # general path, whose host time precedes the loop's launch on a GPU.
-            output, h_n, c_n = lstm_padded(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first)
+            output, h_n, c_n = lstm_padded(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse)
         else:
             # One operator does the rest: 13-21 us of host time less than the general path on a
             # 2-core x86 host (scripts/lstm_infer_op_ab.py's method, tiny CPU calls).
-            output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first)
+            output, h_n, c_n = lstm_infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse)
         return output, (h_n, c_n)
 
     def _zero_state(self, input: Tensor, batch: int, real_hidden_size: int) -> tuple[Tensor, Tensor]:

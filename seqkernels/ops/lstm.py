@@ -77,15 +77,17 @@ def lstm_infer(
     b_ih: Tensor | None,
     b_hh: Tensor | None,
     batch_first: bool,
+    reverse: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """seqkernels.LSTM's common call in one operator, for calls autograd does not record (it
-    raises where autograd would): one layer, one direction, no projection, input [T, B, I]
-    ([B, T, I] if batch_first), h0 / c0 [1, B, H] or both None. Returns nn.LSTM's output
+    raises where autograd would): one layer and direction of a stack without projection, input
+    [T, B, I] ([B, T, I] if batch_first), h0 / c0 [1, B, H] or both None; reverse runs from the
+    last step to the first (a bidirectional layer's second direction). Returns nn.LSTM's output
     [T, B, H] ([B, T, H]), h_n and c_n [1, B, H]. The same lstm_forward as lstm_layer, with its
     reshapes, views, zero state and batch sizes made in C++ (host time, which precedes a GPU
     call's launch); called below autograd, where the op has nothing to do."""
     with torch._C._AutoDispatchBelowAutograd():
-        return _infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first)
+        return _infer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse)
 
 
 def lstm_padded(
@@ -97,11 +99,13 @@ def lstm_padded(
     b_ih: Tensor | None,
     b_hh: Tensor | None,
     batch_first: bool,
+    reverse: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """lstm_infer's call where autograd records it: seqkernels.LSTM's common call (one layer, one
-    direction, no projection, input [T, B, I] ([B, T, I] if batch_first), h0 / c0 [1, B, H] or both
-    None) in an eager call outside torch.func transforms and torch.compile (which take lstm_layer).
-    Returns nn.LSTM's output [T, B, H] ([B, T, H]), h_n and c_n [1, B, H].
+    """lstm_infer's call where autograd records it: seqkernels.LSTM's common call (one layer and
+    direction of a stack without projection, input [T, B, I] ([B, T, I] if batch_first), h0 / c0
+    [1, B, H] or both None; reverse from the last step to the first) in an eager call outside
+    torch.func transforms and torch.compile (which take lstm_layer). Returns nn.LSTM's output
+    [T, B, H] ([B, T, H]), h_n and c_n [1, B, H].
 
     The lstm_padded operator, whose autograd node is C++ (csrc/lstm_recorded.cpp): the same
     lstm_forward and lstm_backward calls as lstm_layer's path, with the module's reshapes, views,
@@ -112,7 +116,7 @@ def lstm_padded(
     reshape copies it), so that the node saves that copy and not the caller's tensor. Under
     create_graph the node's backward calls lstm_backward through its autograd.Function
     (lstm_backward_recorded, below), which records the double-backward formula."""
-    return _padded(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first)
+    return _padded(*unwrap_dead_wrappers((input, h0, c0, w_ih, w_hh, b_ih, b_hh)), batch_first, reverse)
 
 
 def lstm_cell(
@@ -162,7 +166,7 @@ def _padded_call_fake(label: str):
     """The fake function of lstm_infer and lstm_padded (the same arguments and outputs); ``label``
     names the op in its message, as the kernels do."""
 
-    def fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first):
+    def fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, reverse=False):
         torch._check(input.dim() == 3, lambda: f"{label}: input must be 3-D [T, B, I]")
         steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
         h = w_hh.shape[1]

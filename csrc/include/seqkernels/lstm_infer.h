@@ -1,5 +1,5 @@
-// seqkernels.LSTM's common call (one layer, one direction, no projection, a padded [T, B, I]
-// sequence) as one operator: lstm_infer (inference only; each backend registers it with its own
+// seqkernels.LSTM's common call (one layer and direction of a stack without projection, a padded
+// [T, B, I] sequence) as one operator: lstm_infer (inference only; each backend registers it with its own
 // lstm_forward, no second dispatch) and lstm_padded (the same call where autograd records it; one
 // C++ autograd node, csrc/lstm_recorded.cpp). The argument handling is shared.
 #pragma once
@@ -34,20 +34,21 @@ PaddedCall padded_call(const char* op, const at::Tensor& input, const std::optio
 std::optional<at::Tensor> contiguous_if_given(const std::optional<at::Tensor>& t);
 
 // The padded call's outputs (output, h_n, c_n: nn.LSTM's) from one lstm_forward call through
-// `forward`, training = false. `op` names the operator in messages.
+// `forward`, training = false; reverse runs from the last step to the first. `op` names the
+// operator in messages.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> padded_forward(const char* op, const at::Tensor& input,
                                                               const std::optional<at::Tensor>& h0,
                                                               const std::optional<at::Tensor>& c0,
                                                               const at::Tensor& w_ih, const at::Tensor& w_hh,
                                                               const std::optional<at::Tensor>& b_ih,
                                                               const std::optional<at::Tensor>& b_hh, bool batch_first,
-                                                              LstmForwardFn forward);
+                                                              bool reverse, LstmForwardFn forward);
 
 // lstm_infer (csrc/registration.cpp): padded_forward where autograd records nothing (else it raises).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_infer(const at::Tensor& input, const std::optional<at::Tensor>& h0,
                                                           const std::optional<at::Tensor>& c0, const at::Tensor& w_ih,
                                                           const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
                                                           const std::optional<at::Tensor>& b_hh, bool batch_first,
-                                                          LstmForwardFn forward);
+                                                          bool reverse, LstmForwardFn forward);
 
 }  // namespace seqkernels
