@@ -1,6 +1,7 @@
-// The modules' common calls where autograd records them (eager training calls) as operators
-// whose autograd nodes are C++: lstm_padded (seqkernels.LSTM: one layer and direction of a stack, a
-// padded sequence) and lstm_cell (seqkernels.LSTMCell: one step). Why: on a GPU the host work between the
+// The modules' calls where autograd records them (eager training calls) as operators whose autograd
+// nodes are C++: lstm_padded (seqkernels.LSTM: one layer and direction of a stack, a padded
+// sequence), lstm_cell (seqkernels.LSTMCell: one step) and lstm_layer (one layer and direction over
+// packed rows: the modules' general path). Why: on a GPU the host work between the
 // forward's loop launch and the backward's (the loss, autograd's engine, the backward formula, the
 // backward op's set-up) is issued while the forward loop runs, and at small batch it outlasts that
 // loop, so the GPU waits for it. A Python autograd.Function added its Python to both ends: the
@@ -69,9 +70,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dispatched_forward(
 // the same shape come from one allocation and one fill (h_n's and c_n's, both left out where a loss
 // reads only the output: the common case): on a GPU each zeros tensor is a launch in the host work
 // before the backward loop.
-//   grads: y's [N, H], h_n's and c_n's [B, H] (rows: N, B, B)
-void dense_gradients(std::array<Tensor, 3>& grads, const std::array<int64_t, 3>& rows, int64_t H,
-                     const at::TensorOptions& options) {
+//   grads: y's [N, Hout], h_n's [B, Hout] and c_n's [B, H] (shapes: their {rows, columns})
+using GradientShapes = std::array<std::array<int64_t, 2>, 3>;
+void dense_gradients(std::array<Tensor, 3>& grads, const GradientShapes& shapes, const at::TensorOptions& options) {
   std::array<bool, 3> done{};
   for (size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined()) {
@@ -82,11 +83,11 @@ void dense_gradients(std::array<Tensor, 3>& grads, const std::array<int64_t, 3>&
   for (size_t i = 0; i < grads.size(); ++i) {
     if (done[i]) continue;
     int64_t same = 0;  // the missing gradients of this one's shape
-    for (size_t j = i; j < grads.size(); ++j) same += !done[j] && rows[j] == rows[i];
-    const Tensor zeros = at::zeros({same, rows[i], H}, options);
+    for (size_t j = i; j < grads.size(); ++j) same += !done[j] && shapes[j] == shapes[i];
+    const Tensor zeros = at::zeros({same, shapes[i][0], shapes[i][1]}, options);
     int64_t k = 0;
     for (size_t j = i; j < grads.size(); ++j) {
-      if (!done[j] && rows[j] == rows[i]) {
+      if (!done[j] && shapes[j] == shapes[i]) {
         grads[j] = zeros[k++];
         done[j] = true;
       }
@@ -94,26 +95,26 @@ void dense_gradients(std::array<Tensor, 3>& grads, const std::array<int64_t, 3>&
   }
 }
 
-// lstm_backward of a node's layer (run from the last step to the first if reverse), given dense
-// gradients (dy [N, H], dh_n and dc_n [B, H]).
+// lstm_backward of a node's layer (run from the last step to the first if reverse; w_hr [P, H] or
+// undefined), given dense gradients (dy [N, Hout], dh_n [B, Hout], dc_n [B, H]).
 // create_graph (grad mode on in backward): through its autograd.Function (lstm_backward_recorded,
 // seqkernels/ops/lstm.py), which records the double-backward formula; else below autograd, where
 // that Function has nothing to do.
 Gradients layer_backward(const std::array<Tensor, 3>& dense, const Tensor& x, const Tensor& batch_sizes,
-                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh, const Tensor& y,
-                         const Tensor& gates, const Tensor& cells, bool reverse, bool has_bias,
-                         const Tensor& b_ih, const Tensor& b_hh) {
+                         const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                         const Tensor& w_hr, const Tensor& y, const Tensor& gates, const Tensor& cells, bool reverse,
+                         bool has_bias, const Tensor& b_ih, const Tensor& b_hh) {
   static const auto backward_op = operator_handle<BackwardSignature>("seqkernels::lstm_backward");
   static const auto recorded_backward_op =
       operator_handle<RecordedBackwardSignature>("seqkernels::lstm_backward_recorded");
   if (c10::GradMode::is_enabled()) {
     return recorded_backward_op.call(dense[0], dense[1], dense[2], x, batch_sizes, h0, c0, w_ih.contiguous(),
-                                     w_hh.contiguous(), std::nullopt, y, gates, cells, reverse, has_bias, given(b_ih),
+                                     w_hh.contiguous(), given(w_hr), y, gates, cells, reverse, has_bias, given(b_ih),
                                      given(b_hh));
   }
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op.call(dense[0], dense[1], dense[2], x, batch_sizes, h0, c0, w_ih.contiguous(), w_hh.contiguous(),
-                          std::nullopt, y, gates, cells, reverse, has_bias);
+                          given(w_hr), y, gates, cells, reverse, has_bias);
 }
 
 // What both nodes record in forward besides their saved tensors.
@@ -198,12 +199,12 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
     std::array<Tensor, 3> dense = {
         grads[0].defined() ? (batch_first ? grads[0].transpose(0, 1) : grads[0]).reshape({N, H}) : Tensor(),
         grads[1].defined() ? grads[1][0] : Tensor(), grads[2].defined() ? grads[2][0] : Tensor()};
-    dense_gradients(dense, {N, B, B}, H, y.options());
+    dense_gradients(dense, {{{N, H}, {B, H}, {B, H}}}, y.options());
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, unused_dw_hr] =
         layer_backward(dense, seq.view({N, I}), ctx->saved_data["batch_sizes"].toTensor(),
                        has_state ? h0[0].contiguous() : saved[10], has_state ? c0[0].contiguous() : saved[11],
-                       saved[3], saved[4], y, saved[8], saved[9], ctx->saved_data["reverse"].toBool(), has_bias,
-                       saved[5], saved[6]);
+                       saved[3], saved[4], Tensor(), y, saved[8], saved[9], ctx->saved_data["reverse"].toBool(),
+                       has_bias, saved[5], saved[6]);
     const Tensor db = has_bias ? dbias : Tensor();
     return {dx.view(seq.sizes()),
             has_state ? dh0.unsqueeze(0) : Tensor(),
@@ -245,17 +246,78 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     const bool has_state = ctx->saved_data["has_state"].toBool();
     const int64_t B = y.size(0), H = y.size(1);
     std::array<Tensor, 3> dense = {Tensor(), grads[0], grads[1]};
-    dense_gradients(dense, {B, B, B}, H, y.options());
+    dense_gradients(dense, {{{B, H}, {B, H}, {B, H}}}, y.options());
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, unused_dw_hr] =
         layer_backward(dense, input, ctx->saved_data["batch_sizes"].toTensor(),
                        has_state ? h0.contiguous() : saved[10], has_state ? c0.contiguous() : saved[11], saved[3],
-                       saved[4], y, saved[8], saved[9], /*reverse=*/false, has_bias, saved[5], saved[6]);
+                       saved[4], Tensor(), y, saved[8], saved[9], /*reverse=*/false, has_bias, saved[5], saved[6]);
     const Tensor db = has_bias ? dbias : Tensor();
     return {dx, has_state ? dh0 : Tensor(), has_state ? dc0 : Tensor(), dw_ih, dw_hh, db, db};
   }
 };
 
+// lstm_layer's node: one layer and direction over packed rows, the functional lstm_layer's call where
+// autograd records it eagerly (the modules' general path: PackedSequence, projection, autocast,
+// unbatched input). It saves what lstm_forward's Python autograd.Function saves (the inputs, y,
+// gates and cells) and makes the same lstm_forward / lstm_backward calls, so the same results
+// bitwise; y, an output, is saved as one, so an in-place change of it before backward raises.
+struct LstmLayerFunction : public torch::autograd::Function<LstmLayerFunction> {
+  // x [N, I], h0 [B, Hout], c0 [B, H]: contiguous (lstm_layer_autograd makes them so, recorded).
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& batch_sizes, const Tensor& h0,
+                               const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh, const OptionalTensor& b_ih,
+                               const OptionalTensor& b_hh, const OptionalTensor& w_hr, bool reverse) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto [y, h_n, c_n, gates, cells] =
+        dispatched_forward(x, batch_sizes, h0, c0, w_ih.contiguous(), w_hh.contiguous(), contiguous_if_given(b_ih),
+                           contiguous_if_given(b_hh), contiguous_if_given(w_hr), reverse, /*training=*/true);
+    save_flags(ctx, b_ih.has_value(), /*has_state=*/true, batch_sizes);
+    ctx->saved_data["reverse"] = reverse;
+    ctx->save_for_backward({x, h0, c0, w_ih, w_hh, b_ih.value_or(Tensor()), b_hh.value_or(Tensor()),
+                            w_hr.value_or(Tensor()), y, gates, cells});
+    return {y, h_n, c_n};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &h0 = saved[1], &c0 = saved[2], &w_hr = saved[7], &y = saved[8];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    std::array<Tensor, 3> dense = {grads[0], grads[1], grads[2]};
+    dense_gradients(dense, {{{y.size(0), y.size(1)}, {h0.size(0), h0.size(1)}, {c0.size(0), c0.size(1)}}},
+                    y.options());
+    const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr] =
+        layer_backward(dense, x, ctx->saved_data["batch_sizes"].toTensor(), h0, c0, saved[3], saved[4], w_hr, y,
+                       saved[9], saved[10], ctx->saved_data["reverse"].toBool(), has_bias, saved[5], saved[6]);
+    const Tensor db = has_bias ? dbias : Tensor();
+    return {dx, Tensor(), dh0, dc0, dw_ih, dw_hh, db, db, w_hr.defined() ? dw_hr : Tensor(), Tensor()};
+  }
+};
+
 namespace {
+
+std::tuple<Tensor, Tensor, Tensor> lstm_layer_autograd(const Tensor& x, const Tensor& batch_sizes, const Tensor& h0,
+                                                       const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                                                       const OptionalTensor& b_ih, const OptionalTensor& b_hh,
+                                                       const OptionalTensor& w_hr, bool reverse) {
+  TORCH_CHECK(x.defined() && h0.defined() && c0.defined(), "seqkernels.lstm_layer: x, h0 and c0 must be given");
+  // Copies of non-contiguous rows and states are made here, where autograd records them (as the
+  // Python functional's), so that the node saves the copies. lstm_forward checks the rest.
+  const variable_list out = LstmLayerFunction::apply(x.contiguous(), batch_sizes, h0.contiguous(), c0.contiguous(),
+                                                     w_ih, w_hh, b_ih, b_hh, w_hr, reverse);
+  return {out[0], out[1], out[2]};
+}
+
+// Below autograd (nothing records): lstm_forward's outputs without what it saves for backward.
+std::tuple<Tensor, Tensor, Tensor> lstm_layer_outputs(const Tensor& x, const Tensor& batch_sizes, const Tensor& h0,
+                                                      const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+                                                      const OptionalTensor& b_ih, const OptionalTensor& b_hh,
+                                                      const OptionalTensor& w_hr, bool reverse) {
+  TORCH_CHECK(x.defined() && h0.defined() && c0.defined(), "seqkernels.lstm_layer: x, h0 and c0 must be given");
+  const auto [y, h_n, c_n, gates, cells] =
+      dispatched_forward(x.contiguous(), batch_sizes, h0.contiguous(), c0.contiguous(), w_ih.contiguous(),
+                         w_hh.contiguous(), contiguous_if_given(b_ih), contiguous_if_given(b_hh),
+                         contiguous_if_given(w_hr), reverse, /*training=*/false);
+  return {y, h_n, c_n};
+}
 
 std::tuple<Tensor, Tensor, Tensor> lstm_padded_autograd(const Tensor& input, const OptionalTensor& h0,
                                                         const OptionalTensor& c0, const Tensor& w_ih,
@@ -304,11 +366,13 @@ std::tuple<Tensor, Tensor> lstm_cell_outputs(const Tensor& input, const Optional
 }  // namespace seqkernels
 
 TORCH_LIBRARY_IMPL(seqkernels, Autograd, m) {
+  m.impl("lstm_layer", &seqkernels::lstm_layer_autograd);
   m.impl("lstm_padded", &seqkernels::lstm_padded_autograd);
   m.impl("lstm_cell", &seqkernels::lstm_cell_autograd);
 }
 
 TORCH_LIBRARY_IMPL(seqkernels, CompositeExplicitAutograd, m) {
+  m.impl("lstm_layer", &seqkernels::lstm_layer_outputs);
   m.impl("lstm_padded", &seqkernels::lstm_padded_outputs);
   m.impl("lstm_cell", &seqkernels::lstm_cell_outputs);
 }

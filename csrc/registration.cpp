@@ -28,6 +28,14 @@ TORCH_LIBRARY(seqkernels, m) {
       "lstm_forward(Tensor x, Tensor batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
       "Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, bool reverse, bool training) "
       "-> (Tensor y, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
+  // The functional lstm_layer where autograd records it (the modules' general path in an eager
+  // training call: PackedSequence, projection, autocast): one autograd node in C++
+  // (csrc/lstm_recorded.cpp) around lstm_forward / lstm_backward; below autograd, lstm_forward's
+  // outputs without what it saves. Arguments as lstm_forward's, without training.
+  // Returns y [N, Hout], h_n [B, Hout], c_n [B, H].
+  m.def(
+      "lstm_layer(Tensor x, Tensor batch_sizes, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+      "Tensor? b_hh, Tensor? w_hr, bool reverse) -> (Tensor y, Tensor h_n, Tensor c_n)");
   // The common module call as one operator, inference only (no autograd formula: it raises where
   // autograd would record it): one layer and direction of a stack without projection, a padded
   // sequence.

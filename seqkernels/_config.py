@@ -138,13 +138,14 @@ def _build_config() -> dict:
 
 
 # Ops whose kernels, registered for every dispatch key, run another op of the library.
-_CALLS = {"lstm_padded": "lstm_forward", "lstm_cell": "lstm_forward", "lstm_backward_recorded": "lstm_backward"}
+_CALLS = {"lstm_layer": "lstm_forward", "lstm_padded": "lstm_forward", "lstm_cell": "lstm_forward",
+          "lstm_backward_recorded": "lstm_backward"}
 
 
 def _registered(op: str, key: str) -> bool:
     """Whether the op runs on dispatch key ``key``: a kernel for that key, or one for every key
     (CompositeImplicitAutograd: what a schema defined with its function gets, e.g.
-    release_step_graphs, which takes no tensor). lstm_padded's, lstm_cell's and
+    release_step_graphs, which takes no tensor). lstm_layer's, lstm_padded's, lstm_cell's and
     lstm_backward_recorded's kernels are registered for every key (CompositeExplicitAutograd, CompositeImplicitAutograd in
     Python) and run where the op they call does (_CALLS)."""
     op = _CALLS.get(op, op)

@@ -446,6 +446,85 @@ def test_opcheck_lstm_backward(device, sizes, input_size, hidden, proj, bias, re
                      reverse, bias)
 
 
+@pytest.mark.parametrize("sizes, input_size, hidden, proj, bias, reverse", OPCHECK_CASES)
+def test_opcheck_lstm_layer_op(device, sizes, input_size, hidden, proj, bias, reverse):
+    """torch.ops.seqkernels.lstm_layer, the functional's recorded eager call with a C++ autograd node:
+    schema, fake function, autograd registration and AOT dispatch, gradients included."""
+    torch.manual_seed(6)
+    args = _forward_args(sizes, input_size, hidden, proj, bias, reverse, True, torch.float32, device, True)[:-1]
+    torch.library.opcheck(torch.ops.seqkernels.lstm_layer.default, args)
+
+
+@pytest.mark.parametrize("sizes, input_size, hidden, proj, bias, reverse", OPCHECK_CASES)
+def test_lstm_layer_node_matches_the_function_path(device, sizes, input_size, hidden, proj, bias, reverse):
+    """lstm_layer where autograd records, eagerly, is one C++ node (LstmLayerFunction) with
+    lstm_forward's autograd.Function's op calls: its outputs and every gradient (losses on y, h_n and
+    c_n) are that Function's bitwise; y may not be changed in place before backward (it is saved);
+    a second backward under retain_graph gives the same gradients."""
+    from seqkernels.ops._autograd import call_op
+
+    torch.manual_seed(7)
+    args = _forward_args(sizes, input_size, hidden, proj, bias, reverse, True, torch.float32, device, True)
+    x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = args[:9]
+    leaves = [t for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr) if t is not None]
+
+    def run(call):
+        for t in leaves:
+            t.grad = None
+        y, h_n, c_n = call()
+        (y.sin().sum() + h_n.cos().sum() + (c_n * c_n).sum()).backward(retain_graph=True)
+        return [y, h_n, c_n] + [t.grad for t in leaves]
+
+    node = lambda: lstm_layer(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)  # noqa: E731
+    function = lambda: call_op(_forward_op.default, True, *args)[:3]  # noqa: E731
+    got, expected = run(node), run(function)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    y, h_n, _ = node()
+    assert y.grad_fn.name() == "torch::autograd::CppNode<seqkernels::LstmLayerFunction>"
+    assert h_n.grad_fn is y.grad_fn
+    loss = y.sin().sum() + h_n.sum()
+    first = torch.autograd.grad(loss, leaves, retain_graph=True)
+    second = torch.autograd.grad(loss, leaves)
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    y, _, _ = node()
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_lstm_layer_node_gradgradcheck(device):
+    """The node's gradients' own gradients (its backward under create_graph goes through
+    lstm_backward_recorded's double-backward formula), with projection, packed and reversed."""
+    torch.manual_seed(8)
+    args = _forward_args([3, 2, 2, 1], 3, 4, 2, True, True, True, torch.float64, device, True)[:-1]
+    tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad]
+
+    def call(*values):
+        full = list(args)
+        for i, v in zip(tensors, values):
+            full[i] = v
+        return lstm_layer(*full)
+
+    inputs = tuple(args[i] for i in tensors)
+    assert torch.autograd.gradcheck(call, inputs)
+    assert torch.autograd.gradgradcheck(call, inputs)
+
+
+@pytest.mark.parametrize("recording", [False, True])
+def test_lstm_layer_op_rejects_bad_arguments(device, recording):
+    """Direct calls of the lstm_layer op with mismatched sizes raise lstm_forward's RuntimeError (its
+    node's and its no-autograd kernel's), never crash."""
+    args = list(_forward_args([3, 2], 4, 5, 0, True, False, True, torch.float32, device, recording)[:-1])
+    torch.ops.seqkernels.lstm_layer(*args)  # the unmutated call is valid
+    for index, bad in ((2, args[2][:1]), (0, args[0][:, :3]), (1, torch.tensor([2, 3])), (4, args[4][:, :2])):
+        mutated = list(args)
+        mutated[index] = bad
+        with pytest.raises(RuntimeError):
+            torch.ops.seqkernels.lstm_layer(*mutated)
+
+
 def test_forward_op_outputs(device):
     """Output shapes of the raw op: saved buffers are empty in inference."""
     torch.manual_seed(4)

@@ -15,13 +15,15 @@ from torch import Tensor
 from ..reference.lstm import lstm_layer_reference
 from ._autograd import (
     call_backward_op, call_op, check_same_device, dense_grads, mark_saved_outputs, records_grad, reference_vjp,
-    register_autograd, register_double_backward, unwrap_dead_wrappers, vmap_fold, vmap_per_sample, vmap_unfold,
+    register_autograd, register_double_backward, transformed, unwrap_dead_wrappers, vmap_fold, vmap_per_sample,
+    vmap_unfold,
 )
 
 _forward = torch.ops.seqkernels.lstm_forward.default
 _backward = torch.ops.seqkernels.lstm_backward.default
 _infer = torch.ops.seqkernels.lstm_infer.default
 _padded = torch.ops.seqkernels.lstm_padded.default
+_layer = torch.ops.seqkernels.lstm_layer.default
 _cell = torch.ops.seqkernels.lstm_cell.default
 _FORWARD_ARGS = [a.name for a in _forward._schema.arguments]
 
@@ -48,8 +50,16 @@ def lstm_layer(
     input is ``x.reshape(T * B, I)`` with ``batch_sizes = full((T,), B)``);
     batch_sizes: [T] int64 on the CPU, non-increasing; h0: [B, Hout]; c0: [B, H].
     Returns y [N, Hout], h_n [B, Hout], c_n [B, H].
+
+    Where autograd records an eager call outside torch.func transforms, this is the lstm_layer
+    operator, whose autograd node is C++ (csrc/lstm_recorded.cpp): the same lstm_forward and
+    lstm_backward calls as lstm_forward's autograd.Function (which torch.compile and the transforms
+    take), without Python in the node's forward or backward (host time before a GPU's forward and
+    backward loops).
     """
     training = records_grad(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+    if training and not torch.compiler.is_compiling() and not transformed():
+        return _layer(*unwrap_dead_wrappers((x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)), reverse)
     y, h_n, c_n, _, _ = call_op(
         _forward,
         training,
@@ -175,6 +185,12 @@ def _padded_call_fake(label: str):
         return (output.transpose(0, 1) if batch_first else output), *state
 
     return fake
+
+
+@torch.library.register_fake("seqkernels::lstm_layer")
+def _lstm_layer_fake(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    y, h_n, c_n, _, _ = _lstm_forward_fake(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, False)
+    return y, h_n, c_n
 
 
 torch.library.register_fake("seqkernels::lstm_infer")(_padded_call_fake("seqkernels.lstm_infer"))
