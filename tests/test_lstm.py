@@ -498,18 +498,8 @@ def test_lstm_layer_node_gradgradcheck(device):
     """The node's gradients' own gradients (its backward under create_graph goes through
     lstm_backward_recorded's double-backward formula), with projection, packed and reversed."""
     torch.manual_seed(8)
-    args = _forward_args([3, 2, 2, 1], 3, 4, 2, True, True, True, torch.float64, device, True)[:-1]
-    tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad]
-
-    def call(*values):
-        full = list(args)
-        for i, v in zip(tensors, values):
-            full[i] = v
-        return lstm_layer(*full)
-
-    inputs = tuple(args[i] for i in tensors)
-    assert torch.autograd.gradcheck(call, inputs)
-    assert torch.autograd.gradgradcheck(call, inputs)
+    _gradcheck_both_orders(lstm_layer, _forward_args([3, 2, 2, 1], 3, 4, 2, True, True, True, torch.float64, device,
+                                                     True)[:-1])
 
 
 @pytest.mark.parametrize("recording", [False, True])
