@@ -73,7 +73,8 @@ TORCH_LIBRARY(seqkernels, m) {
       "Tensor grad_bias, Tensor grad_w_hr)");
   // lstm_backward where autograd records it (a double backward: create_graph=True), through its
   // autograd.Function, whose formula also reads b_ih and b_hh (implemented in Python,
-  // seqkernels/ops/lstm.py; lstm_padded's C++ node calls it). Returns lstm_backward's outputs.
+  // seqkernels/ops/lstm.py; the C++ nodes of csrc/lstm_recorded.cpp call it). Returns lstm_backward's
+  // outputs.
   m.def(
       "lstm_backward_recorded(Tensor grad_y, Tensor grad_h_n, Tensor grad_c_n, Tensor x, Tensor batch_sizes, "
       "Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, Tensor y, Tensor gates, "

@@ -164,8 +164,9 @@ def _lstm_backward_recorded(
     b_hh,
 ):
     """lstm_backward as the double backward records it (create_graph=True): through its
-    autograd.Function (register_double_backward), given the biases its formula reads. lstm_padded's
-    C++ node calls this where grad mode is on in its backward."""
+    autograd.Function (register_double_backward), given the biases its formula reads. The C++ nodes
+    of lstm_layer, lstm_padded and lstm_cell (csrc/lstm_recorded.cpp, layer_backward) call this where
+    grad mode is on in their backward."""
     return call_backward_op(
         _backward, grad_y, grad_h_n, grad_c_n, x, batch_sizes, h0, c0, w_ih, w_hh, w_hr, y, gates, cells, reverse,
         has_bias, extra=(b_ih, b_hh),
