@@ -29,6 +29,7 @@
 #include "kernel_attributes.cuh"
 #include "lstm_device.cuh"
 #include "lstm_one_cluster.cuh"
+#include "packed_steps.cuh"
 #include "seqkernels/lstm_cell.h"
 
 namespace seqkernels {
@@ -40,7 +41,6 @@ using u64 = unsigned long long;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBatch = 64;     // B limit of the persistent path
-constexpr int kMaxSegments = 64;  // distinct batch sizes of a packed sequence
 // One gate item (unit, batch row) per thread: U * B <= kThreads. (Two items per thread would
 // double the hot loop's code, and the loop must stay small: at ~10K instructions the step time
 // was bound by instruction fetch, measured on an H200.)
@@ -82,16 +82,6 @@ template <Path P>
 constexpr int gather_batch() {
   return P == Path::kTf32 ? 8 : 16;
 }
-
-// Runs of equal batch size: step t in [tb[k], tb[k+1]) has bs[k] rows starting at packed row
-// ob[k] + (t - tb[k]) * bs[k]. tb[count] = T.
-struct SegTable {
-  long long ob[kMaxSegments];
-  int tb[kMaxSegments + 1];
-  int bs[kMaxSegments];
-  int count;
-  int pad_;
-};
 
 // Sizes and shared-memory layout of one launch, computed on the host (make_geometry).
 struct Geometry {
@@ -513,19 +503,6 @@ struct Resident<scalar_t, P, kBwd, std::enable_if_t<P != Path::kFma>> {  // tens
   }
 };
 
-// One step of the packed sequence.
-struct StepInfo {
-  int t, bt;
-  int64_t off;  // first packed row of the step
-};
-
-__device__ __forceinline__ StepInfo step_at(const SegTable* seg, int t, int& k) {
-  while (t < seg->tb[k]) --k;
-  while (t >= seg->tb[k + 1]) ++k;
-  const int bt = seg->bs[k];
-  return {t, bt, seg->ob[k] + static_cast<int64_t>(t - seg->tb[k]) * bt};
-}
-
 // Copies the step table into shared memory (block-wide).
 __device__ __forceinline__ void copy_step_table(const SegTable& src, SegTable* dst) {
   const int* s = reinterpret_cast<const int*>(&src);
@@ -579,23 +556,6 @@ __device__ void report_trace(const PhaseTrace& tr, const char* what, const Geome
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
 inline size_t align16(size_t x) { return (x + 15) & ~size_t{15}; }
-
-inline bool build_segments(const LstmSizes& s, SegTable& tab) {
-  if (s.T > INT_MAX - 1) return false;
-  tab = SegTable{};
-  tab.count = 0;
-  for (int64_t t = 0; t < s.T; ++t) {
-    if (t == 0 || s.batch_sizes[t] != s.batch_sizes[t - 1]) {
-      if (tab.count == kMaxSegments) return false;
-      tab.tb[tab.count] = static_cast<int>(t);
-      tab.bs[tab.count] = static_cast<int>(s.batch_sizes[t]);
-      tab.ob[tab.count] = s.offsets[t];
-      ++tab.count;
-    }
-  }
-  tab.tb[tab.count] = static_cast<int>(s.T);
-  return true;
-}
 
 // Geometry for U units per block; false when the resident weights or the shared memory of
 // one block do not fit.
