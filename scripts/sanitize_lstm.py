@@ -160,13 +160,17 @@ def rnn_tf32(allowed: bool):
         torch.backends.cudnn.allow_tf32 = saved
 
 
-# The one-cluster forward and backward kernels (16-bit, B <= 64, H in {128, 256, 512}, equal batch
-# sizes, sm_90: one thread-block cluster of H / 32 blocks per 8 batch rows, h (dG) sent with bulk copies
-# into every block's shared memory of its cluster): one cluster, two (B = 12, the second half empty)
-# and three (B = 20); each case runs inference and training, so both kernels run.
+# The one-cluster forward and backward kernels (16-bit, B <= 64, H in {128, 256, 512}, sm_90: one
+# thread-block cluster of H / 32 blocks per 8 batch rows, h (dG) sent with bulk copies into every
+# block's shared memory of its cluster): one cluster, two (B = 12, the second half empty) and three
+# (B = 20); then packed sequences, whose groups run different numbers of steps (the second group of
+# [12, 9, 9, 3] one step, of [20, 17, 9, 4] three and two) and whose rows sit out steps (both
+# directions: in reverse they start late from h0); each case runs inference and training, so both
+# kernels run.
 ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128, torch.float16, True),
                      ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True),
-                     ([20, 20, 20], 8, 256, torch.bfloat16, True)]
+                     ([20, 20, 20], 8, 256, torch.bfloat16, True), ([8, 8, 5, 1], 8, 512, torch.float16, True),
+                     ([12, 9, 9, 3], 8, 256, torch.bfloat16, True), ([20, 17, 9, 4], 8, 128, torch.float16, True)]
 
 # The forward's cluster kernel (16-bit, float32 with and without TF32; 16 < B <= 64, equal batch
 # sizes, sm_90: 64 clusters of two blocks, partial sums in distributed shared memory, step flags

@@ -78,14 +78,15 @@ CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES = 64 * 1024
 # the pair); SEQKERNELS_LSTM_CLUSTER_WHOLE_K=0 never, =1 at any B (diagnostic)
 CUDA_CLUSTER_WHOLE_K_MAX_BATCH = 8
 # one_cluster_forward_applies, csrc/cuda/lstm_one_cluster.cuh: 16-bit types up to B = kOneClusterMaxRows
-# at these H, equal batch sizes, sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows,
+# at these H, any batch sizes (packed: at most kMaxSegments distinct ones), sm_90 (one thread-block cluster of H / 32 blocks per 8 batch rows,
 # all resident at once: the occupancy API's answer at launch)
 CUDA_ONE_CLUSTER_MAX_ROWS = 64
 CUDA_ONE_CLUSTER_GROUP_ROWS = 8  # kGroupRows, csrc/cuda/lstm_one_cluster.cu
 CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
 CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
 # run_backward, csrc/cuda/lstm_one_cluster.cu: 16-bit backward calls of the persistent loop at these H
-ONE_CLUSTER_BACKWARD = "the one-cluster backward kernel where its clusters are resident, equal batch sizes, sm_90"
+ONE_CLUSTER_BACKWARD = ("the one-cluster backward kernel where its clusters are resident, packed: at most 64 batch "
+                        "sizes, sm_90")
 # row_split_backward_applies, csrc/cuda/lstm_persistent.cuh: the persistent backward's row-split kernel
 # (16-bit types at H = kRowSplitBackwardHidden up to B = kRowSplitBackwardMaxBatch, equal batch sizes,
 # sm_90 with >= 128 SMs), which choose_loop's backward rule takes wherever it applies
@@ -357,7 +358,7 @@ def _one_cluster(batch: int, hidden: int) -> str:
     groups = -(-batch // CUDA_ONE_CLUSTER_GROUP_ROWS)
     split_k = "; warp pairs split K" if hidden == CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN else ""
     return (f"the one-cluster forward kernel: B = {batch} <= {CUDA_ONE_CLUSTER_MAX_ROWS} and H = {hidden} in "
-            f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, equal batch sizes, sm_90, {groups} "
+            f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, packed: at most 64 batch sizes, sm_90, {groups} "
             f"cluster{'s' if groups > 1 else ''} of {hidden // 32} blocks if all are resident at once{split_k}")
 
 

@@ -304,17 +304,20 @@ _CLI_CHOICES = [
      ["forward: fused", "backward (training): cublas"], []),
     (["--batch", "32", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: 16 < B = 32 <= 64 and H = 512 in {256, 512, 1024} (the one-cluster forward "
-      "kernel: B = 32 <= 64 and H = 512 in {128, 256, 512}, equal batch sizes, sm_90, 4 clusters of 16 blocks if "
+      "kernel: B = 32 <= 64 and H = 512 in {128, 256, 512}, packed: at most 64 batch sizes, sm_90, 4 clusters of 16 "
+      "blocks if "
       "all are resident at once; warp pairs split K; else the cluster forward kernel",
       "backward (training): fused", "B*H = 16384 <= 20480"], []),
     (["--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 16 <= 64",
-      "equal batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split K)"], []),
+      "packed: at most 64 batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split "
+      "K)"], []),
     (["--batch", "12", "--hidden", "640", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 12 <= 16 and H = 640 <= 1024 (the direct forward kernel)"], []),
     (["--batch", "8", "--hidden", "512", "--dtype", "float16", "--device", "cuda"],
      ["forward: persistent (auto: B = 8 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 8",
-      "equal batch sizes, sm_90, 1 cluster of 16 blocks if all are resident at once; warp pairs split K)"], []),
+      "packed: at most 64 batch sizes, sm_90, 1 cluster of 16 blocks if all are resident at once; warp pairs split "
+      "K)"], []),
     (["--batch", "8", "--hidden", "256", "--dtype", "bfloat16", "--device", "cuda"],
      ["(the one-cluster forward kernel: B = 8 <= 64 and H = 256"], ["split K"]),
     (["--batch", "16", "--hidden", "1024", "--dtype", "bfloat16", "--device", "cuda"],
@@ -352,10 +355,11 @@ _CLI_CHOICES = [
      ["waits"]),
     (["--batch", "8", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["backward (training): persistent (auto: state B*H*2 bytes = 8 KiB <= 8 KiB (the one-cluster backward kernel "
-      "where its clusters are resident, equal batch sizes, sm_90; else the split or general kernel)"], []),
+      "where its clusters are resident, packed: at most 64 batch sizes, sm_90; else the split or general kernel)"],
+     []),
     (["--batch", "16", "--hidden", "512", "--dtype", "float16", "--device", "cuda"],
-     ["backward (training): persistent", "(the one-cluster backward kernel where its clusters are resident, equal "
-      "batch sizes, sm_90; else the split backward kernel in clusters)"], []),
+     ["backward (training): persistent", "(the one-cluster backward kernel where its clusters are resident, packed: "
+      "at most 64 batch sizes, sm_90; else the split backward kernel in clusters)"], []),
     (["--batch", "8", "--hidden", "640", "--dtype", "float16", "--device", "cuda"],
      ["backward (training): persistent", "(the split backward kernel in clusters)"], ["one-cluster backward"]),
     (["--batch", "5", "--hidden", "1024", "--dtype", "float16", "--device", "cuda"],

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import random
 import re
 
 import pytest
@@ -1018,9 +1019,20 @@ def _last_bool_argument(fn, kernel: str) -> set[bool]:
     return {v == "true" for v in _last_arguments(fn, kernel, "true|false")}
 
 
+def _one_cluster_forward_flags(fn) -> set[tuple[bool, bool]]:
+    """(kSplitK, kRagged), the last two template arguments, of the one-cluster forward kernels that ran in fn()."""
+    found = set()
+    for n in kernel_names(fn):
+        if "lstm_persistent_forward_one_cluster_kernel<" in n:
+            m = re.search(r"lstm_persistent_forward_one_cluster_kernel<[^>]*, (true|false), (true|false)>", n)
+            assert m, n
+            found.add((m.group(1) == "true", m.group(2) == "true"))
+    return found
+
+
 def _one_cluster_split_k(fn) -> set[bool]:
-    """The kSplitK template argument (the last) of the one-cluster kernels that ran in fn()."""
-    return _last_bool_argument(fn, "lstm_persistent_forward_one_cluster_kernel")
+    """The kSplitK template argument of the one-cluster forward kernels that ran in fn()."""
+    return {split_k for split_k, _ in _one_cluster_forward_flags(fn)}
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
@@ -1083,16 +1095,47 @@ def test_backward_kernels_are_deterministic(monkeypatch, kernel, H, B, T, dtype)
         assert torch.equal(a, b)
 
 
+def _sorted_lengths_batch_sizes(lengths: list[int]) -> list[int]:
+    """A PackedSequence's batch sizes for these sequence lengths."""
+    return [sum(n > t for n in lengths) for t in range(max(lengths))]
+
+
+# (precision, batch sizes, H, reverse): packed sequences on the one-cluster kernels. Rows drop out
+# inside a group of 8 (by one and by several at a step, down to one row), whole groups stop early
+# (the second group of [16, 12, 3] runs 2 steps, of [20, 17, 9, 9, 4] 2 and 4 groups end at
+# different steps), and random lengths (B = 16 and 37: 38 and 61 steps, up to 16 and 37 distinct
+# batch sizes); in reverse the rows start late, from h0 and c0.
+_ONE_CLUSTER_PACKED_CASES = [
+    ("bfloat16", [8, 8, 5, 1], 512, False), ("float16", [8, 8, 5, 1], 512, True),
+    ("float16", [16, 12, 3], 256, False), ("bfloat16", [16, 12, 3], 256, True),
+    ("bfloat16", [13, 13, 9, 8, 8, 2, 2, 1], 128, True), ("float16", [20, 17, 9, 9, 4], 256, False),
+    ("bfloat16", [11, 7, 7, 6, 3, 3, 3, 1], 512, True), ("float16", [2, 1, 1, 1, 1], 128, True),
+    ("float16", _sorted_lengths_batch_sizes([38, 37, 33, 30, 30, 26, 19, 18, 15, 12, 9, 7, 5, 3, 2, 1]), 512, False),
+    ("bfloat16", _sorted_lengths_batch_sizes(sorted(random.Random(5).choices(range(1, 62), k=37), reverse=True)),
+     256, True),
+]
+
+
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("batch_sizes,H", [([8, 8, 5, 1], 512), ([16, 12, 3], 256)])
-def test_one_cluster_forward_leaves_ragged_batches(monkeypatch, batch_sizes, H):
-    """A packed sequence whose batch shrinks is not the one-cluster kernel's (every step full): the
-    direct kernel takes it, right against the reference."""
+@pytest.mark.parametrize("precision_name,batch_sizes,H,reverse", _ONE_CLUSTER_PACKED_CASES)
+def test_one_cluster_packed_matches_reference(monkeypatch, precision_name, batch_sizes, H, reverse):
+    """A packed sequence whose batch shrinks runs on the one-cluster kernels too (their instances with
+    the step table): each group runs its longest sequence's steps and each row only its own. Which
+    kernels ran, and the outputs, h_n, c_n and every gradient (grad_h0 / grad_c0 of rows that end
+    early included) against the float64 reference; SEQKERNELS_LSTM_ONE_CLUSTER=0 keeps the direct
+    kernel, compared once more."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
-    with _Precision("bfloat16"):
-        names = kernel_names(lambda: compare_layer(batch_sizes, 5, H, reverse=False, bias=True, precision="bfloat16",
-                                                   what="ragged, not one cluster"))
-        assert not any("one_cluster" in n for n in names) and any("forward_direct" in n for n in names)
+    with _Precision(precision_name):
+        def run():
+            compare_layer(batch_sizes, 5, H, reverse=reverse, bias=True, precision=precision_name,
+                          seed=len(batch_sizes) + H, what="one-cluster, packed")
+
+        assert _one_cluster_forward_flags(run) == {(H == 512, True)}
+        assert _persistent_variants(run, "backward", "one_cluster") == {"one_cluster"}
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER", "0")
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD", "0")
+        names = kernel_names(run)
+        assert not any("one_cluster" in n for n in names)
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

@@ -201,26 +201,32 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 struct BackwardItemInputs {
   float act[4], c, c_prev, dy, h_prev;
 };
+// The item's inputs at packed row `row`; its state came from packed row prev_row, or from h0 / c0
+// (row b) where prev_row < 0.
 template <int H, class Args>
-__device__ __forceinline__ void load_backward_item(const Args& a, int T, int B, int i, int b, int j, bool live,
+__device__ __forceinline__ void load_backward_rows(const Args& a, int64_t row, int64_t prev_row, int b, int j,
                                                    BackwardItemInputs& in) {
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
-  const int s = T - 1 - i;
-  const int64_t t = a.reverse ? T - 1 - s : s;
-  const int64_t row = t * B + b;
-  if (!live) return;
 #pragma unroll
   for (int q = 0; q < 4; ++q) in.act[q] = static_cast<float>(a.gates[row * G + q * H + j]);
   in.c = static_cast<float>(a.cells[row * H + j]);
   in.dy = static_cast<float>(a.grad_y[row * H + j]);
-  if (s > 0) {
-    const int64_t prow = (a.reverse ? t + 1 : t - 1) * B + b;
-    in.c_prev = static_cast<float>(a.cells[prow * H + j]);
-    in.h_prev = static_cast<float>(a.y[prow * H + j]);
+  if (prev_row >= 0) {
+    in.c_prev = static_cast<float>(a.cells[prev_row * H + j]);
+    in.h_prev = static_cast<float>(a.y[prev_row * H + j]);
   } else {
     in.c_prev = static_cast<float>(a.c0[static_cast<int64_t>(b) * H + j]);
     in.h_prev = static_cast<float>(a.h0[static_cast<int64_t>(b) * H + j]);
   }
+}
+// Every step full (B rows): iteration i's step s = T - 1 - i.
+template <int H, class Args>
+__device__ __forceinline__ void load_backward_item(const Args& a, int T, int B, int i, int b, int j, bool live,
+                                                   BackwardItemInputs& in) {
+  const int s = T - 1 - i;
+  const int64_t t = a.reverse ? T - 1 - s : s;
+  if (!live) return;
+  load_backward_rows<H>(a, t * B + b, s > 0 ? (a.reverse ? t + 1 : t - 1) * B + b : -1, b, j, in);
 }
 
 // Spin-wait guard: a wait longer than this (in SM clock cycles, ~10 s) means a bug or a

@@ -19,8 +19,9 @@
 // 4000 against 2500 SM cycles a step at H = 512, slower than the direct kernel; split K over both
 // tiles was slower still: H200, docs/benchmarks.md.)
 //
-// Shape legend: T steps, B batch, H hidden, G = 4H, CL = H / 32 blocks per cluster, KS = H / 16
-// k-steps of mma.m16n8k16, ceil(B / 8) clusters (batch groups) of one n8 tile of rows each.
+// Shape legend: T steps, B = batch_sizes[0] rows, N packed rows, H hidden, G = 4H, CL = H / 32
+// blocks per cluster, KS = H / 16 k-steps of mma.m16n8k16, ceil(B / 8) clusters (batch groups) of one
+// n8 tile of rows each.
 //
 // Decomposition. Block r of a cluster owns units [32 r, 32 r + 32); warp w of its 8 owns four of
 // them, j0 = 32 r + 4 w, and all four gates of those: a 16-row m16 tile of W_hh whose row m is gate
@@ -63,6 +64,13 @@
 // with A from registers (~37 cycles per dependent wgmma); all senders in warp 0 (its copies issue
 // one after another); two n8 tiles of rows in one cluster (above).
 //
+// Packed sequences (2026-11-29). A group's rows are sorted by length, longest first, so group g runs
+// only the steps of its row 8 g's sequence, and in each step a row takes part while b <
+// batch_sizes[t]. Rows never meet, so a row outside its sequence only has to keep its state: its
+// h, c (forward) and dh, dc (backward) stay as they are, and the h it sends (its last, or h0 before
+// its first step in reverse) is read by nobody else's gates. The instances for equal batch sizes
+// (kRagged = false) take no step table.
+//
 // The launch is ceil(B / 8) clusters (each cluster's blocks co-scheduled by the hardware): the
 // occupancy API's cluster answer is checked first, so no cluster waits for SMs that cannot come; a
 // wait longer than ~10 s traps (lstm_device.cuh's guard).
@@ -82,6 +90,7 @@
 #include "kernel_attributes.cuh"
 #include "lstm_device.cuh"
 #include "lstm_persistent.cuh"
+#include "packed_steps.cuh"
 #include "seqkernels/lstm_cell.h"
 
 namespace seqkernels {
@@ -101,7 +110,38 @@ __host__ __device__ constexpr int slice_index(int b, int u) { return (u >> 3) * 
 // Blocks per cluster for KS = H / 16 k-steps: one per 32 units.
 __host__ __device__ constexpr int cluster_of(int ks) { return ks * 16 / kUnitsPerBlock; }
 
-template <class scalar_t>
+// The steps of a call: kRagged, a packed sequence's table (packed_steps.cuh); else every step has
+// all B rows and nothing is passed.
+struct FullSteps {};
+template <bool kRagged>
+using CallSteps = std::conditional_t<kRagged, SegTable, FullSteps>;
+
+// Step t of the call: its rows and first packed row.
+template <bool kRagged>
+__device__ __forceinline__ StepInfo call_step(const CallSteps<kRagged>& steps, int t, int B, int& cursor) {
+  if constexpr (kRagged) {
+    return step_at(&steps, t, cursor);
+  } else {
+    return {t, B, static_cast<int64_t>(t) * B};
+  }
+}
+
+// The steps that batch group row0 runs (the longest of its sequences: the rows are sorted by length
+// down, so row0's). In reverse they are times Tg - 1 .. 0, the forward's first Tg steps.
+template <bool kRagged>
+__device__ __forceinline__ int group_steps(const CallSteps<kRagged>& steps, int T, int row0) {
+  if constexpr (kRagged) {
+    int Tg = 0;
+    for (int k = 0; k < steps.count; ++k) {
+      if (steps.bs[k] > row0) Tg = steps.tb[k + 1];
+    }
+    return Tg;
+  } else {
+    return T;
+  }
+}
+
+template <class scalar_t, bool kRagged>
 struct OneClusterArgs {
   int T, B;              // B: all rows (cluster g runs rows [8 g, 8 g + 8))
   bool reverse;
@@ -117,6 +157,7 @@ struct OneClusterArgs {
   scalar_t* cells;       // [N, H] (training) c_t
   scalar_t* h_n;         // [B, H]
   float* c_n;            // [B, H]
+  CallSteps<kRagged> steps;
 };
 
 // A bulk copy of `bytes` (a multiple of 16) from this block's shared memory into block-cluster
@@ -198,9 +239,9 @@ __device__ void report_one_cluster_trace(const PhaseTrace& tr, const char* what,
          (tr.last - tr.begin) / t, tr.acc[0] / t, tr.acc[1] / t, tr.acc[2] / t, tr.acc[3] / t, tr.acc[4] / t);
 }
 
-template <class scalar_t, bool kTraining, int KS, bool kSplitK>
+template <class scalar_t, bool kTraining, int KS, bool kSplitK, bool kRagged>
 __global__ void __launch_bounds__(kThreads, 1)
-    lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t> a) {
+    lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t, kRagged> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int H = KS * 16;
   constexpr int CL = H / kUnitsPerBlock;    // blocks per cluster
@@ -215,11 +256,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][lane].
   __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * 32 : 1];
 
-  const int T = a.T, B = a.B;
   // Clusters are CL consecutive blocks: cluster g = blockIdx.x / CL runs batch rows [8 g, 8 g + 8),
   // and a block's rank in its cluster is blockIdx.x % CL.
   const int rank = static_cast<int>(blockIdx.x) % CL;
   const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
+  // A packed sequence (kRagged): the group runs only its longest sequence's steps, and a row takes
+  // part in step t while b < batch_sizes[t] (`on`); between its own steps a row keeps its h and c
+  // (h0 / c0 before its first step in reverse) and sends that h, which no other row reads.
+  const int T = group_steps<kRagged>(a.steps, a.T, row0), B = a.B;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int upper = lane >> 4;  // 0: gates i, g of unit gq; 1: f, o of unit gq - 4
   const int uq = gq & 3;        // the lane's unit within the warp's four
@@ -276,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int q = 0; q < 4; ++q) bias[q] = bias_sum(a.b_ih, a.b_hh, q * static_cast<int64_t>(H) + j);
   float c_st = live ? static_cast<float>(a.c0[static_cast<int64_t>(b) * H + j]) : 0.0f;
-  scalar_t h_st = scalar_t(0.0f);
+  scalar_t h_st = kRagged && live ? a.h0[static_cast<int64_t>(b) * H + j] : scalar_t(0.0f);
 
   // Sender d < CL - 1, lane d / 8 of warp d % 8, sends to block (rank + 1 + d) % CL: this block's
   // slice of that block's buffers, and its mbarriers. (Senders 0..CL - 2 all in warp 0, whose
@@ -292,11 +336,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // offsets 0, 8, 16, 24 of a pair of k-steps).
   const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
+  int pre_cursor = 0, step_cursor = 0;  // (kRagged) the two walks' runs of the step table
   auto load_pre = [&](int s, float (&pv)[4]) {
-    const int64_t t = a.reverse ? T - 1 - s : s;
-    const float* p = a.pre + (t * B + b) * G + j;
+    const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, pre_cursor);
+    const bool on = kRagged ? b < st.bt : live;
+    const float* p = a.pre + (st.off + b) * G + j;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) pv[q] = live ? p[q * static_cast<int64_t>(H)] : 0.0f;
+    for (int q = 0; q < 4; ++q) pv[q] = on ? p[q * static_cast<int64_t>(H)] : 0.0f;
   };
   float pv[4], pv_next[4];
   load_pre(0, pv);
@@ -363,7 +409,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     trace.mark(1);
-    const int64_t t = a.reverse ? T - 1 - s : s;
+    const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, step_cursor);
+    const bool on = kRagged ? b < st.bt : live;
     const float* d = dsum[0];  // this warp's tile (kSplitK: both halves of K)
     // All four gates of (unit j, row bl): the lower lanes keep column 2t, the upper 2t + 1.
     const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
@@ -375,16 +422,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     lstm_cell_forward<CudaMath>(pre_g, c_st, act, c_new, m);
     const scalar_t h = static_cast<scalar_t>(m);
     if (live) {
-      stage[s & 1][slice_index(bl, quad * 4 + uq)] = h;
-      hbuf[s & 1][rank][slice_index(bl, quad * 4 + uq)] = h;  // read after the barrier below
+      const scalar_t h_sent = on ? h : h_st;
+      stage[s & 1][slice_index(bl, quad * 4 + uq)] = h_sent;
+      hbuf[s & 1][rank][slice_index(bl, quad * 4 + uq)] = h_sent;  // read after the barrier below
     }
     trace.mark(2);
     if (s + 1 < T) send_staged(tx, stage_local, s & 1, kSliceBytes, kBufBytes, kSliceBytes);  // to every block
     trace.mark(3);
-    if (live) {
+    if (on) {
       c_st = c_new;
       h_st = h;
-      const int64_t row = t * B + b;
+      const int64_t row = st.off + b;
       a.y[row * H + j] = h;
       if constexpr (kTraining) {
         scalar_t* gr = a.gates + row * G + j;
@@ -431,9 +479,9 @@ bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem
   return true;
 }
 
-template <class scalar_t, bool kTraining, int KS, bool kSplitK>
-bool launch(const OneClusterArgs<scalar_t>& args) {
-  return launch_groups(&lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK>, args,
+template <class scalar_t, bool kTraining, int KS, bool kSplitK, bool kRagged>
+bool launch(const OneClusterArgs<scalar_t, kRagged>& args) {
+  return launch_groups(&lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK, kRagged>, args,
                        cluster_of(KS), 0);
 }
 
@@ -447,12 +495,13 @@ bool split_k_wanted(const LstmSizes& s) {
   return mode == 1 || (mode == -1 && s.H == 512);
 }
 
-template <class scalar_t, bool kTraining>
-bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t>& args) {
+template <class scalar_t, bool kTraining, bool kRagged>
+bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t, kRagged>& args) {
   const bool split_k = split_k_wanted(s);
   return with_hidden_steps(s.H, [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    return split_k ? launch<scalar_t, kTraining, KS, true>(args) : launch<scalar_t, kTraining, KS, false>(args);
+    return split_k ? launch<scalar_t, kTraining, KS, true, kRagged>(args)
+                   : launch<scalar_t, kTraining, KS, false, kRagged>(args);
   });
 }
 
@@ -498,7 +547,7 @@ __host__ __device__ constexpr int partial_index(int n, int u) { return n * kUnit
 constexpr int kGateSliceElems = kGroupRows * 4 * kUnitsPerBlock;  // a block's dG: 8 rows x 4 gates x 32 units
 __host__ __device__ constexpr int dslice_index(int n, int k) { return (k >> 3) * kCoreElems + n * 8 + (k & 7); }
 
-template <class scalar_t>
+template <class scalar_t, bool kRagged>
 struct OneClusterBackwardArgs {
   int T, B;  // B: all rows (cluster g runs rows [8 g, 8 g + 8))
   bool reverse;
@@ -516,11 +565,12 @@ struct OneClusterBackwardArgs {
   scalar_t* hprev;            // [N, H] out: h_{t-1} of every row
   float* grad_h0;             // [B, H] out
   float* grad_c0;             // [B, H] out
+  CallSteps<kRagged> steps;
 };
 
-template <class scalar_t, int KS>
+template <class scalar_t, int KS, bool kRagged>
 __global__ void __launch_bounds__(kThreads, 1)
-    lstm_persistent_backward_one_cluster_kernel(const __grid_constant__ OneClusterBackwardArgs<scalar_t> a) {
+    lstm_persistent_backward_one_cluster_kernel(const __grid_constant__ OneClusterBackwardArgs<scalar_t, kRagged> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int H = KS * 16;
   constexpr int CL = H / kUnitsPerBlock;            // blocks per cluster
@@ -538,9 +588,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto dslice = reinterpret_cast<scalar_t*>(one_cluster_smem + 4 * CL * kPartialElems * sizeof(float));
   __shared__ __align__(8) uint64_t bars[2];
 
-  const int T = a.T, B = a.B;
   const int rank = static_cast<int>(blockIdx.x) % CL;
   const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
+  // A packed sequence (kRagged): the group runs its longest sequence's steps; a row takes part in
+  // step t while b < batch_sizes[t] (`on`), and between its own steps keeps dh and dc (grad_h_n /
+  // grad_c_n before its last step, forward direction; grad_h0 / grad_c0 after its first, reverse).
+  const int T = group_steps<kRagged>(a.steps, a.T, row0), B = a.B;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   constexpr uint32_t kPartialBytes = kPartialElems * sizeof(float);
   constexpr uint32_t kBufBytes = CL * kPartialBytes;
@@ -595,7 +648,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ld_lane = shared_address(dslice) + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
   // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
-  auto load = [&](int i, BackwardItemInputs& in) { load_backward_item<H>(a, T, B, i, b, j, live, in); };
+  int load_cursor = 0, step_cursor = 0;  // (kRagged) the two walks' runs of the step table
+  auto load = [&](int i, BackwardItemInputs& in) {
+    if constexpr (kRagged) {
+      const int s = T - 1 - i, t = a.reverse ? T - 1 - s : s;
+      const StepInfo st = step_at(&a.steps, t, load_cursor);
+      if (b >= st.bt) return;
+      // The step the row's state came from: t - 1 (it runs there too) or, in reverse, t + 1 where
+      // it runs there; else h0 / c0.
+      int64_t prev_row = -1;
+      int cursor = load_cursor;
+      if (!a.reverse && t > 0) {
+        prev_row = step_at(&a.steps, t - 1, cursor).off + b;
+      } else if (a.reverse && t + 1 < a.T) {
+        const StepInfo next = step_at(&a.steps, t + 1, cursor);
+        if (b < next.bt) prev_row = next.off + b;
+      }
+      load_backward_rows<H>(a, st.off + b, prev_row, b, j, in);
+    } else {
+      load_backward_item<H>(a, T, B, i, b, j, live, in);
+    }
+  };
   BackwardItemInputs cur{}, next{};
   load(0, cur);
   float dc_carry = live ? static_cast<float>(a.grad_c_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
@@ -605,6 +678,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   PhaseTrace trace;
   trace.start(a.trace);
 
+  bool on_before = true;  // (kRagged) whether the row took part in the previous iteration's step
   // Iterations 0 .. T - 1 run step T - 1 - i; iteration T only adds partials (grad_h0).
   for (int i = 0; i <= T; ++i) {
     if (i > 0) {
@@ -616,7 +690,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float sum = 0.0f;
 #pragma unroll
       for (int src = 0; src < CL; ++src) sum += recv[rd][src][partial_index(nl, ul)];
-      dh_rec = sum;
+      if (!kRagged || on_before) dh_rec = sum;
     } else if (T > 1) {
       load(1, next);
     }
@@ -624,10 +698,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Gate math of step s = T - 1 - i.
     const int s = T - 1 - i;
-    const int64_t t = a.reverse ? T - 1 - s : s;
-    const int64_t row = t * B + b;
+    const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, step_cursor);
+    const bool on = kRagged ? b < st.bt : live;
+    const int64_t row = st.off + b;
     LstmGates<float> dpre{};
-    if (live) {
+    if (on) {
       const LstmGates<float> act{cur.act[0], cur.act[1], cur.act[2], cur.act[3]};
       float dc_prev, m;
       lstm_cell_backward<CudaMath>(act, cur.c, cur.c_prev, cur.dy + dh_rec, dc_carry, dpre, dc_prev, m);
@@ -674,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The staged partials to their blocks (every iteration sends: iteration T adds the last ones).
     send_staged(tx, tx_stage, i & 1, kPartialBytes, kBufBytes, sent_bytes);
     trace.mark(3);
-    if (live) {
+    if (on) {
       scalar_t* gr = a.dG + row * G + j;
       gr[0] = static_cast<scalar_t>(dpre.i);
       gr[H] = static_cast<scalar_t>(dpre.f);
@@ -683,6 +758,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       a.hprev[row * H + j] = static_cast<scalar_t>(cur.h_prev);
     }
     cur = next;
+    if constexpr (kRagged) on_before = on;
     trace.mark(4);
   }
   report_one_cluster_trace(trace, "backward one-cluster", T, B, H, CL);
@@ -694,19 +770,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class scalar_t, int KS>
-bool launch_backward(const OneClusterBackwardArgs<scalar_t>& args) {
+template <class scalar_t, int KS, bool kRagged>
+bool launch_backward(const OneClusterBackwardArgs<scalar_t, kRagged>& args) {
   // Dynamic shared memory: 2 receive buffers and 2 staging slices per destination (floats), the dG slice.
   constexpr int kSmem = 4 * cluster_of(KS) * kPartialElems * static_cast<int>(sizeof(float)) +
                         kGateSliceElems * static_cast<int>(sizeof(scalar_t));
-  return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS>, args, cluster_of(KS), kSmem);
+  return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS, kRagged>, args, cluster_of(KS),
+                       kSmem);
 }
 
 }  // namespace
 
 bool one_cluster_forward_fits(const LstmSizes& s, int sm_major) {
+  SegTable steps;
   return sm_major >= 9 && s.P == 0 && s.T >= 1 && s.B >= 1 && s.B <= kOneClusterMaxRows &&
-         (s.H == 128 || s.H == 256 || s.H == 512) && all_steps_full(s);
+         (s.H == 128 || s.H == 256 || s.H == 512) && (all_steps_full(s) || build_segments(s, steps));
 }
 
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major) {
@@ -722,9 +800,15 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   // W_hh's pairs are read as 32-bit words.
   if (!one_cluster_forward_applies(s, prop.major) || reinterpret_cast<uintptr_t>(w_hh) % 4 != 0) return false;
-  const OneClusterArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, pre, b_ih,
-                                      b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n};
-  return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
+  auto run = [&](auto steps) {
+    constexpr bool kRagged = std::is_same_v<decltype(steps), SegTable>;
+    const OneClusterArgs<scalar_t, kRagged> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, pre,
+                                                 b_ih, b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n, steps};
+    return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
+  };
+  if (all_steps_full(s)) return run(FullSteps{});
+  SegTable steps;
+  return build_segments(s, steps) && run(steps);
 }
 
 bool one_cluster_backward_applies(const LstmSizes& s, int sm_major) {
@@ -740,10 +824,16 @@ bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, con
   static_assert(kHalfType<scalar_t>, "the one-cluster kernel multiplies bf16 / fp16");
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   if (!one_cluster_backward_applies(s, prop.major)) return false;
-  const OneClusterBackwardArgs<scalar_t> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse, trace, w_hh,
-                                              gates, cells, y, grad_y, h0, c0, grad_h_n, grad_c_n, dG, hprev,
-                                              grad_h0, grad_c0};
-  return with_hidden_steps(s.H, [&](auto ks_c) { return launch_backward<scalar_t, decltype(ks_c)::value>(args); });
+  auto run = [&](auto steps) {
+    constexpr bool kRagged = std::is_same_v<decltype(steps), SegTable>;
+    const OneClusterBackwardArgs<scalar_t, kRagged> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse,
+                                                         trace, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
+                                                         grad_c_n, dG, hprev, grad_h0, grad_c0, steps};
+    return with_hidden_steps(s.H, [&](auto ks_c) { return launch_backward<scalar_t, decltype(ks_c)::value>(args); });
+  };
+  if (all_steps_full(s)) return run(FullSteps{});
+  SegTable steps;
+  return build_segments(s, steps) && run(steps);
 }
 
 template bool lstm_one_cluster_forward<c10::Half>(const LstmSizes&, bool, bool, bool, const float*, const c10::Half*,

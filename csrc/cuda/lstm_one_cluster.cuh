@@ -6,8 +6,8 @@
 // cannot all be resident (and the cluster or the direct kernel takes the call). Design notes: the
 // top of lstm_one_cluster.cu and docs/kernels.md.
 //
-// Shape legend: T steps, N = T·B rows (every step full), B batch, H hidden, G = 4H gate rows
-// (i, f, g, o).
+// Shape legend: T steps, N = sum(batch_sizes) packed rows (T·B where every step is full), B =
+// batch_sizes[0], H hidden, G = 4H gate rows (i, f, g, o).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,8 @@ namespace cuda {
 // Whether the kernel can run a call of these sizes: bf16 / fp16 (the caller's), 1 <= B <=
 // kOneClusterMaxRows (ceil(B / 8) clusters, one per 8 batch rows, which the launch also needs
 // resident at once: else it launches nothing), H in {128, 256, 512}, no projection, every step
-// full (no ragged PackedSequence), on sm_90 or later.
+// full or a packed sequence of at most kMaxSegments distinct batch sizes (packed_steps.cuh), on
+// sm_90 or later.
 constexpr int64_t kOneClusterMaxRows = 64;
 bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
 
