@@ -7,6 +7,10 @@ random initial states (never zeros).
   CPU  (default without a GPU): B in {1, 8, 64} x H in {256, 512}, float32.
   GPU: B in {1, 8, 16, 64, 256} x H in {256, 512, 1024} x {float32, bfloat16}.
 
+--packed: every cell's input is a PackedSequence instead (both modules get the same one):
+sequence b of B has length round(T - b (T / 2) / (B - 1)), T down to T / 2, so the batch
+shrinks from B to 1 row over the second half (up to B distinct batch sizes).
+
 Modes:
   infer  forward under torch.no_grad(), the whole sequence, input projection included
   train  forward + backward of output.float().sum(), all gradients (weights, biases and
@@ -26,6 +30,7 @@ Examples:
   python benchmarks/bench_lstm.py --batch 1 8 --hidden 256 --mode infer --markdown table.md
   python benchmarks/bench_lstm.py --device cuda --tf32 both --json bench_results/h100.json
   python benchmarks/bench_lstm.py --quick --plot lstm.png   # also a PNG (needs matplotlib)
+  python benchmarks/bench_lstm.py --packed --batch 8 16 --hidden 256 512 --dtype float16
 
 The table goes to stdout, one progress line per cell to stderr, the records to --json
 (default bench_results/lstm_<device>.json), with --plot PATH.png a figure of the speed-up
@@ -42,6 +47,7 @@ import time
 import warnings
 
 import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 # nn.LSTM warns once per process that bf16 weights are not one contiguous chunk (see
 # peer_note in run_cell); the fact is recorded per cell instead.
@@ -99,10 +105,19 @@ def graph_target(device: str, batch: int, mode: str) -> float | None:
 # --------------------------------------------------------------------------------------
 # One cell
 # --------------------------------------------------------------------------------------
-class Cell(harness.ModuleCell):
-    """The models and tensors of one (B, H, dtype, mode, TF32) cell."""
+def packed_lengths(T: int, B: int) -> torch.Tensor:
+    """--packed: the sequence lengths, T down to T / 2 (longest first)."""
+    if B == 1:
+        return torch.tensor([T])
+    return torch.linspace(T, T / 2, B).round().long()
 
-    def __init__(self, device: torch.device, T: int, B: int, H: int, dtype: torch.dtype, mode: str, seed: int):
+
+class Cell(harness.ModuleCell):
+    """The models and tensors of one (B, H, dtype, mode, TF32) cell. Packed: self.x is the packed
+    data (a leaf, so that training calls get its gradient) and call() wraps it with the batch sizes."""
+
+    def __init__(self, device: torch.device, T: int, B: int, H: int, dtype: torch.dtype, mode: str, seed: int,
+                 packed: bool = False):
         self.device, self.T, self.B, self.H, self.dtype, self.mode = device, T, B, H, dtype, mode
         gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
@@ -116,6 +131,10 @@ class Cell(harness.ModuleCell):
         self.ref = copy.deepcopy(self.peer).to(torch.float64)
 
         x = torch.randn(T, B, H, generator=gen)
+        self.batch_sizes = None
+        if packed:
+            packed_x = pack_padded_sequence(x, packed_lengths(T, B))
+            x, self.batch_sizes = packed_x.data, packed_x.batch_sizes
         h0 = 0.5 * torch.randn(1, B, H, generator=gen)
         c0 = 0.5 * torch.randn(1, B, H, generator=gen)
         self.x = x.to(device=device, dtype=dtype)
@@ -125,8 +144,11 @@ class Cell(harness.ModuleCell):
             self.x.requires_grad_(True)
 
     def call(self, module, x, h0, c0):
-        """module(x, (h0, c0)): (y, (h_n, c_n))."""
-        return module(x, (h0, c0))
+        """module(x, (h0, c0)): (y, (h_n, c_n)); packed, y is the output's packed data."""
+        if self.batch_sizes is None:
+            return module(x, (h0, c0))
+        y, state = module(PackedSequence(x, self.batch_sizes), (h0, c0))
+        return y.data, state
 
     # -- correctness ---------------------------------------------------------------------
     def _results(self, module, x, h0, c0) -> dict[str, torch.Tensor]:
@@ -134,10 +156,10 @@ class Cell(harness.ModuleCell):
         self.clear_grads()
         if self.mode == "infer":
             with torch.no_grad():
-                y, (hn, cn) = module(x, (h0, c0))
+                y, (hn, cn) = self.call(module, x, h0, c0)
             return {"y": y.double(), "h_n": hn.double(), "c_n": cn.double()}
         x = x.detach().requires_grad_(True)
-        y, (hn, cn) = module(x, (h0, c0))
+        y, (hn, cn) = self.call(module, x, h0, c0)
         (y.sum() if y.dtype == torch.float64 else y.float().sum()).backward()
         out = {"y": y.detach().double(), "h_n": hn.detach().double(), "c_n": cn.detach().double(),
                "grad_x": x.grad.double()}
@@ -172,6 +194,7 @@ def run_cell(args, device: torch.device, env: dict, B: int, H: int, dtype_name: 
         "commit": args.commit,
         "backend_env": os.environ.get("SEQKERNELS_LSTM_BACKEND"),
         "T": args.seq_len, "B": B, "I": H, "H": H, "layers": 1, "bidirectional": False, "batch_first": False,
+        "packed": bool(args.packed),
         "dtype": dtype_name,
         "mode": mode,
         "tf32": (tf32 if dtype == torch.float32 else "n/a") if cuda else "n/a",
@@ -180,10 +203,12 @@ def run_cell(args, device: torch.device, env: dict, B: int, H: int, dtype_name: 
         "warmup": args.warmup, "iters": args.iters,
         "load_avg_before": harness.load_average(),
         "status": "ok",
-        "target_speedup": target(device.type, B, mode, dtype_name, cuda and dtype == torch.float32 and tf32 == "off"),
-        "target_speedup_vs_graph": graph_target(device.type, B, mode),
+        # The targets are the padded suite's (performance.md); --packed cells have none.
+        "target_speedup": None if args.packed else target(device.type, B, mode, dtype_name,
+                                                          cuda and dtype == torch.float32 and tf32 == "off"),
+        "target_speedup_vs_graph": None if args.packed else graph_target(device.type, B, mode),
     }
-    cell = Cell(device, args.seq_len, B, H, dtype, mode, seed)
+    cell = Cell(device, args.seq_len, B, H, dtype, mode, seed, packed=args.packed)
     if cuda and not torch.backends.cudnn.is_acceptable(cell.peer.weight_ih_l0):
         # torch.nn.LSTM.flatten_parameters skips dtypes outside cudnn.CUDNN_TENSOR_DTYPES
         # (bfloat16 among them), so cuDNN compacts the weights on every call: that is what
@@ -302,6 +327,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), help="dtypes (replace the grid's)")
     p.add_argument("--mode", nargs="+", choices=["infer", "train"], default=["infer", "train"])
     p.add_argument("--seq-len", type=int, default=256, help="T (default 256, the suite's)")
+    p.add_argument("--packed", action="store_true",
+                   help="PackedSequence input: lengths T down to T / 2 (see above)")
     harness.add_common_args(p, "lstm_<device>.json", tf32_and_graphs=True)
     return harness.parse_common(p, argv)
 
@@ -327,7 +354,7 @@ def main(argv=None) -> int:
 
     env = harness.environment(device)
     env["extension"] = harness.extension_build(seqkernels)
-    json_path = args.json or os.path.join("bench_results", f"lstm_{device.type}.json")
+    json_path = args.json or os.path.join("bench_results", f"lstm{'_packed' if args.packed else ''}_{device.type}.json")
     document = {"suite": SUITE, "environment": env, "argv": sys.argv[1:] if argv is None else list(argv),
                 "ours": OURS, "peer": PEER, "plot_series": ["H"], "records": []}
     harness.progress(
@@ -374,7 +401,8 @@ def main(argv=None) -> int:
     table = harness.markdown_table(document["records"], columns(device.type))
     heading = (
         f"LSTM small-batch suite on {env['device_name']} ({device.type}, {env['threads']} threads), "
-        f"torch {env['torch']}, {env['date']}; T={args.seq_len}, I=H, 1 layer, batch-second; "
+        f"torch {env['torch']}, {env['date']}; T={args.seq_len}, I=H, 1 layer, "
+        f"{'PackedSequence (lengths T down to T/2)' if args.packed else 'batch-second'}; "
         f"median of {args.iters} interleaved calls after {args.warmup} warm-up."
     )
     return harness.finish("bench_lstm", args, document, json_path, table, heading, failed)

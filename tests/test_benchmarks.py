@@ -123,3 +123,23 @@ def test_lstm_table_marks_the_graph_target():
     assert "| ≥5× yes | ≥3× **no** |" in table
     assert bench_lstm.graph_target_text({"status": "error"}) == ""
     assert "graph vs graph" not in " ".join(c.header for c in bench_lstm.columns("cpu"))
+
+
+def test_bench_lstm_packed_end_to_end(tmp_path):
+    """bench_lstm.py --packed gives both modules one PackedSequence (lengths T down to T / 2): each
+    cell's correctness check against the float64 reference passes before it is timed, the records
+    say packed, and the table's heading names the input."""
+    import bench_lstm
+
+    assert bench_lstm.packed_lengths(16, 5).tolist() == [16, 14, 12, 10, 8]
+    assert bench_lstm.packed_lengths(16, 1).tolist() == [16]
+    js, md = tmp_path / "packed.json", tmp_path / "packed.md"
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_lstm.py"), "--packed", "--device", "cpu",
+                          "--batch", "1", "5", "--hidden", "16", "--seq-len", "12", "--iters", "20", "--warmup", "1",
+                          "--json", str(js), "--markdown", str(md)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    records = json.loads(js.read_text())["records"]
+    assert len(records) == 4 and all(r["status"] == "ok" and r["packed"] for r in records), out.stderr
+    assert all(r["target_speedup"] is None for r in records)
+    assert "PackedSequence (lengths T down to T/2)" in md.read_text().splitlines()[0]
