@@ -1139,6 +1139,24 @@ def test_one_cluster_packed_matches_reference(monkeypatch, precision_name, batch
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,batch_sizes,H,reverse,one_cluster", [
+    ("bfloat16", [27, 20, 20, 5], 256, False, True), ("float16", [32, 30, 12, 1], 512, True, True),
+    ("bfloat16", [64, 33, 9], 256, True, True), ("float16", [40, 40, 17], 512, False, False)])
+def test_packed_above_16_takes_the_one_cluster_forward(monkeypatch, precision_name, batch_sizes, H, reverse,
+                                                       one_cluster):
+    """auto: a 16-bit packed sequence at 16 < B takes the persistent forward loop where the one-cluster
+    kernel runs it (H = 256 up to B = 64, H = 512 up to B = 32: packed_one_cluster_forward), as its
+    padded twin would, right against the reference; beyond that, not."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    with _Precision(precision_name):
+        def run():
+            compare_layer(batch_sizes, 5, H, reverse=reverse, bias=True, precision=precision_name, seed=H,
+                          what="packed above B = 16")
+
+        assert _one_cluster_forward_flags(run) == ({(H == 512, True)} if one_cluster else set())
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("precision_name,B", [("bfloat16", 7), ("float16", 7), ("bfloat16", 20)])
 def test_one_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B):
     """Inference on the one-cluster kernel (one cluster, and three at B = 20) captured in a CUDA

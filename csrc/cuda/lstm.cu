@@ -78,6 +78,7 @@
 #include "lstm_device.cuh"
 #include "lstm_fused_step.cuh"
 #include "lstm_loop.cuh"
+#include "lstm_one_cluster.cuh"
 #include "lstm_persistent.cuh"
 #include "replayed_steps.cuh"
 #include "seqkernels/lstm_cell.h"
@@ -1914,7 +1915,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // (cbuf) itself where it applies; else the cuBLAS loop below.
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   const cuda::ClusterOperands cluster_ops = cuda::cluster_operands(sizeof(scalar_t), blas.tf32());
-  const bool cluster_forward = cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, cluster_ops);
+  // (A 16-bit packed sequence at 16 < B where the one-cluster kernel takes it counts as the cluster kernel's:
+  // packed_one_cluster_forward.)
+  const bool cluster_forward =
+      cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, cluster_ops) ||
+      (cuda::kHalfType<scalar_t> && cuda::packed_one_cluster_forward(s, prop.major));
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward);
 

@@ -34,6 +34,14 @@ bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
 // (diagnostic): "0" never.
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 
+// Whether a packed sequence (batch sizes that shrink) above B = 16 takes the persistent forward loop,
+// where its padded twin would run this kernel (the cluster kernel, which lstm_loop.cuh's rule looks at
+// there, takes equal batch sizes only): 16-bit types (the caller's), H = 256 up to B = 64 (8 clusters
+// of 8 blocks) and H = 512 up to B = kPackedOneClusterMaxBatchWide (4 clusters of 16 blocks; B = 64
+// does not fit an H200 at once, and then the packed call would go to the general kernel).
+constexpr int64_t kPackedOneClusterMaxBatchWide = 32;
+bool packed_one_cluster_forward(const LstmSizes& s, int sm_major);
+
 // Forward of one layer and direction after the input projection, with lstm_persistent_forward's
 // contract (lstm_persistent.cuh): pre [N, G] float (no bias); b_ih, b_hh [G] or nullptr; w_hh [G, H];
 // h0, c0 [B, H]; writes y [N, H], gates [N, G] / cells [N, H] (training, else nullptr), h_n [B, H]
