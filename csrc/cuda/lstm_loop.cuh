@@ -131,7 +131,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 // The loop for one op call. `mma`: bf16, fp16, or float32 with TF32 allowed (float32 without it
 // has rules of its own above, though its direct persistent forward and fused loop use tensor
 // cores too); `half`: a 16-bit dtype; `cluster_forward`: the forward's cluster kernel applies
-// (cluster_forward_applies). A forced loop that does not apply to the call (e.g. persistent with
+// (cluster_forward_applies), or for a 16-bit packed sequence at 16 < B the one-cluster kernel in its
+// place (packed_one_cluster_forward, lstm_one_cluster.cuh; lstm.cu passes either). A forced loop that does not apply to the call (e.g. persistent with
 // a projection, fused in float64) leaves it to the cuBLAS loop.
 //
 // auto, from every loop forced side by side on an H200 (2026-11-24, T = 256, B in {1, 8, 16,
