@@ -84,6 +84,10 @@ CUDA_ONE_CLUSTER_MAX_ROWS = 64
 CUDA_ONE_CLUSTER_GROUP_ROWS = 8  # kGroupRows, csrc/cuda/lstm_one_cluster.cu
 CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
 CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
+# one_cluster_wide_sizes, csrc/cuda/lstm_one_cluster.cuh: above B = 16 the 16-bit backward takes the
+# persistent loop for the one-cluster backward kernel at H = 256 up to B = kOneClusterMaxRows and at H = 512 up to
+# this B (one_cluster_backward_wide); a 16-bit packed forward there takes it for the one-cluster forward kernel
+CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512 = 32
 # run_backward, csrc/cuda/lstm_one_cluster.cu: 16-bit backward calls of the persistent loop at these H
 ONE_CLUSTER_BACKWARD = ("the one-cluster backward kernel where its clusters are resident, packed: at most 64 batch "
                         "sizes, sm_90")
@@ -288,6 +292,13 @@ def row_split_wide() -> bool:
     return os.environ.get("SEQKERNELS_LSTM_ROW_SPLIT_WIDE", "") != "0"
 
 
+def one_cluster_backward_switch() -> bool:
+    """one_cluster_backward_applies's switch (csrc/cuda/lstm_one_cluster.cu): whether the 16-bit
+    backward may run the one-cluster backward kernel, unless SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD=0
+    (diagnostic); above B = 16 the rule takes the persistent loop only for it."""
+    return os.environ.get("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD", "") != "0"
+
+
 def row_split_backward() -> bool:
     """row_split_backward_applies's switch (csrc/cuda/lstm_persistent.cuh): whether the 16-bit backward
     at H = 1024, B <= 16 may run the row-split backward kernel, unless
@@ -452,6 +463,12 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "persistent", (f"auto: backward, 16-bit, H = {hidden} and B = {batch} <= "
                               f"{CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH}: {ROW_SPLIT_BACKWARD}"
                               f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG', CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES)}")
+    elif (one_cluster_backward and CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF < batch
+          and batch <= (CUDA_ONE_CLUSTER_MAX_ROWS if hidden == 256 else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512)
+          and hidden in (256, 512) and one_cluster_backward_switch()):
+        return "persistent", (f"auto: backward, 16-bit, {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF} < B = {batch} <= "
+                              f"{CUDA_ONE_CLUSTER_MAX_ROWS} at H = 256 or {CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512} at "
+                              f"H = 512 (H = {hidden}): {ONE_CLUSTER_BACKWARD}")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         kernel = f" ({ONE_CLUSTER_BACKWARD}; else the split or general kernel)" if one_cluster_backward else ""
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB{kernel}"

@@ -137,11 +137,16 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (16, 512, torch.bfloat16, True, "persistent", "persistent"),  # backward: B <= 16, B*H <= 8192, H <= 768
     (8, 768, torch.float16, True, "persistent", "persistent"),  # the same rule
     (16, 768, torch.bfloat16, True, "persistent", "fused"),  # backward: B*H = 12288 > 8192
-    (32, 256, torch.bfloat16, True, "persistent", "fused"),  # forward: the cluster kernel; backward: B > 16
+    (32, 256, torch.bfloat16, True, "persistent", "persistent"),  # forward: the cluster kernel; backward: one cluster
+    (64, 256, torch.float16, True, "persistent", "persistent"),  # the one-cluster backward up to B = 64 at H = 256
+    (33, 512, torch.bfloat16, True, "persistent", "cublas"),  # ... and to B = 32 at H = 512 (B > 32: cuBLAS)
+    (32, 384, torch.bfloat16, True, "fused", "fused"),  # H = 384: not the one-cluster kernel's
     (16, 296, torch.bfloat16, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters)
     (16, 1024, torch.float16, True, "persistent", "persistent"),  # 32 KiB: the forward's limit; backward: row split
     (17, 1024, torch.bfloat16, True, "persistent", "fused"),  # backward B > 16: not the row split's
-    (17, 512, torch.bfloat16, True, "persistent", "fused"),  # forward 16 < B <= 64, H = 512: the cluster kernel
+    (17, 512, torch.bfloat16, True, "persistent", "persistent"),  # forward 16 < B <= 64, H = 512: the cluster kernel;
+    # backward: the one-cluster kernel (16 < B <= 32 at H = 512)
+    (40, 128, torch.bfloat16, True, "fused", "cublas"),  # H = 128: not the rule's above B = 16 (10 KiB)
     (17, 640, torch.bfloat16, True, "fused", "fused"),  # forward B > 16, H = 640: not the cluster kernel's H
     (8, 2048, torch.bfloat16, True, "cublas", "cublas"),  # H > 1280: neither persistent nor fused
     (1, 1280, torch.bfloat16, True, "fused", "fused"),  # 2.5 KiB state, but H > 1024: not persistent
@@ -152,7 +157,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (5, 1536, torch.bfloat16, True, "cublas", "cublas"),  # backward B > 4 beyond H = 1280
     (1, 1800, torch.float16, True, "cublas", "cublas"),  # backward H > 1792
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
-    (64, 512, torch.bfloat16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward B > 32
+    (64, 512, torch.bfloat16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward B > 32 (not the
+    # one-cluster kernel's at H = 512)
     (32, 1024, torch.float16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward > 20480
     (32, 640, torch.bfloat16, True, "fused", "fused"),  # backward B*H = 20480: the fused backward's limit
     (24, 896, torch.float16, True, "fused", "cublas"),  # backward B*H = 21504 > 20480
@@ -307,7 +313,8 @@ _CLI_CHOICES = [
       "kernel: B = 32 <= 64 and H = 512 in {128, 256, 512}, packed: at most 64 batch sizes, sm_90, 4 clusters of 16 "
       "blocks if "
       "all are resident at once; warp pairs split K; else the cluster forward kernel",
-      "backward (training): fused", "B*H = 16384 <= 20480"], []),
+      "backward (training): persistent (auto: backward, 16-bit, 16 < B = 32 <= 64 at H = 256 or 32 at H = 512 "
+      "(H = 512): the one-cluster backward kernel"], []),
     (["--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 16 <= 64",
       "packed: at most 64 batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split "

@@ -1141,19 +1141,24 @@ def test_one_cluster_packed_matches_reference(monkeypatch, precision_name, batch
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("precision_name,batch_sizes,H,reverse,one_cluster", [
     ("bfloat16", [27, 20, 20, 5], 256, False, True), ("float16", [32, 30, 12, 1], 512, True, True),
-    ("bfloat16", [64, 33, 9], 256, True, True), ("float16", [40, 40, 17], 512, False, False)])
-def test_packed_above_16_takes_the_one_cluster_forward(monkeypatch, precision_name, batch_sizes, H, reverse,
-                                                       one_cluster):
-    """auto: a 16-bit packed sequence at 16 < B takes the persistent forward loop where the one-cluster
-    kernel runs it (H = 256 up to B = 64, H = 512 up to B = 32: packed_one_cluster_forward), as its
-    padded twin would, right against the reference; beyond that, not."""
+    ("bfloat16", [64, 33, 9], 256, True, True), ("float16", [40, 40, 17], 512, False, False),
+    ("bfloat16", [32] * 5, 256, False, True), ("float16", [64] * 4, 256, True, True),
+    ("float16", [24] * 5, 512, False, True), ("bfloat16", [17] * 3, 512, True, True)])
+def test_above_16_takes_the_one_cluster_kernels(monkeypatch, precision_name, batch_sizes, H, reverse, one_cluster):
+    """auto, 16-bit, 16 < B: the backward takes the persistent loop where the one-cluster backward kernel
+    runs it (H = 256 up to B = 64, H = 512 up to B = 32: one_cluster_backward_wide), and so does a packed
+    sequence's forward for the one-cluster forward kernel (packed_one_cluster_forward), as its padded twin
+    does; right against the reference. Beyond those sizes, neither kernel."""
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    ragged = batch_sizes[-1] != batch_sizes[0]
     with _Precision(precision_name):
         def run():
             compare_layer(batch_sizes, 5, H, reverse=reverse, bias=True, precision=precision_name, seed=H,
-                          what="packed above B = 16")
+                          what="16 < B, one-cluster kernels")
 
-        assert _one_cluster_forward_flags(run) == ({(H == 512, True)} if one_cluster else set())
+        assert _one_cluster_forward_flags(run) == ({(H == 512, ragged)} if one_cluster else set())
+        backward = _persistent_variants(run, "backward", "one_cluster")
+        assert backward == ({"one_cluster"} if one_cluster else set())
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")

@@ -2098,9 +2098,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   const bool row_split_backward =
       cuda::row_split_backward_applies(s, sizeof(scalar_t), prop.major, prop.multiProcessorCount);
+  const bool one_cluster_backward = cuda::kHalfType<scalar_t> && cuda::one_cluster_backward_wide(s, prop.major);
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/true, /*cluster_forward=*/false,
-                                            row_split_backward);
+                                            row_split_backward, one_cluster_backward);
   const scalar_t* grad_h_n_p = grad_h_n.data_ptr<scalar_t>();
   const scalar_t* grad_c_n_p = grad_c_n.data_ptr<scalar_t>();
   const bool native =

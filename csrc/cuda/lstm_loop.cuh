@@ -132,7 +132,9 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 // has rules of its own above, though its direct persistent forward and fused loop use tensor
 // cores too); `half`: a 16-bit dtype; `cluster_forward`: the forward's cluster kernel applies
 // (cluster_forward_applies), or for a 16-bit packed sequence at 16 < B the one-cluster kernel in its
-// place (packed_one_cluster_forward, lstm_one_cluster.cuh; lstm.cu passes either). A forced loop that does not apply to the call (e.g. persistent with
+// place (packed_one_cluster_forward, lstm_one_cluster.cuh; lstm.cu passes either);
+// `row_split_backward` / `one_cluster_backward`: the backward's row-split kernel applies, or the
+// one-cluster backward kernel at 16 < B (one_cluster_backward_wide, lstm_one_cluster.cuh). A forced loop that does not apply to the call (e.g. persistent with
 // a projection, fused in float64) leaves it to the cuBLAS loop.
 //
 // auto, from every loop forced side by side on an H200 (2026-11-24, T = 256, B in {1, 8, 16,
@@ -149,7 +151,9 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    backward also (the split backward kernel, in thread-block clusters where they fit) for TF32
 //    at B <= 4 and at B <= 16 (B <= 5 at H > 896) with H > 768 or H % 32 == 0 (H <= 1024), for
 //    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0, and where the row-split
-//    backward kernel applies (16-bit, H = 1024, B <= 16, since 2026-11-28); else fused while
+//    backward kernel applies (16-bit, H = 1024, B <= 16, since 2026-11-28) or the one-cluster
+//    backward kernel above B = 16 (16-bit, H = 256 to B = 64, H = 512 to B = 32, since 2026-11-29:
+//    one_cluster_backward_wide, lstm_one_cluster.cuh); else fused while
 //    B·H <= 32768 with H <= 1280 (16-bit) or 1024 (TF32) (forward; the H200 grid of
 //    2026-11-25) or B <= 32 with B·H <= 32768
 //    and H <= 1280, or B <= 4 with H <= 1792 (backward, 16-bit; TF32: B·H <= 8192 with H <= 768,
@@ -179,7 +183,8 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //  - float64 (no fused loop): persistent while the state is <= 64 KiB (forward) / 32 KiB
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward,
-                        bool cluster_forward = false, bool row_split_backward = false) {
+                        bool cluster_forward = false, bool row_split_backward = false,
+                        bool one_cluster_backward = false) {
   switch (lstm_backend_from_env()) {  // validated on every call
     case LstmBackend::kGemm:
       return Loop::kCublas;
@@ -211,7 +216,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
     // Beyond the tensor-core kernels' limit: not the persistent loop (it would fall back).
   } else if (backward) {
     const bool clusters = s.H % kClusterHiddenMultiple == 0;
-    persistent = state <= kPersistentMaxStateMma || row_split_backward ||
+    persistent = state <= kPersistentMaxStateMma || row_split_backward || one_cluster_backward ||
                  (half ? clusters && s.B <= kPersistentMaxBackwardBatchHalf && bh <= kPersistentMaxBackwardBHHalf &&
                              s.H <= kPersistentMaxBackwardHiddenHalf
                        : s.H <= kSplitBackwardMaxHidden &&

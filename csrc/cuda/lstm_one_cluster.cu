@@ -812,12 +812,15 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
 }
 
 bool packed_one_cluster_forward(const LstmSizes& s, int sm_major) {
-  return !all_steps_full(s) && s.B > 16 && (s.H == 256 || (s.H == 512 && s.B <= kPackedOneClusterMaxBatchWide)) &&
-         one_cluster_forward_applies(s, sm_major);
+  return !all_steps_full(s) && one_cluster_wide_sizes(s) && one_cluster_forward_applies(s, sm_major);
 }
 
 bool one_cluster_backward_applies(const LstmSizes& s, int sm_major) {
   return switch_on("SEQKERNELS_LSTM_ONE_CLUSTER_BACKWARD") && one_cluster_forward_fits(s, sm_major);
+}
+
+bool one_cluster_backward_wide(const LstmSizes& s, int sm_major) {
+  return one_cluster_wide_sizes(s) && one_cluster_backward_applies(s, sm_major);
 }
 
 template <class scalar_t>

@@ -34,13 +34,25 @@ bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
 // (diagnostic): "0" never.
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 
-// Whether a packed sequence (batch sizes that shrink) above B = 16 takes the persistent forward loop,
-// where its padded twin would run this kernel (the cluster kernel, which lstm_loop.cuh's rule looks at
-// there, takes equal batch sizes only): 16-bit types (the caller's), H = 256 up to B = 64 (8 clusters
-// of 8 blocks) and H = 512 up to B = kPackedOneClusterMaxBatchWide (4 clusters of 16 blocks; B = 64
-// does not fit an H200 at once, and then the packed call would go to the general kernel).
-constexpr int64_t kPackedOneClusterMaxBatchWide = 32;
+// The sizes above B = 16 at which lstm_loop.cuh's rule takes the persistent loop for these kernels
+// (16-bit types, the caller's): H = 256 up to B = 64 (8 clusters of 8 blocks) and H = 512 up to
+// B = kOneClusterWideMaxBatch512 (4 clusters of 16 blocks; at B = 64 all 8 do not fit an H200 at once,
+// and the call would go to a slower kernel).
+constexpr int64_t kOneClusterWideMaxBatch512 = 32;
+inline bool one_cluster_wide_sizes(const LstmSizes& s) {
+  return s.B > 16 && (s.H == 256 || (s.H == 512 && s.B <= kOneClusterWideMaxBatch512));
+}
+// A packed sequence (batch sizes that shrink) at those sizes takes the persistent forward loop, where
+// its padded twin would run this kernel (the cluster kernel, which the rule looks at there, takes equal
+// batch sizes only).
 bool packed_one_cluster_forward(const LstmSizes& s, int sm_major);
+// The backward at those sizes (padded or packed) takes the persistent loop for the one-cluster backward
+// kernel: before, the fused or cuBLAS loop. Training calls, H200, fp16, T = 256 (2026-11-29, forty-third
+// session, ms, that rule / the persistent loop forced): B = 32 / 64, H = 256 1.937 / 1.100, 2.529 /
+// 1.284; B = 32, H = 512 2.427 / 1.351 (B = 64, H = 512: 3.465 / 8.254, its clusters not resident);
+// packed (lengths T down to T / 2), whose steps the other loops do not replay: B = 32 / 64, H = 256
+// 2.658 / 1.234, 4.756 / 1.352; B = 32, H = 512 2.854 / 1.612.
+bool one_cluster_backward_wide(const LstmSizes& s, int sm_major);
 
 // Forward of one layer and direction after the input projection, with lstm_persistent_forward's
 // contract (lstm_persistent.cuh): pre [N, G] float (no bias); b_ih, b_hh [G] or nullptr; w_hh [G, H];
