@@ -117,10 +117,10 @@ Gradients layer_backward(const std::array<Tensor, 3>& dense, const Tensor& x, co
                           given(w_hr), y, gates, cells, reverse, has_bias);
 }
 
-// What both nodes record in forward besides their saved tensors.
-void save_flags(AutogradContext* ctx, bool has_bias, bool has_state, const Tensor& batch_sizes) {
+// What the nodes record in forward besides their saved tensors. (Whether a padded or cell call
+// was given its state is whether its saved h0 is defined.)
+void save_flags(AutogradContext* ctx, bool has_bias, const Tensor& batch_sizes) {
   ctx->saved_data["has_bias"] = has_bias;
-  ctx->saved_data["has_state"] = has_state;
   ctx->saved_data["batch_sizes"] = batch_sizes;
   ctx->set_materialize_grads(false);
 }
@@ -177,7 +177,7 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
     if (batch_first) output = output.transpose(0, 1);
     ctx->saved_data["batch_first"] = batch_first;
     ctx->saved_data["reverse"] = reverse;
-    save_flags(ctx, b_ih.has_value(), h0.has_value(), call.batch_sizes);
+    save_flags(ctx, b_ih.has_value(), call.batch_sizes);
     const bool zero_state = !h0.has_value();
     ctx->save_for_backward({seq, h0.value_or(Tensor()), c0.value_or(Tensor()), w_ih, w_hh, b_ih.value_or(Tensor()),
                             b_hh.value_or(Tensor()), output, gates, cells, zero_state ? call.h0 : Tensor(),
@@ -190,7 +190,7 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
     const Tensor &seq = saved[0], &h0 = saved[1], &c0 = saved[2], &output = saved[7];
     const bool batch_first = ctx->saved_data["batch_first"].toBool();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const bool has_state = ctx->saved_data["has_state"].toBool();
+    const bool has_state = h0.defined();
     const int64_t T = seq.size(0), B = seq.size(1), I = seq.size(2), N = T * B;
     // Under create_graph these views record, so that the gradients' own gradients reach seq, h0
     // and c0 (the double-backward formula of lstm_backward's Function).
@@ -231,7 +231,7 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const CellForward call = cell_forward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, /*training=*/true);
     const auto& [y, h_n, c_n, gates, cells] = call.out;
-    save_flags(ctx, b_ih.has_value(), h0.has_value(), call.batch_sizes);
+    save_flags(ctx, b_ih.has_value(), call.batch_sizes);
     const bool zero_state = !h0.has_value();
     ctx->save_for_backward({input, h0.value_or(Tensor()), c0.value_or(Tensor()), w_ih, w_hh, b_ih.value_or(Tensor()),
                             b_hh.value_or(Tensor()), y, gates, cells, zero_state ? call.h0 : Tensor(),
@@ -243,7 +243,7 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &h0 = saved[1], &c0 = saved[2], &y = saved[7];
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const bool has_state = ctx->saved_data["has_state"].toBool();
+    const bool has_state = h0.defined();
     const int64_t B = y.size(0), H = y.size(1);
     std::array<Tensor, 3> dense = {Tensor(), grads[0], grads[1]};
     dense_gradients(dense, {{{B, H}, {B, H}, {B, H}}}, y.options());
@@ -270,7 +270,7 @@ struct LstmLayerFunction : public torch::autograd::Function<LstmLayerFunction> {
     const auto [y, h_n, c_n, gates, cells] =
         dispatched_forward(x, batch_sizes, h0, c0, w_ih.contiguous(), w_hh.contiguous(), contiguous_if_given(b_ih),
                            contiguous_if_given(b_hh), contiguous_if_given(w_hr), reverse, /*training=*/true);
-    save_flags(ctx, b_ih.has_value(), /*has_state=*/true, batch_sizes);
+    save_flags(ctx, b_ih.has_value(), batch_sizes);
     ctx->saved_data["reverse"] = reverse;
     ctx->save_for_backward({x, h0, c0, w_ih, w_hh, b_ih.value_or(Tensor()), b_hh.value_or(Tensor()),
                             w_hr.value_or(Tensor()), y, gates, cells});
@@ -294,11 +294,15 @@ struct LstmLayerFunction : public torch::autograd::Function<LstmLayerFunction> {
 
 namespace {
 
+void check_layer_rows(const Tensor& x, const Tensor& h0, const Tensor& c0) {
+  TORCH_CHECK(x.defined() && h0.defined() && c0.defined(), "seqkernels.lstm_layer: x, h0 and c0 must be given");
+}
+
 std::tuple<Tensor, Tensor, Tensor> lstm_layer_autograd(const Tensor& x, const Tensor& batch_sizes, const Tensor& h0,
                                                        const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
                                                        const OptionalTensor& b_ih, const OptionalTensor& b_hh,
                                                        const OptionalTensor& w_hr, bool reverse) {
-  TORCH_CHECK(x.defined() && h0.defined() && c0.defined(), "seqkernels.lstm_layer: x, h0 and c0 must be given");
+  check_layer_rows(x, h0, c0);
   // Copies of non-contiguous rows and states are made here, where autograd records them (as the
   // Python functional's), so that the node saves the copies. lstm_forward checks the rest.
   const variable_list out = LstmLayerFunction::apply(x.contiguous(), batch_sizes, h0.contiguous(), c0.contiguous(),
@@ -311,7 +315,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_outputs(const Tensor& x, const Ten
                                                       const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
                                                       const OptionalTensor& b_ih, const OptionalTensor& b_hh,
                                                       const OptionalTensor& w_hr, bool reverse) {
-  TORCH_CHECK(x.defined() && h0.defined() && c0.defined(), "seqkernels.lstm_layer: x, h0 and c0 must be given");
+  check_layer_rows(x, h0, c0);
   const auto [y, h_n, c_n, gates, cells] =
       dispatched_forward(x.contiguous(), batch_sizes, h0.contiguous(), c0.contiguous(), w_ih.contiguous(),
                          w_hh.contiguous(), contiguous_if_given(b_ih), contiguous_if_given(b_hh),
