@@ -141,6 +141,15 @@ __device__ __forceinline__ int group_steps(const CallSteps<kRagged>& steps, int 
   }
 }
 
+// f(FullSteps{}) where every step of s is full, else f(its step table); false where the table
+// cannot hold the packed sequence.
+template <class F>
+bool with_call_steps(const LstmSizes& s, F&& f) {
+  if (all_steps_full(s)) return f(FullSteps{});
+  SegTable steps;
+  return build_segments(s, steps) && f(steps);
+}
+
 template <class scalar_t, bool kRagged>
 struct OneClusterArgs {
   int T, B;              // B: all rows (cluster g runs rows [8 g, 8 g + 8))
@@ -654,17 +663,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int s = T - 1 - i, t = a.reverse ? T - 1 - s : s;
       const StepInfo st = step_at(&a.steps, t, load_cursor);
       if (b >= st.bt) return;
-      // The step the row's state came from: t - 1 (it runs there too) or, in reverse, t + 1 where
-      // it runs there; else h0 / c0.
-      int64_t prev_row = -1;
-      int cursor = load_cursor;
-      if (!a.reverse && t > 0) {
-        prev_row = step_at(&a.steps, t - 1, cursor).off + b;
-      } else if (a.reverse && t + 1 < a.T) {
-        const StepInfo next = step_at(&a.steps, t + 1, cursor);
-        if (b < next.bt) prev_row = next.off + b;
-      }
-      load_backward_rows<H>(a, st.off + b, prev_row, b, j, in);
+      load_backward_rows<H>(a, st.off + b, previous_row(&a.steps, a.T, a.reverse, t, b, load_cursor), b, j, in);
     } else {
       load_backward_item<H>(a, T, B, i, b, j, live, in);
     }
@@ -806,9 +805,7 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
                                                  b_ih, b_hh, w_hh, h0, c0, y, gates, cells, h_n, c_n, steps};
     return training ? launch_for_sizes<scalar_t, true>(s, args) : launch_for_sizes<scalar_t, false>(s, args);
   };
-  if (all_steps_full(s)) return run(FullSteps{});
-  SegTable steps;
-  return build_segments(s, steps) && run(steps);
+  return with_call_steps(s, run);
 }
 
 bool packed_one_cluster_forward(const LstmSizes& s, int sm_major) {
@@ -839,9 +836,7 @@ bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, con
                                                          grad_c_n, dG, hprev, grad_h0, grad_c0, steps};
     return with_hidden_steps(s.H, [&](auto ks_c) { return launch_backward<scalar_t, decltype(ks_c)::value>(args); });
   };
-  if (all_steps_full(s)) return run(FullSteps{});
-  SegTable steps;
-  return build_segments(s, steps) && run(steps);
+  return with_call_steps(s, run);
 }
 
 template bool lstm_one_cluster_forward<c10::Half>(const LstmSizes&, bool, bool, bool, const float*, const c10::Half*,

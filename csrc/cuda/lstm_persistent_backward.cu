@@ -30,27 +30,16 @@ __device__ __forceinline__ void load_backward_inputs(const BwdArgs<scalar_t>& a,
   using acc_t = at::opmath_type<scalar_t>;
   if (!it.valid || it.n >= st.bt) return;
   const int H = a.g.H;
-  int n_prev = 0;
-  int64_t prev_off = 0;
-  if (!a.reverse && st.t > 0) {
-    int k2 = kseg;
-    n_prev = st.bt;
-    prev_off = step_at(seg, st.t - 1, k2).off;
-  } else if (a.reverse && st.t + 1 < a.g.T) {
-    int k2 = kseg;
-    const StepInfo pr = step_at(seg, st.t + 1, k2);
-    n_prev = pr.bt;
-    prev_off = pr.off;
-  }
+  const int64_t prev_row = previous_row(seg, a.g.T, a.reverse, st.t, it.n, kseg);
   const int64_t row = st.off + it.n;
   const scalar_t* gr = a.gates + row * 4 * static_cast<int64_t>(H) + it.j;
 #pragma unroll
   for (int q = 0; q < 4; ++q) in.act[q] = static_cast<acc_t>(gr[q * static_cast<int64_t>(H)]);
   in.c = static_cast<acc_t>(a.cells[row * H + it.j]);
   in.gy = static_cast<acc_t>(a.grad_y[row * H + it.j]);
-  if (it.n < n_prev) {
-    in.cp = static_cast<acc_t>(a.cells[(prev_off + it.n) * H + it.j]);
-    in.hp = a.y[(prev_off + it.n) * H + it.j];
+  if (prev_row >= 0) {
+    in.cp = static_cast<acc_t>(a.cells[prev_row * H + it.j]);
+    in.hp = a.y[prev_row * H + it.j];
   } else {
     in.cp = static_cast<acc_t>(a.c0[it.n * H + it.j]);
     in.hp = a.h0[it.n * H + it.j];

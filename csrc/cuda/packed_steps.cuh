@@ -40,6 +40,18 @@ __device__ __forceinline__ StepInfo step_at(const SegTable* seg, int t, int& k) 
   return {t, bt, seg->ob[k] + static_cast<int64_t>(t - seg->tb[k]) * bt};
 }
 
+// The packed row whose state row b of step t starts from, for a backward pass: step t - 1's (every
+// row of step t runs there) or, in reverse, step t + 1's where row b runs there; -1 where the row
+// starts from h0 / c0. k: the caller's cursor, not moved.
+__device__ __forceinline__ int64_t previous_row(const SegTable* seg, int T, bool reverse, int t, int b, int k) {
+  if (!reverse && t > 0) return step_at(seg, t - 1, k).off + b;
+  if (reverse && t + 1 < T) {
+    const StepInfo next = step_at(seg, t + 1, k);
+    if (b < next.bt) return next.off + b;
+  }
+  return -1;
+}
+
 // The table of s's steps; false where T or the number of distinct batch sizes is beyond it.
 inline bool build_segments(const LstmSizes& s, SegTable& tab) {
   if (s.T > INT_MAX - 1) return false;
