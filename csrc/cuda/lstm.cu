@@ -1915,13 +1915,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   // (cbuf) itself where it applies; else the cuBLAS loop below.
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   const cuda::ClusterOperands cluster_ops = cuda::cluster_operands(sizeof(scalar_t), blas.tf32());
-  // (A 16-bit packed sequence at 16 < B where the one-cluster kernel takes it counts as the cluster kernel's:
-  // packed_one_cluster_forward.)
-  const bool cluster_forward =
-      cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, cluster_ops) ||
-      (cuda::kHalfType<scalar_t> && cuda::packed_one_cluster_forward(s, prop.major));
+  const bool cluster_forward = cuda::cluster_forward_applies(s, prop.major, prop.multiProcessorCount, cluster_ops);
+  const bool one_cluster_wide = cuda::kHalfType<scalar_t> && cuda::packed_one_cluster_forward(s, prop.major);
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
-                                            cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward);
+                                            cuda::kHalfType<scalar_t>, /*backward=*/false, cluster_forward,
+                                            /*row_split_backward=*/false, one_cluster_wide);
 
   // Input projection of every row at once: pre[N, G] = x[N, I] · W_ih[G, I]ᵀ. Where the cluster
   // kernel will multiply float32 on scaled fp16 operands, the projection does too (pre_unscale).
@@ -2098,10 +2096,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   const cudaDeviceProp& prop = *at::cuda::getCurrentDeviceProperties();
   const bool row_split_backward =
       cuda::row_split_backward_applies(s, sizeof(scalar_t), prop.major, prop.multiProcessorCount);
-  const bool one_cluster_backward = cuda::kHalfType<scalar_t> && cuda::one_cluster_backward_wide(s, prop.major);
+  const bool one_cluster_wide = cuda::kHalfType<scalar_t> && cuda::one_cluster_backward_wide(s, prop.major);
   const cuda::Loop loop = cuda::choose_loop(s, sizeof(scalar_t), cuda::kHalfType<scalar_t> || blas.tf32(),
                                             cuda::kHalfType<scalar_t>, /*backward=*/true, /*cluster_forward=*/false,
-                                            row_split_backward, one_cluster_backward);
+                                            row_split_backward, one_cluster_wide);
   const scalar_t* grad_h_n_p = grad_h_n.data_ptr<scalar_t>();
   const scalar_t* grad_c_n_p = grad_c_n.data_ptr<scalar_t>();
   const bool native =

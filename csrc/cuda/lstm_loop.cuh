@@ -131,11 +131,11 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 // The loop for one op call. `mma`: bf16, fp16, or float32 with TF32 allowed (float32 without it
 // has rules of its own above, though its direct persistent forward and fused loop use tensor
 // cores too); `half`: a 16-bit dtype; `cluster_forward`: the forward's cluster kernel applies
-// (cluster_forward_applies), or for a 16-bit packed sequence at 16 < B the one-cluster kernel in its
-// place (packed_one_cluster_forward, lstm_one_cluster.cuh; lstm.cu passes either);
-// `row_split_backward` / `one_cluster_backward`: the backward's row-split kernel applies, or the
-// one-cluster backward kernel at 16 < B (one_cluster_backward_wide, lstm_one_cluster.cuh). A forced loop that does not apply to the call (e.g. persistent with
-// a projection, fused in float64) leaves it to the cuBLAS loop.
+// (cluster_forward_applies); `row_split_backward`: the backward's row-split kernel applies;
+// `one_cluster_wide`: above B = 16 the one-cluster kernel of this direction takes the call (lstm_one_cluster.cuh:
+// the forward's for a 16-bit packed sequence, packed_one_cluster_forward, where its padded twin runs it
+// in the cluster kernel's place; the backward's, one_cluster_backward_wide). A forced loop that does not
+// apply to the call (e.g. persistent with a projection, fused in float64) leaves it to the cuBLAS loop.
 //
 // auto, from every loop forced side by side on an H200 (2026-11-24, T = 256, B in {1, 8, 16,
 // 32, 64, 256}, H in {256, 512, 1024}, bf16 and TF32, scripts/lstm_backend_grid.py; the table
@@ -184,7 +184,7 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 //    (backward), else cuBLAS (measured 2026-11-21, docs/kernels.md).
 inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool half, bool backward,
                         bool cluster_forward = false, bool row_split_backward = false,
-                        bool one_cluster_backward = false) {
+                        bool one_cluster_wide = false) {
   switch (lstm_backend_from_env()) {  // validated on every call
     case LstmBackend::kGemm:
       return Loop::kCublas;
@@ -216,7 +216,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
     // Beyond the tensor-core kernels' limit: not the persistent loop (it would fall back).
   } else if (backward) {
     const bool clusters = s.H % kClusterHiddenMultiple == 0;
-    persistent = state <= kPersistentMaxStateMma || row_split_backward || one_cluster_backward ||
+    persistent = state <= kPersistentMaxStateMma || row_split_backward || one_cluster_wide ||
                  (half ? clusters && s.B <= kPersistentMaxBackwardBatchHalf && bh <= kPersistentMaxBackwardBHHalf &&
                              s.H <= kPersistentMaxBackwardHiddenHalf
                        : s.H <= kSplitBackwardMaxHidden &&
@@ -226,7 +226,7 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
                                (s.H > kFusedMaxBackwardHiddenTf32 || clusters))));
   } else if (half) {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && s.H <= kPersistentMaxForwardHiddenHalf) ||
-                 state <= kPersistentMaxStateMma || cluster_forward;
+                 state <= kPersistentMaxStateMma || cluster_forward || one_cluster_wide;
   } else {
     persistent = (s.B <= kPersistentMaxForwardBatchMma && state <= kPersistentMaxForwardState) || cluster_forward;
   }
