@@ -165,12 +165,14 @@ def rnn_tf32(allowed: bool):
 # block's shared memory of its cluster): one cluster, two (B = 12, the second half empty) and three
 # (B = 20); then packed sequences, whose groups run different numbers of steps (the second group of
 # [12, 9, 9, 3] one step, of [20, 17, 9, 4] three and two) and whose rows sit out steps (both
-# directions: in reverse they start late from h0); each case runs inference and training, so both
-# kernels run.
+# directions: in reverse they start late from h0); at H = 512 eight clusters of 16 blocks (more than
+# an H200 holds at once: they run in waves, one_cluster_waves) and six, packed; each case runs
+# inference and training, so both kernels run.
 ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128, torch.float16, True),
                      ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True),
                      ([20, 20, 20], 8, 256, torch.bfloat16, True), ([8, 8, 5, 1], 8, 512, torch.float16, True),
-                     ([12, 9, 9, 3], 8, 256, torch.bfloat16, True), ([20, 17, 9, 4], 8, 128, torch.float16, True)]
+                     ([12, 9, 9, 3], 8, 256, torch.bfloat16, True), ([20, 17, 9, 4], 8, 128, torch.float16, True),
+                     ([64, 64, 64], 8, 512, torch.float16, True), ([48, 40, 21, 3], 8, 512, torch.bfloat16, True)]
 
 # The forward's cluster kernel (16-bit, float32 with and without TF32; 16 < B <= 64, equal batch
 # sizes, sm_90: 64 clusters of two blocks, partial sums in distributed shared memory, step flags

@@ -86,7 +86,8 @@ CUDA_ONE_CLUSTER_HIDDEN = (128, 256, 512)
 CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN = 512  # split_k_wanted, csrc/cuda/lstm_one_cluster.cu: warp pairs split K
 # one_cluster_wide_sizes, csrc/cuda/lstm_one_cluster.cuh: above B = 16 the 16-bit backward takes the
 # persistent loop for the one-cluster backward kernel at H = 256 up to B = kOneClusterMaxRows and at H = 512 up to
-# this B (one_cluster_backward_wide); a 16-bit packed forward there takes it for the one-cluster forward kernel
+# this B (one_cluster_backward_wide), and beyond it up to kOneClusterMaxRows with its clusters in waves
+# (one_cluster_waves); a 16-bit packed forward there takes it for the one-cluster forward kernel
 CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512 = 32
 # run_backward, csrc/cuda/lstm_one_cluster.cu: 16-bit backward calls of the persistent loop at these H
 ONE_CLUSTER_BACKWARD = ("the one-cluster backward kernel where its clusters are resident, packed: at most 64 batch "
@@ -334,6 +335,14 @@ def _cluster_polls(rows: int, k_range: int, operand_bytes: int, what: str = "h_{
             else f"; it waits for the step flags ({why})")
 
 
+def one_cluster_waves(batch: int, hidden: int) -> bool:
+    """one_cluster_waves (csrc/cuda/lstm_one_cluster.cu): whether the one-cluster kernels may run their
+    clusters in more than one wave (H = 512 above B = 32, up to B = 64; unless
+    SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0, diagnostic), so that they need one resident cluster, not all."""
+    return (os.environ.get("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", "") != "0" and hidden == 512
+            and CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512 < batch <= CUDA_ONE_CLUSTER_MAX_ROWS)
+
+
 def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
     """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) at B > 16: why the forward's cluster
     kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None. 16-bit
@@ -368,9 +377,11 @@ def _one_cluster(batch: int, hidden: int) -> str:
     B <= 64 and H in {128, 256, 512}."""
     groups = -(-batch // CUDA_ONE_CLUSTER_GROUP_ROWS)
     split_k = "; warp pairs split K" if hidden == CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN else ""
+    resident = ("in waves where not all are resident at once" if one_cluster_waves(batch, hidden)
+                else "if all are resident at once")
     return (f"the one-cluster forward kernel: B = {batch} <= {CUDA_ONE_CLUSTER_MAX_ROWS} and H = {hidden} in "
             f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, packed: at most 64 batch sizes, sm_90, {groups} "
-            f"cluster{'s' if groups > 1 else ''} of {hidden // 32} blocks if all are resident at once{split_k}")
+            f"cluster{'s' if groups > 1 else ''} of {hidden // 32} blocks {resident}{split_k}")
 
 
 def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters: bool) -> str:
@@ -464,11 +475,14 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"{CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH}: {ROW_SPLIT_BACKWARD}"
                               f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG', CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES)}")
     elif (one_cluster_backward and CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF < batch
-          and batch <= (CUDA_ONE_CLUSTER_MAX_ROWS if hidden == 256 else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512)
+          and (batch <= (CUDA_ONE_CLUSTER_MAX_ROWS if hidden == 256 else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512)
+               or one_cluster_waves(batch, hidden))
           and hidden in (256, 512) and one_cluster_backward_switch()):
+        waves = " (its clusters in waves above B = 32)" if one_cluster_waves(batch, hidden) else ""
+        limit_512 = CUDA_ONE_CLUSTER_MAX_ROWS if waves else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512
         return "persistent", (f"auto: backward, 16-bit, {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF} < B = {batch} <= "
-                              f"{CUDA_ONE_CLUSTER_MAX_ROWS} at H = 256 or {CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512} at "
-                              f"H = 512 (H = {hidden}): {ONE_CLUSTER_BACKWARD}")
+                              f"{CUDA_ONE_CLUSTER_MAX_ROWS} at H = 256 or {limit_512} at H = 512 (H = {hidden}): "
+                              f"{ONE_CLUSTER_BACKWARD}{waves}")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         kernel = f" ({ONE_CLUSTER_BACKWARD}; else the split or general kernel)" if one_cluster_backward else ""
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB{kernel}"

@@ -139,7 +139,7 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (16, 768, torch.bfloat16, True, "persistent", "fused"),  # backward: B*H = 12288 > 8192
     (32, 256, torch.bfloat16, True, "persistent", "persistent"),  # forward: the cluster kernel; backward: one cluster
     (64, 256, torch.float16, True, "persistent", "persistent"),  # the one-cluster backward up to B = 64 at H = 256
-    (33, 512, torch.bfloat16, True, "persistent", "cublas"),  # ... and to B = 32 at H = 512 (B > 32: cuBLAS)
+    (33, 512, torch.bfloat16, True, "persistent", "persistent"),  # ... and at H = 512, above B = 32 in waves
     (32, 384, torch.bfloat16, True, "fused", "fused"),  # H = 384: not the one-cluster kernel's
     (16, 296, torch.bfloat16, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters)
     (16, 1024, torch.float16, True, "persistent", "persistent"),  # 32 KiB: the forward's limit; backward: row split
@@ -157,8 +157,8 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (5, 1536, torch.bfloat16, True, "cublas", "cublas"),  # backward B > 4 beyond H = 1280
     (1, 1800, torch.float16, True, "cublas", "cublas"),  # backward H > 1792
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
-    (64, 512, torch.bfloat16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward B > 32 (not the
-    # one-cluster kernel's at H = 512)
+    (64, 512, torch.bfloat16, True, "persistent", "persistent"),  # forward: the one-cluster kernel, else the cluster
+    # kernel; backward: the one-cluster kernel, its 8 clusters in waves
     (32, 1024, torch.float16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward > 20480
     (32, 640, torch.bfloat16, True, "fused", "fused"),  # backward B*H = 20480: the fused backward's limit
     (24, 896, torch.float16, True, "fused", "cublas"),  # backward B*H = 21504 > 20480
@@ -272,6 +272,25 @@ def test_cuda_row_split_backward_follows_its_switch(monkeypatch, batch, clause):
                                                          clusters=True)["backward"][1]
 
 
+@pytest.mark.parametrize("batch", [33, 48, 64])
+def test_cuda_one_cluster_waves_follow_their_switch(monkeypatch, batch):
+    """16-bit, H = 512, 32 < B <= 64: the backward takes the persistent loop for the one-cluster kernel,
+    its clusters in waves; under SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 (diagnostic) the cuBLAS loop, as before
+    the waves (B > 32: not the fused backward's), and the forward names the kernel without waves."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", raising=False)
+    for dtype in (torch.bfloat16, torch.float16):
+        choice = lstm_loop_choice(batch, 512, dtype, 0, "cuda", clusters=True)
+        assert choice["backward"][0] == "persistent" and "in waves above B = 32" in choice["backward"][1]
+        assert "in waves where not all are resident at once" in choice["forward"][1]
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", "0")
+        choice = lstm_loop_choice(batch, 512, dtype, 0, "cuda", clusters=True)
+        assert choice["backward"][0] == "cublas"
+        assert "if all are resident at once" in choice["forward"][1]
+        monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES")
+    assert "waves" not in str(lstm_loop_choice(batch, 256, torch.bfloat16, 0, "cuda", clusters=True))
+
+
 @pytest.mark.parametrize("batch,forward_with_tf32_operands", [(32, "persistent"), (40, "cublas"), (64, "cublas")])
 def test_cuda_tf32_cluster_forward_follows_half_switch(monkeypatch, batch, forward_with_tf32_operands):
     """float32 with TF32 at H = 1024: the cluster forward kernel on scaled fp16 operands up to B = 64;
@@ -315,6 +334,10 @@ _CLI_CHOICES = [
       "all are resident at once; warp pairs split K; else the cluster forward kernel",
       "backward (training): persistent (auto: backward, 16-bit, 16 < B = 32 <= 64 at H = 256 or 32 at H = 512 "
       "(H = 512): the one-cluster backward kernel"], []),
+    (["--batch", "64", "--hidden", "512", "--dtype", "float16", "--device", "cuda"],
+     ["8 clusters of 16 blocks in waves where not all are resident at once; warp pairs split K; else the cluster "
+      "forward kernel", "backward (training): persistent (auto: backward, 16-bit, 16 < B = 64 <= 64 at H = 256 or 64 "
+      "at H = 512 (H = 512): the one-cluster backward kernel", "(its clusters in waves above B = 32)"], []),
     (["--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 16 <= 64",
       "packed: at most 64 batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split "

@@ -1141,14 +1141,17 @@ def test_one_cluster_packed_matches_reference(monkeypatch, precision_name, batch
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("precision_name,batch_sizes,H,reverse,one_cluster", [
     ("bfloat16", [27, 20, 20, 5], 256, False, True), ("float16", [32, 30, 12, 1], 512, True, True),
-    ("bfloat16", [64, 33, 9], 256, True, True), ("float16", [40, 40, 17], 512, False, False),
+    ("bfloat16", [64, 33, 9], 256, True, True), ("float16", [40, 40, 17], 512, False, True),
     ("bfloat16", [32] * 5, 256, False, True), ("float16", [64] * 4, 256, True, True),
-    ("float16", [24] * 5, 512, False, True), ("bfloat16", [17] * 3, 512, True, True)])
+    ("float16", [24] * 5, 512, False, True), ("bfloat16", [17] * 3, 512, True, True),
+    ("bfloat16", [64] * 3, 512, False, True), ("float16", [64, 61, 30, 2], 512, True, True),
+    ("float16", [72, 70, 8], 256, False, False), ("bfloat16", [65] * 3, 512, True, False)])
 def test_above_16_takes_the_one_cluster_kernels(monkeypatch, precision_name, batch_sizes, H, reverse, one_cluster):
     """auto, 16-bit, 16 < B: the backward takes the persistent loop where the one-cluster backward kernel
-    runs it (H = 256 up to B = 64, H = 512 up to B = 32: one_cluster_backward_wide), and so does a packed
-    sequence's forward for the one-cluster forward kernel (packed_one_cluster_forward), as its padded twin
-    does; right against the reference. Beyond those sizes, neither kernel."""
+    runs it (H = 256 and 512 up to B = 64: one_cluster_backward_wide; at H = 512 above B = 32 its clusters
+    run in waves), and so does a packed sequence's forward for the one-cluster forward kernel
+    (packed_one_cluster_forward), as its padded twin does; right against the reference. Beyond those
+    sizes (B > 64), neither kernel."""
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     ragged = batch_sizes[-1] != batch_sizes[0]
     with _Precision(precision_name):
@@ -1162,10 +1165,27 @@ def test_above_16_takes_the_one_cluster_kernels(monkeypatch, precision_name, bat
 
 
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("precision_name,B", [("bfloat16", 7), ("float16", 7), ("bfloat16", 20)])
+@pytest.mark.parametrize("precision_name,batch_sizes,reverse", [
+    ("float16", [64] * 3, False), ("bfloat16", [48, 48, 33, 7], True)])
+def test_one_cluster_waves_switch(monkeypatch, precision_name, batch_sizes, reverse):
+    """H = 512 above B = 32: with SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 the one-cluster kernels need all
+    their clusters resident at once, which an H200 cannot hold, so neither runs (one_cluster_waves); the
+    loops that take the call instead are right against the reference."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", "0")
+    with _Precision(precision_name):
+        def run():
+            compare_layer(batch_sizes, 5, 512, reverse=reverse, bias=True, precision=precision_name, seed=3,
+                          what="H = 512, no waves")
+
+        assert not any("one_cluster" in n for n in kernel_names(run))
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,B", [("bfloat16", 7), ("float16", 7), ("bfloat16", 20), ("float16", 64)])
 def test_one_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B):
-    """Inference on the one-cluster kernel (one cluster, and three at B = 20) captured in a CUDA
-    graph: replays on fresh input data agree with eager calls of an identical model."""
+    """Inference on the one-cluster kernel (one cluster, three at B = 20, eight in waves at B = 64)
+    captured in a CUDA graph: replays on fresh input data agree with eager calls of an identical model."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):
         dtype = DTYPE[precision_name]

@@ -73,7 +73,9 @@
 //
 // The launch is ceil(B / 8) clusters (each cluster's blocks co-scheduled by the hardware): the
 // occupancy API's cluster answer is checked first, so no cluster waits for SMs that cannot come; a
-// wait longer than ~10 s traps (lstm_device.cuh's guard).
+// wait longer than ~10 s traps (lstm_device.cuh's guard). Where not all clusters fit at once (H = 512,
+// B > 56 on an H200) they may run in waves (one_cluster_waves): a cluster only ever waits for the
+// blocks of its own, which the hardware starts together.
 #include "lstm_one_cluster.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -468,14 +470,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Launches `kernel` on ceil(B / 8) clusters of `cluster` blocks with `smem` bytes of dynamic shared
 // memory each, or returns false, having launched nothing, where they cannot all be resident at once
-// (else the later clusters would run after the first ones finished).
+// (else the later clusters would run after the first ones finished) unless `waves`
+// (one_cluster_waves): then one resident cluster is enough.
 template <class Args>
-bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem) {
+bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem, bool waves) {
   const void* fn = reinterpret_cast<const void*>(kernel);
   const int groups = (args.B + kGroupRows - 1) / kGroupRows;
   if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn)) return false;
   if (smem > 0) ensure_dynamic_smem(fn, smem);
-  if (max_active_clusters(fn, kThreads, smem, cluster) < groups) return false;
+  if (max_active_clusters(fn, kThreads, smem, cluster) < (waves ? 1 : groups)) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(groups * cluster));
   cfg.blockDim = dim3(kThreads);
@@ -489,9 +492,9 @@ bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem
 }
 
 template <class scalar_t, bool kTraining, int KS, bool kSplitK, bool kRagged>
-bool launch(const OneClusterArgs<scalar_t, kRagged>& args) {
+bool launch(const OneClusterArgs<scalar_t, kRagged>& args, bool waves) {
   return launch_groups(&lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK, kRagged>, args,
-                       cluster_of(KS), 0);
+                       cluster_of(KS), 0, waves);
 }
 
 // Whether warp pairs split K: at H = 512, where it was faster (H200, bf16 `infer` CUDA-graph
@@ -506,11 +509,11 @@ bool split_k_wanted(const LstmSizes& s) {
 
 template <class scalar_t, bool kTraining, bool kRagged>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t, kRagged>& args) {
-  const bool split_k = split_k_wanted(s);
+  const bool split_k = split_k_wanted(s), waves = one_cluster_waves(s);
   return with_hidden_steps(s.H, [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    return split_k ? launch<scalar_t, kTraining, KS, true, kRagged>(args)
-                   : launch<scalar_t, kTraining, KS, false, kRagged>(args);
+    return split_k ? launch<scalar_t, kTraining, KS, true, kRagged>(args, waves)
+                   : launch<scalar_t, kTraining, KS, false, kRagged>(args, waves);
   });
 }
 
@@ -770,12 +773,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <class scalar_t, int KS, bool kRagged>
-bool launch_backward(const OneClusterBackwardArgs<scalar_t, kRagged>& args) {
+bool launch_backward(const OneClusterBackwardArgs<scalar_t, kRagged>& args, bool waves) {
   // Dynamic shared memory: 2 receive buffers and 2 staging slices per destination (floats), the dG slice.
   constexpr int kSmem = 4 * cluster_of(KS) * kPartialElems * static_cast<int>(sizeof(float)) +
                         kGateSliceElems * static_cast<int>(sizeof(scalar_t));
   return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS, kRagged>, args, cluster_of(KS),
-                       kSmem);
+                       kSmem, waves);
 }
 
 }  // namespace
@@ -808,6 +811,11 @@ bool lstm_one_cluster_forward(const LstmSizes& s, bool reverse, bool training, b
   return with_call_steps(s, run);
 }
 
+bool one_cluster_waves(const LstmSizes& s) {
+  return switch_on("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES") && s.H == 512 && s.B > kOneClusterWideMaxBatch512 &&
+         s.B <= kOneClusterMaxRows;
+}
+
 bool packed_one_cluster_forward(const LstmSizes& s, int sm_major) {
   return !all_steps_full(s) && one_cluster_wide_sizes(s) && one_cluster_forward_applies(s, sm_major);
 }
@@ -834,7 +842,9 @@ bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, con
     const OneClusterBackwardArgs<scalar_t, kRagged> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse,
                                                          trace, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
                                                          grad_c_n, dG, hprev, grad_h0, grad_c0, steps};
-    return with_hidden_steps(s.H, [&](auto ks_c) { return launch_backward<scalar_t, decltype(ks_c)::value>(args); });
+    const bool waves = one_cluster_waves(s);
+    return with_hidden_steps(s.H,
+                             [&](auto ks_c) { return launch_backward<scalar_t, decltype(ks_c)::value>(args, waves); });
   };
   return with_call_steps(s, run);
 }

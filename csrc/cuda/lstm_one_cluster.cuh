@@ -29,18 +29,28 @@ bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
 // was measured at (H200, bf16 `infer` CUDA-graph replays, T = 256, ms, one-cluster / before: B = 12
 // and 16 0.258 / 0.398-0.411 at H = 256, 0.366-0.373 / 0.506-0.593 at H = 512, against the direct
 // kernel; B = 32 and 64 0.268-0.294 / 0.725-0.903 at H = 256, B = 32 0.399-0.405 / 0.809-0.821 at
-// H = 512, against the cluster kernel; docs/kernels.md). B = 64 at H = 512 needs 8 clusters of 16
-// blocks, more than an H200 holds at once: the cluster kernel's. SEQKERNELS_LSTM_ONE_CLUSTER
-// (diagnostic): "0" never.
+// H = 512, against the cluster kernel; docs/kernels.md). At H = 512, B = 57-64 its 8 clusters of 16
+// blocks are more than an H200 holds at once (7): they run in waves (one_cluster_waves).
+// SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never.
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 
 // The sizes above B = 16 at which lstm_loop.cuh's rule takes the persistent loop for these kernels
 // (16-bit types, the caller's): H = 256 up to B = 64 (8 clusters of 8 blocks) and H = 512 up to
-// B = kOneClusterWideMaxBatch512 (4 clusters of 16 blocks; at B = 64 all 8 do not fit an H200 at once,
-// and the call would go to a slower kernel).
+// B = kOneClusterWideMaxBatch512 (4 clusters of 16 blocks), and beyond it up to B = 64 where the
+// clusters may run in waves (one_cluster_waves).
 constexpr int64_t kOneClusterWideMaxBatch512 = 32;
+// Where the launch needs only one resident cluster, not all, so the batch groups may run in more than
+// one wave: H = 512 above kOneClusterWideMaxBatch512, up to kOneClusterMaxRows. The clusters never wait
+// for each other, so a later wave only waits for the SMs that the first one frees; an H200 holds 7
+// clusters of 16 blocks, so B = 57-64 runs in two (twice the loop of B = 56). H200, fp16 / bf16,
+// T = 256 (2026-11-29, forty-fourth session, ms, waves / SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0, whose
+// backward ran the cuBLAS loop and B = 64's forward the cluster kernel): `train` B = 40 1.406 / 2.765
+// and 1.459 / 2.691, B = 48 1.476 / 2.802 and 1.458 / 2.827, B = 64 2.482 / 3.458 and 2.487 / 3.469;
+// `infer` B = 64 0.982 / 1.254 and 0.997 / 1.277; packed fp16 `train` B = 48 / 64 1.711 / 7.473,
+// 1.991 / 7.103. SEQKERNELS_LSTM_ONE_CLUSTER_WAVES (diagnostic): "0" never.
+bool one_cluster_waves(const LstmSizes& s);
 inline bool one_cluster_wide_sizes(const LstmSizes& s) {
-  return s.B > 16 && (s.H == 256 || (s.H == 512 && s.B <= kOneClusterWideMaxBatch512));
+  return s.B > 16 && (s.H == 256 || (s.H == 512 && (s.B <= kOneClusterWideMaxBatch512 || one_cluster_waves(s))));
 }
 // A packed sequence (batch sizes that shrink) at those sizes takes the persistent forward loop, where
 // its padded twin would run this kernel (the cluster kernel, which the rule looks at there, takes equal
@@ -49,7 +59,7 @@ bool packed_one_cluster_forward(const LstmSizes& s, int sm_major);
 // The backward at those sizes (padded or packed) takes the persistent loop for the one-cluster backward
 // kernel: before, the fused or cuBLAS loop. Training calls, H200, fp16, T = 256 (2026-11-29, forty-third
 // session, ms, that rule / the persistent loop forced): B = 32 / 64, H = 256 1.937 / 1.100, 2.529 /
-// 1.284; B = 32, H = 512 2.427 / 1.351 (B = 64, H = 512: 3.465 / 8.254, its clusters not resident);
+// 1.284; B = 32, H = 512 2.427 / 1.351 (B = 64, H = 512: 3.465 / 8.254 before its clusters ran in waves);
 // packed (lengths T down to T / 2), whose steps the other loops do not replay: B = 32 / 64, H = 256
 // 2.658 / 1.234, 4.756 / 1.352; B = 32, H = 512 2.854 / 1.612.
 bool one_cluster_backward_wide(const LstmSizes& s, int sm_major);
