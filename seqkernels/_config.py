@@ -658,8 +658,11 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     ``steps`` the sequence length T (the CPU's choice depends on it; default the suite's 256);
     ``clusters`` whether the GPU runs the forward's cluster kernel (thread-block clusters,
     sm_90, and at least 128 SMs; default: the current CUDA device's answer, or True without one).
-    Batch sizes are taken as equal at every step (a ragged PackedSequence does not run the cluster
-    kernel: a persistent forward at 16 < B <= 64 then takes the general persistent kernel).
+    Batch sizes are taken as equal at every step. A ragged PackedSequence differs: the forward's
+    cluster kernel does not take it (packed_one_cluster_forward in its place at the one-cluster
+    backward's sizes), and its 16-bit calls beyond the rules above take the fused loop up to B*H =
+    65536 (forward) and 98304 (backward), since the cuBLAS loop cannot replay its steps
+    (csrc/cuda/lstm_loop.cuh, kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf).
     """
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
     if batch < 1 or hidden < 1 or steps < 1:

@@ -344,6 +344,26 @@ def test_fused_path_is_taken(monkeypatch, precision_name, B, H, applies):
         assert not any(k.startswith("fused") for k in loop_kernels(run))
 
 
+@pytest.mark.parametrize("precision_name,batch_sizes,H,loops", [
+    ("float16", [48, 40, 7], 768, {"fused forward", "fused backward"}),
+    ("bfloat16", [72, 72, 30, 1], 512, {"fused forward", "fused backward"}),
+    ("float16", [128, 100, 9], 768, {"fused backward"}),  # forward B*H = 98304 > 65536: cuBLAS
+    ("bfloat16", [100, 99, 99], 1024, set()),  # B*H > 98304
+    ("float16", [48] * 3, 768, set()),  # equal batch sizes: the replayed cuBLAS loop
+])
+def test_ragged_16_bit_takes_the_fused_loop(monkeypatch, precision_name, batch_sizes, H, loops):
+    """auto, 16-bit, a ragged packed sequence (whose cuBLAS steps are not replayed): the fused forward
+    up to B*H = 65536 and the fused backward up to B*H = 98304 at any B (lstm_loop.cuh,
+    kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf); right against the reference."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    with _Precision(precision_name):
+        def run():
+            compare_layer(batch_sizes, 5, H, reverse=False, bias=True, precision=precision_name, seed=H,
+                          what="ragged, 16-bit, auto")
+
+        assert loop_kernels(run) == loops
+
+
 def test_fused_path_with_projection_falls_back(monkeypatch):
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "fused")
     with _Precision("bfloat16"):
