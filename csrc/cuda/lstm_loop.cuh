@@ -167,14 +167,13 @@ constexpr int64_t kFusedMaxForwardBHRaggedHalf = 64 * 1024;
 //    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0, and where the row-split
 //    backward kernel applies (16-bit, H = 1024, B <= 16, since 2026-11-28) or the one-cluster
 //    backward kernel above B = 16 (16-bit, H = 256 to B = 64, H = 512 to B = 32, since 2026-11-29
-//    (forty-third session), to B = 64 with its clusters in waves since the forty-fourth: one_cluster_backward_wide,
-//    lstm_one_cluster.cuh); else fused while B·H <= 32768 with H <= 1280 (16-bit) or 1024 (TF32)
-//    (forward; the H200 grid of 2026-11-25; a 16-bit ragged packed sequence to B·H = 65536 since
-//    2026-11-29) or B <= 32 with B·H <= 32768 and H <= 1280 (a 16-bit ragged packed sequence: any B
-//    with B·H <= 98304, since 2026-11-29), or B <= 4 with H <= 1792 (backward, 16-bit; TF32: B·H <=
-//    8192 with H <= 768,
-//    and 5 < B <= 16 at 896 < H <= 1024, above, but not from B = 8 where the cuBLAS loop's dh GEMM
-//    takes fp16 operands); else cuBLAS.
+//    (forty-third session), to B = 64 with its clusters in waves since the forty-fourth:
+//    one_cluster_backward_wide, lstm_one_cluster.cuh); else fused while B·H <= 32768 with H <= 1280
+//    (16-bit) or 1024 (TF32) (forward; the H200 grid of 2026-11-25; a 16-bit ragged packed sequence
+//    to B·H = 65536 since 2026-11-29) or B <= 32 with B·H <= 32768 and H <= 1280 (a 16-bit ragged
+//    packed sequence: any B with B·H <= 98304, since 2026-11-29), or B <= 4 with H <= 1792
+//    (backward, 16-bit; TF32: B·H <= 8192 with H <= 768, and 5 < B <= 16 at 896 < H <= 1024, above,
+//    but not from B = 8 where the cuBLAS loop's dh GEMM takes fp16 operands); else cuBLAS.
 //    Since 2026-11-27 the 16-bit and the TF32 forward are also persistent wherever its cluster
 //    kernel applies (`cluster_forward`, lstm_persistent.cuh's cluster_forward_applies:
 //    16 < B <= 64, H in {256, 512, 1024} (TF32: {256, 512}, and 1024 up to B = 32 since the
