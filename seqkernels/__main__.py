@@ -5,6 +5,7 @@ With --batch and --hidden, also which LSTM time loop (persistent or BLAS/cuBLAS)
 
   python -m seqkernels --batch 16 --hidden 512
   python -m seqkernels --batch 64 --hidden 1024 --dtype bfloat16 --device cuda
+  python -m seqkernels --batch 64 --hidden 1024 --dtype float16 --device cuda --ragged
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=256, metavar="T", help="sequence length (default 256)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda if available, else cpu")
+    p.add_argument("--ragged", action="store_true",
+                   help="a PackedSequence whose batch sizes shrink (CUDA's choice differs; default: equal batch sizes)")
     args = p.parse_args(argv)
     if (args.batch is None) != (args.hidden is None):
         p.error("--batch and --hidden go together")
@@ -38,7 +41,7 @@ def main(argv=None) -> int:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         print()
         try:
-            show_lstm_choice(args.batch, args.hidden, _DTYPES[args.dtype], args.proj, device, args.steps)
+            show_lstm_choice(args.batch, args.hidden, _DTYPES[args.dtype], args.proj, device, args.steps, args.ragged)
         except ValueError as exc:  # e.g. a bad SEQKERNELS_LSTM_BACKEND
             print(f"python -m seqkernels: {exc}", file=sys.stderr)
             return 2

@@ -121,6 +121,10 @@ CUDA_FUSED_MAX_BACKWARD_HIDDEN_SMALL_BATCH_HALF = 1792  # kFusedMaxBackwardHidde
 CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32 = 1024  # kFusedMaxForwardHiddenTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 32  # kFusedMaxBackwardBatch
 CUDA_FUSED_MAX_BACKWARD_BH = 20 * 1024  # kFusedMaxBackwardBH
+# a ragged packed sequence (its cuBLAS steps not replayed), 16-bit: the fused forward to this B*H, the
+# fused backward to the next at any B (kFusedMaxForwardBHRaggedHalf, kFusedMaxBackwardBHRaggedHalf)
+CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF = 64 * 1024
+CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF = 96 * 1024
 CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 8 * 1024  # kFusedMaxBackwardBHTf32
 _BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 
@@ -229,10 +233,10 @@ def _rnn_tf32_allowed() -> bool:
 
 
 def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
-               backend: str, clusters: bool) -> tuple[str, str]:
+               backend: str, clusters: bool, ragged: bool = False) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, then the chosen loop's own limits that Python can
     see (lstm_persistent_common.cuh's common_preconditions, lstm_fused_step.cu's applies), with the reason."""
-    loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend, clusters)
+    loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend, clusters, ragged)
     if loop == "persistent" and (proj_size > 0 or batch > CUDA_PERSISTENT_MAX_BATCH):
         return "cublas", f"{why}; but the persistent kernel takes no projection and B <= {CUDA_PERSISTENT_MAX_BATCH}"
     if loop == "fused" and (proj_size > 0 or elem == 8 or hidden % (16 // elem) != 0):
@@ -372,6 +376,14 @@ def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: boo
     return f"{why} ({cluster})"
 
 
+def _one_cluster_wide(batch: int, hidden: int) -> bool:
+    """one_cluster_wide_sizes (csrc/cuda/lstm_one_cluster.cuh): above B = 16, H = 256 up to B = 64 and
+    H = 512 up to B = 32, or to B = 64 where the clusters may run in waves."""
+    return batch > CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and (
+        (hidden == 256 and batch <= CUDA_ONE_CLUSTER_MAX_ROWS)
+        or (hidden == 512 and (batch <= CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512 or one_cluster_waves(batch, hidden))))
+
+
 def _one_cluster(batch: int, hidden: int) -> str:
     """The one-cluster forward kernel's line (csrc/cuda/lstm_one_cluster.cuh) for 16-bit types at
     B <= 64 and H in {128, 256, 512}."""
@@ -384,13 +396,15 @@ def _one_cluster(batch: int, hidden: int) -> str:
             f"cluster{'s' if groups > 1 else ''} of {hidden // 32} blocks {resident}{split_k}")
 
 
-def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters: bool) -> str:
+def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters: bool, ragged: bool = False) -> str:
     """The persistent forward's kernel at B <= 16 with tensor cores (cluster_forward_applies,
     csrc/cuda/lstm_persistent.cuh): the one-cluster kernel (16-bit types, H <= 512,
     csrc/cuda/lstm_one_cluster.cuh), the cluster kernel in one m16 tile at H = 1024 from its
-    threshold (16-bit, or TF32), else the direct kernel."""
+    threshold (16-bit, or TF32; equal batch sizes only, as the row-split kernel), else the direct kernel."""
     if clusters and elem == 2 and hidden in CUDA_ONE_CLUSTER_HIDDEN:
         return _one_cluster(batch, hidden)
+    if ragged:
+        return "the direct forward kernel (the row-split and cluster kernels take equal batch sizes only)"
     sixteen = _sixteen_bit_operands(elem)
     min_batch = CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE if sixteen else CUDA_CLUSTER_FORWARD_MIN_BATCH_ONE_TILE_TF32
     if clusters and hidden == 1024 and cluster_row_split() and sixteen:
@@ -406,8 +420,10 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
 
 
 def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
-                      backend: str, clusters: bool) -> tuple[str, str]:
-    """choose_loop of csrc/cuda/lstm_loop.cuh, with the reason."""
+                      backend: str, clusters: bool, ragged: bool = False) -> tuple[str, str]:
+    """choose_loop of csrc/cuda/lstm_loop.cuh, with the reason. ``ragged``: a packed sequence whose batch
+    sizes shrink, which the forward's cluster and row-split kernels and the row-split backward do not take
+    (``equal_clusters``), and whose cuBLAS steps are not replayed (the 16-bit fused limits widen)."""
     if backend == "gemm":
         return "cublas", "SEQKERNELS_LSTM_BACKEND forces the cuBLAS loop"
     if backend in ("persistent", "fused"):
@@ -415,6 +431,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
     if proj_size > 0:
         return "cublas", "only the cuBLAS loop has a projection (proj_size > 0)"
     state = batch * hidden * elem
+    equal_clusters = clusters and not ragged
     one_cluster_backward = backward and half and clusters and hidden in CUDA_ONE_CLUSTER_HIDDEN
     bh = batch * hidden
     kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
@@ -440,7 +457,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                      and direct_x3_half_products() else "TF32")
             return "persistent", (f"{what}: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} (the direct "
                                   f"forward kernel up to H = 1024, its products on {parts} parts)")
-        if (why := _cluster_forward(batch, hidden, elem, clusters, x3=True)) is not None:
+        if (why := _cluster_forward(batch, hidden, elem, equal_clusters, x3=True)) is not None:
             return "persistent", f"{what}: {why}"
         if hidden <= CUDA_FUSED_MAX_FORWARD_HIDDEN_FP32 and bh <= CUDA_FUSED_MAX_FORWARD_BH:
             return "fused", (f"{what}: B > {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA}, H = {hidden} <= "
@@ -459,25 +476,26 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         if batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA and state <= CUDA_PERSISTENT_MAX_FORWARD_STATE:
             return "persistent", (f"auto: TF32, B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and {kib} "
                                   f"<= {CUDA_PERSISTENT_MAX_FORWARD_STATE // 1024} KiB "
-                                  f"({_forward_kernel_at_small_batch(batch, hidden, elem, clusters)})")
-        if (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
+                                  f"({_forward_kernel_at_small_batch(batch, hidden, elem, clusters, ragged)})")
+        if (why := _cluster_forward(batch, hidden, elem, equal_clusters)) is not None:
             return "persistent", f"auto: TF32, {why}"
     elif (half and not backward and batch <= CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA
           and hidden <= CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF):
         return "persistent", (f"auto: B = {batch} <= {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} and H = {hidden} "
                               f"<= {CUDA_PERSISTENT_MAX_FORWARD_HIDDEN_HALF} "
-                              f"({_forward_kernel_at_small_batch(batch, hidden, elem, clusters)})")
-    elif half and not backward and (why := _cluster_forward(batch, hidden, elem, clusters)) is not None:
+                              f"({_forward_kernel_at_small_batch(batch, hidden, elem, clusters, ragged)})")
+    elif half and not backward and (why := _cluster_forward(batch, hidden, elem, equal_clusters)) is not None:
         return "persistent", f"auto: {why}"
-    elif (backward and half and clusters and hidden == CUDA_ROW_SPLIT_BACKWARD_HIDDEN
+    elif half and not backward and ragged and clusters and _one_cluster_wide(batch, hidden):
+        return "persistent", (f"auto: a ragged packed sequence, 16-bit, {CUDA_PERSISTENT_MAX_FORWARD_BATCH_MMA} < B = "
+                              f"{batch}, at the one-cluster backward's sizes (packed_one_cluster_forward: "
+                              f"{_one_cluster(batch, hidden)})")
+    elif (backward and half and equal_clusters and hidden == CUDA_ROW_SPLIT_BACKWARD_HIDDEN
           and batch <= CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH and row_split_backward()):
         return "persistent", (f"auto: backward, 16-bit, H = {hidden} and B = {batch} <= "
                               f"{CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH}: {ROW_SPLIT_BACKWARD}"
                               f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG', CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES)}")
-    elif (one_cluster_backward and CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF < batch
-          and (batch <= (CUDA_ONE_CLUSTER_MAX_ROWS if hidden == 256 else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512)
-               or one_cluster_waves(batch, hidden))
-          and hidden in (256, 512) and one_cluster_backward_switch()):
+    elif one_cluster_backward and _one_cluster_wide(batch, hidden) and one_cluster_backward_switch():
         waves = " (its clusters in waves above B = 32)" if one_cluster_waves(batch, hidden) else ""
         limit_512 = CUDA_ONE_CLUSTER_MAX_ROWS if waves else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512
         return "persistent", (f"auto: backward, 16-bit, {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF} < B = {batch} <= "
@@ -507,6 +525,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               + (f"({ONE_CLUSTER_BACKWARD}; else the split backward kernel in clusters)"
                                  if one_cluster_backward else "(the split backward kernel in clusters)"))
     if backward and half:
+        if ragged and bh <= CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF and hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:
+            return "fused", (f"auto: a ragged packed sequence (its cuBLAS steps are not replayed), not the persistent "
+                             f"loop, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF} and H = {hidden} <= "
+                             f"{CUDA_FUSED_MAX_HIDDEN_HALF}")
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
             if hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:
                 return "fused", (f"auto: not the persistent loop, B = {batch} <= {CUDA_FUSED_MAX_BACKWARD_BATCH}, "
@@ -540,6 +562,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                           f"32 in [{CUDA_HALF_DH_MIN_UNITS}, {CUDA_HALF_DH_MAX_UNITS}] the cuBLAS loop's "
                           "dh GEMM runs on scaled fp16 operands)")
     max_hidden = CUDA_FUSED_MAX_HIDDEN_HALF if half else CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32
+    if (half and ragged and CUDA_FUSED_MAX_FORWARD_BH < bh <= CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF
+            and hidden <= max_hidden):
+        return "fused", (f"auto: a ragged packed sequence (its cuBLAS steps are not replayed), B*H = {bh} <= "
+                         f"{CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF} and H = {hidden} <= {max_hidden}")
     if bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= max_hidden:
         return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH} and H = {hidden} <= {max_hidden}"
     return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH} or H = {hidden} > {max_hidden}"
@@ -633,7 +659,7 @@ def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, bac
 
 def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
                      device: str = "cpu", backend: str | None = None, tf32: bool | None = None,
-                     steps: int = 256, clusters: bool | None = None) -> dict:
+                     steps: int = 256, clusters: bool | None = None, ragged: bool = False) -> dict:
     """Which time loop an LSTM layer of this shape runs, and why, for the forward and the
     backward op: a dict ``{"forward": (loop, reason), "backward": (loop, reason)}``.
 
@@ -658,11 +684,12 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     ``steps`` the sequence length T (the CPU's choice depends on it; default the suite's 256);
     ``clusters`` whether the GPU runs the forward's cluster kernel (thread-block clusters,
     sm_90, and at least 128 SMs; default: the current CUDA device's answer, or True without one).
-    Batch sizes are taken as equal at every step. A ragged PackedSequence differs: the forward's
-    cluster kernel does not take it (packed_one_cluster_forward in its place at the one-cluster
-    backward's sizes), and its 16-bit calls beyond the rules above take the fused loop up to B*H =
-    65536 (forward) and 98304 (backward), since the cuBLAS loop cannot replay its steps
-    (csrc/cuda/lstm_loop.cuh, kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf).
+    ``ragged``: a PackedSequence whose batch sizes shrink (default: equal batch sizes at every step;
+    CUDA only). The forward's cluster and row-split kernels and the row-split backward do not take it
+    (packed_one_cluster_forward in their place at the one-cluster backward's sizes), and its 16-bit
+    calls beyond the rules above take the fused loop up to B*H = 65536 (forward) and 98304
+    (backward), since the cuBLAS loop cannot replay its steps (csrc/cuda/lstm_loop.cuh,
+    kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf).
     """
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
     if batch < 1 or hidden < 1 or steps < 1:
@@ -678,7 +705,7 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     mma = half or (dtype == torch.float32 and tf32)
     if clusters is None:
         clusters = _device_runs_clusters()
-    return {op: _cuda_loop(batch, hidden, elem, mma, half, proj_size, op == "backward", backend, clusters)
+    return {op: _cuda_loop(batch, hidden, elem, mma, half, proj_size, op == "backward", backend, clusters, ragged)
             for op in ("forward", "backward")}
 
 
@@ -692,12 +719,14 @@ def _device_runs_clusters() -> bool:
 
 
 def show_lstm_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32, proj_size: int = 0,
-                     device: str = "cpu", steps: int = 256) -> None:
+                     device: str = "cpu", steps: int = 256, ragged: bool = False) -> None:
     """Print lstm_loop_choice() for one shape."""
     dtype_name = str(dtype).replace("torch.", "")
-    print(f"LSTM time loop for T={steps}, B={batch}, H={hidden}, {dtype_name}, proj_size={proj_size} on {device} "
-          f"(SEQKERNELS_LSTM_BACKEND={os.environ.get('SEQKERNELS_LSTM_BACKEND', 'auto')}):")
+    packed = ", a ragged PackedSequence" if ragged else ""
+    print(f"LSTM time loop for T={steps}, B={batch}, H={hidden}, {dtype_name}, proj_size={proj_size}{packed} on "
+          f"{device} (SEQKERNELS_LSTM_BACKEND={os.environ.get('SEQKERNELS_LSTM_BACKEND', 'auto')}):")
     if device == "cuda" and not torch.cuda.is_available():
         print("  (no GPU here: what the heuristic would pick on one)")
-    for op, (loop, why) in lstm_loop_choice(batch, hidden, dtype, proj_size, device, steps=steps).items():
+    for op, (loop, why) in lstm_loop_choice(batch, hidden, dtype, proj_size, device, steps=steps,
+                                            ragged=ragged).items():
         print(f"  {op if op == 'forward' else 'backward (training)'}: {loop} ({why})")
