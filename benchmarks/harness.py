@@ -153,12 +153,20 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def git_commit() -> str | None:
-    """The short commit hash of the checkout the benchmarks run from (None outside git)."""
+def git_commit(cwd: str | None = None) -> str | None:
+    """The short commit hash of the checkout the benchmarks run from (None outside git), with
+    "+modified" where tracked files differ from it: then the hash alone would name code that was not
+    measured (e.g. a copy of a working tree whose git metadata is older than its files)."""
+    cwd = cwd or os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-        return (out.stdout.strip() or None) if out.returncode == 0 else None
+                             cwd=cwd)
+        commit = out.stdout.strip() if out.returncode == 0 else ""
+        if not commit:
+            return None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, timeout=30, cwd=cwd)
+        return commit + ("+modified" if status.returncode == 0 and status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -143,3 +143,23 @@ def test_bench_lstm_packed_end_to_end(tmp_path):
     assert len(records) == 4 and all(r["status"] == "ok" and r["packed"] for r in records), out.stderr
     assert all(r["target_speedup"] is None for r in records)
     assert "PackedSequence (lengths T down to T/2)" in md.read_text().splitlines()[0]
+
+
+def test_git_commit_marks_modified_tracked_files(tmp_path):
+    """A record names the commit it measured, and says so where tracked files differ from it."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
+                       env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                            "GIT_COMMITTER_EMAIL": "t@t"})
+
+    assert harness.git_commit(str(tmp_path)) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "kernel.cu").write_text("// v1\n")
+    git("add", "kernel.cu")
+    git("commit", "-q", "-m", "v1")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    assert harness.git_commit(str(tmp_path)) == head
+    (tmp_path / "kernel.cu").write_text("// v2\n")
+    assert harness.git_commit(str(tmp_path)) == head + "+modified"
