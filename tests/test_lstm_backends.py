@@ -1188,9 +1188,10 @@ def test_above_16_takes_the_one_cluster_kernels(monkeypatch, precision_name, bat
 @pytest.mark.parametrize("precision_name,batch_sizes,reverse", [
     ("float16", [64] * 3, False), ("bfloat16", [48, 48, 33, 7], True)])
 def test_one_cluster_waves_switch(monkeypatch, precision_name, batch_sizes, reverse):
-    """H = 512 above B = 32: with SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 the one-cluster kernels need all
-    their clusters resident at once, which an H200 cannot hold, so neither runs (one_cluster_waves); the
-    loops that take the call instead are right against the reference."""
+    """H = 512 above B = 32 with SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 (one_cluster_waves): the rules stop at
+    B = 32 there again, so a packed B = 48 is not sent to the one-cluster kernels, and a padded B = 64's
+    forward, which tries them first, needs all 8 clusters resident at once, more than an H200 holds. Neither
+    runs; the loops that take the calls instead are right against the reference."""
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", "0")
     with _Precision(precision_name):
