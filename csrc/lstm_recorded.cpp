@@ -96,14 +96,16 @@ void dense_gradients(std::array<Tensor, 3>& grads, const GradientShapes& shapes,
 }
 
 // lstm_backward of a node's layer (run from the last step to the first if reverse; w_hr [P, H] or
-// undefined), given dense gradients (dy [N, Hout], dh_n [B, Hout], dc_n [B, H]).
+// undefined; b_ih / b_hh both defined or neither), given dense gradients (dy [N, Hout], dh_n [B, Hout],
+// dc_n [B, H]).
 // create_graph (grad mode on in backward): through its autograd.Function (lstm_backward_recorded,
 // seqkernels/ops/lstm.py), which records the double-backward formula; else below autograd, where
 // that Function has nothing to do.
 Gradients layer_backward(const std::array<Tensor, 3>& dense, const Tensor& x, const Tensor& batch_sizes,
                          const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
                          const Tensor& w_hr, const Tensor& y, const Tensor& gates, const Tensor& cells, bool reverse,
-                         bool has_bias, const Tensor& b_ih, const Tensor& b_hh) {
+                         const Tensor& b_ih, const Tensor& b_hh) {
+  const bool has_bias = b_ih.defined();
   static const auto backward_op = operator_handle<BackwardSignature>("seqkernels::lstm_backward");
   static const auto recorded_backward_op =
       operator_handle<RecordedBackwardSignature>("seqkernels::lstm_backward_recorded");
@@ -117,10 +119,10 @@ Gradients layer_backward(const std::array<Tensor, 3>& dense, const Tensor& x, co
                           given(w_hr), y, gates, cells, reverse, has_bias);
 }
 
-// What the nodes record in forward besides their saved tensors. (Whether a padded or cell call
-// was given its state is whether its saved h0 is defined.)
-void save_flags(AutogradContext* ctx, bool has_bias, const Tensor& batch_sizes) {
-  ctx->saved_data["has_bias"] = has_bias;
+// What the nodes record in forward besides their saved tensors. (Whether a call has biases is
+// whether its saved b_ih is defined, and whether a padded or cell call was given its state whether
+// its saved h0 is.)
+void save_flags(AutogradContext* ctx, const Tensor& batch_sizes) {
   ctx->saved_data["batch_sizes"] = batch_sizes;
   ctx->set_materialize_grads(false);
 }
@@ -177,7 +179,7 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
     if (batch_first) output = output.transpose(0, 1);
     ctx->saved_data["batch_first"] = batch_first;
     ctx->saved_data["reverse"] = reverse;
-    save_flags(ctx, b_ih.has_value(), call.batch_sizes);
+    save_flags(ctx, call.batch_sizes);
     const bool zero_state = !h0.has_value();
     ctx->save_for_backward({seq, h0.value_or(Tensor()), c0.value_or(Tensor()), w_ih, w_hh, b_ih.value_or(Tensor()),
                             b_hh.value_or(Tensor()), output, gates, cells, zero_state ? call.h0 : Tensor(),
@@ -189,7 +191,6 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &seq = saved[0], &h0 = saved[1], &c0 = saved[2], &output = saved[7];
     const bool batch_first = ctx->saved_data["batch_first"].toBool();
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const bool has_state = h0.defined();
     const int64_t T = seq.size(0), B = seq.size(1), I = seq.size(2), N = T * B;
     // Under create_graph these views record, so that the gradients' own gradients reach seq, h0
@@ -204,8 +205,8 @@ struct LstmPaddedFunction : public torch::autograd::Function<LstmPaddedFunction>
         layer_backward(dense, seq.view({N, I}), ctx->saved_data["batch_sizes"].toTensor(),
                        has_state ? h0[0].contiguous() : saved[10], has_state ? c0[0].contiguous() : saved[11],
                        saved[3], saved[4], Tensor(), y, saved[8], saved[9], ctx->saved_data["reverse"].toBool(),
-                       has_bias, saved[5], saved[6]);
-    const Tensor db = has_bias ? dbias : Tensor();
+                       saved[5], saved[6]);
+    const Tensor db = saved[5].defined() ? dbias : Tensor();
     return {dx.view(seq.sizes()),
             has_state ? dh0.unsqueeze(0) : Tensor(),
             has_state ? dc0.unsqueeze(0) : Tensor(),
@@ -231,7 +232,7 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const CellForward call = cell_forward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, /*training=*/true);
     const auto& [y, h_n, c_n, gates, cells] = call.out;
-    save_flags(ctx, b_ih.has_value(), call.batch_sizes);
+    save_flags(ctx, call.batch_sizes);
     const bool zero_state = !h0.has_value();
     ctx->save_for_backward({input, h0.value_or(Tensor()), c0.value_or(Tensor()), w_ih, w_hh, b_ih.value_or(Tensor()),
                             b_hh.value_or(Tensor()), y, gates, cells, zero_state ? call.h0 : Tensor(),
@@ -242,7 +243,6 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &h0 = saved[1], &c0 = saved[2], &y = saved[7];
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const bool has_state = h0.defined();
     const int64_t B = y.size(0), H = y.size(1);
     std::array<Tensor, 3> dense = {Tensor(), grads[0], grads[1]};
@@ -250,8 +250,8 @@ struct LstmCellFunction : public torch::autograd::Function<LstmCellFunction> {
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, unused_dw_hr] =
         layer_backward(dense, input, ctx->saved_data["batch_sizes"].toTensor(),
                        has_state ? h0.contiguous() : saved[10], has_state ? c0.contiguous() : saved[11], saved[3],
-                       saved[4], Tensor(), y, saved[8], saved[9], /*reverse=*/false, has_bias, saved[5], saved[6]);
-    const Tensor db = has_bias ? dbias : Tensor();
+                       saved[4], Tensor(), y, saved[8], saved[9], /*reverse=*/false, saved[5], saved[6]);
+    const Tensor db = saved[5].defined() ? dbias : Tensor();
     return {dx, has_state ? dh0 : Tensor(), has_state ? dc0 : Tensor(), dw_ih, dw_hh, db, db};
   }
 };
@@ -270,7 +270,7 @@ struct LstmLayerFunction : public torch::autograd::Function<LstmLayerFunction> {
     const auto [y, h_n, c_n, gates, cells] =
         dispatched_forward(x, batch_sizes, h0, c0, w_ih.contiguous(), w_hh.contiguous(), contiguous_if_given(b_ih),
                            contiguous_if_given(b_hh), contiguous_if_given(w_hr), reverse, /*training=*/true);
-    save_flags(ctx, b_ih.has_value(), batch_sizes);
+    save_flags(ctx, batch_sizes);
     ctx->saved_data["reverse"] = reverse;
     ctx->save_for_backward({x, h0, c0, w_ih, w_hh, b_ih.value_or(Tensor()), b_hh.value_or(Tensor()),
                             w_hr.value_or(Tensor()), y, gates, cells});
@@ -280,14 +280,13 @@ struct LstmLayerFunction : public torch::autograd::Function<LstmLayerFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &h0 = saved[1], &c0 = saved[2], &w_hr = saved[7], &y = saved[8];
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
     std::array<Tensor, 3> dense = {grads[0], grads[1], grads[2]};
     dense_gradients(dense, {{{y.size(0), y.size(1)}, {h0.size(0), h0.size(1)}, {c0.size(0), c0.size(1)}}},
                     y.options());
     const auto [dx, dh0, dc0, dw_ih, dw_hh, dbias, dw_hr] =
         layer_backward(dense, x, ctx->saved_data["batch_sizes"].toTensor(), h0, c0, saved[3], saved[4], w_hr, y,
-                       saved[9], saved[10], ctx->saved_data["reverse"].toBool(), has_bias, saved[5], saved[6]);
-    const Tensor db = has_bias ? dbias : Tensor();
+                       saved[9], saved[10], ctx->saved_data["reverse"].toBool(), saved[5], saved[6]);
+    const Tensor db = saved[5].defined() ? dbias : Tensor();
     return {dx, Tensor(), dh0, dc0, dw_ih, dw_hh, db, db, w_hr.defined() ? dw_hr : Tensor(), Tensor()};
   }
 };
