@@ -9,6 +9,7 @@
     python scripts/sanitize_lstm.py --cluster              # only the cluster forward kernel's cases
     python scripts/sanitize_lstm.py --cluster --dtype float32  # ... and of those only float32's
     python scripts/sanitize_lstm.py --direct-x3            # only the direct kernel's float32 cases without TF32
+    python scripts/sanitize_lstm.py --replayed             # only the cuBLAS loop's replayed cases (projection too)
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
@@ -260,16 +261,7 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
         big += [([9, 9, 7, 4], 8, 286, torch.bfloat16, True), ([9, 9, 7, 4], 8, 286, torch.float32, True)]
         failures += run_cases(big + CLUSTER_FORWARD_CASES + ONE_CLUSTER_CASES, gen, (True,))
     if backend == "cublas":
-        # Equal batch sizes and T >= 16: the cuBLAS loop replays its steps from a kept CUDA graph
-        # (csrc/cuda/lstm.cu; T = 36: two 16-step chunks and four eager steps); H = 8 vectorised,
-        # H = 5 scalar; each case twice.
-        for dtype, reverse, training, (B, H) in itertools.product(
-            [torch.float64, torch.float32, torch.bfloat16], [False, True], modes, [(3, 8), (2, 5)]
-        ):
-            for _ in range(2):
-                ok, line = run_case(dtype, False, reverse, training, True, [B] * 36, 4, H, gen)
-                failures += not ok
-                print(line, flush=True)
+        failures += replayed_cases(gen, modes)
         # float32 with TF32: the step GEMMs on scaled fp16 operands (lstm.cu, HalfRecStep and
         # HalfDhStep): the backward's dh in one K part (B = 4, H = 64) and 4 (B = 8, H = 512:
         # 128-unit blocks), the forward's product in 1 and 2 (B = 8, H = 512), both directions,
@@ -336,6 +328,22 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
                 ok, line = run_case(dtype, False, reverse, training, True, [B] * 36, 4, H, gen)
                 failures += not ok
                 print(line, flush=True)
+    return failures
+
+
+def replayed_cases(gen, modes) -> int:
+    """Equal batch sizes and T >= 16: the cuBLAS loop replays its steps from a kept CUDA graph
+    (csrc/cuda/lstm.cu; T = 36: two 16-step chunks and four eager steps), with a projection (P = 3)
+    and without; H = 8 vectorised, H = 5 scalar; each case twice (a capture, then a replay)."""
+    failures = 0
+    for dtype, proj, reverse, training, (B, H) in itertools.product(
+        [torch.float64, torch.float32, torch.bfloat16, torch.float16], [False, True], [False, True], modes,
+        [(3, 8), (2, 5)]
+    ):
+        for _ in range(2):
+            ok, line = run_case(dtype, proj, reverse, training, True, [B] * 36, 4, H, gen)
+            failures += not ok
+            print(line, flush=True)
     return failures
 
 
@@ -412,11 +420,15 @@ def main() -> int:
                         help="only the cluster forward kernel's cases (sets --backend persistent)")
     parser.add_argument("--direct-x3", action="store_true",
                         help="only the direct forward kernel's float32 cases without TF32 (sets --backend persistent)")
+    parser.add_argument("--replayed", action="store_true",
+                        help="only the cuBLAS loop's replayed cases, with and without projection (sets --backend cublas)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                         help="with --one-cluster, --cluster or --direct-x3: only that dtype's cases")
     args = parser.parse_args()
     if args.one_cluster or args.cluster or args.direct_x3:
         args.backend = "persistent"
+    if args.replayed:
+        args.backend = "cublas"
     if args.backend is not None:
         os.environ["SEQKERNELS_LSTM_BACKEND"] = args.backend
     if not torch.cuda.is_available():
@@ -438,6 +450,8 @@ def main() -> int:
         failures = run_cases(of_dtype(CLUSTER_FORWARD_CASES), gen, modes)
     elif args.direct_x3:
         failures = run_cases(of_dtype(DIRECT_X3_CASES), gen, modes)
+    elif args.replayed:
+        failures = replayed_cases(gen, modes)
     else:
         failures = sweep(gen, backend, modes)
     if args.extra:

@@ -109,10 +109,12 @@ def check(got: dict, ref64: dict, precision: str, what: str, baselines: list[dic
 # --------------------------------------------------------------------------------------
 # The layer op against the reference loop
 # --------------------------------------------------------------------------------------
-def layer_case(batch_sizes: list[int], I: int, H: int, bias: bool, seed: int):
-    """float64 CPU inputs and weights (nn.LSTM's init range), and float64 upstream gradients."""
+def layer_case(batch_sizes: list[int], I: int, H: int, bias: bool, seed: int, P: int = 0):
+    """float64 CPU inputs and weights (nn.LSTM's init range), and float64 upstream gradients.
+    P > 0: a projection (w_hr [P, H]; h0, W_hh's columns, y and h_n of Hout = P)."""
     gen = torch.Generator().manual_seed(seed)
     N, B = sum(batch_sizes), batch_sizes[0]
+    Hout = P or H
     bound = H**-0.5
 
     def u(*shape):
@@ -120,26 +122,28 @@ def layer_case(batch_sizes: list[int], I: int, H: int, bias: bool, seed: int):
 
     t = {
         "x": torch.randn(N, I, generator=gen, dtype=torch.float64),
-        "h0": torch.randn(B, H, generator=gen, dtype=torch.float64) * 0.5,
+        "h0": torch.randn(B, Hout, generator=gen, dtype=torch.float64) * 0.5,
         "c0": torch.randn(B, H, generator=gen, dtype=torch.float64) * 0.5,
         "w_ih": u(4 * H, I),
-        "w_hh": u(4 * H, H),
+        "w_hh": u(4 * H, Hout),
     }
     if bias:
         t["b_ih"], t["b_hh"] = u(4 * H), u(4 * H)
-    up = {"y": torch.randn(N, H, generator=gen, dtype=torch.float64),
-          "h_n": torch.randn(B, H, generator=gen, dtype=torch.float64),
+    if P:
+        t["w_hr"] = u(P, H)
+    up = {"y": torch.randn(N, Hout, generator=gen, dtype=torch.float64),
+          "h_n": torch.randn(B, Hout, generator=gen, dtype=torch.float64),
           "c_n": torch.randn(B, H, generator=gen, dtype=torch.float64)}
     return t, up
 
 
 def run_layer(fn, tensors: dict, upstream: dict, batch_sizes: list[int], reverse: bool, dtype, device) -> dict:
-    """fn(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse=) -> (y, h_n, c_n); returns the
+    """fn(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse=) -> (y, h_n, c_n); returns the
     outputs and the gradients of every tensor input for sum(output * upstream)."""
     leaves = {k: v.to(device=device, dtype=dtype).requires_grad_(True) for k, v in tensors.items()}
     bs = torch.tensor(batch_sizes, dtype=torch.int64)
     y, h, c = fn(leaves["x"], bs, leaves["h0"], leaves["c0"], leaves["w_ih"], leaves["w_hh"],
-                 leaves.get("b_ih"), leaves.get("b_hh"), reverse=reverse)
+                 leaves.get("b_ih"), leaves.get("b_hh"), leaves.get("w_hr"), reverse=reverse)
     outs = {"y": y, "h_n": h, "c_n": c}
     loss = sum(o.double().mul(upstream[k].to(device)).sum() for k, o in outs.items())
     grads = torch.autograd.grad(loss, list(leaves.values()))
@@ -148,13 +152,13 @@ def run_layer(fn, tensors: dict, upstream: dict, batch_sizes: list[int], reverse
     return res
 
 
-def _reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
-    return lstm_layer_reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, None, reverse=reverse)
+def _reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr=None, reverse=False):
+    return lstm_layer_reference(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse=reverse)
 
 
-def compare_layer(batch_sizes, I, H, reverse, bias, precision, seed=0, what="lstm_layer", x_scale=1.0):
+def compare_layer(batch_sizes, I, H, reverse, bias, precision, seed=0, what="lstm_layer", x_scale=1.0, P=0):
     dtype = DTYPE[precision]
-    t, up = layer_case(batch_sizes, I, H, bias, seed)
+    t, up = layer_case(batch_sizes, I, H, bias, seed, P)
     t["x"] *= x_scale
     got = run_layer(lstm_layer, t, up, batch_sizes, reverse, dtype, "cuda")
     ref64 = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
@@ -1561,10 +1565,10 @@ def test_half_operands_leave_misaligned_w_hh(monkeypatch, B):
     batch_sizes = [B] * 4
     t, up = layer_case(batch_sizes, 12, 1024, True, seed=B)
 
-    def misaligned_w_hh(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
+    def misaligned_w_hh(x, bs, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
         w_view = torch.cat([w_hh.new_zeros(1), w_hh.flatten()])[1:].view_as(w_hh)
         assert w_view.data_ptr() % 16 == 4 and w_view.is_contiguous()
-        return lstm_layer(x, bs, h0, c0, w_ih, w_view, b_ih, b_hh, reverse=reverse)
+        return lstm_layer(x, bs, h0, c0, w_ih, w_view, b_ih, b_hh, w_hr, reverse=reverse)
 
     _check_float32_call(t, up, batch_sizes,
                         lambda run: not _row_split_tiles(run) and "half" not in _cluster_products(run) and
@@ -1733,6 +1737,37 @@ def test_replayed_cublas_loop_matches_reference(monkeypatch, precision, B, H, bi
     for call in range(2):
         compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=bias, precision=precision,
                       seed=B * 100 + H + call, what=f"replayed cuBLAS loop, call {call}")
+
+
+# With a projection (proj_size) the cuBLAS loop, the only loop that has one, replays its steps
+# too: a forward step is three nodes (h_{t-1}·W_hhᵀ, the gate kernel, m_t·W_hrᵀ into the kept h),
+# a backward step four (dh, dh·W_hr, the gate kernel, dG·W_hh). T = 37: two replayed chunks and
+# five eager steps; H = 7 with P = 3 (odd sizes), P = H - 1.
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("B,H,P,bias", [(1, 7, 3, True), (3, 64, 16, False), (16, 256, 128, True), (5, 48, 47, True)])
+def test_replayed_cublas_loop_with_projection_matches_reference(precision, B, H, P, bias, reverse):
+    """Two calls of each case (the first captures the chunks, the second replays the kept ones),
+    outputs and every gradient (grad_w_hr among them) against the float64 reference."""
+    for call in range(2):
+        compare_layer([B] * REPLAY_T, 5, H, reverse=reverse, bias=bias, precision=precision,
+                      seed=B * 100 + H + P + call, what=f"replayed projected cuBLAS loop, call {call}", P=P)
+
+
+@pytest.mark.parametrize("batch_sizes,env,replayed", [([4] * 20, None, True), ([4] * 15, None, False),
+                                                      ([4] * 19 + [3], None, False), ([4] * 20, "0", False)])
+def test_projected_steps_are_replayed(monkeypatch, batch_sizes, env, replayed):
+    """A projected call replays its steps from T = 16 with equal batch sizes (the projected step
+    kernels run), else it runs the plain loop (its dh kernel, lstm_backward_dh_kernel);
+    SEQKERNELS_LSTM_REPLAY_PROJECTION=0 keeps it on the plain loop."""
+    if env is None:
+        monkeypatch.delenv("SEQKERNELS_LSTM_REPLAY_PROJECTION", raising=False)
+    else:
+        monkeypatch.setenv("SEQKERNELS_LSTM_REPLAY_PROJECTION", env)
+    t, up = layer_case(batch_sizes, 6, 32, True, seed=7, P=12)
+    names = kernel_names(lambda: run_layer(lstm_layer, t, up, batch_sizes, False, torch.float32, "cuda"))
+    for pass_ in ("forward", "backward"):
+        assert any(f"lstm_{pass_}_replay_projected_step_kernel" in n for n in names) == replayed, pass_
+    assert any("lstm_backward_dh_kernel" in n for n in names) == (not replayed)
 
 
 # x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM on the
@@ -1998,14 +2033,16 @@ def test_replayed_fused_loop_keys_follow_tf32(monkeypatch):
 
 
 def test_replayed_cublas_loop_is_taken(monkeypatch):
-    """Equal batch sizes and T >= 16 replay; a ragged PackedSequence, a projection and T < 16
-    run the plain loop."""
+    """Equal batch sizes and T >= 16 replay, with a projection too (its own step kernels:
+    test_projected_steps_are_replayed); a ragged PackedSequence and T < 16 run the plain loop."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     names = _replay_names(_train_call(torch.float32, 4, 32, T=20))
     assert any("lstm_forward_replay_step_kernel" in n for n in names), names
     assert any("lstm_backward_replay_step_kernel" in n for n in names), names
     assert not _replay_names(_train_call(torch.float32, 4, 32, T=15))
-    assert not _replay_names(_train_call(torch.float32, 4, 32, T=20, proj_size=16))
+    names = _replay_names(_train_call(torch.float32, 4, 32, T=20, proj_size=16))
+    assert any("lstm_forward_replay_projected_step_kernel" in n for n in names), names
+    assert any("lstm_backward_replay_projected_step_kernel" in n for n in names), names
     torch.manual_seed(0)
     model = seqkernels.LSTM(8, 16).cuda()
     x = torch.randn(20, 3, 8, device="cuda")

@@ -38,8 +38,10 @@
 //   (all GEMMs: deterministic; float32 without TF32: split TF32 GEMMs where large, x3_products)
 //
 // The cuBLAS loop replays its steps from kept CUDA graphs where that applies (equal batch
-// sizes, no projection, T >= 16, the caller not capturing; replayed_steps.cuh): the same
-// math with the recurrent GEMM into a kept buffer, 16 steps per graph launch.
+// sizes, T >= 16, the caller not capturing; replayed_steps.cuh): the same math with the
+// recurrent GEMM into a kept buffer, 16 steps per graph launch. With a projection the
+// forward's h_t stays in a kept buffer too (the projection GEMM's output), and a step's kernel
+// copies the previous step's into y; the backward's dh goes to a kept buffer and dHtot.
 //
 // Every buffer is allocated before the time loop (caching allocator); inside it there are only
 // cuBLAS calls, kernel launches, graph launches and one device-to-device copy, all on the
@@ -566,7 +568,7 @@ __device__ __forceinline__ void backward_step_rows(
     Vec<acc_t, V> dc = load_vec_from<kCopy, V>(dcbuf + b * H + j);
     Vec<acc_t, V> dm;
     if constexpr (kProj) {
-      dm = load_vec<V>(dh_in + b * H + j);
+      dm = load_vec_from<kCopy, V>(dh_in + b * H + j);
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k) dm.v[k] = static_cast<acc_t>(gy.v[k]);
@@ -656,7 +658,7 @@ struct ForwardReplayArgs {
   const scalar_t* b_hh;   // [G] or nullptr
   scalar_t* gates;        // [N, G] out (training)
   scalar_t* cells;        // [N, H] out (training)
-  scalar_t* y;            // [N, H] out
+  scalar_t* y;            // [N, Hout] out
   int64_t T;
   int64_t step;
   bool reverse;           // the layer's direction: step s is time T - 1 - s
@@ -666,15 +668,17 @@ template <class scalar_t>
 struct BackwardReplayArgs {
   const scalar_t* gates;   // [N, G] saved activated gates
   const scalar_t* cells;   // [N, H] saved c_t
-  const scalar_t* y;       // [N, H] the forward's outputs (h_t)
-  const scalar_t* grad_y;  // [N, H]
-  const scalar_t* h0;      // [B, H]
+  const scalar_t* y;       // [N, Hout] the forward's outputs (h_t)
+  const scalar_t* grad_y;  // [N, Hout]
+  const scalar_t* h0;      // [B, Hout]
   const scalar_t* c0;      // [B, H]
   scalar_t* dG;            // [N, G] out
-  scalar_t* hprev;         // [N, H] out
+  scalar_t* hprev;         // [N, Hout] out
   int64_t T;
   int64_t step;
   bool reverse;            // the layer's direction (the backward walks it the other way)
+  scalar_t* dHtot;         // [N, P] out with a projection: dL/dh_t of every row (for grad_w_hr); else nullptr
+  scalar_t* M;             // [N, H] out with a projection: the recomputed m_t (for grad_w_hr); else nullptr
 };
 
 // Step k of a chunk: forward_step_rows on the B rows of time t, the recurrent product in rec.
@@ -723,19 +727,83 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
       a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H, half);
 }
 
+// With a projection (P > 0) a replayed forward step is three nodes: rec = h_{t-1}·W_hhᵀ, this
+// kernel, and the projection GEMM h_t = m_t·W_hrᵀ into hbuf, which the next step's GEMM reads.
+// The gate math writes m_t to mbuf, the projection's fixed A operand. y's rows are the call's,
+// so h_{t-1} (hbuf, which this step's GEMM read and the step's projection rewrites after this
+// kernel) goes into its rows of y here; the host copies the last step's.
+template <class scalar_t, class acc_t, bool kTraining>
+__global__ void __launch_bounds__(kThreads) lstm_forward_replay_projected_step_kernel(
+    const ForwardReplayArgs<scalar_t, acc_t>* __restrict__ args, int k,
+    const acc_t* __restrict__ rec,     // [B, G] h_{t-1}·W_hhᵀ
+    acc_t* __restrict__ cbuf,          // [B, H] c_{t-1} on entry, c_t on exit
+    scalar_t* __restrict__ mbuf,       // [B, H] out: m_t = o ⊙ tanh(c_t)
+    const scalar_t* __restrict__ hbuf, // [B, P] h_{t-1}
+    int64_t B, int64_t H, int64_t P) {
+  const ForwardReplayArgs<scalar_t, acc_t> a = *args;
+  const cuda::ReplayedTimes times = cuda::replayed_forward_times(a.step + k, a.T, a.reverse);
+  const int64_t off = times.t * B, G = 4 * H;
+  forward_step_rows<scalar_t, acc_t, 1, kTraining, true>(
+      a.pre + off * G, rec, 1, B * G, a.b_ih, a.b_hh, cbuf, kTraining ? a.gates + off * G : nullptr,
+      kTraining ? a.cells + off * H : nullptr, mbuf, nullptr, nullptr, nullptr, B, H);
+  if (times.has_prev) {
+    cuda::pdl_wait();  // (a thread without gate rows has not waited)
+    scalar_t* y_prev = a.y + times.prev_t * B * P;
+    for (int64_t i = global_thread(); i < B * P; i += global_stride()) y_prev[i] = hbuf[i];
+  }
+}
+
+// A replayed backward step with a projection is four nodes: this kernel, dm = dh·W_hr, the gate
+// kernel (lstm_backward_replay_projected_step_kernel) and dh_{t-1} = dG·W_hh. Here dh =
+// dL/dh_t (dhbuf + grad_y of the step's rows), rounded to scalar_t as in the plain loop, into
+// dH_step (the dm GEMM's fixed A operand) and the call's dHtot rows (grad_w_hr's operand).
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kThreads) lstm_backward_replay_dh_kernel(
+    const BackwardReplayArgs<scalar_t>* __restrict__ args, int k,
+    const acc_t* __restrict__ dhbuf,  // [B, P] dL/dh_t from the later step (or grad_h_n)
+    scalar_t* __restrict__ dH_step,   // [B, P] out
+    int64_t B, int64_t P) {
+  const BackwardReplayArgs<scalar_t> a = *args;
+  const int64_t off = cuda::replayed_backward_times(a.step + k, a.T, a.reverse).t * B * P;
+  for (int64_t i = global_thread(); i < B * P; i += global_stride()) {
+    const scalar_t dh = static_cast<scalar_t>(dhbuf[i] + static_cast<acc_t>(a.grad_y[off + i]));
+    dH_step[i] = dh;
+    a.dHtot[off + i] = dh;
+  }
+}
+
+// The projected backward's gate kernel: backward_step_rows on the B rows of time t with dm =
+// dh·W_hr as its dL/dm_t, one unit per thread; dG also to dG_step, the dh GEMM's fixed operand.
+template <class scalar_t, class acc_t>
+__global__ void __launch_bounds__(kThreads) lstm_backward_replay_projected_step_kernel(
+    const BackwardReplayArgs<scalar_t>* __restrict__ args, int k,
+    const acc_t* __restrict__ dm,     // [B, H] dL/dm_t
+    acc_t* __restrict__ dcbuf,        // [B, H] dL/dc_t on entry, dL/dc_{t-1} on exit
+    scalar_t* __restrict__ dG_step,   // [B, G] out
+    int64_t B, int64_t H, int64_t P) {
+  const BackwardReplayArgs<scalar_t> a = *args;
+  const cuda::ReplayedTimes times = cuda::replayed_backward_times(a.step + k, a.T, a.reverse);
+  const bool has_prev = times.has_prev;
+  const int64_t prev_off = times.prev_t * B, off = times.t * B, G = 4 * H;
+  backward_step_rows<scalar_t, acc_t, 1, true, true>(
+      a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
+      has_prev ? a.y + prev_off * P : nullptr, has_prev ? B : 0, a.h0, a.c0, nullptr, dm, 1, 0, dcbuf,
+      a.dG + off * G, dG_step, a.M + off * H, a.hprev + off * P, B, H, P);
+}
+
 // A replayed call's first launch: its arguments into the kept entry, and the two recurrent
 // states (forward: h0 and c0; backward: grad_h_n and grad_c_n) into the kept state buffers.
 template <class Args, class scalar_t, class h_t, class c_t>
 __global__ void __launch_bounds__(kThreads) replay_prologue_kernel(Args* __restrict__ args_out, Args args,
                                                                    const scalar_t* __restrict__ h_in,
                                                                    h_t* __restrict__ h_out,
+                                                                   int64_t h_count,  // B * Hout
                                                                    const scalar_t* __restrict__ c_in,
-                                                                   c_t* __restrict__ c_out, int64_t count) {
+                                                                   c_t* __restrict__ c_out,
+                                                                   int64_t c_count) {  // B * H
   if (blockIdx.x == 0 && threadIdx.x == 0) *args_out = args;
-  for (int64_t i = global_thread(); i < count; i += global_stride()) {
-    h_out[i] = static_cast<h_t>(h_in[i]);
-    c_out[i] = static_cast<c_t>(c_in[i]);
-  }
+  for (int64_t i = global_thread(); i < h_count; i += global_stride()) h_out[i] = static_cast<h_t>(h_in[i]);
+  for (int64_t i = global_thread(); i < c_count; i += global_stride()) c_out[i] = static_cast<c_t>(c_in[i]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -764,17 +832,25 @@ using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, flo
 // BackwardReplayArgs, which replay_prologue_kernel writes together with the initial states.
 using cuda::kReplaySteps;
 using cuda::ReplayedSteps;
-using cuda::replay_applies;
+
+// Whether a call's steps are replayed: replay_applies, and with a projection unless
+// SEQKERNELS_LSTM_REPLAY_PROJECTION (diagnostic) is "0" (the plain loop, as before the projected
+// steps were replayed: for A/Bs and tests).
+bool replay_applies(const LstmSizes& s) {
+  return cuda::replay_applies(s) && (s.P == 0 || cuda::switch_on("SEQKERNELS_LSTM_REPLAY_PROJECTION"));
+}
 
 // What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
-// sizes, mode, TF32, vector width, x3 steps, the step GEMM's K parts, and W_hh's address.
-std::string replay_key(const char* pass, const Tensor& w_hh, const LstmSizes& s, bool training, bool tf32,
-                       bool vec4, bool x3, int k_parts) {
+// sizes, mode, TF32, vector width, x3 steps, the step GEMM's K parts, and the addresses of W_hh
+// and W_hr (the projection GEMM's operand; nullptr without one).
+std::string replay_key(const char* pass, const Tensor& w_hh, const void* w_hr, const LstmSizes& s, bool training,
+                       bool tf32, bool vec4, bool x3, int k_parts) {
   std::string key = pass;
   key += ' ';
   key += c10::toString(w_hh.scalar_type());
-  for (const int64_t v : {s.B, s.H, int64_t(training), int64_t(tf32), int64_t(vec4), int64_t(x3), int64_t(k_parts),
-                          static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr()))}) {
+  for (const int64_t v : {s.B, s.H, s.P, int64_t(training), int64_t(tf32), int64_t(vec4), int64_t(x3),
+                          int64_t(k_parts), static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hh.data_ptr())),
+                          static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(w_hr))}) {
     key += ' ';
     key += num(v);
   }
@@ -794,30 +870,48 @@ struct ReplayGemm {
   int parts = 1;
 };
 
-// A replayed call's steps, each the step GEMM and step(k, stream) (the GEMM first where
-// gemm_first): captures the key's chunk where it has none (kReplaySteps steps, then the
-// counter's advance), launches prologue(stream) and the chunk T / kReplaySteps times, then runs
-// the T % kReplaySteps remaining steps eagerly with the same kernels and GEMM algorithm. False,
-// having launched nothing, where the capture is not possible (the plain loop runs then).
-template <class ab_t, class acc_t, class Step, class Prologue>
+// The StepGemm of a ReplayGemm (the caller's workspace for a captured one: `caller`), split-K
+// allowed: no host time per kernel inside a graph, and the eager steps keep the captured ones'
+// algorithm.
+template <class Gemm, class R, class... Caller>
+Gemm& emplace_step_gemm(std::optional<Gemm>& gemm, const cuda::BlasContext& blas, const R& r, Caller... caller) {
+  gemm.emplace(blas, Trans::N, r.tb, r.N, r.K / r.parts, r.K, r.tb == Trans::N ? r.N : r.K, r.N, caller...);
+  gemm->allow_split_k();
+  gemm->split_k_into(r.parts);
+  return *gemm;
+}
+
+// A replayed call's steps, each the step GEMM and step(k, stream, project) (the GEMM first where
+// gemm_first), where project() issues the step's projection GEMM `proj` (with a projection; the
+// step calls it where its order needs it: the forward's h_t = m_t·W_hrᵀ after the gate kernel,
+// the backward's dm = dh·W_hr before it). Captures the key's chunk where it has none
+// (kReplaySteps steps, then the counter's advance), launches prologue(stream) and the chunk
+// T / kReplaySteps times, then runs the T % kReplaySteps remaining steps eagerly with the same
+// kernels and GEMM algorithms. False, having launched nothing, where the capture is not possible
+// (the plain loop runs then).
+template <class ab_t, class acc_t, class Step, class Prologue, class proj_ab_t = ab_t, class proj_c_t = acc_t>
 bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, const ReplayGemm<ab_t, acc_t>& g,
-                        bool gemm_first, int64_t T, int64_t* counter, Step&& step, Prologue&& prologue) {
+                        bool gemm_first, int64_t T, int64_t* counter, Step&& step, Prologue&& prologue,
+                        const ReplayGemm<proj_ab_t, proj_c_t>* proj = nullptr) {
   using sc_t = scale_t<acc_t>;
   using Gemm = cuda::StepGemm<ab_t, acc_t, sc_t>;
-  const int64_t lda = g.K, ldb = g.tb == Trans::N ? g.N : g.K, ldc = g.N, part_k = g.K / g.parts;
-  auto one_step = [&](Gemm& gemm, int k, cudaStream_t stream) {
-    if (gemm_first) gemm(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
-    step(k, stream);
-    if (!gemm_first) gemm(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
+  using ProjGemm = cuda::StepGemm<proj_ab_t, proj_c_t, sc_t>;
+  std::optional<Gemm> gemm;
+  std::optional<ProjGemm> proj_gemm;
+  auto one_step = [&](int k, cudaStream_t stream) {
+    if (gemm_first) (*gemm)(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
+    step(k, stream, [&] { (*proj_gemm)(proj->M, sc_t(1), proj->A, proj->B, sc_t(0), proj->C); });
+    if (!gemm_first) (*gemm)(g.M, sc_t(1), g.A, g.B, sc_t(0), g.C);
   };
   if (!replay.captured()) {
     const c10::cuda::CUDAStreamGuard on_capture_stream(replay.capture_stream());
-    Gemm gemm(blas, Trans::N, g.tb, g.N, part_k, lda, ldb, ldc, cuda::CallerWorkspace{});
-    gemm.allow_split_k();  // no host time per kernel inside a graph
-    gemm.split_k_into(g.parts);
-    if (!replay.give_workspace(gemm, g.M, g.A, g.B, g.C)) return false;
+    if (!replay.give_workspace(emplace_step_gemm(gemm, blas, g, cuda::CallerWorkspace{}), g.M, g.A, g.B, g.C) ||
+        (proj != nullptr && !replay.give_workspace(emplace_step_gemm(proj_gemm, blas, *proj, cuda::CallerWorkspace{}),
+                                                   proj->M, proj->A, proj->B, proj->C))) {
+      return false;
+    }
     if (!replay.capture_chunk(counter, [&](cudaStream_t cs) {
-          for (int k = 0; k < kReplaySteps; ++k) one_step(gemm, k, cs);
+          for (int k = 0; k < kReplaySteps; ++k) one_step(k, cs);
         })) {
       return false;
     }
@@ -826,10 +920,9 @@ bool run_replayed_steps(ReplayedSteps& replay, const cuda::BlasContext& blas, co
   prologue(stream);
   replay.launch_chunks(T / kReplaySteps);
   if (T % kReplaySteps != 0) {
-    Gemm gemm(blas, Trans::N, g.tb, g.N, part_k, lda, ldb, ldc);
-    gemm.allow_split_k();  // the captured steps' algorithm
-    gemm.split_k_into(g.parts);
-    for (int k = 0; k < T % kReplaySteps; ++k) one_step(gemm, k, stream);
+    emplace_step_gemm(gemm, blas, g);
+    if (proj != nullptr) emplace_step_gemm(proj_gemm, blas, *proj);
+    for (int k = 0; k < T % kReplaySteps; ++k) one_step(k, stream);
   }
   return true;
 }
@@ -1022,6 +1115,7 @@ constexpr int64_t kTf32ForwardPartsMaxBatch = 8;   // ... 2 <= B <= 8 (above)
 constexpr int kX3DhParts = 4;  // the backward's x3 dh GEMM (use_x3_dh)
 template <class scalar_t>
 int step_k_parts(bool backward, const LstmSizes& s, bool tf32, bool x3, bool half_dh = false) {
+  if (s.P > 0) return 1;  // the projected steps sum no parts
   int parts = 1;
   const char* env = std::getenv("SEQKERNELS_LSTM_K_PARTS");
   if (env != nullptr && env[0] != '\0') {
@@ -1111,7 +1205,7 @@ bool step_half_products() { return cuda::switch_on("SEQKERNELS_LSTM_STEP_HALF");
 static_assert(cuda::kHalfDhMaxUnits <= kThreads, "a row part's units are one block of the step kernel");
 template <class scalar_t>
 bool use_half_dh(const LstmSizes& s, bool tf32, bool x3, int k_parts) {
-  return std::is_same_v<scalar_t, float> && (tf32 || x3) && step_half_products() &&
+  return std::is_same_v<scalar_t, float> && (tf32 || x3) && s.P == 0 && step_half_products() &&
          cuda::half_dh_units_fit(s.H, k_parts);
 }
 
@@ -1120,7 +1214,7 @@ bool use_half_dh(const LstmSizes& s, bool tf32, bool x3, int k_parts) {
 // and h0 and W_hh are 16-byte aligned (scale_rows_to_half_kernel).
 template <class scalar_t>
 bool use_half_rec(const LstmSizes& s, bool tf32, int k_parts, const scalar_t* h0, const scalar_t* w_hh) {
-  return std::is_same_v<scalar_t, float> && tf32 && step_half_products() && s.H % (8 * k_parts) == 0 &&
+  return std::is_same_v<scalar_t, float> && tf32 && s.P == 0 && step_half_products() && s.H % (8 * k_parts) == 0 &&
          aligned_for<4>(h0) && aligned_for<4>(w_hh);
 }
 
@@ -1184,35 +1278,37 @@ void split_h0_x3(cudaStream_t stream, const float* h0, int64_t B, int64_t H, flo
 
 // The forward time loop replayed (see above); false, having launched nothing, where it does
 // not apply. Writes y, gates and cells (training) as the plain loop does, and h_n and c_n
-// (scalar_t) as new tensors.
+// (scalar_t) as new tensors. With a projection (w_hr, [P, H]) a step is the recurrent GEMM, the
+// gate kernel and the projection GEMM (lstm_forward_replay_projected_step_kernel).
 template <class scalar_t>
 bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, const cuda::BlasContext& blas,
                            const at::opmath_type<scalar_t>* pre, const scalar_t* b_ih, const scalar_t* b_hh,
-                           const Tensor& w_hh, const Tensor& h0, const Tensor& c0, scalar_t* y, scalar_t* gates,
-                           scalar_t* cells, Tensor& h_n, Tensor& c_n) {
+                           const Tensor& w_hh, const scalar_t* w_hr, const Tensor& h0, const Tensor& c0, scalar_t* y,
+                           scalar_t* gates, scalar_t* cells, Tensor& h_n, Tensor& c_n) {
   using acc_t = at::opmath_type<scalar_t>;
   using Args = ForwardReplayArgs<scalar_t, acc_t>;
   if (!replay_applies(s)) return false;
-  const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
+  const int64_t T = s.T, B = s.B, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
+  const bool proj = P > 0;
   // pre, y, gates and cells come from the caching allocator; the state buffers are kept ones.
   // One unit per thread (V = 1) for 16-bit types: 4x the threads of V = 4, and at B <= 64 that
   // parallelism, not the access width, bounds the step (H200, forced cuBLAS loop, 2026-11-26,
   // docs/benchmarks.md: bf16 eager calls 6-17 % shorter at B <= 64). float32 keeps V = 4 here:
   // its eager calls were not shorter with V = 1 (-0 to +5 %, as much as this unchanged path
   // varied between two builds).
-  const bool vec4 = sizeof(scalar_t) >= 4 && H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
+  const bool vec4 = !proj && sizeof(scalar_t) >= 4 && H % 4 == 0 && aligned_for<4>(b_ih) && aligned_for<4>(b_hh);
   const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
   const int k_parts = step_k_parts<scalar_t>(/*backward=*/false, s, blas.tf32(), x3);
   const int rec_blocks = (x3 ? 2 : 1) * k_parts;
   const bool half_rec =
       use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>());
-  ReplayedSteps replay(replay_key(half_rec ? "forward, fp16 rec" : "forward", w_hh, s, training, blas.tf32(), vec4, x3,
-                                  k_parts),
+  ReplayedSteps replay(replay_key(half_rec ? "forward, fp16 rec" : "forward", w_hh, w_hr, s, training, blas.tf32(),
+                                  vec4, x3, k_parts),
                        "the cuBLAS loop's");
   if (replay.capture_failed()) return false;
   const auto opts = h0.options();
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
-  Tensor hbuf = replay.buffer(0, {B, H}, opts);
+  Tensor hbuf = replay.buffer(0, {B, Hout}, opts);
   Tensor cbuf = replay.buffer(1, {B, H}, acc_opts);
   Tensor rec = replay.buffer(2, {rec_blocks * B, G}, acc_opts);
   Tensor args = replay.buffer(3, {int64_t(sizeof(Args))}, opts.dtype(at::kByte));
@@ -1227,6 +1323,9 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   scalar_t* hx_p = x3 ? hx.data_ptr<scalar_t>() : nullptr;
   scalar_t* wx_p = x3 ? wx.data_ptr<scalar_t>() : nullptr;
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
+  // With a projection (no x3 steps, no fp16 product): m_t, the projection GEMM's A operand.
+  Tensor mbuf = proj ? replay.buffer(4, {B, H}, opts) : Tensor();
+  scalar_t* mbuf_p = proj ? mbuf.data_ptr<scalar_t>() : nullptr;
   // The fp16 product's operands (HalfRecStep; x3 steps are float32 without TF32, so never both):
   // h in fp16, and W_hh's and h0's scaled rows, rewritten by every call's prologue.
   Tensor h_half, w_half, w_unscale, h0_unscale;
@@ -1242,8 +1341,15 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   // The gate kernel always follows its step's GEMM: with PDL it loads all but rec while the
   // GEMM runs (forward_step_rows).
   const bool pdl = cuda::pdl_supported(*at::cuda::getCurrentDeviceProperties());
-  auto step = [&](int k, cudaStream_t stream) {
+  auto step = [&](int k, cudaStream_t stream, auto&& project) {
     const dim3 grid(blocks_for(B * H / (vec4 ? 4 : 1)));
+    if (proj) {
+      cuda::launch_kernel(training ? lstm_forward_replay_projected_step_kernel<scalar_t, acc_t, true>
+                                   : lstm_forward_replay_projected_step_kernel<scalar_t, acc_t, false>,
+                          grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, cbuf_p, mbuf_p, hbuf_p, B, H, P);
+      project();  // hbuf = h_t = m_t·W_hrᵀ
+      return;
+    }
     auto launch = [&](auto kernel) {
       cuda::launch_kernel(kernel, grid, dim3(kThreads), 0, stream, pdl, args_p, k, rec_p, rec_blocks, cbuf_p, hbuf_p,
                           hx_p, B, H, half);
@@ -1268,7 +1374,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   auto prologue = [&](cudaStream_t stream) {
     const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
-        args_p, call, h0.data_ptr<scalar_t>(), hbuf_p, c0.data_ptr<scalar_t>(), cbuf_p, B * H);
+        args_p, call, h0.data_ptr<scalar_t>(), hbuf_p, B * Hout, c0.data_ptr<scalar_t>(), cbuf_p, B * H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (x3) {
@@ -1282,13 +1388,15 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
       }
     }
   };
-  // rec[B, G] = h_{t-1}[B, H] · W_hh[G, H]ᵀ (x3: the parts, [2B, 2H] · [G, 2H]ᵀ in TF32; with K
-  // parts, k_parts such blocks), then the gate kernel.
+  // rec[B, G] = h_{t-1}[B, Hout] · W_hh[G, Hout]ᵀ (x3: the parts, [2B, 2H] · [G, 2H]ᵀ in TF32;
+  // with K parts, k_parts such blocks), then the gate kernel (and with a projection hbuf[B, P] =
+  // mbuf[B, H] · W_hr[P, H]ᵀ).
   std::optional<cuda::BlasContext> tf32_blas;  // x3 steps: the handle's settings of `blas`, TF32 compute
   if (x3) tf32_blas.emplace(true);
+  const ReplayGemm<scalar_t, scalar_t> projection{Trans::T, B, P, H, mbuf_p, w_hr, hbuf_p};
   auto run = [&](const auto& gemm) {
     return run_replayed_steps(replay, x3 ? *tf32_blas : blas, gemm, /*gemm_first=*/true, T, &args_p->step, step,
-                              prologue);
+                              prologue, proj ? &projection : nullptr);
   };
   bool ran = false;
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -1298,9 +1406,15 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   }
   if (!half_rec) {
     ran = run(x3 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, G, 2 * H, hx_p, wx_p, rec_p, k_parts}
-                 : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, H, hbuf_p, w_hh.data_ptr<scalar_t>(), rec_p, k_parts});
+                 : ReplayGemm<scalar_t, acc_t>{Trans::T, B, G, Hout, hbuf_p, w_hh.data_ptr<scalar_t>(), rec_p,
+                                               k_parts});
   }
   if (!ran) return false;
+  if (proj) {  // the last step's h_t into its rows of y (a later step's kernel copies the others)
+    const int64_t last_t = reverse ? 0 : T - 1;
+    C10_CUDA_CHECK(cudaMemcpyAsync(y + last_t * B * P, hbuf_p, static_cast<size_t>(B * P) * sizeof(scalar_t),
+                                   cudaMemcpyDeviceToDevice, replay.stream()));
+  }
   h_n = hbuf.clone();
   c_n = cbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
@@ -1311,17 +1425,21 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
 // new tensors. `held` keeps the loop's entry (and its pool locked) until the caller resets it:
 // with x3 dh on TF32 parts, `idle_x3_weights` is its kept [H, 2G] buffer of W_hh's parts, idle
 // once the loop is done, which the caller may use as scratch while it holds the entry (the pool
-// orders its next call, which rewrites the buffer, after the work queued until then).
+// orders its next call, which rewrites the buffer, after the work queued until then). With a
+// projection (w_hr, [P, H]) a step is four nodes (lstm_backward_replay_dh_kernel) and it fills
+// dHtot and M too.
 template <class scalar_t>
 bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasContext& blas, const Tensor& w_hh,
-                            const scalar_t* gates, const scalar_t* cells, const scalar_t* y, const scalar_t* grad_y,
-                            const Tensor& h0, const Tensor& c0, const Tensor& grad_h_n, const Tensor& grad_c_n,
-                            scalar_t* dG, scalar_t* hprev, Tensor& grad_h0, Tensor& grad_c0,
-                            std::optional<ReplayedSteps>& held, Tensor& idle_x3_weights) {
+                            const scalar_t* w_hr, const scalar_t* gates, const scalar_t* cells, const scalar_t* y,
+                            const scalar_t* grad_y, const Tensor& h0, const Tensor& c0, const Tensor& grad_h_n,
+                            const Tensor& grad_c_n, scalar_t* dG, scalar_t* hprev, scalar_t* dHtot, scalar_t* M,
+                            Tensor& grad_h0, Tensor& grad_c0, std::optional<ReplayedSteps>& held,
+                            Tensor& idle_x3_weights) {
   using acc_t = at::opmath_type<scalar_t>;
   using Args = BackwardReplayArgs<scalar_t>;
   if (!replay_applies(s)) return false;
-  const int64_t T = s.T, B = s.B, H = s.H, G = s.G;
+  const int64_t T = s.T, B = s.B, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
+  const bool proj = P > 0;
   const scalar_t* h0_p = h0.data_ptr<scalar_t>();
   const scalar_t* c0_p = c0.data_ptr<scalar_t>();
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
@@ -1337,7 +1455,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, tf32, x3);
   const bool x3_tf32 = x3 && !half_dh, x3_half = x3 && half_dh;
   const int dh_blocks = (x3_tf32 ? 2 : 1) * k_parts;  // blocks of dhbuf that sum to dh ([2B, 2H] with x3 on fp16)
-  ReplayedSteps& replay = held.emplace(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, s,
+  ReplayedSteps& replay = held.emplace(replay_key(half_dh ? "backward, fp16 dh" : "backward", w_hh, w_hr, s,
                                                  /*training=*/true, tf32, /*vec4=*/false, x3, k_parts),
                                       "the cuBLAS loop's");
   if (replay.capture_failed()) {
@@ -1348,7 +1466,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   const auto acc_opts = opts.dtype(at::toOpMathType(h0.scalar_type()));
   const auto half_opts = opts.dtype(at::kHalf), float_opts = opts.dtype(at::kFloat);
   // The dh GEMM's output blocks, summed by the step; M and N of one: x3 on fp16 parts [2B, 2H].
-  const int64_t dh_rows = x3_half ? 2 * B : B, dh_cols = x3_half ? 2 * H : H;
+  const int64_t dh_rows = x3_half ? 2 * B : B, dh_cols = x3_half ? 2 * H : Hout;
   Tensor dhbuf = replay.buffer(0, {dh_blocks * dh_rows, dh_cols}, acc_opts);
   Tensor dcbuf = replay.buffer(1, {B, H}, acc_opts);
   // The dh GEMM's A operand (x3: dG's parts, stacked; on fp16, big rows then remainders) and,
@@ -1363,6 +1481,11 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   acc_t* dhbuf_p = dhbuf.data_ptr<acc_t>();
   acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
+  // With a projection (no x3, no fp16 dh): dL/dh_t rounded (the dm GEMM's A operand), and dm.
+  Tensor dH_step = proj ? replay.buffer(4, {B, P}, opts) : Tensor();
+  Tensor dm = proj ? replay.buffer(5, {B, H}, acc_opts) : Tensor();
+  scalar_t* dH_step_p = proj ? dH_step.data_ptr<scalar_t>() : nullptr;
+  acc_t* dm_p = proj ? dm.data_ptr<acc_t>() : nullptr;
   // The scaled fp16 dh GEMM's W_hh (HalfDhStep): rewritten by every call's prologue.
   Tensor w_half, w_unscale, row_unscale;
   HalfDhStep half{};
@@ -1377,7 +1500,17 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // Step k > 0 follows the previous step's dh GEMM: with PDL it loads all but dhbuf while that
   // GEMM runs (backward_step_rows). Step 0 follows the prologue or a chunk's graph: no PDL.
   const bool pdl = cuda::pdl_supported(*at::cuda::getCurrentDeviceProperties());
-  auto step = [&](int k, cudaStream_t stream) {
+  auto step = [&](int k, cudaStream_t stream, auto&& project) {
+    if (proj) {  // the dh kernel, dm = dh·W_hr, then the gate kernel (after a GEMM at every k: PDL)
+      lstm_backward_replay_dh_kernel<scalar_t, acc_t>
+          <<<blocks_for(B * P), kThreads, 0, stream>>>(args_p, k, dhbuf_p, dH_step_p, B, P);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      project();
+      cuda::launch_kernel(lstm_backward_replay_projected_step_kernel<scalar_t, acc_t>, dim3(blocks_for(B * H)),
+                          dim3(kThreads), 0, stream, pdl, args_p, k, dm_p, dcbuf_p, dG_step.data_ptr<scalar_t>(), B,
+                          H, P);
+      return;
+    }
     auto launch = [&](auto kernel) {  // one unit per thread
       cuda::launch_kernel(kernel, dim3(blocks_for(B * H)), dim3(kThreads), 0, stream, pdl && k > 0, args_p, k, dhbuf_p,
                           dh_blocks, dcbuf_p, dG_step.data_ptr<scalar_t>(), B, H, half);
@@ -1402,23 +1535,26 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
       }
       if (x3_tf32) split_w_hh_x3_transposed(stream, w_hh.data_ptr<float>(), G, H, wxt.data_ptr<float>());
     }
-    const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse};
+    const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse, dHtot, M};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
-        args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, grad_c_n.data_ptr<scalar_t>(), dcbuf_p, B * H);
+        args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, B * Hout, grad_c_n.data_ptr<scalar_t>(), dcbuf_p,
+        B * H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     // grad_h_n is the first step's dh: its other blocks are zero.
     if (dh_blocks > 1) {
       C10_CUDA_CHECK(cudaMemsetAsync(dhbuf_p + B * H, 0, (dh_blocks - 1) * B * H * sizeof(acc_t), stream));
     }
   };
-  // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, H] = dG_step[B, G] · W_hh[G, H] (k_parts
-  // such blocks; x3 on TF32 parts: [2B, H] = dG_step[2B, 2G] · wxt[H, 2G]ᵀ in TF32 each; on fp16
-  // parts [2B, 2H] = dG_step[2B, G] · w_half[G, 2H]).
+  // The gate-gradient kernel, then dL/dh_{t-1}: dhbuf[B, Hout] = dG_step[B, G] · W_hh[G, Hout]
+  // (k_parts such blocks; x3 on TF32 parts: [2B, H] = dG_step[2B, 2G] · wxt[H, 2G]ᵀ in TF32 each;
+  // on fp16 parts [2B, 2H] = dG_step[2B, G] · w_half[G, 2H]). With a projection, before the gate
+  // kernel: dm[B, H] = dH_step[B, P] · W_hr[P, H].
   std::optional<cuda::BlasContext> tf32_blas;  // x3 on TF32 parts: the handle's settings of `blas`, TF32 compute
   if (x3_tf32) tf32_blas.emplace(true);
+  const ReplayGemm<scalar_t, acc_t> projection{Trans::N, B, H, P, dH_step_p, w_hr, dm_p};
   auto run = [&](const auto& gemm) {
     return run_replayed_steps(replay, x3_tf32 ? *tf32_blas : blas, gemm, /*gemm_first=*/false, T, &args_p->step,
-                              step, prologue);
+                              step, prologue, proj ? &projection : nullptr);
   };
   bool ran = false;
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -1430,7 +1566,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   if (!half_dh) {
     ran = run(x3_tf32 ? ReplayGemm<scalar_t, acc_t>{Trans::T, 2 * B, H, 2 * G, dG_step.data_ptr<scalar_t>(),
                                                wxt.data_ptr<scalar_t>(), dhbuf_p, k_parts}
-                 : ReplayGemm<scalar_t, acc_t>{Trans::N, B, H, G, dG_step.data_ptr<scalar_t>(),
+                 : ReplayGemm<scalar_t, acc_t>{Trans::N, B, Hout, G, dG_step.data_ptr<scalar_t>(),
                                                w_hh.data_ptr<scalar_t>(), dhbuf_p, k_parts});
   }
   if (!ran) {
@@ -1951,8 +2087,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_impl(
   if (looped) return {y, hbuf, cell_state_out<scalar_t, acc_t>(cbuf, opts, stream), gates, cells};
   // The cuBLAS loop's steps replayed from CUDA graphs, where that applies (above).
   Tensor replayed_h_n, replayed_c_n;
-  if (lstm_forward_replayed<scalar_t>(s, reverse, training, blas, pre_p, b_ih_p, b_hh_p, w_hh, h0, c0, y_p, gates_p,
-                                      cells_p, replayed_h_n, replayed_c_n)) {
+  if (lstm_forward_replayed<scalar_t>(s, reverse, training, blas, pre_p, b_ih_p, b_hh_p, w_hh, w_hr_p, h0, c0, y_p,
+                                      gates_p, cells_p, replayed_h_n, replayed_c_n)) {
     return {y, replayed_h_n, replayed_c_n, gates, cells};
   }
   // With a projection, in the forward direction the recurrent GEMM reads h_{t-1} straight from
@@ -2114,10 +2250,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   // Held until dx below, which may use the loop's idle x3 dh weights as scratch.
   Tensor grad_h0, grad_c0, idle_x3_weights;
   std::optional<ReplayedSteps> replay_held;
-  const bool replayed = !native && lstm_backward_replayed<scalar_t>(s, reverse, blas, w_hh, gates_p, cells_p, y_p,
-                                                                    grad_y_p, h0, c0, grad_h_n, grad_c_n, dG_p,
-                                                                    hprev_p, grad_h0, grad_c0, replay_held,
-                                                                    idle_x3_weights);
+  const bool replayed = !native && lstm_backward_replayed<scalar_t>(s, reverse, blas, w_hh, w_hr_p, gates_p, cells_p,
+                                                                    y_p, grad_y_p, h0, c0, grad_h_n, grad_c_n, dG_p,
+                                                                    hprev_p, dHtot_p, M_p, grad_h0, grad_c0,
+                                                                    replay_held, idle_x3_weights);
   const bool plain = !native && !replayed;
   if (plain) {
     dhbuf.copy_(grad_h_n);

@@ -11,9 +11,9 @@
 //  - the call's own pointers (its inputs and outputs) and the step counter are in kept device
 //    memory that the call's first launch writes (replay_store_args_kernel, or a loop's own
 //    prologue), and each chunk ends with a one-thread kernel that advances the counter.
-// It applies without projection, with equal batch sizes (no ragged PackedSequence), T >=
-// kReplaySteps, and when the caller is not capturing a CUDA graph itself (its graph holds the
-// plain loop then). Nothing is allocated inside a capture, so it also runs with the caching
+// It applies with equal batch sizes (no ragged PackedSequence), T >= kReplaySteps, and when
+// the caller is not capturing a CUDA graph itself (its graph holds the plain loop then); the
+// cuBLAS loop replays projected steps too (the fused loop takes no projection). Nothing is allocated inside a capture, so it also runs with the caching
 // allocator off (compute-sanitizer). The kept graphs of every thread and device go with
 // release_lstm_step_graphs() (lstm_loop.cuh).
 #pragma once
@@ -46,7 +46,7 @@ namespace seqkernels::cuda {
 constexpr int kReplaySteps = 16;
 
 inline bool replay_applies(const LstmSizes& s) {
-  return s.P == 0 && s.B > 0 && s.H > 0 && s.T >= kReplaySteps && all_steps_full(s) &&
+  return s.B > 0 && s.H > 0 && s.T >= kReplaySteps && all_steps_full(s) &&
          c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
 }
 
