@@ -11,6 +11,9 @@ random initial states (never zeros).
 sequence b of B has length round(T - b (T / 2) / (B - 1)), T down to T / 2, so the batch
 shrinks from B to 1 row over the second half (up to B distinct batch sizes).
 
+--proj-size P: both modules with a projection (proj_size = P < H; h0 and the output of width P).
+The suite's targets are for cells without one, so these cells have none.
+
 Modes:
   infer  forward under torch.no_grad(), the whole sequence, input projection included
   train  forward + backward of output.float().sum(), all gradients (weights, biases and
@@ -31,6 +34,7 @@ Examples:
   python benchmarks/bench_lstm.py --device cuda --tf32 both --json bench_results/h100.json
   python benchmarks/bench_lstm.py --quick --plot lstm.png   # also a PNG (needs matplotlib)
   python benchmarks/bench_lstm.py --packed --batch 8 16 --hidden 256 512 --dtype float16
+  python benchmarks/bench_lstm.py --proj-size 256 --batch 8 64 --hidden 512 --dtype float16
 
 The table goes to stdout, one progress line per cell to stderr, the records to --json
 (default bench_results/lstm_<device>.json), with --plot PATH.png a figure of the speed-up
@@ -117,13 +121,15 @@ class Cell(harness.ModuleCell):
     data (a leaf, so that training calls get its gradient) and call() wraps it with the batch sizes."""
 
     def __init__(self, device: torch.device, T: int, B: int, H: int, dtype: torch.dtype, mode: str, seed: int,
-                 packed: bool = False):
+                 packed: bool = False, proj_size: int = 0):
         self.device, self.T, self.B, self.H, self.dtype, self.mode = device, T, B, H, dtype, mode
         gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         # nn.LSTM's own initialisation: U(-1/sqrt(H), 1/sqrt(H)) on every weight and bias.
-        peer = torch.nn.LSTM(H, H, num_layers=1, bias=True, batch_first=False, bidirectional=False)
-        ours = seqkernels.LSTM(H, H, num_layers=1, bias=True, batch_first=False, bidirectional=False)
+        peer = torch.nn.LSTM(H, H, num_layers=1, bias=True, batch_first=False, bidirectional=False,
+                             proj_size=proj_size)
+        ours = seqkernels.LSTM(H, H, num_layers=1, bias=True, batch_first=False, bidirectional=False,
+                               proj_size=proj_size)
         ours.load_state_dict(peer.state_dict())
         self.peer = peer.to(device=device, dtype=dtype)
         self.ours = ours.to(device=device, dtype=dtype)
@@ -135,7 +141,7 @@ class Cell(harness.ModuleCell):
         if packed:
             packed_x = pack_padded_sequence(x, packed_lengths(T, B))
             x, self.batch_sizes = packed_x.data, packed_x.batch_sizes
-        h0 = 0.5 * torch.randn(1, B, H, generator=gen)
+        h0 = 0.5 * torch.randn(1, B, proj_size or H, generator=gen)
         c0 = 0.5 * torch.randn(1, B, H, generator=gen)
         self.x = x.to(device=device, dtype=dtype)
         self.h0 = h0.to(device=device, dtype=dtype)
@@ -195,6 +201,7 @@ def run_cell(args, device: torch.device, env: dict, B: int, H: int, dtype_name: 
         "backend_env": os.environ.get("SEQKERNELS_LSTM_BACKEND"),
         "T": args.seq_len, "B": B, "I": H, "H": H, "layers": 1, "bidirectional": False, "batch_first": False,
         "packed": bool(args.packed),
+        "proj_size": args.proj_size,
         "dtype": dtype_name,
         "mode": mode,
         "tf32": (tf32 if dtype == torch.float32 else "n/a") if cuda else "n/a",
@@ -203,12 +210,12 @@ def run_cell(args, device: torch.device, env: dict, B: int, H: int, dtype_name: 
         "warmup": args.warmup, "iters": args.iters,
         "load_avg_before": harness.load_average(),
         "status": "ok",
-        # The targets are the padded suite's (performance.md); --packed cells have none.
-        "target_speedup": None if args.packed else target(device.type, B, mode, dtype_name,
-                                                          cuda and dtype == torch.float32 and tf32 == "off"),
-        "target_speedup_vs_graph": None if args.packed else graph_target(device.type, B, mode),
+        # The targets are the padded suite's (performance.md); --packed and --proj-size cells have none.
+        "target_speedup": None if args.packed or args.proj_size else target(
+            device.type, B, mode, dtype_name, cuda and dtype == torch.float32 and tf32 == "off"),
+        "target_speedup_vs_graph": None if args.packed or args.proj_size else graph_target(device.type, B, mode),
     }
-    cell = Cell(device, args.seq_len, B, H, dtype, mode, seed, packed=args.packed)
+    cell = Cell(device, args.seq_len, B, H, dtype, mode, seed, packed=args.packed, proj_size=args.proj_size)
     if cuda and not torch.backends.cudnn.is_acceptable(cell.peer.weight_ih_l0):
         # torch.nn.LSTM.flatten_parameters skips dtypes outside cudnn.CUDNN_TENSOR_DTYPES
         # (bfloat16 among them), so cuDNN compacts the weights on every call: that is what
@@ -329,8 +336,13 @@ def parse_args(argv=None):
     p.add_argument("--seq-len", type=int, default=256, help="T (default 256, the suite's)")
     p.add_argument("--packed", action="store_true",
                    help="PackedSequence input: lengths T down to T / 2 (see above)")
+    p.add_argument("--proj-size", type=int, default=0, metavar="P",
+                   help="both modules with proj_size = P (0 < P < every H; default 0, none)")
     harness.add_common_args(p, "lstm_<device>.json", tf32_and_graphs=True)
-    return harness.parse_common(p, argv)
+    args = harness.parse_common(p, argv)
+    if args.proj_size < 0:
+        p.error(f"--proj-size must be >= 0, got {args.proj_size}")
+    return args
 
 
 def main(argv=None) -> int:
@@ -346,6 +358,10 @@ def main(argv=None) -> int:
         grid["hidden"] = args.hidden
     if args.dtype:
         grid["dtype"] = args.dtype
+    if args.proj_size and any(args.proj_size >= H for H in grid["hidden"]):
+        print(f"bench_lstm: --proj-size {args.proj_size} must be below every hidden size {grid['hidden']}",
+              file=sys.stderr)
+        return 2
 
     cells = []
     for dtype_name, H, B, mode in itertools.product(grid["dtype"], grid["hidden"], grid["batch"], args.mode):
@@ -354,7 +370,8 @@ def main(argv=None) -> int:
 
     env = harness.environment(device)
     env["extension"] = harness.extension_build(seqkernels)
-    json_path = args.json or os.path.join("bench_results", f"lstm{'_packed' if args.packed else ''}_{device.type}.json")
+    json_path = args.json or os.path.join(
+        "bench_results", f"lstm{'_packed' if args.packed else ''}{'_proj' if args.proj_size else ''}_{device.type}.json")
     document = {"suite": SUITE, "environment": env, "argv": sys.argv[1:] if argv is None else list(argv),
                 "ours": OURS, "peer": PEER, "plot_series": ["H"], "records": []}
     harness.progress(
@@ -402,7 +419,8 @@ def main(argv=None) -> int:
     heading = (
         f"LSTM small-batch suite on {env['device_name']} ({device.type}, {env['threads']} threads), "
         f"torch {env['torch']}, {env['date']}; T={args.seq_len}, I=H, 1 layer, "
-        f"{'PackedSequence (lengths T down to T/2)' if args.packed else 'batch-second'}; "
+        f"{'PackedSequence (lengths T down to T/2)' if args.packed else 'batch-second'}"
+        f"{f', proj_size={args.proj_size}' if args.proj_size else ''}; "
         f"median of {args.iters} interleaved calls after {args.warmup} warm-up."
     )
     return harness.finish("bench_lstm", args, document, json_path, table, heading, failed)

@@ -145,6 +145,25 @@ def test_bench_lstm_packed_end_to_end(tmp_path):
     assert "PackedSequence (lengths T down to T/2)" in md.read_text().splitlines()[0]
 
 
+def test_bench_lstm_proj_size_end_to_end(tmp_path):
+    """bench_lstm.py --proj-size P builds both modules with that projection: each cell passes its
+    correctness check before it is timed, the records carry P and no target, the heading names it;
+    a P not below every H is refused before anything runs."""
+    js, md = tmp_path / "proj.json", tmp_path / "proj.md"
+    common = [sys.executable, str(BENCHMARKS / "bench_lstm.py"), "--device", "cpu", "--batch", "3",
+              "--seq-len", "12", "--iters", "20", "--warmup", "1", "--json", str(js), "--markdown", str(md)]
+    out = subprocess.run(common + ["--proj-size", "5", "--hidden", "16"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    records = json.loads(js.read_text())["records"]
+    assert len(records) == 2 and all(r["status"] == "ok" and r["proj_size"] == 5 for r in records), out.stderr
+    assert all(r["target_speedup"] is None for r in records)
+    assert "proj_size=5" in md.read_text().splitlines()[0]
+    out = subprocess.run(common + ["--proj-size", "16", "--hidden", "8", "16"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 2 and "must be below every hidden size" in out.stderr
+
+
 def test_git_commit_marks_modified_tracked_files(tmp_path):
     """A record names the commit it measured, and says so where tracked files differ from it."""
     def git(*args):
