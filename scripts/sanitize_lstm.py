@@ -9,7 +9,7 @@
     python scripts/sanitize_lstm.py --cluster              # only the cluster forward kernel's cases
     python scripts/sanitize_lstm.py --cluster --dtype float32  # ... and of those only float32's
     python scripts/sanitize_lstm.py --direct-x3            # only the direct kernel's float32 cases without TF32
-    python scripts/sanitize_lstm.py --replayed             # only the cuBLAS loop's replayed cases (projection too)
+    python scripts/sanitize_lstm.py --replayed             # only the cuBLAS loop's replayed cases (projected, ragged)
 
 Every dtype (float64, float32, bfloat16, float16) x projection or not x forward or reverse
 direction x training or inference, on packed sequences with awkward sizes; each result is
@@ -332,16 +332,19 @@ def sweep(gen, backend: str, modes=(True, False)) -> int:
 
 
 def replayed_cases(gen, modes) -> int:
-    """Equal batch sizes and T >= 16: the cuBLAS loop replays its steps from a kept CUDA graph
-    (csrc/cuda/lstm.cu; T = 36: two 16-step chunks and four eager steps), with a projection (P = 3)
-    and without; H = 8 vectorised, H = 5 scalar; each case twice (a capture, then a replay)."""
+    """T >= 16: the cuBLAS loop replays its steps from a kept CUDA graph (csrc/cuda/lstm.cu; T =
+    36: two 16-step chunks and four eager steps): equal batch sizes with a projection (P = 3) and
+    without, and ragged ones without (rows that start and end at different steps); H = 8
+    vectorised, H = 5 scalar; each case twice (a capture, then a replay)."""
     failures = 0
-    for dtype, proj, reverse, training, (B, H) in itertools.product(
-        [torch.float64, torch.float32, torch.bfloat16, torch.float16], [False, True], [False, True], modes,
-        [(3, 8), (2, 5)]
+    ragged = [3] * 10 + [2] * 20 + [1] * 6
+    for dtype, (proj, B), reverse, training, H in itertools.product(
+        [torch.float64, torch.float32, torch.bfloat16, torch.float16], [(False, 3), (True, 3), (False, None)],
+        [False, True], modes, [8, 5]
     ):
+        batch_sizes = ragged if B is None else [B] * 36
         for _ in range(2):
-            ok, line = run_case(dtype, proj, reverse, training, True, [B] * 36, 4, H, gen)
+            ok, line = run_case(dtype, proj, reverse, training, True, batch_sizes, 4, H, gen)
             failures += not ok
             print(line, flush=True)
     return failures
@@ -421,7 +424,7 @@ def main() -> int:
     parser.add_argument("--direct-x3", action="store_true",
                         help="only the direct forward kernel's float32 cases without TF32 (sets --backend persistent)")
     parser.add_argument("--replayed", action="store_true",
-                        help="only the cuBLAS loop's replayed cases, with and without projection (sets --backend cublas)")
+                        help="only the cuBLAS loop's replayed cases, projected and ragged too (sets --backend cublas)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                         help="with --one-cluster, --cluster or --direct-x3: only that dtype's cases")
     args = parser.parse_args()

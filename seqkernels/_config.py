@@ -121,10 +121,12 @@ CUDA_FUSED_MAX_BACKWARD_HIDDEN_SMALL_BATCH_HALF = 1792  # kFusedMaxBackwardHidde
 CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32 = 1024  # kFusedMaxForwardHiddenTf32
 CUDA_FUSED_MAX_BACKWARD_BATCH = 32  # kFusedMaxBackwardBatch
 CUDA_FUSED_MAX_BACKWARD_BH = 20 * 1024  # kFusedMaxBackwardBH
-# a ragged packed sequence (its cuBLAS steps not replayed), 16-bit: the fused forward to this B*H, the
-# fused backward to the next at any B (kFusedMaxForwardBHRaggedHalf, kFusedMaxBackwardBHRaggedHalf)
+# a ragged packed sequence whose cuBLAS steps are not replayed (T < CUDA_REPLAY_MIN_STEPS), 16-bit: the
+# fused forward to this B*H, the fused backward to the next at any B (kFusedMaxForwardBHRaggedHalf,
+# kFusedMaxBackwardBHRaggedHalf)
 CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF = 64 * 1024
 CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF = 96 * 1024
+CUDA_REPLAY_MIN_STEPS = 16  # kReplayMinSteps
 CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 8 * 1024  # kFusedMaxBackwardBHTf32
 _BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 
@@ -233,10 +235,11 @@ def _rnn_tf32_allowed() -> bool:
 
 
 def _cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
-               backend: str, clusters: bool, ragged: bool = False) -> tuple[str, str]:
+               backend: str, clusters: bool, ragged: bool = False, steps: int = 256) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, then the chosen loop's own limits that Python can
     see (lstm_persistent_common.cuh's common_preconditions, lstm_fused_step.cu's applies), with the reason."""
-    loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend, clusters, ragged)
+    loop, why = _choose_cuda_loop(batch, hidden, elem, mma, half, proj_size, backward, backend, clusters, ragged,
+                                  steps)
     if loop == "persistent" and (proj_size > 0 or batch > CUDA_PERSISTENT_MAX_BATCH):
         return "cublas", f"{why}; but the persistent kernel takes no projection and B <= {CUDA_PERSISTENT_MAX_BATCH}"
     if loop == "fused" and (proj_size > 0 or elem == 8 or hidden % (16 // elem) != 0):
@@ -420,10 +423,11 @@ def _forward_kernel_at_small_batch(batch: int, hidden: int, elem: int, clusters:
 
 
 def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool, proj_size: int, backward: bool,
-                      backend: str, clusters: bool, ragged: bool = False) -> tuple[str, str]:
+                      backend: str, clusters: bool, ragged: bool = False, steps: int = 256) -> tuple[str, str]:
     """choose_loop of csrc/cuda/lstm_loop.cuh, with the reason. ``ragged``: a packed sequence whose batch
     sizes shrink, which the forward's cluster and row-split kernels and the row-split backward do not take
-    (``equal_clusters``), and whose cuBLAS steps are not replayed (the 16-bit fused limits widen)."""
+    (``equal_clusters``); below CUDA_REPLAY_MIN_STEPS steps its cuBLAS steps are not replayed (the 16-bit
+    fused limits widen: ``unreplayed``)."""
     if backend == "gemm":
         return "cublas", "SEQKERNELS_LSTM_BACKEND forces the cuBLAS loop"
     if backend in ("persistent", "fused"):
@@ -432,6 +436,7 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
         return "cublas", "only the cuBLAS loop has a projection (proj_size > 0)"
     state = batch * hidden * elem
     equal_clusters = clusters and not ragged
+    unreplayed = ragged and steps < CUDA_REPLAY_MIN_STEPS
     one_cluster_backward = backward and half and clusters and hidden in CUDA_ONE_CLUSTER_HIDDEN
     bh = batch * hidden
     kib = f"state B*H*{elem} bytes = {state / 1024:g} KiB"
@@ -525,10 +530,10 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               + (f"({ONE_CLUSTER_BACKWARD}; else the split backward kernel in clusters)"
                                  if one_cluster_backward else "(the split backward kernel in clusters)"))
     if backward and half:
-        if ragged and bh <= CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF and hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:
-            return "fused", (f"auto: a ragged packed sequence (its cuBLAS steps are not replayed), not the persistent "
-                             f"loop, B*H = {bh} <= {CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF} and H = {hidden} <= "
-                             f"{CUDA_FUSED_MAX_HIDDEN_HALF}")
+        if unreplayed and bh <= CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF and hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:
+            return "fused", (f"auto: a ragged packed sequence of T = {steps} < {CUDA_REPLAY_MIN_STEPS} (its cuBLAS "
+                             f"steps are not replayed), not the persistent loop, B*H = {bh} <= "
+                             f"{CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF} and H = {hidden} <= {CUDA_FUSED_MAX_HIDDEN_HALF}")
         if batch <= CUDA_FUSED_MAX_BACKWARD_BATCH and bh <= CUDA_FUSED_MAX_BACKWARD_BH:
             if hidden <= CUDA_FUSED_MAX_HIDDEN_HALF:
                 return "fused", (f"auto: not the persistent loop, B = {batch} <= {CUDA_FUSED_MAX_BACKWARD_BATCH}, "
@@ -562,10 +567,11 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                           f"32 in [{CUDA_HALF_DH_MIN_UNITS}, {CUDA_HALF_DH_MAX_UNITS}] the cuBLAS loop's "
                           "dh GEMM runs on scaled fp16 operands)")
     max_hidden = CUDA_FUSED_MAX_HIDDEN_HALF if half else CUDA_FUSED_MAX_FORWARD_HIDDEN_TF32
-    if (half and ragged and CUDA_FUSED_MAX_FORWARD_BH < bh <= CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF
+    if (half and unreplayed and CUDA_FUSED_MAX_FORWARD_BH < bh <= CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF
             and hidden <= max_hidden):
-        return "fused", (f"auto: a ragged packed sequence (its cuBLAS steps are not replayed), B*H = {bh} <= "
-                         f"{CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF} and H = {hidden} <= {max_hidden}")
+        return "fused", (f"auto: a ragged packed sequence of T = {steps} < {CUDA_REPLAY_MIN_STEPS} (its cuBLAS "
+                         f"steps are not replayed), B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF} and "
+                         f"H = {hidden} <= {max_hidden}")
     if bh <= CUDA_FUSED_MAX_FORWARD_BH and hidden <= max_hidden:
         return "fused", f"auto: B*H = {bh} <= {CUDA_FUSED_MAX_FORWARD_BH} and H = {hidden} <= {max_hidden}"
     return "cublas", f"auto: B*H = {bh} > {CUDA_FUSED_MAX_FORWARD_BH} or H = {hidden} > {max_hidden}"
@@ -686,10 +692,10 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     sm_90, and at least 128 SMs; default: the current CUDA device's answer, or True without one).
     ``ragged``: a PackedSequence whose batch sizes shrink (default: equal batch sizes at every step;
     CUDA only). The forward's cluster and row-split kernels and the row-split backward do not take it
-    (packed_one_cluster_forward in their place at the one-cluster backward's sizes), and its 16-bit
-    calls beyond the rules above take the fused loop up to B*H = 65536 (forward) and 98304
-    (backward), since the cuBLAS loop cannot replay its steps (csrc/cuda/lstm_loop.cuh,
-    kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf).
+    (packed_one_cluster_forward in their place at the one-cluster backward's sizes), and below
+    T = 16 steps, where the cuBLAS loop does not replay its steps, its 16-bit calls beyond the rules
+    above take the fused loop up to B*H = 65536 (forward) and 98304 (backward)
+    (csrc/cuda/lstm_loop.cuh, kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf).
     """
     backend = _BACKENDS[backend] if backend is not None else _backend_from_env()
     if batch < 1 or hidden < 1 or steps < 1:
@@ -705,7 +711,8 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     mma = half or (dtype == torch.float32 and tf32)
     if clusters is None:
         clusters = _device_runs_clusters()
-    return {op: _cuda_loop(batch, hidden, elem, mma, half, proj_size, op == "backward", backend, clusters, ragged)
+    return {op: _cuda_loop(batch, hidden, elem, mma, half, proj_size, op == "backward", backend, clusters, ragged,
+                           steps)
             for op in ("forward", "backward")}
 
 

@@ -272,31 +272,36 @@ def test_cuda_row_split_backward_follows_its_switch(monkeypatch, batch, clause):
                                                          clusters=True)["backward"][1]
 
 
-# (B, H, dtype, forward, backward, equal batch sizes' forward, backward): a ragged packed sequence's loops.
-# The first five are tests/test_lstm_backends.py's test_ragged_16_bit_takes_the_fused_loop, whose loops
-# ran on an H200 (2026-11-29).
+# (B, H, dtype, T, forward, backward, equal batch sizes' forward, backward): a ragged packed sequence's
+# loops. The first five are tests/test_lstm_backends.py's test_ragged_16_bit_takes_the_fused_loop (T < 16:
+# the cuBLAS loop does not replay its steps), whose loops ran on an H200 (2026-11-29); from T = 16 the
+# replayed cuBLAS loop takes the padded rules' calls (test_replayed_cublas_loop_ragged_matches_reference).
 _RAGGED_CHOICES = [
-    (48, 768, torch.float16, "fused", "fused", "cublas", "cublas"),
-    (72, 512, torch.bfloat16, "fused", "fused", "cublas", "cublas"),
-    (128, 768, torch.float16, "cublas", "fused", "cublas", "cublas"),  # forward B*H = 98304 > 65536
-    (100, 1024, torch.bfloat16, "cublas", "cublas", "cublas", "cublas"),  # B*H > 98304
-    (48, 512, torch.float16, "persistent", "persistent", "persistent", "persistent"),  # the one-cluster kernels
-    (24, 1024, torch.bfloat16, "fused", "fused", "persistent", "cublas"),  # not the cluster (row-split) kernel
-    (8, 1024, torch.float16, "persistent", "fused", "persistent", "persistent"),  # not the row-split backward
-    (40, 768, torch.float32, "fused", "cublas", "fused", "cublas"),  # TF32: the padded rules
+    (48, 768, torch.float16, 3, "fused", "fused", "cublas", "cublas"),
+    (72, 512, torch.bfloat16, 4, "fused", "fused", "cublas", "cublas"),
+    (128, 768, torch.float16, 3, "cublas", "fused", "cublas", "cublas"),  # forward B*H = 98304 > 65536
+    (100, 1024, torch.bfloat16, 3, "cublas", "cublas", "cublas", "cublas"),  # B*H > 98304
+    (48, 512, torch.float16, 3, "persistent", "persistent", "persistent", "persistent"),  # the one-cluster kernels
+    (48, 768, torch.float16, 16, "cublas", "cublas", "cublas", "cublas"),  # replayed: the padded rules
+    (128, 768, torch.float16, 256, "cublas", "cublas", "cublas", "cublas"),
+    (24, 1024, torch.bfloat16, 256, "fused", "cublas", "persistent", "cublas"),  # not the cluster (row-split) kernel
+    (24, 1024, torch.bfloat16, 8, "fused", "fused", "persistent", "cublas"),
+    (8, 1024, torch.float16, 256, "persistent", "fused", "persistent", "persistent"),  # not the row-split backward
+    (40, 768, torch.float32, 8, "fused", "cublas", "fused", "cublas"),  # TF32: the padded rules
 ]
 
 
-@pytest.mark.parametrize("batch,hidden,dtype,forward,backward,forward_equal,backward_equal", _RAGGED_CHOICES)
-def test_cuda_ragged_choice_mirrors_choose_loop(monkeypatch, batch, hidden, dtype, forward, backward, forward_equal,
-                                                backward_equal):
-    """ragged=True: the kernels that take equal batch sizes only drop out, and the 16-bit fused limits
-    widen to B*H = 65536 (forward) and 98304 (backward) where the cuBLAS loop cannot replay the steps."""
+@pytest.mark.parametrize("batch,hidden,dtype,steps,forward,backward,forward_equal,backward_equal", _RAGGED_CHOICES)
+def test_cuda_ragged_choice_mirrors_choose_loop(monkeypatch, batch, hidden, dtype, steps, forward, backward,
+                                                forward_equal, backward_equal):
+    """ragged=True: the kernels that take equal batch sizes only drop out, and below T = 16 (where the
+    cuBLAS loop does not replay the steps) the 16-bit fused limits widen to B*H = 65536 (forward) and
+    98304 (backward)."""
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", raising=False)
-    choice = lstm_loop_choice(batch, hidden, dtype, 0, "cuda", tf32=True, clusters=True, ragged=True)
+    choice = lstm_loop_choice(batch, hidden, dtype, 0, "cuda", tf32=True, steps=steps, clusters=True, ragged=True)
     assert (choice["forward"][0], choice["backward"][0]) == (forward, backward), choice
-    equal = lstm_loop_choice(batch, hidden, dtype, 0, "cuda", tf32=True, clusters=True)
+    equal = lstm_loop_choice(batch, hidden, dtype, 0, "cuda", tf32=True, steps=steps, clusters=True)
     assert (equal["forward"][0], equal["backward"][0]) == (forward_equal, backward_equal), equal
     if forward == "persistent" and hidden == 1024:
         assert "the direct forward kernel" in choice["forward"][1]
@@ -366,10 +371,13 @@ _CLI_CHOICES = [
       "all are resident at once; warp pairs split K; else the cluster forward kernel",
       "backward (training): persistent (auto: backward, 16-bit, 16 < B = 32 <= 64 at H = 256 or 32 at H = 512 "
       "(H = 512): the one-cluster backward kernel"], []),
+    (["--batch", "64", "--hidden", "1024", "--dtype", "float16", "--device", "cuda", "--ragged", "--steps", "8"],
+     ["proj_size=0, a ragged PackedSequence on cuda", "forward: fused (auto: a ragged packed sequence of T = 8 < 16 "
+      "(its cuBLAS steps are not replayed), B*H = 65536 <= 65536", "backward (training): fused (auto: a ragged "
+      "packed sequence of T = 8"], []),
     (["--batch", "64", "--hidden", "1024", "--dtype", "float16", "--device", "cuda", "--ragged"],
-     ["proj_size=0, a ragged PackedSequence on cuda", "forward: fused (auto: a ragged packed sequence (its cuBLAS "
-      "steps are not replayed), B*H = 65536 <= 65536", "backward (training): fused (auto: a ragged packed sequence"],
-     []),
+     ["proj_size=0, a ragged PackedSequence on cuda", "forward: cublas (auto: B*H = 65536 > 32768",
+      "backward (training): cublas"], []),
     (["--batch", "64", "--hidden", "512", "--dtype", "float16", "--device", "cuda"],
      ["8 clusters of 16 blocks in waves where not all are resident at once; warp pairs split K; else the cluster "
       "forward kernel", "backward (training): persistent (auto: backward, 16-bit, 16 < B = 64 <= 64 at H = 256 or 64 "

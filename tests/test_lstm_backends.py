@@ -353,12 +353,14 @@ def test_fused_path_is_taken(monkeypatch, precision_name, B, H, applies):
     ("bfloat16", [72, 72, 30, 1], 512, {"fused forward", "fused backward"}),
     ("float16", [128, 100, 9], 768, {"fused backward"}),  # forward B*H = 98304 > 65536: cuBLAS
     ("bfloat16", [100, 99, 99], 1024, set()),  # B*H > 98304
-    ("float16", [48] * 3, 768, set()),  # equal batch sizes: the replayed cuBLAS loop
+    ("float16", [48] * 3, 768, set()),  # equal batch sizes: the cuBLAS loop
+    ("float16", [48] * 10 + [40] * 6 + [7] * 4, 768, set()),  # T = 20: the replayed cuBLAS loop
 ])
 def test_ragged_16_bit_takes_the_fused_loop(monkeypatch, precision_name, batch_sizes, H, loops):
-    """auto, 16-bit, a ragged packed sequence (whose cuBLAS steps are not replayed): the fused forward
-    up to B*H = 65536 and the fused backward up to B*H = 98304 at any B (lstm_loop.cuh,
-    kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf); right against the reference."""
+    """auto, 16-bit, a ragged packed sequence of T < 16 (whose cuBLAS steps are not replayed): the fused
+    forward up to B*H = 65536 and the fused backward up to B*H = 98304 at any B (lstm_loop.cuh,
+    kFusedMaxForwardBHRaggedHalf / kFusedMaxBackwardBHRaggedHalf); from T = 16 the padded rules; right
+    against the reference."""
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     with _Precision(precision_name):
         def run():
@@ -1770,6 +1772,28 @@ def test_projected_steps_are_replayed(monkeypatch, batch_sizes, env, replayed):
     assert any("lstm_backward_dh_kernel" in n for n in names) == (not replayed)
 
 
+# A ragged PackedSequence (without a projection) replays the cuBLAS loop's steps too: the GEMMs run
+# over all B rows and each step kernel reads its rows from a step table; rows past a step's keep
+# their state, in the backward's forward direction a row whose sequence ends at a step takes
+# grad_h_n there, and in reverse a row that ends early keeps its grad_h0 before the next GEMM. T =
+# 37 (two chunks, five eager steps); batch sizes that fall inside a chunk, at its edges and in the
+# eager tail; one that falls at every step (B = 37); H = 7 scalar, 64 / 256 vectorised.
+RAGGED_37 = [6] * 9 + [5] * 7 + [3] * 16 + [2] * 4 + [1]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("batch_sizes,H,bias", [(RAGGED_37, 7, True), (RAGGED_37, 64, False),
+                                                (list(range(37, 0, -1)), 256, True)])
+def test_replayed_cublas_loop_ragged_matches_reference(monkeypatch, precision, batch_sizes, H, bias, reverse):
+    """Two calls of each case (a capture, then a replay of the kept chunk), outputs and every
+    gradient (grad_h0 and grad_c0 of rows that start or end at different steps among them)
+    against the float64 reference."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
+    for call in range(2):
+        compare_layer(batch_sizes, 5, H, reverse=reverse, bias=bias, precision=precision,
+                      seed=len(set(batch_sizes)) + H + call, what=f"replayed ragged cuBLAS loop, call {call}")
+
+
 # x3 steps: the cuBLAS loop's forward products in float32 without TF32 as one TF32 GEMM on the
 # operands' stacked parts (lstm.cu's use_x3_steps: from B = 17, at any B with
 # SEQKERNELS_LSTM_X3_STEPS=1): replayed (equal batch sizes, T = 37: two chunks and five eager
@@ -2033,8 +2057,9 @@ def test_replayed_fused_loop_keys_follow_tf32(monkeypatch):
 
 
 def test_replayed_cublas_loop_is_taken(monkeypatch):
-    """Equal batch sizes and T >= 16 replay, with a projection too (its own step kernels:
-    test_projected_steps_are_replayed); a ragged PackedSequence and T < 16 run the plain loop."""
+    """T >= 16 replays: equal batch sizes, with a projection too (its own step kernels:
+    test_projected_steps_are_replayed), and a ragged PackedSequence without one (unless
+    SEQKERNELS_LSTM_REPLAY_RAGGED=0); T < 16 runs the plain loop."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "cublas")
     names = _replay_names(_train_call(torch.float32, 4, 32, T=20))
     assert any("lstm_forward_replay_step_kernel" in n for n in names), names
@@ -2045,10 +2070,17 @@ def test_replayed_cublas_loop_is_taken(monkeypatch):
     assert any("lstm_backward_replay_projected_step_kernel" in n for n in names), names
     torch.manual_seed(0)
     model = seqkernels.LSTM(8, 16).cuda()
-    x = torch.randn(20, 3, 8, device="cuda")
-    packed = pack_padded_sequence(x, torch.tensor([20, 20, 19]), enforce_sorted=True)
-    with torch.no_grad():
-        assert not _replay_names(lambda: model(packed))
+    x = torch.randn(20, 3, 8, device="cuda", requires_grad=True)
+
+    def ragged_call():
+        y, _ = model(pack_padded_sequence(x, torch.tensor([20, 20, 19]), enforce_sorted=True))
+        y.data.sum().backward()
+
+    names = _replay_names(ragged_call)
+    assert any("lstm_forward_replay_step_kernel" in n for n in names), names
+    assert any("lstm_backward_replay_step_kernel" in n for n in names), names
+    monkeypatch.setenv("SEQKERNELS_LSTM_REPLAY_RAGGED", "0")
+    assert not _replay_names(ragged_call)
 
 
 def test_replayed_fused_loop_is_taken(monkeypatch):

@@ -539,7 +539,9 @@ __device__ __forceinline__ void backward_step_rows(
     int64_t bt,                               // rows of this step
     int64_t H,                                // hidden size; H % V == 0
     int64_t Hout,                             // P with projection, else H
-    HalfDhStep half = {}) {                   // kHalfDh only
+    HalfDhStep half = {},                     // kHalfDh only
+    const scalar_t* __restrict__ dh_late = nullptr,  // !kProj: [B, Hout] dL/dh_t of rows b >= dh_rows (grad_h_n)
+    int64_t dh_rows = INT64_MAX) {            // !kProj: rows [0, dh_rows) take dh_in's blocks (below)
   static_assert(!kHalfDh || (kCopy && V == 1 && !kProj && std::is_same_v<acc_t, float>),
                 "the scaled fp16 dh GEMM is the replayed float32 loop's");
   static_assert(!kX3Dh || (kCopy && !kHalfDh && !kProj && std::is_same_v<scalar_t, float>),
@@ -572,15 +574,21 @@ __device__ __forceinline__ void backward_step_rows(
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k) dm.v[k] = static_cast<acc_t>(gy.v[k]);
-      for_each_block<kMaxDhBlocks>(dh_blocks, [&](int r) {
-        if constexpr (kHalfDh) {  // exact products (the previous step wrote the row's scale)
-          dm.v[0] += half_dh_part(half, dh_in, dh_blocks, r, b, bt, j, H);
-        } else {
-          const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
+      if (b < dh_rows) {
+        for_each_block<kMaxDhBlocks>(dh_blocks, [&](int r) {
+          if constexpr (kHalfDh) {  // exact products (the previous step wrote the row's scale)
+            dm.v[0] += half_dh_part(half, dh_in, dh_blocks, r, b, bt, j, H);
+          } else {
+            const Vec<acc_t, V> dh = load_vec_from<kCopy, V>(dh_in + r * dh_stride + b * Hout + j);
 #pragma unroll
-          for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
-        }
-      });
+            for (int k = 0; k < V; ++k) dm.v[k] += dh.v[k];
+          }
+        });
+      } else {  // a sequence's last step, later than the step whose product dh_in holds (ragged replay)
+        const Vec<scalar_t, V> dh = load_vec<V>(dh_late + b * Hout + j);
+#pragma unroll
+        for (int k = 0; k < V; ++k) dm.v[k] += static_cast<acc_t>(dh.v[k]);
+      }
     }
     Vec<scalar_t, V> di, df, dg, dout, m;
 #pragma unroll
@@ -662,6 +670,7 @@ struct ForwardReplayArgs {
   int64_t T;
   int64_t step;
   bool reverse;           // the layer's direction: step s is time T - 1 - s
+  const int64_t* steps;   // ragged: [2, T] batch_sizes[t] and offsets[t] (replayed_step_rows); else nullptr
 };
 
 template <class scalar_t>
@@ -679,7 +688,20 @@ struct BackwardReplayArgs {
   bool reverse;            // the layer's direction (the backward walks it the other way)
   scalar_t* dHtot;         // [N, P] out with a projection: dL/dh_t of every row (for grad_w_hr); else nullptr
   scalar_t* M;             // [N, H] out with a projection: the recomputed m_t (for grad_w_hr); else nullptr
+  const int64_t* steps;    // ragged: [2, T] batch_sizes[t] and offsets[t] (replayed_step_rows); else nullptr
+  const scalar_t* grad_h_n;  // ragged: [B, H] dL/dh of each sequence's last step
+  at::opmath_type<scalar_t>* dh0;  // ragged, reverse: [B, H] out, grad_h0 of the rows that end before the last step
 };
+
+// A replayed step's rows: bt = batch_sizes[t] from the first packed row off = offsets[t]; with
+// equal batch sizes (no table) B rows from t·B.
+struct ReplayedRows {
+  int64_t bt, off;
+};
+__device__ __forceinline__ ReplayedRows replayed_step_rows(const int64_t* steps, int64_t T, int64_t t, int64_t B) {
+  if (steps == nullptr) return {B, t * B};
+  return {steps[t], steps[T + t]};
+}
 
 // Step k of a chunk: forward_step_rows on the B rows of time t, the recurrent product in rec.
 template <class scalar_t, class acc_t, int V, bool kTraining, bool kHalfRec>
@@ -693,12 +715,15 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_replay_step_kernel(
     int64_t B, int64_t H,
     HalfRecStep half) {             // kHalfRec: the GEMM's fp16 operands (its `step` set here)
   const ForwardReplayArgs<scalar_t, acc_t> a = *args;
-  const int64_t off = cuda::replayed_forward_times(a.step + k, a.T, a.reverse).t * B, G = 4 * H;
+  // Ragged: the step's bt rows of the B that the GEMM multiplied (rows past bt keep their state).
+  const ReplayedRows rows =
+      replayed_step_rows(a.steps, a.T, cuda::replayed_forward_times(a.step + k, a.T, a.reverse).t, B);
+  const int64_t off = rows.off, G = 4 * H;
   half.step = a.step + k;
   forward_step_rows<scalar_t, acc_t, V, kTraining, true, kHalfRec>(
       a.pre + off * G, rec, rec_blocks, B * G, a.b_ih, a.b_hh, cbuf,
       kTraining ? a.gates + off * G : nullptr, kTraining ? a.cells + off * H : nullptr, a.y + off * H, hbuf, hx,
-      hx != nullptr ? hx + B * 2 * H : nullptr, B, H, half);
+      hx != nullptr ? hx + B * 2 * H : nullptr, rows.bt, H, half);
 }
 
 // Step k of a backward chunk: backward_step_rows on the B rows of time t, one unit per thread
@@ -714,17 +739,35 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
     int64_t B, int64_t H,
     HalfDhStep half) {                // kHalfDh: the A operand instead (its `step` set here)
   const BackwardReplayArgs<scalar_t> a = *args;
-  // prev: the step whose state time t started from (previous_step() for equal batch sizes).
+  // prev: the step whose state time t started from (previous_step()); its first `prev.bt` rows
+  // continue there, the others start from h0 / c0.
   const cuda::ReplayedTimes times = cuda::replayed_backward_times(a.step + k, a.T, a.reverse);
-  const bool has_prev = times.has_prev;
-  const int64_t prev_off = times.prev_t * B;
-  const int64_t off = times.t * B, G = 4 * H;
+  const ReplayedRows rows = replayed_step_rows(a.steps, a.T, times.t, B);
+  const ReplayedRows prev = times.has_prev ? replayed_step_rows(a.steps, a.T, times.prev_t, B) : ReplayedRows{0, 0};
+  const int64_t prev_rows = a.reverse ? prev.bt : rows.bt;  // (going forward every row of t ran at t - 1)
+  const int64_t off = rows.off, G = 4 * H;
+  // dhbuf holds the product of the step processed before this one (grad_h_n at the first): of
+  // its rows. Ragged, in the forward direction the rows past them run their last step here and
+  // take grad_h_n; in reverse the rows past this step's end here (their grad_h0, kept).
+  int64_t dh_rows = B;
+  if (a.steps != nullptr && a.step + k > 0) {
+    const int64_t t_before = a.reverse ? times.t - 1 : times.t + 1;
+    dh_rows = replayed_step_rows(a.steps, a.T, t_before, B).bt;
+    if (rows.bt < dh_rows) {
+      cuda::pdl_wait();
+      for (int64_t i = rows.bt * H + global_thread(); i < dh_rows * H; i += global_stride()) {
+        acc_t sum = 0;
+        for (int r = 0; r < dh_blocks; ++r) sum += __ldcg(dhbuf + r * B * H + i);
+        a.dh0[i] = sum;
+      }
+    }
+  }
   half.step = a.step + k;
   backward_step_rows<scalar_t, acc_t, 1, false, true, kHalfDh, kX3Dh>(
-      a.gates + off * G, a.cells + off * H, has_prev ? a.cells + prev_off * H : nullptr,
-      has_prev ? a.y + prev_off * H : nullptr, has_prev ? B : 0, a.h0, a.c0, a.grad_y + off * H, dhbuf, dh_blocks,
-      B * H, dcbuf,
-      a.dG + off * G, dG_step, nullptr, a.hprev + off * H, B, H, H, half);
+      a.gates + off * G, a.cells + off * H, times.has_prev ? a.cells + prev.off * H : nullptr,
+      times.has_prev ? a.y + prev.off * H : nullptr, times.has_prev ? prev_rows : 0, a.h0, a.c0, a.grad_y + off * H,
+      dhbuf, dh_blocks, B * H, dcbuf, a.dG + off * G, dG_step, nullptr, a.hprev + off * H, rows.bt, H, H, half,
+      a.grad_h_n, dh_rows);
 }
 
 // With a projection (P > 0) a replayed forward step is three nodes: rec = h_{t-1}·W_hhᵀ, this
@@ -832,12 +875,28 @@ using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, flo
 // BackwardReplayArgs, which replay_prologue_kernel writes together with the initial states.
 using cuda::kReplaySteps;
 using cuda::ReplayedSteps;
+static_assert(kReplaySteps == cuda::kReplayMinSteps, "choose_loop's rules for ragged sequences count on it");
 
-// Whether a call's steps are replayed: replay_applies, and with a projection unless
-// SEQKERNELS_LSTM_REPLAY_PROJECTION (diagnostic) is "0" (the plain loop, as before the projected
-// steps were replayed: for A/Bs and tests).
+// Whether a call's steps are replayed (replayed_steps.cuh): with a projection unless
+// SEQKERNELS_LSTM_REPLAY_PROJECTION (diagnostic) is "0", and a ragged packed sequence (its
+// steps' rows from a table, ReplayedRows) without a projection unless SEQKERNELS_LSTM_REPLAY_RAGGED
+// (diagnostic) is "0" (either: the plain loop, as before those calls were replayed; for A/Bs and
+// tests). A ragged projected call runs the plain loop: its projection GEMM would overwrite the
+// rows of h that a step does not run.
 bool replay_applies(const LstmSizes& s) {
-  return cuda::replay_applies(s) && (s.P == 0 || cuda::switch_on("SEQKERNELS_LSTM_REPLAY_PROJECTION"));
+  const bool ragged = !all_steps_full(s);
+  if (s.P > 0) return !ragged && cuda::replay_applies(s) && cuda::switch_on("SEQKERNELS_LSTM_REPLAY_PROJECTION");
+  return cuda::replay_applies(s, /*ragged=*/true) && (!ragged || cuda::switch_on("SEQKERNELS_LSTM_REPLAY_RAGGED"));
+}
+
+// A ragged call's step table on the device ([2, T]: batch_sizes[t], then offsets[t]), copied from
+// pinned memory on the current stream (the host block is not reused before the copy ran).
+Tensor replayed_step_table(const LstmSizes& s, const Tensor& like) {
+  Tensor host = at::empty({2, s.T}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  int64_t* p = host.data_ptr<int64_t>();
+  std::copy(s.batch_sizes.begin(), s.batch_sizes.begin() + s.T, p);
+  std::copy(s.offsets.begin(), s.offsets.begin() + s.T, p + s.T);
+  return host.to(like.device(), /*non_blocking=*/true);
 }
 
 // What fixes a captured chunk besides the device and thread: direction of the pass, dtype,
@@ -1289,7 +1348,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   using Args = ForwardReplayArgs<scalar_t, acc_t>;
   if (!replay_applies(s)) return false;
   const int64_t T = s.T, B = s.B, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
-  const bool proj = P > 0;
+  const bool proj = P > 0, ragged = !all_steps_full(s);
   // pre, y, gates and cells come from the caching allocator; the state buffers are kept ones.
   // One unit per thread (V = 1) for 16-bit types: 4x the threads of V = 4, and at B <= 64 that
   // parallelism, not the access width, bounds the step (H200, forced cuBLAS loop, 2026-11-26,
@@ -1300,8 +1359,10 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
   const bool x3 = use_x3_steps<scalar_t>(s, blas.tf32());
   const int k_parts = step_k_parts<scalar_t>(/*backward=*/false, s, blas.tf32(), x3);
   const int rec_blocks = (x3 ? 2 : 1) * k_parts;
-  const bool half_rec =
-      use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>());
+  // (Not ragged: a row that starts late in reverse would read h0's scaled row unscaled.)
+  const bool half_rec = !ragged && use_half_rec<scalar_t>(s, blas.tf32(), k_parts, h0.data_ptr<scalar_t>(),
+                                                          w_hh.data_ptr<scalar_t>());
+  const Tensor steps = ragged ? replayed_step_table(s, h0) : Tensor();
   ReplayedSteps replay(replay_key(half_rec ? "forward, fp16 rec" : "forward", w_hh, w_hr, s, training, blas.tf32(),
                                   vec4, x3, k_parts),
                        "the cuBLAS loop's");
@@ -1372,7 +1433,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
     launch_for(std::false_type{});
   };
   auto prologue = [&](cudaStream_t stream) {
-    const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse};
+    const Args call{pre, b_ih, b_hh, gates, cells, y, T, 0, reverse, ragged ? steps.data_ptr<int64_t>() : nullptr};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
         args_p, call, h0.data_ptr<scalar_t>(), hbuf_p, B * Hout, c0.data_ptr<scalar_t>(), cbuf_p, B * H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1439,7 +1500,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   using Args = BackwardReplayArgs<scalar_t>;
   if (!replay_applies(s)) return false;
   const int64_t T = s.T, B = s.B, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
-  const bool proj = P > 0;
+  const bool proj = P > 0, ragged = !all_steps_full(s);
   const scalar_t* h0_p = h0.data_ptr<scalar_t>();
   const scalar_t* c0_p = c0.data_ptr<scalar_t>();
   // dG and hprev come from the caching allocator; the state buffers are kept ones. One unit per
@@ -1449,8 +1510,9 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   // x3 dh's stacked TF32 parts.
   const bool tf32 = blas.tf32(), x3_dtype = std::is_same_v<scalar_t, float> && !tf32;
   int k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, tf32, x3_dtype, /*half_dh=*/true);
-  const bool half_fits = use_half_dh<scalar_t>(s, tf32, x3_dtype, k_parts);
-  const bool x3 = use_x3_dh<scalar_t>(s, tf32, half_fits);
+  // Ragged: dh's plain blocks (a row that runs its last step takes grad_h_n's row instead of them).
+  const bool half_fits = !ragged && use_half_dh<scalar_t>(s, tf32, x3_dtype, k_parts);
+  const bool x3 = !ragged && use_x3_dh<scalar_t>(s, tf32, half_fits);
   const bool half_dh = half_fits && (tf32 || x3);
   if (!half_dh) k_parts = step_k_parts<scalar_t>(/*backward=*/true, s, tf32, x3);
   const bool x3_tf32 = x3 && !half_dh, x3_half = x3 && half_dh;
@@ -1481,6 +1543,11 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
   acc_t* dhbuf_p = dhbuf.data_ptr<acc_t>();
   acc_t* dcbuf_p = dcbuf.data_ptr<acc_t>();
   auto* args_p = reinterpret_cast<Args*>(args.data_ptr());
+  // Ragged: the step table, and in reverse grad_h0's rows of the sequences that end before the
+  // last step (the step kernel keeps them from dhbuf before the GEMM overwrites them).
+  const Tensor steps = ragged ? replayed_step_table(s, h0) : Tensor();
+  const int64_t last_rows = s.batch_sizes[reverse ? T - 1 : 0];  // the last processed step's
+  const Tensor ragged_dh0 = last_rows < B ? at::empty({B, H}, acc_opts) : Tensor();
   // With a projection (no x3, no fp16 dh): dL/dh_t rounded (the dm GEMM's A operand), and dm.
   Tensor dH_step = proj ? replay.buffer(4, {B, P}, opts) : Tensor();
   Tensor dm = proj ? replay.buffer(5, {B, H}, acc_opts) : Tensor();
@@ -1535,7 +1602,9 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
       }
       if (x3_tf32) split_w_hh_x3_transposed(stream, w_hh.data_ptr<float>(), G, H, wxt.data_ptr<float>());
     }
-    const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse, dHtot, M};
+    const Args call{gates, cells, y, grad_y, h0_p, c0_p, dG, hprev, T, 0, reverse, dHtot, M,
+                    ragged ? steps.data_ptr<int64_t>() : nullptr, grad_h_n.data_ptr<scalar_t>(),
+                    ragged_dh0.defined() ? ragged_dh0.data_ptr<acc_t>() : nullptr};
     replay_prologue_kernel<<<blocks_for(B * H), kThreads, 0, stream>>>(
         args_p, call, grad_h_n.data_ptr<scalar_t>(), dhbuf_p, B * Hout, grad_c_n.data_ptr<scalar_t>(), dcbuf_p,
         B * H);
@@ -1585,6 +1654,9 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
                      : dh_blocks > 1 ? parts.sum(0)
                                      : dhbuf;
   grad_h0 = dh0.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  if (ragged_dh0.defined()) {
+    grad_h0.narrow(0, last_rows, B - last_rows).copy_(ragged_dh0.narrow(0, last_rows, B - last_rows));
+  }
   grad_c0 = dcbuf.to(h0.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return true;
 }

@@ -96,9 +96,10 @@ constexpr int64_t kPersistentMaxBackwardHiddenHalf = 768;
 // B = 64, H = 1024 TF32 3.14 against 4.89 ms, bf16 2.51 against 2.81; B = 256, H = 256 TF32
 // 2.34 against 2.88) and in the backward at B = 64, H = 1024 (bf16) and B·H = 16384 (TF32):
 // H200 grid, 2026-11-25, docs/kernels.md. Before, the host-bound cuBLAS loop had lost those.
-// Where the steps are not replayed (a ragged PackedSequence, T < 16) the cuBLAS loop is
-// host-bound again and the fused loop would still win these shapes; the 16-bit rules look at a
-// ragged sequence (kFusedMaxBackwardBHRaggedHalf, kFusedMaxForwardBHRaggedHalf), the rest do not.
+// Where the steps are not replayed (T < 16, a ragged PackedSequence with a projection) the cuBLAS
+// loop is host-bound again and the fused loop would still win these shapes; the 16-bit rules look
+// at a ragged sequence of T < 16 (kFusedMaxBackwardBHRaggedHalf, kFusedMaxForwardBHRaggedHalf), the
+// rest do not.
 constexpr int64_t kFusedMaxForwardBH = 32 * 1024;  // fused forward: B·H <= 32768 and ...
 // ... H <= 1280 (16-bit) or 1024 (TF32), and the 16-bit fused backward H <= 1280 (backward op
 // and forward calls under each loop, H200, 2026-11-26, docs/kernels.md: bf16 B = 8 / 16,
@@ -128,19 +129,28 @@ constexpr int64_t kFusedMaxForwardHiddenTf32 = 1024;
 constexpr int64_t kFusedMaxBackwardBatch = 32;  // fused backward, 16-bit: B <= 32 and ...
 constexpr int64_t kFusedMaxBackwardBH = 20 * 1024;  // ... B·H <= 20480
 constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: B·H <= 8192 and H <= 768
-// A ragged packed sequence's steps are not replayed (replayed_steps.cuh), so there the cuBLAS loop
-// is host-bound, and the 16-bit fused backward wins to B·H = 98304 at any B. Packed fp16 training
-// calls (lengths T down to T / 2), forward on auto and the backward on each loop, H200, 2026-11-29
-// (forty-fourth session, ms, fused / cuBLAS / persistent): B = 48 / 64, H = 768 11.29 / 16.55 / 16.64,
-// 12.40 / 16.51 / 15.75; B = 48 / 64, H = 1024 11.08 / 15.64 / 15.51, 11.94 / 16.37 / 16.44; B = 96 /
-// 128, H = 512 11.86 / 15.04 / 13.92, 10.74 / 14.33 / 13.55; B = 128, H = 768 12.03 / 15.71 / 15.55;
-// but B = 128, H = 1024 13.60 / 12.52 / 12.38.
+// A ragged packed sequence's cuBLAS steps were not replayed until the forty-fifth session, so there
+// the cuBLAS loop was host-bound, and the 16-bit fused backward won to B·H = 98304 at any B. Packed
+// fp16 training calls (lengths T down to T / 2), forward on auto and the backward on each loop, H200,
+// 2026-11-29 (forty-fourth session, ms, fused / cuBLAS / persistent): B = 48 / 64, H = 768 11.29 /
+// 16.55 / 16.64, 12.40 / 16.51 / 15.75; B = 48 / 64, H = 1024 11.08 / 15.64 / 15.51, 11.94 / 16.37 /
+// 16.44; B = 96 / 128, H = 512 11.86 / 15.04 / 13.92, 10.74 / 14.33 / 13.55; B = 128, H = 768 12.03 /
+// 15.71 / 15.55; but B = 128, H = 1024 13.60 / 12.52 / 12.38.
+// Since the cuBLAS loop replays a ragged sequence's steps (from T = kReplayMinSteps), the padded
+// rules hold there: the same calls, the backward on the replayed cuBLAS loop against the fused one
+// (H200, forty-fifth session, ms, fused / cuBLAS): B = 48, H = 768 6.97 / 6.03; B = 64, H = 1024
+// 7.97 / 6.67; B = 96 / 128, H = 512 7.11 / 6.43, 7.16 / 5.71; B = 128, H = 768 8.84 / 6.55; the
+// forward (`infer`): B = 48, H = 768 2.61 / 2.78, B = 64, H = 1024 3.34 / 3.01, B = 96 / 128, H = 512
+// 2.52 / 2.49, 2.51 / 2.39, B = 128, H = 768 3.64 / 2.87. So these two limits are for T <
+// kReplayMinSteps only.
 constexpr int64_t kFusedMaxBackwardBHRaggedHalf = 96 * 1024;
 // And the 16-bit fused forward to B·H = 65536 there (fp16 `infer` calls under each loop, the same
-// sequences, H200, 2026-11-29, ms, fused / cuBLAS): B = 48 / 64, H = 768 2.33 / 3.64, 2.60 / 3.67;
-// B = 48 / 64, H = 1024 2.72 / 3.78, 3.01 / 3.64; B = 96 / 128, H = 512 2.47 / 3.56, 2.49 / 3.13; but
-// B = 128, H = 768 3.42 / 3.26 and H = 1024 4.10 / 3.33.
+// sequences, H200, 2026-11-29, ms, fused / unreplayed cuBLAS): B = 48 / 64, H = 768 2.33 / 3.64, 2.60
+// / 3.67; B = 48 / 64, H = 1024 2.72 / 3.78, 3.01 / 3.64; B = 96 / 128, H = 512 2.47 / 3.56, 2.49 /
+// 3.13; but B = 128, H = 768 3.42 / 3.26 and H = 1024 4.10 / 3.33.
 constexpr int64_t kFusedMaxForwardBHRaggedHalf = 64 * 1024;
+// The fewest steps whose cuBLAS steps are replayed (replayed_steps.cuh's kReplaySteps, one chunk).
+constexpr int64_t kReplayMinSteps = 16;
 
 // The loop for one op call. `mma`: bf16, fp16, or float32 with TF32 allowed (float32 without it
 // has rules of its own above, though its direct persistent forward and fused loop use tensor
@@ -170,8 +180,9 @@ constexpr int64_t kFusedMaxForwardBHRaggedHalf = 64 * 1024;
 //    (forty-third session), to B = 64 with its clusters in waves since the forty-fourth:
 //    one_cluster_backward_wide, lstm_one_cluster.cuh); else fused while B·H <= 32768 with H <= 1280
 //    (16-bit) or 1024 (TF32) (forward; the H200 grid of 2026-11-25; a 16-bit ragged packed sequence
-//    to B·H = 65536 since 2026-11-29) or B <= 32 with B·H <= 32768 and H <= 1280 (a 16-bit ragged
-//    packed sequence: any B with B·H <= 98304, since 2026-11-29), or B <= 4 with H <= 1792
+//    of T < 16 to B·H = 65536 since 2026-11-29) or B <= 32 with B·H <= 32768 and H <= 1280 (a 16-bit
+//    ragged packed sequence of T < 16: any B with B·H <= 98304, since 2026-11-29), or B <= 4 with
+//    H <= 1792
 //    (backward, 16-bit; TF32: B·H <= 8192 with H <= 768, and 5 < B <= 16 at 896 < H <= 1024, above,
 //    but not from B = 8 where the cuBLAS loop's dh GEMM takes fp16 operands); else cuBLAS.
 //    Since 2026-11-27 the 16-bit and the TF32 forward are also persistent wherever its cluster
@@ -247,7 +258,9 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   }
   if (persistent) return Loop::kPersistent;
   bool fused;
-  const bool ragged = !all_steps_full(s);  // the cuBLAS loop's steps are not replayed
+  // A ragged sequence whose cuBLAS steps are not replayed (lstm.cu's replay_applies: from
+  // kReplayMinSteps steps without a projection, which never reaches here).
+  const bool ragged = !all_steps_full(s) && s.T < kReplayMinSteps;
   if (backward) {
     fused = half ? ((s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH) ||
                     (ragged && bh <= kFusedMaxBackwardBHRaggedHalf)) &&

@@ -11,9 +11,10 @@
 //  - the call's own pointers (its inputs and outputs) and the step counter are in kept device
 //    memory that the call's first launch writes (replay_store_args_kernel, or a loop's own
 //    prologue), and each chunk ends with a one-thread kernel that advances the counter.
-// It applies with equal batch sizes (no ragged PackedSequence), T >= kReplaySteps, and when
-// the caller is not capturing a CUDA graph itself (its graph holds the plain loop then); the
-// cuBLAS loop replays projected steps too (the fused loop takes no projection). Nothing is allocated inside a capture, so it also runs with the caching
+// It applies with equal batch sizes (a ragged PackedSequence too where the loop's step kernels
+// read their rows from a table: the cuBLAS loop's, `ragged`), T >= kReplaySteps, and when the
+// caller is not capturing a CUDA graph itself (its graph holds the plain loop then); the cuBLAS
+// loop replays projected steps too (the fused loop takes no projection). Nothing is allocated inside a capture, so it also runs with the caching
 // allocator off (compute-sanitizer). The kept graphs of every thread and device go with
 // release_lstm_step_graphs() (lstm_loop.cuh).
 #pragma once
@@ -43,10 +44,10 @@
 
 namespace seqkernels::cuda {
 
-constexpr int kReplaySteps = 16;
+constexpr int kReplaySteps = 16;  // lstm_loop.cuh's kReplayMinSteps (its rules for ragged sequences)
 
-inline bool replay_applies(const LstmSizes& s) {
-  return s.B > 0 && s.H > 0 && s.T >= kReplaySteps && all_steps_full(s) &&
+inline bool replay_applies(const LstmSizes& s, bool ragged = false) {
+  return s.B > 0 && s.H > 0 && s.T >= kReplaySteps && (ragged || all_steps_full(s)) &&
          c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
 }
 
