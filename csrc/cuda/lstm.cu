@@ -746,9 +746,10 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_step_kernel(
   const ReplayedRows prev = times.has_prev ? replayed_step_rows(a.steps, a.T, times.prev_t, B) : ReplayedRows{0, 0};
   const int64_t prev_rows = a.reverse ? prev.bt : rows.bt;  // (going forward every row of t ran at t - 1)
   const int64_t off = rows.off, G = 4 * H;
-  // dhbuf holds the product of the step processed before this one (grad_h_n at the first): of
-  // its rows. Ragged, in the forward direction the rows past them run their last step here and
-  // take grad_h_n; in reverse the rows past this step's end here (their grad_h0, kept).
+  // dhbuf holds dL/dh_t for the rows of the step processed before this one (grad_h_n's rows at
+  // the first step). Ragged, in the forward direction the rows past those run their last step here
+  // and take grad_h_n's; in reverse the rows past this step's ended at that step, and its product
+  // is their grad_h0 (kept before this step's GEMM overwrites it).
   int64_t dh_rows = B;
   if (a.steps != nullptr && a.step + k > 0) {
     const int64_t t_before = a.reverse ? times.t - 1 : times.t + 1;
