@@ -620,7 +620,7 @@ def _both(choice: tuple[str, str]) -> dict:
 
 
 def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, backend: str, steps: int) -> dict:
-    """lstm_loop_choice on the CPU: use_persistent_loop, amx_bf16_loop_applies,
+    """lstm_loop_choice on the CPU: use_persistent_loop, use_persistent_forward, amx_bf16_loop_applies,
     amx_bf16_backward_applies and half_via_float_loop (csrc/cpu/lstm.cpp)."""
     dtype_name = str(dtype).replace("torch.", "")
     if backend in ("gemm", "fused"):
@@ -629,12 +629,13 @@ def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, bac
     if dtype == torch.float64:
         choice = ("gemm", "float64 takes the BLAS loop (the persistent CPU loops are float32, bfloat16, float16)")
         return _both(choice)
-    if proj_size > 0:
-        choice = ("gemm", "the persistent CPU loops have no projection (proj_size > 0 takes the BLAS loop)")
+    if proj_size > 0 and dtype != torch.float32:
+        choice = ("gemm", f"with a projection only float32 has a persistent CPU loop ({dtype_name}: the BLAS loop)")
         return _both(choice)
+    projection = f"proj_size = {proj_size}" if proj_size > 0 else "no projection"
     # persistent_loop_wanted
     if backend == "persistent":
-        why = f"SEQKERNELS_LSTM_BACKEND=persistent, and it applies ({dtype_name}, no projection)"
+        why = f"SEQKERNELS_LSTM_BACKEND=persistent, and it applies ({dtype_name}, {projection})"
     elif batch > CPU_PERSISTENT_MAX_BATCH:
         choice = ("gemm", f"auto: B = {batch} > {CPU_PERSISTENT_MAX_BATCH}, where the BLAS loop is faster")
         return _both(choice)
@@ -644,7 +645,13 @@ def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, bac
             choice = ("gemm", f"auto: T = {steps} < {min_steps} steps at B = {batch}: too few to pay for packing "
                               "the weights (the persistent loop packs them on every call)")
             return _both(choice)
-        why = f"auto: {dtype_name}, no projection, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, T = {steps} >= {min_steps}"
+        why = f"auto: {dtype_name}, {projection}, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, T = {steps} >= {min_steps}"
+    if dtype == torch.float32 and proj_size > 0:
+        # use_persistent_forward: the projected forward (forward_persistent_projected); the backward's
+        # persistent loop has no projection.
+        return {"forward": ("persistent", f"{why}; the projection h_t = m_t W_hr^T as a second phase of each "
+                                          "step (dot products), the recurrent products on the tile kernels"),
+                "backward": ("gemm", "the persistent CPU backward has no projection (proj_size > 0): the BLAS loop")}
     if dtype == torch.float32:
         choice = ("persistent", f"{why}; products on {cpu_products(batch, hidden, steps)}")
         return _both(choice)
@@ -670,9 +677,10 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     backward op: a dict ``{"forward": (loop, reason), "backward": (loop, reason)}``.
 
     Mirrors the C++ selection exactly (change both together):
-      CPU:  use_persistent_loop, amx_bf16_loop_applies, amx_bf16_backward_applies and
-            half_via_float_loop, csrc/cpu/lstm.cpp, with kPersistentMaxBatch
-            (csrc/cpu/lstm_persistent.h): persistent without projection for float32, bfloat16
+      CPU:  use_persistent_loop, use_persistent_forward, amx_bf16_loop_applies,
+            amx_bf16_backward_applies and half_via_float_loop, csrc/cpu/lstm.cpp, with
+            kPersistentMaxBatch (csrc/cpu/lstm_persistent.h): persistent for float32 (with a
+            projection the forward only), and without projection for bfloat16
             (on AMX tiles where the CPU has them and H % 16 == 0, the backward H % 64 == 0;
             one sequence from T = 32) and float16 (and bfloat16 off the tiles: the float32 loop
             on converted operands); under auto only while B <= 256 and the sequence has at

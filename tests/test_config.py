@@ -36,7 +36,9 @@ def test_report_lists_every_op():
     (256, torch.float32, 0, 256, "persistent"),
     (257, torch.float32, 0, 256, "gemm"),
     (1, torch.float64, 0, 256, "gemm"),
-    (1, torch.float32, 8, 256, "gemm"),
+    (1, torch.float32, 8, 256, ("persistent", "gemm")),  # the projected forward; the backward's BLAS loop
+    (1, torch.float32, 8, 7, "gemm"),
+    (8, torch.float16, 8, 256, "gemm"),  # with a projection only float32
     (8, torch.float32, 0, 4, "persistent"),  # from B = 8: T >= 4
     (8, torch.float32, 0, 3, "gemm"),
     (7, torch.float32, 0, 8, "persistent"),  # below B = 8: T >= 8
@@ -46,7 +48,8 @@ def test_report_lists_every_op():
 def test_cpu_choice_mirrors_use_persistent_loop(monkeypatch, batch, dtype, proj, steps, loop):
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     choice = lstm_loop_choice(batch, 256, dtype, proj, "cpu", steps=steps)
-    assert choice["forward"][0] == choice["backward"][0] == loop
+    forward, backward = loop if isinstance(loop, tuple) else (loop, loop)
+    assert (choice["forward"][0], choice["backward"][0]) == (forward, backward), choice
 
 
 @pytest.mark.parametrize("amx", ["1", "0"])

@@ -3,8 +3,9 @@ the kernels its rule picks on this CPU, with its products on AMX tiles (SEQKERNE
 where the CPU has AMX), with its AVX-512 kernels (SEQKERNELS_CPU_AMX=0) and with its AVX2
 kernels (SEQKERNELS_CPU_AVX512=0), and the BLAS loop (SEQKERNELS_LSTM_BACKEND=gemm), in float32;
 the bfloat16 loops on AMX (test_bf16_amx_loop_matches_reference), and float16 and bfloat16 on the
-float32 loop (test_half_types_on_float_loop_match_reference). float64 and projection always take
-the BLAS loop (tests/test_lstm.py covers them).
+float32 loop (test_half_types_on_float_loop_match_reference). With a projection the float32
+forward takes the persistent loop too (test_projected_loop_matches_reference), the backward the
+BLAS loop; float64 always takes the BLAS loop (tests/test_lstm.py covers it).
 
 Ground truth: seqkernels.reference in float64 with the same inputs; outputs and every
 gradient within 3e-5 of max(1, max|expected|).
@@ -91,6 +92,46 @@ def test_loop_matches_reference(cpu_loop, batch_sizes, I, H, reverse, bias):
         bound = TOL * max(1.0, expected.abs().max().item())
         assert err <= bound, f"{cpu_loop} {key}: error {err:.3g} > {bound:.3g} (B={batch_sizes[0]} H={H})"
 
+
+
+# (batch sizes per step, I, H, P, reverse, bias): the projected forward (forward_persistent_projected,
+# csrc/cpu/lstm.cpp) at one row, packed rows in both directions (rows that end early, or start late
+# in reverse, carry their h over both phases of a step), the input projection inside the loop (B =
+# 67), P = H - 1, a single column (P = 1: one part of the projection phase, the others idle), and
+# hidden sizes that are no multiple of the tiles.
+PROJ_CASES = [
+    ([1] * 9, 20, 36, 5, False, True),
+    ([5, 5, 4, 2, 2, 1, 1, 1, 1], 20, 36, 35, True, True),
+    ([67, 67, 67, 40, 3], 33, 80, 16, False, False),
+    ([8, 8, 8, 8], 16, 130, 64, True, True),
+    ([14, 13, 9, 8, 7, 6, 5, 4, 3, 2, 1], 12, 44, 1, False, True),
+]
+
+
+@pytest.mark.parametrize("batch_sizes,I,H,P,reverse,bias", PROJ_CASES)
+def test_projected_loop_matches_reference(cpu_loop, batch_sizes, I, H, P, reverse, bias):
+    """proj_size on each forced loop: outputs and every gradient (grad_w_hr among them) against the
+    float64 reference, the inference forward too; and which forward ran (the persistent loop's
+    projected forward unless the BLAS loop is forced)."""
+    from torch.profiler import profile
+
+    t, up = layer_case(batch_sizes, I, H, bias, seed=len(batch_sizes) * 1000 + H + P, P=P)
+    with profile() as prof:
+        got = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.float32, "cpu")
+    ran = any(e.name == "seqkernels::lstm_forward_persistent_projected" for e in prof.events())
+    assert ran == (cpu_loop != "gemm"), cpu_loop
+    ref = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
+    with torch.no_grad():
+        f32 = {k: v.float() for k, v in t.items()}
+        y, h, c = lstm_layer(f32["x"], torch.tensor(batch_sizes), f32["h0"], f32["c0"], f32["w_ih"], f32["w_hh"],
+                             f32.get("b_ih"), f32.get("b_hh"), f32["w_hr"], reverse=reverse)
+    got.update({"y_infer": y, "h_n_infer": h, "c_n_infer": c})
+    ref.update({"y_infer": ref["y"], "h_n_infer": ref["h_n"], "c_n_infer": ref["c_n"]})
+    assert "grad_w_hr" in ref
+    for key, expected in ref.items():
+        err = (got[key].double() - expected).abs().max().item()
+        bound = TOL * max(1.0, expected.abs().max().item())
+        assert err <= bound, f"{cpu_loop} {key}: error {err:.3g} > {bound:.3g} (B={batch_sizes[0]} H={H} P={P})"
 
 
 @pytest.mark.parametrize("where", ["h0", "x"])

@@ -156,8 +156,9 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
 }
 
 // Which time loop runs: SEQKERNELS_LSTM_BACKEND=auto (default) | persistent | gemm.
-// The persistent loop covers float32 without projection; other cases always take the
-// BLAS ("gemm") loop, which handles everything. Under auto the persistent loop also needs
+// The persistent loop covers float32 (with a projection the forward only:
+// use_persistent_forward); other cases always take the BLAS ("gemm") loop, which handles
+// everything. Under auto the persistent loop also needs
 // enough steps to pay for packing the weights, which it does on every call (a pass over W_hh,
 // and over W_ih where the projection runs in the loop; the backward packs W_hh again).
 // Measured on the 2-core AVX-512 EPYC (Zen 4), both loops interleaved in one process,
@@ -196,6 +197,11 @@ bool persistent_loop_wanted(const LstmSizes& s, bool supported) {
 }
 bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
   return persistent_loop_wanted(s, dtype == at::kFloat && s.P == 0);
+}
+// The float32 forward takes the persistent loop with a projection too (forward_persistent_projected);
+// its backward then runs the BLAS loop, from the same saved tensors.
+bool use_persistent_forward(const LstmSizes& s, at::ScalarType dtype) {
+  return persistent_loop_wanted(s, dtype == at::kFloat);
 }
 // Whether the bfloat16 loop on AMX (below) can run this layer: no projection, whole groups of 16
 // units, a CPU with AMX (and AVX-512, whose gate math it uses), SEQKERNELS_CPU_AMX not 0.
@@ -305,6 +311,23 @@ struct AmxRecurrence {
   uint16_t* h_split[2];
 };
 
+// The persistent forward's gate pass of a part (forward_gate_rows on its units [j0, j1), rows
+// [0, bt)) with the kernels of `kernels`; m_t to m_out and again to h_copy [bt, H] (row stride H).
+template <bool kTraining>
+void gate_pass(CpuKernels kernels, int64_t bt, int64_t j0, int64_t j1, int64_t H, float* pre_t, int64_t ldp,
+               float* cbuf, float* m_out, float* gates_t, float* cells_t, float* h_copy) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kernels == CpuKernels::kAvx512) {
+    return avx512::gate_rows<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, m_out, gates_t, cells_t, h_copy);
+  }
+#endif
+#if defined(SEQKERNELS_AVX2_GATES)
+  gate_rows_avx2<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, m_out, gates_t, cells_t, h_copy);
+#else
+  forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, m_out, gates_t, cells_t, h_copy);
+#endif
+}
+
 // Forward time loop of the persistent path. h ping-pongs between hb[0] and hb[1] so that
 // a part can write h_t while others still read h_{t-1}; rows b >= bt are carried over.
 // Returns the buffer that holds h_n.
@@ -342,22 +365,9 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
     {
       part_product(kernels, H, H, bt, j0, j1, hin, H, w_packed, pre_t, ldp);
     }
-    float* y_t = y + off * H;
-    float* gates_t = kTraining ? gates + off * G : nullptr;
-    float* cells_t = kTraining ? cells + off * H : nullptr;
     // h_t goes to y and, from the same registers, to the next step's h_{t-1}.
-#if defined(__x86_64__) || defined(_M_X64)
-    if (kernels == CpuKernels::kAvx512) {
-      avx512::gate_rows<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t, hout);
-    } else
-#endif
-    {
-#if defined(SEQKERNELS_AVX2_GATES)
-      gate_rows_avx2<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t, hout);
-#else
-      forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, y_t, gates_t, cells_t, hout);
-#endif
-    }
+    gate_pass<kTraining>(kernels, bt, j0, j1, H, pre_t, ldp, cbuf, y + off * H, kTraining ? gates + off * G : nullptr,
+                         kTraining ? cells + off * H : nullptr, hout);
     const size_t bytes = sizeof(float) * (j1 - j0);
     for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * H + j0, hin + b * H + j0, bytes);
 #if defined(SEQKERNELS_HAVE_AMX)
@@ -370,6 +380,74 @@ float* forward_persistent(const LstmSizes& s, bool reverse, CpuKernels kernels, 
       }
     }
 #endif
+  });
+  return hb[s.T & 1];
+}
+
+// a·b over n floats (eight-lane partial sums in two streams, then the tail).
+inline float dot_floats(const float* a, const float* b, int64_t n) {
+  v8f acc0 = splat8(0.0f), acc1 = splat8(0.0f);
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    acc0 += load8(a + k) * load8(b + k);
+    acc1 += load8(a + k + 8) * load8(b + k + 8);
+  }
+  for (; k + 8 <= n; k += 8) acc0 += load8(a + k) * load8(b + k);
+  acc0 += acc1;
+  float sum = 0.0f;
+  for (int i = 0; i < 8; ++i) sum += acc0[i];
+  for (; k < n; ++k) sum += a[k] * b[k];
+  return sum;
+}
+
+// The persistent forward with a projection (P > 0): each step in two phases, each ended by
+// run_steps' barrier. Phase 0, a part's units as forward_persistent (W_hh packed with K = P,
+// h_{t-1} [B, P]), m_t into mbuf [B, H]. Phase 1, a part's columns [p0, p1) of h_t = m_t·W_hrᵀ
+// (W_hr row-major [P, H], which stays in the part's cache) into y and the next step's h buffer;
+// rows b >= bt carry over as in forward_persistent. Before it a projected call ran the BLAS
+// loop: two GEMM calls and a gate pass a step, 19.5 µs a step at B = 1, H = 256, P = 128 (2-core
+// EPYC, docs/benchmarks.md). Returns the buffer that holds h_n.
+//   hb0 / hb1 [B, P] (hb0 = h0); y [N, P]; the rest as forward_persistent
+template <bool kTraining>
+float* forward_persistent_projected(const LstmSizes& s, bool reverse, CpuKernels kernels, const float* w_packed,
+                                    const LoopProjection* proj, const float* w_hr, float* pre, float* hb0, float* hb1,
+                                    float* mbuf, float* cbuf, float* y, float* gates, float* cells) {
+  const int64_t H = s.H, G = s.G, B = s.B, P = s.P;
+  const int64_t tile = unit_tile(kernels);
+  const int64_t parts = persistent_parts(H, tile, B);
+  float* hb[2] = {hb0, hb1};
+  run_steps(parts, 2 * s.T, [&](int64_t part, int64_t phase_step) {
+    const int64_t step = phase_step / 2;
+    const int64_t t = reverse ? s.T - 1 - step : step;
+    const int64_t bt = s.batch_sizes[t], off = s.offsets[t];
+    const float* hin = hb[step & 1];
+    float* hout = hb[(step + 1) & 1];
+    if (phase_step % 2 == 0) {
+      const UnitRange units = part_units(part, parts, H, tile);
+      if (units.j0 == units.j1) return;
+      const int64_t ldp = proj ? fused_pre_stride(G) : G;
+      float* pre_t = proj ? pre : pre + off * G;
+      if (proj) {
+        part_product(kernels, H, proj->I, bt, units.j0, units.j1, proj->x + off * proj->I, proj->I, proj->w_packed,
+                     pre_t, ldp, AccStart::kBias, proj->bias);
+      }
+      part_product(kernels, H, P, bt, units.j0, units.j1, hin, P, w_packed, pre_t, ldp);
+      gate_pass<kTraining>(kernels, bt, units.j0, units.j1, H, pre_t, ldp, cbuf, mbuf,
+                           kTraining ? gates + off * G : nullptr, kTraining ? cells + off * H : nullptr, mbuf);
+      return;
+    }
+    const UnitRange cols = part_units(part, parts, P, 1);
+    if (cols.j0 == cols.j1) return;
+    float* y_t = y + off * P;
+    for (int64_t b = 0; b < bt; ++b) {
+      for (int64_t p = cols.j0; p < cols.j1; ++p) {
+        const float h = dot_floats(mbuf + b * H, w_hr + p * H, H);
+        y_t[b * P + p] = h;
+        hout[b * P + p] = h;
+      }
+    }
+    const size_t bytes = sizeof(float) * (cols.j1 - cols.j0);
+    for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * P + cols.j0, hin + b * P + cols.j0, bytes);
   });
   return hb[s.T & 1];
 }
@@ -638,7 +716,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   const auto acc = acc_dtype(x.scalar_type());
   const auto opts = x.options();
   const int64_t saved = training ? s.N : 0;
-  const bool persistent = use_persistent_loop(s, x.scalar_type());
+  const bool persistent = use_persistent_forward(s, x.scalar_type());
 #if defined(SEQKERNELS_HAVE_AMX)
   if (amx_bf16_loop_applies(s, x.scalar_type())) {
     return lstm_forward_amx_bf16(s, x, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, training);
@@ -661,12 +739,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
   Tensor cells = on_huge_pages(at::empty({saved, s.H}, opts));
   Tensor bias = s.has_bias ? b_ih->to(acc) + b_hh->to(acc) : Tensor();
 
-  if (persistent) {  // implies float32, no projection
+  if (persistent) {  // implies float32
     const CpuKernels kernels = cpu_kernels();
     const int64_t tile = unit_tile(kernels);
     // AMX (amx_x3.h; its gate passes are the AVX-512 ones): the whole-sequence input projection
-    // (amx_sequence_products) and the step products (amx_products).
-    const AmxUse amx_choice = amx_use(kernels, s.N, s.B, s.H);
+    // (amx_sequence_products) and the step products (amx_products); not with a projection.
+    const AmxUse amx_choice = s.P == 0 ? amx_use(kernels, s.N, s.B, s.H) : AmxUse{false, false};
     const bool amx_sequence = amx_choice.sequence, amx = amx_choice.steps;
     const bool fused_projection = !amx && fuse_projection(s, persistent_parts(s.H, tile, s.B));
     Tensor pre, gates;
@@ -699,19 +777,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lstm_forward_cpu(
                         {split, split + amx::kSplitParts * part}};
     }
 #endif
-    if (!amx) {
-      w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.H, tile)}, opts);
-      pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.H, tile, packs_gate_pairs(kernels),
+    if (!amx) {  // (K = Hout: W_hh [G, P] with a projection)
+      w_hh_packed = at::empty({packed_gate_weights_numel(s.H, s.Hout, tile)}, opts);
+      pack_gate_weights(w_hh.const_data_ptr<float>(), s.H, s.Hout, tile, packs_gate_pairs(kernels),
                         w_hh_packed.data_ptr<float>());
     }
     Tensor hb1 = at::empty_like(hbuf);
     float* gates_p = training ? gates.data_ptr<float>() : nullptr;
     float* cells_p = training ? cells.data_ptr<float>() : nullptr;
-    auto run = training ? &forward_persistent<true> : &forward_persistent<false>;
-    float* h_n = run(s, reverse, kernels, amx ? nullptr : w_hh_packed.const_data_ptr<float>(),
-                     fused_projection ? &proj : nullptr, amx ? &amx_recurrence : nullptr, pre.data_ptr<float>(),
-                     hbuf.data_ptr<float>(), hb1.data_ptr<float>(), cbuf.data_ptr<float>(),
-                     y.data_ptr<float>(), gates_p, cells_p);
+    float* h_n = nullptr;
+    if (s.P > 0) {
+      RECORD_FUNCTION("seqkernels::lstm_forward_persistent_projected", std::vector<c10::IValue>());  // tests check it ran
+      Tensor mbuf = at::empty({s.B, s.H}, opts);
+      auto run = training ? &forward_persistent_projected<true> : &forward_persistent_projected<false>;
+      h_n = run(s, reverse, kernels, w_hh_packed.const_data_ptr<float>(), fused_projection ? &proj : nullptr,
+                w_hr->const_data_ptr<float>(), pre.data_ptr<float>(), hbuf.data_ptr<float>(), hb1.data_ptr<float>(),
+                mbuf.data_ptr<float>(), cbuf.data_ptr<float>(), y.data_ptr<float>(), gates_p, cells_p);
+    } else {
+      auto run = training ? &forward_persistent<true> : &forward_persistent<false>;
+      h_n = run(s, reverse, kernels, amx ? nullptr : w_hh_packed.const_data_ptr<float>(),
+                fused_projection ? &proj : nullptr, amx ? &amx_recurrence : nullptr, pre.data_ptr<float>(),
+                hbuf.data_ptr<float>(), hb1.data_ptr<float>(), cbuf.data_ptr<float>(), y.data_ptr<float>(), gates_p,
+                cells_p);
+    }
     if (h_n != hbuf.data_ptr<float>()) hbuf = hb1;
     return {y, hbuf, cbuf.to(x.scalar_type()), gates, cells};
   }
