@@ -312,7 +312,8 @@ struct AmxRecurrence {
 };
 
 // The persistent forward's gate pass of a part (forward_gate_rows on its units [j0, j1), rows
-// [0, bt)) with the kernels of `kernels`; m_t to m_out and again to h_copy [bt, H] (row stride H).
+// [0, bt)) with the kernels of `kernels`; m_t to m_out and again to h_copy [bt, H] (row stride H),
+// which may be m_out itself (the projected forward: one store of the same value twice).
 template <bool kTraining>
 void gate_pass(CpuKernels kernels, int64_t bt, int64_t j0, int64_t j1, int64_t H, float* pre_t, int64_t ldp,
                float* cbuf, float* m_out, float* gates_t, float* cells_t, float* h_copy) {
@@ -324,7 +325,9 @@ void gate_pass(CpuKernels kernels, int64_t bt, int64_t j0, int64_t j1, int64_t H
 #if defined(SEQKERNELS_AVX2_GATES)
   gate_rows_avx2<kTraining>(bt, j0, j1, H, pre_t, ldp, cbuf, m_out, gates_t, cells_t, h_copy);
 #else
-  forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, m_out, gates_t, cells_t, h_copy);
+  // (Its m_out is __restrict__: no second pointer to it.)
+  forward_gate_rows<float, kTraining>(0, bt, j0, j1, H, pre_t, ldp, cbuf, m_out, gates_t, cells_t,
+                                      h_copy == m_out ? nullptr : h_copy);
 #endif
 }
 
