@@ -620,7 +620,7 @@ def _both(choice: tuple[str, str]) -> dict:
 
 
 def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, backend: str, steps: int) -> dict:
-    """lstm_loop_choice on the CPU: use_persistent_loop, use_persistent_forward, amx_bf16_loop_applies,
+    """lstm_loop_choice on the CPU: use_persistent_forward, use_persistent_backward, amx_bf16_loop_applies,
     amx_bf16_backward_applies and half_via_float_loop (csrc/cpu/lstm.cpp)."""
     dtype_name = str(dtype).replace("torch.", "")
     if backend in ("gemm", "fused"):
@@ -677,7 +677,7 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
     backward op: a dict ``{"forward": (loop, reason), "backward": (loop, reason)}``.
 
     Mirrors the C++ selection exactly (change both together):
-      CPU:  use_persistent_loop, use_persistent_forward, amx_bf16_loop_applies,
+      CPU:  use_persistent_forward, use_persistent_backward, amx_bf16_loop_applies,
             amx_bf16_backward_applies and half_via_float_loop, csrc/cpu/lstm.cpp, with
             kPersistentMaxBatch (csrc/cpu/lstm_persistent.h): persistent for float32 (with a
             projection the forward only), and without projection for bfloat16

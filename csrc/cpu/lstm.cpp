@@ -195,13 +195,14 @@ bool persistent_loop_wanted(const LstmSizes& s, bool supported) {
   }
   return false;
 }
-bool use_persistent_loop(const LstmSizes& s, at::ScalarType dtype) {
-  return persistent_loop_wanted(s, dtype == at::kFloat && s.P == 0);
-}
 // The float32 forward takes the persistent loop with a projection too (forward_persistent_projected);
 // its backward then runs the BLAS loop, from the same saved tensors.
 bool use_persistent_forward(const LstmSizes& s, at::ScalarType dtype) {
   return persistent_loop_wanted(s, dtype == at::kFloat);
+}
+// The float32 backward's: without a projection.
+bool use_persistent_backward(const LstmSizes& s, at::ScalarType dtype) {
+  return s.P == 0 && use_persistent_forward(s, dtype);
 }
 // Whether the bfloat16 loop on AMX (below) can run this layer: no projection, whole groups of 16
 // units, a CPU with AMX (and AVX-512, whose gate math it uses), SEQKERNELS_CPU_AMX not 0.
@@ -921,7 +922,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
   const auto acc = acc_dtype(dtype);
   const auto opts = x.options();
   const int64_t H = s.H, G = s.G, P = s.P, Hout = s.Hout, N = s.N, I = s.I;
-  const bool persistent = use_persistent_loop(s, dtype);
+  const bool persistent = use_persistent_backward(s, dtype);
 #if defined(SEQKERNELS_HAVE_AMX)
   const bool amx_bf16 = amx_bf16_backward_applies(s, dtype);
 #else
