@@ -167,7 +167,9 @@ def rnn_tf32(allowed: bool):
 # (B = 20); then packed sequences, whose groups run different numbers of steps (the second group of
 # [12, 9, 9, 3] one step, of [20, 17, 9, 4] three and two) and whose rows sit out steps (both
 # directions: in reverse they start late from h0); at H = 512 eight clusters of 16 blocks (more than
-# an H200 holds at once: they run in waves, one_cluster_waves) and six, packed; each case runs
+# an H200 holds at once: 4 clusters of two batch groups run them, paired_groups; with
+# SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=1 every equal-sized H = 512 case pairs, B = 8 with an empty second
+# group; =0, in waves, one_cluster_waves) and six, packed; each case runs
 # inference and training, so both kernels run.
 ONE_CLUSTER_CASES = [([8, 8, 8], 8, 512, torch.bfloat16, True), ([3, 3], 8, 128, torch.float16, True),
                      ([5, 5, 5, 5], 8, 256, torch.bfloat16, True), ([12, 12, 12], 8, 512, torch.float16, True),

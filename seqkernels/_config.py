@@ -350,6 +350,24 @@ def one_cluster_waves(batch: int, hidden: int) -> bool:
             and CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512 < batch <= CUDA_ONE_CLUSTER_MAX_ROWS)
 
 
+def paired_groups(batch: int, hidden: int) -> bool:
+    """paired_groups (csrc/cuda/lstm_one_cluster.cu): whether the one-cluster kernels may run two batch groups
+    in each cluster (equal batch sizes) where one group a cluster cannot have all its clusters resident at
+    once: H = 512 above B = 32, up to B = 64; SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=0 (diagnostic) never, =1 from
+    B = 1 and first."""
+    mode = os.environ.get("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS", "")
+    return (mode != "0" and hidden == 512 and batch <= CUDA_ONE_CLUSTER_MAX_ROWS
+            and (mode not in ("", "0") or batch > CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512))
+
+
+def _one_cluster_fallbacks(batch: int, hidden: int) -> list[str]:
+    """Where not all of the one-cluster kernels' clusters (one per batch group) are resident at once:
+    paired groups (unpacked calls), then waves, as their launches try them."""
+    pairs = -(-batch // (2 * CUDA_ONE_CLUSTER_GROUP_ROWS))
+    return ([f"{pairs} of two batch groups each (equal batch sizes)"] if paired_groups(batch, hidden) else []) + (
+        ["in waves"] if one_cluster_waves(batch, hidden) else [])
+
+
 def _cluster_forward(batch: int, hidden: int, elem: int, clusters: bool, x3: bool = False) -> str | None:
     """cluster_forward_applies (csrc/cuda/lstm_persistent.cuh) at B > 16: why the forward's cluster
     kernel takes the call (16-bit types, or float32 with TF32 or without it, `x3`), or None. 16-bit
@@ -392,8 +410,7 @@ def _one_cluster(batch: int, hidden: int) -> str:
     B <= 64 and H in {128, 256, 512}."""
     groups = -(-batch // CUDA_ONE_CLUSTER_GROUP_ROWS)
     split_k = "; warp pairs split K" if hidden == CUDA_ONE_CLUSTER_SPLIT_K_HIDDEN else ""
-    resident = ("in waves where not all are resident at once" if one_cluster_waves(batch, hidden)
-                else "if all are resident at once")
+    resident = "if all are resident at once" + "".join(f", else {f}" for f in _one_cluster_fallbacks(batch, hidden))
     return (f"the one-cluster forward kernel: B = {batch} <= {CUDA_ONE_CLUSTER_MAX_ROWS} and H = {hidden} in "
             f"{{{', '.join(map(str, CUDA_ONE_CLUSTER_HIDDEN))}}}, packed: at most 64 batch sizes, sm_90, {groups} "
             f"cluster{'s' if groups > 1 else ''} of {hidden // 32} blocks {resident}{split_k}")
@@ -501,8 +518,11 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"{CUDA_ROW_SPLIT_BACKWARD_MAX_BATCH}: {ROW_SPLIT_BACKWARD}"
                               f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG', CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES)}")
     elif one_cluster_backward and _one_cluster_wide(batch, hidden) and one_cluster_backward_switch():
-        waves = " (its clusters in waves above B = 32)" if one_cluster_waves(batch, hidden) else ""
-        limit_512 = CUDA_ONE_CLUSTER_MAX_ROWS if waves else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512
+        fallbacks = _one_cluster_fallbacks(batch, hidden)
+        waves = (f" (where not all its clusters are resident at once: {', else '.join(fallbacks)})" if fallbacks
+                 else "")
+        limit_512 = (CUDA_ONE_CLUSTER_MAX_ROWS if one_cluster_waves(batch, hidden)
+                     else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512)
         return "persistent", (f"auto: backward, 16-bit, {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF} < B = {batch} <= "
                               f"{CUDA_ONE_CLUSTER_MAX_ROWS} at H = 256 or {limit_512} at H = 512 (H = {hidden}): "
                               f"{ONE_CLUSTER_BACKWARD}{waves}")

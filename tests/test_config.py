@@ -142,7 +142,7 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (16, 768, torch.bfloat16, True, "persistent", "fused"),  # backward: B*H = 12288 > 8192
     (32, 256, torch.bfloat16, True, "persistent", "persistent"),  # forward: the cluster kernel; backward: one cluster
     (64, 256, torch.float16, True, "persistent", "persistent"),  # the one-cluster backward up to B = 64 at H = 256
-    (33, 512, torch.bfloat16, True, "persistent", "persistent"),  # ... and at H = 512, above B = 32 in waves
+    (33, 512, torch.bfloat16, True, "persistent", "persistent"),  # ... and at H = 512, above B = 32 paired or in waves
     (32, 384, torch.bfloat16, True, "fused", "fused"),  # H = 384: not the one-cluster kernel's
     (16, 296, torch.bfloat16, True, "persistent", "fused"),  # backward: H % 32 != 0 (no clusters)
     (16, 1024, torch.float16, True, "persistent", "persistent"),  # 32 KiB: the forward's limit; backward: row split
@@ -161,7 +161,7 @@ def test_cpu_choice_follows_the_environment(monkeypatch):
     (1, 1800, torch.float16, True, "cublas", "cublas"),  # backward H > 1792
     (32, 128, torch.bfloat16, True, "persistent", "persistent"),  # 8 KiB
     (64, 512, torch.bfloat16, True, "persistent", "persistent"),  # forward: the one-cluster kernel, else the cluster
-    # kernel; backward: the one-cluster kernel, its 8 clusters in waves
+    # kernel; backward: the one-cluster kernel, in 4 clusters of two batch groups (or waves)
     (32, 1024, torch.float16, True, "persistent", "cublas"),  # forward: the cluster kernel; backward > 20480
     (32, 640, torch.bfloat16, True, "fused", "fused"),  # backward B*H = 20480: the fused backward's limit
     (24, 896, torch.float16, True, "fused", "cublas"),  # backward B*H = 21504 > 20480
@@ -315,20 +315,42 @@ def test_cuda_ragged_choice_mirrors_choose_loop(monkeypatch, batch, hidden, dtyp
 @pytest.mark.parametrize("batch", [33, 48, 64])
 def test_cuda_one_cluster_waves_follow_their_switch(monkeypatch, batch):
     """16-bit, H = 512, 32 < B <= 64: the backward takes the persistent loop for the one-cluster kernel,
-    its clusters in waves; under SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 (diagnostic) the cuBLAS loop, as before
-    the waves (B > 32: not the fused backward's), and the forward names the kernel without waves."""
+    whose clusters, where not all are resident at once, run two batch groups each, else in waves; under
+    SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 (diagnostic) the cuBLAS loop, as before the waves (B > 32: not the
+    fused backward's), and the forward names no waves."""
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", raising=False)
+    monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS", raising=False)
+    pairs = f"{-(-batch // 16)} of two batch groups each (equal batch sizes)"
     for dtype in (torch.bfloat16, torch.float16):
         choice = lstm_loop_choice(batch, 512, dtype, 0, "cuda", clusters=True)
-        assert choice["backward"][0] == "persistent" and "in waves above B = 32" in choice["backward"][1]
-        assert "in waves where not all are resident at once" in choice["forward"][1]
+        assert choice["backward"][0] == "persistent"
+        assert f"not all its clusters are resident at once: {pairs}, else in waves)" in choice["backward"][1]
+        assert f"if all are resident at once, else {pairs}, else in waves;" in choice["forward"][1]
         monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", "0")
         choice = lstm_loop_choice(batch, 512, dtype, 0, "cuda", clusters=True)
         assert choice["backward"][0] == "cublas"
-        assert "if all are resident at once" in choice["forward"][1]
+        assert f"if all are resident at once, else {pairs};" in choice["forward"][1]
+        assert "waves" not in choice["forward"][1]
         monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES")
     assert "waves" not in str(lstm_loop_choice(batch, 256, torch.bfloat16, 0, "cuda", clusters=True))
+
+
+@pytest.mark.parametrize("batch,hidden,mode,pairs", [
+    (64, 512, "", "4 of two batch groups"), (33, 512, "", "3 of two batch groups"), (32, 512, "", None),
+    (64, 512, "0", None), (8, 512, "1", "1 of two batch groups"), (64, 256, "1", None)])
+def test_cuda_one_cluster_pairs_follow_their_switch(monkeypatch, batch, hidden, mode, pairs):
+    """paired_groups: two batch groups a cluster at H = 512 above B = 32 (where one group a cluster cannot
+    have all its clusters resident); SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=0 never, =1 from B = 1 (first)."""
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", raising=False)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS", mode)
+    forward = lstm_loop_choice(batch, hidden, torch.float16, 0, "cuda", clusters=True)["forward"]
+    assert forward[0] == "persistent"
+    if pairs is None:
+        assert "two batch groups" not in forward[1]
+    else:
+        assert f"else {pairs} each (equal batch sizes)" in forward[1]
 
 
 @pytest.mark.parametrize("batch,forward_with_tf32_operands", [(32, "persistent"), (40, "cublas"), (64, "cublas")])
@@ -382,9 +404,10 @@ _CLI_CHOICES = [
      ["proj_size=0, a ragged PackedSequence on cuda", "forward: cublas (auto: B*H = 65536 > 32768",
       "backward (training): cublas"], []),
     (["--batch", "64", "--hidden", "512", "--dtype", "float16", "--device", "cuda"],
-     ["8 clusters of 16 blocks in waves where not all are resident at once; warp pairs split K; else the cluster "
-      "forward kernel", "backward (training): persistent (auto: backward, 16-bit, 16 < B = 64 <= 64 at H = 256 or 64 "
-      "at H = 512 (H = 512): the one-cluster backward kernel", "(its clusters in waves above B = 32)"], []),
+     ["8 clusters of 16 blocks if all are resident at once, else 4 of two batch groups each (equal batch sizes), "
+      "else in waves; warp pairs split K; else the cluster forward kernel", "backward (training): persistent (auto: backward, 16-bit, 16 < B = 64 <= 64 at H = 256 or 64 "
+      "at H = 512 (H = 512): the one-cluster backward kernel", "(where not all its clusters are resident at once: 4 of two batch groups each (equal batch sizes), else in "
+      "waves)"], []),
     (["--batch", "16", "--hidden", "512", "--dtype", "bfloat16", "--device", "cuda"],
      ["forward: persistent (auto: B = 16 <= 16 and H = 512 <= 1024 (the one-cluster forward kernel: B = 16 <= 64",
       "packed: at most 64 batch sizes, sm_90, 2 clusters of 16 blocks if all are resident at once; warp pairs split "

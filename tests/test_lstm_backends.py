@@ -1046,13 +1046,27 @@ def _last_bool_argument(fn, kernel: str) -> set[bool]:
 
 
 def _one_cluster_forward_flags(fn) -> set[tuple[bool, bool]]:
-    """(kSplitK, kRagged), the last two template arguments, of the one-cluster forward kernels that ran in fn()."""
+    """(kSplitK, kRagged), the template arguments before kGroups, of the one-cluster forward kernels that ran
+    in fn()."""
     found = set()
     for n in kernel_names(fn):
         if "lstm_persistent_forward_one_cluster_kernel<" in n:
-            m = re.search(r"lstm_persistent_forward_one_cluster_kernel<[^>]*, (true|false), (true|false)>", n)
+            m = re.search(r"lstm_persistent_forward_one_cluster_kernel<[^>]*, (true|false), (true|false), \d+>", n)
             assert m, n
             found.add((m.group(1) == "true", m.group(2) == "true"))
+    return found
+
+
+def _one_cluster_groups(fn) -> dict[str, set[int]]:
+    """The kGroups template argument (batch groups a cluster, the last) of the one-cluster kernels that ran in
+    fn(), by direction ("forward", "backward")."""
+    found = {"forward": set(), "backward": set()}
+    for n in kernel_names(fn):
+        for direction in found:
+            if f"lstm_persistent_{direction}_one_cluster_kernel<" in n:
+                m = re.search(rf"lstm_persistent_{direction}_one_cluster_kernel<[^>]*, (\d+)>", n)
+                assert m, n
+                found[direction].add(int(m.group(1)))
     return found
 
 
@@ -1194,12 +1208,14 @@ def test_above_16_takes_the_one_cluster_kernels(monkeypatch, precision_name, bat
 @pytest.mark.parametrize("precision_name,batch_sizes,reverse", [
     ("float16", [64] * 3, False), ("bfloat16", [48, 48, 33, 7], True)])
 def test_one_cluster_waves_switch(monkeypatch, precision_name, batch_sizes, reverse):
-    """H = 512 above B = 32 with SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 (one_cluster_waves): the rules stop at
-    B = 32 there again, so a packed B = 48 is not sent to the one-cluster kernels, and a padded B = 64's
-    forward, which tries them first, needs all 8 clusters resident at once, more than an H200 holds. Neither
-    runs; the loops that take the calls instead are right against the reference."""
+    """H = 512 above B = 32 with SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0 (one_cluster_waves) and
+    SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=0 (paired_groups): the rules stop at B = 32 there again, so a packed
+    B = 48 is not sent to the one-cluster kernels, and a padded B = 64's forward, which tries them first,
+    needs all 8 clusters resident at once, more than an H200 holds. Neither runs; the loops that take the
+    calls instead are right against the reference."""
     monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
     monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", "0")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS", "0")
     with _Precision(precision_name):
         def run():
             compare_layer(batch_sizes, 5, 512, reverse=reverse, bias=True, precision=precision_name, seed=3,
@@ -1208,10 +1224,73 @@ def test_one_cluster_waves_switch(monkeypatch, precision_name, batch_sizes, reve
         assert not any("one_cluster" in n for n in kernel_names(run))
 
 
+def _fewer_than_8_clusters_of_16() -> bool:
+    """Whether one-cluster kernels' 8 clusters of 16 blocks (H = 512, B = 57-64) cannot all be resident: GPUs
+    of at most 132 SMs (an H100 / H200 holds 7), where paired_groups takes B = 64."""
+    return torch.cuda.get_device_properties(0).multi_processor_count <= 132
+
+
+# (precision, batch sizes (T = their count), reverse, SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS): B = 64 and 61 (a
+# last group of 5 rows) under the rule; forced ("1"): one cluster whose second group is empty (B = 5) or
+# part-filled (B = 12), three clusters with an empty last group (B = 36); T = 1 and 2 (the mbarrier phases:
+# none armed, one).
+_PAIRED_CASES = [("float16", [64] * 6, False, ""), ("bfloat16", [61] * 5, True, ""), ("float16", [5] * 4, False, "1"),
+                 ("bfloat16", [12] * 3, True, "1"), ("float16", [36] * 5, True, "1"), ("bfloat16", [64], False, ""),
+                 ("float16", [40] * 2, False, "1"), ("bfloat16", [64] * 67, True, "")]
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name,batch_sizes,reverse,mode", _PAIRED_CASES)
+def test_paired_groups_match_reference(monkeypatch, precision_name, batch_sizes, reverse, mode):
+    """H = 512, equal batch sizes: the one-cluster kernels with two batch groups a cluster (paired_groups;
+    one step of each group in turn, each with its own buffers and mbarriers): which kernels ran, and the
+    outputs, h_n, c_n and every gradient against the float64 reference; SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=0
+    runs one group a cluster (in waves at B = 64 on an H200), compared once more."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.delenv("SEQKERNELS_LSTM_ONE_CLUSTER_WAVES", raising=False)
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS", mode)
+    with _Precision(precision_name):
+        def run():
+            compare_layer(batch_sizes, 5, 512, reverse=reverse, bias=True, precision=precision_name,
+                          seed=len(batch_sizes) + batch_sizes[0], what="paired groups")
+
+        if mode == "1" or _fewer_than_8_clusters_of_16():
+            assert _one_cluster_groups(run) == {"forward": {2}, "backward": {2}}
+        else:
+            run()
+        monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS", "0")
+        assert _one_cluster_groups(run) == {"forward": {1}, "backward": {1}}
+
+
+@pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
+@pytest.mark.parametrize("precision_name", ["float16", "bfloat16"])
+def test_paired_groups_are_deterministic(monkeypatch, precision_name):
+    """Two identical training calls on paired groups (forced) give bit-identical outputs and gradients."""
+    monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
+    monkeypatch.setenv("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS", "1")
+    dtype = DTYPE[precision_name]
+    torch.manual_seed(11)
+    model = seqkernels.LSTM(512, 512).to(device="cuda", dtype=dtype)
+    x = torch.randn(9, 48, 512, device="cuda", dtype=dtype)
+
+    def once():
+        xg = x.clone().requires_grad_(True)
+        model.zero_grad(set_to_none=True)
+        y, (h, c) = model(xg)
+        (y.float().square().sum() + h.float().sum() + c.float().sum()).backward()
+        return [y, h, c, xg.grad] + [p.grad for p in model.parameters()]
+
+    assert _one_cluster_groups(once) == {"forward": {2}, "backward": {2}}
+    first, second = once(), once()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.skipif(not _sm90(), reason="thread-block clusters need sm_90")
 @pytest.mark.parametrize("precision_name,B", [("bfloat16", 7), ("float16", 7), ("bfloat16", 20), ("float16", 64)])
 def test_one_cluster_forward_in_cuda_graph(monkeypatch, precision_name, B):
-    """Inference on the one-cluster kernel (one cluster, three at B = 20, eight in waves at B = 64)
+    """Inference on the one-cluster kernel (one cluster, three at B = 20, at B = 64 four of two batch groups
+    on an H200)
     captured in a CUDA graph: replays on fresh input data agree with eager calls of an identical model."""
     monkeypatch.setenv("SEQKERNELS_LSTM_BACKEND", "persistent")
     with _Precision(precision_name):

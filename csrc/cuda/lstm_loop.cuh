@@ -177,7 +177,8 @@ constexpr int64_t kReplayMinSteps = 16;
 //    16-bit types at B <= 16 with B·H <= 8192, H <= 768 and H % 32 == 0, and where the row-split
 //    backward kernel applies (16-bit, H = 1024, B <= 16, since 2026-11-28) or the one-cluster
 //    backward kernel above B = 16 (16-bit, H = 256 to B = 64, H = 512 to B = 32, since 2026-11-29
-//    (forty-third session), to B = 64 with its clusters in waves since the forty-fourth:
+//    (forty-third session), to B = 64 with its clusters in waves since the forty-fourth (or two
+//    batch groups a cluster since the forty-sixth):
 //    one_cluster_backward_wide, lstm_one_cluster.cuh); else fused while B·H <= 32768 with H <= 1280
 //    (16-bit) or 1024 (TF32) (forward; the H200 grid of 2026-11-25; a 16-bit ragged packed sequence
 //    of T < 16 to B·H = 65536 since 2026-11-29) or B <= 32 with B·H <= 32768 and H <= 1280 (a 16-bit

@@ -74,8 +74,17 @@
 // The launch is ceil(B / 8) clusters (each cluster's blocks co-scheduled by the hardware): the
 // occupancy API's cluster answer is checked first, so no cluster waits for SMs that cannot come; a
 // wait longer than ~10 s traps (lstm_device.cuh's guard). Where not all clusters fit at once (H = 512,
-// B > 56 on an H200) they may run in waves (one_cluster_waves): a cluster only ever waits for the
-// blocks of its own, which the hardware starts together.
+// B > 56 on an H200) two batch groups share each cluster (paired_groups, equal batch sizes), else they
+// may run in waves (one_cluster_waves): a cluster only ever waits for the blocks of its own, which the
+// hardware starts together.
+//
+// Paired groups (kGroups = 2, 2026-11-29). Waves run B = 57-64 at twice the loop of B = 56. Two groups
+// in one cluster run one step of each in turn, each with its own buffers, staging slices and
+// mbarriers (the exchange's argument holds per group), so a group's copies and wait overlap the other
+// group's product and gate math: H200, fp16 B = 64, H = 512, T = 256, 4 clusters of two groups against 8
+// of one in two waves, ns a step: forward (training) 2535 against 2 x 1471, backward 3428 against
+// 2 x 2188. Not the two-n8-tile version above: that one multiplied both groups' rows in one product and
+// had nothing to overlap.
 #include "lstm_one_cluster.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -250,7 +259,7 @@ __device__ void report_one_cluster_trace(const PhaseTrace& tr, const char* what,
          (tr.last - tr.begin) / t, tr.acc[0] / t, tr.acc[1] / t, tr.acc[2] / t, tr.acc[3] / t, tr.acc[4] / t);
 }
 
-template <class scalar_t, bool kTraining, int KS, bool kSplitK, bool kRagged>
+template <class scalar_t, bool kTraining, int KS, bool kSplitK, bool kRagged, int kGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_forward_one_cluster_kernel(const __grid_constant__ OneClusterArgs<scalar_t, kRagged> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -261,20 +270,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAcc = 4 / kTiles;          // accumulators per tile: independent MMA chains
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
   static_assert(kSteps % 2 == 0 && CL >= 1 && CL <= 16, "one-cluster kernel: H in {128, 256, 512}");
-  __shared__ __align__(128) scalar_t hbuf[2][CL][kSliceElems];  // h_s in hbuf[s % 2]; h0 in hbuf[1]
-  __shared__ __align__(128) scalar_t stage[2][kSliceElems];      // the block's h_s, by step parity
-  __shared__ __align__(8) uint64_t bars[2];                       // one mbarrier per buffer
-  // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][lane].
+  // kGroups = 2 (paired_groups): the cluster runs two batch groups, one step of each in turn, each with
+  // its own buffers and mbarriers, so one group's exchange is in flight while the other computes.
+  // Equal batch sizes only (the groups of a packed sequence run different numbers of steps).
+  static_assert(kGroups == 1 || (kGroups == 2 && !kRagged), "one-cluster kernel: 1 batch group, or 2 unpacked");
+  __shared__ __align__(128) scalar_t hbuf[kGroups][2][CL][kSliceElems];  // h_s in hbuf[g][s % 2]; h0 in [g][1]
+  __shared__ __align__(128) scalar_t stage[kGroups][2][kSliceElems];      // the block's h_s, by step parity
+  __shared__ __align__(8) uint64_t bars[kGroups][2];                       // one mbarrier per buffer
+  // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][lane]. One set serves both
+  // groups: a warp writes the second group's after the first group's block barrier, which its partner
+  // passes only after reading the first group's.
   __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * 32 : 1];
 
-  // Clusters are CL consecutive blocks: cluster g = blockIdx.x / CL runs batch rows [8 g, 8 g + 8),
-  // and a block's rank in its cluster is blockIdx.x % CL.
+  // Clusters are CL consecutive blocks: cluster c = blockIdx.x / CL runs batch groups kGroups c ..
+  // kGroups c + kGroups - 1, group g rows [8 g, 8 g + 8); a block's rank in its cluster is blockIdx.x % CL.
   const int rank = static_cast<int>(blockIdx.x) % CL;
-  const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
+  const int cluster_row0 = static_cast<int>(blockIdx.x) / CL * kGroups * kGroupRows;
   // A packed sequence (kRagged): the group runs only its longest sequence's steps, and a row takes
   // part in step t while b < batch_sizes[t] (`on`); between its own steps a row keeps its h and c
   // (h0 / c0 before its first step in reverse) and sends that h, which no other row reads.
-  const int T = group_steps<kRagged>(a.steps, a.T, row0), B = a.B;
+  const int T = group_steps<kRagged>(a.steps, a.T, cluster_row0), B = a.B;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int upper = lane >> 4;  // 0: gates i, g of unit gq; 1: f, o of unit gq - 4
   const int uq = gq & 3;        // the lane's unit within the warp's four
@@ -311,176 +326,204 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // The group's rows of h0 into buffer 1; zeros in its rows past B in both buffers and in the
+  // Each group's rows of h0 into its buffer 1; zeros in its rows past B in both buffers and in the
   // staging slices (rows that are sent but never computed).
-  for (int i = threadIdx.x; i < 2 * kGroupRows * H; i += kThreads) {
-    const int buf = i / (kGroupRows * H), rem = i - buf * kGroupRows * H, b = rem / H, k = rem - b * H;
-    hbuf[buf][k / kUnitsPerBlock][slice_index(b, k % kUnitsPerBlock)] =
-        buf == 1 && row0 + b < B ? a.h0[static_cast<int64_t>(row0 + b) * H + k] : scalar_t(0.0f);
+  for (int i = threadIdx.x; i < kGroups * 2 * kGroupRows * H; i += kThreads) {
+    const int gb = i / (kGroupRows * H), gi = gb >> 1, buf = gb & 1, rem = i - gb * kGroupRows * H, b = rem / H,
+              k = rem - b * H, row = cluster_row0 + gi * kGroupRows + b;
+    hbuf[gi][buf][k / kUnitsPerBlock][slice_index(b, k % kUnitsPerBlock)] =
+        buf == 1 && row < B ? a.h0[static_cast<int64_t>(row) * H + k] : scalar_t(0.0f);
   }
-  for (int i = threadIdx.x; i < 2 * kSliceElems; i += kThreads) (&stage[0][0])[i] = scalar_t(0.0f);
+  for (int i = threadIdx.x; i < kGroups * 2 * kSliceElems; i += kThreads) (&stage[0][0][0])[i] = scalar_t(0.0f);
   // The bulk copies (the async proxy) write these buffers after the threads' stores above.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  init_exchange_barriers(bars, T > 1, T > 2, kStepBytes);  // h_s is sent while s + 1 < T
+  // h_s is sent while s + 1 < T.
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) init_exchange_barriers(bars[gi], T > 1, T > 2, kStepBytes);
   cluster_sync();  // every block's mbarriers and zeroed rows are in place before anyone sends
 
-  // The lane's item: (unit j, the group's row bl, batch row b = row0 + bl).
-  const int bl = 2 * tq + upper, b = row0 + bl;
-  const bool live = b < B;
+  // The lane's items: (unit j, the group's row bl, batch row b[gi] = the group's first row + bl).
+  const int bl = 2 * tq + upper;
   float bias[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) bias[q] = bias_sum(a.b_ih, a.b_hh, q * static_cast<int64_t>(H) + j);
-  float c_st = live ? static_cast<float>(a.c0[static_cast<int64_t>(b) * H + j]) : 0.0f;
-  scalar_t h_st = kRagged && live ? a.h0[static_cast<int64_t>(b) * H + j] : scalar_t(0.0f);
+  int b[kGroups];
+  bool live[kGroups];
+  float c_st[kGroups];
+  scalar_t h_st[kGroups];
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    b[gi] = cluster_row0 + gi * kGroupRows + bl;
+    live[gi] = b[gi] < B;
+    c_st[gi] = live[gi] ? static_cast<float>(a.c0[static_cast<int64_t>(b[gi]) * H + j]) : 0.0f;
+    h_st[gi] = kRagged && live[gi] ? a.h0[static_cast<int64_t>(b[gi]) * H + j] : scalar_t(0.0f);
+  }
 
   // Sender d < CL - 1, lane d / 8 of warp d % 8, sends to block (rank + 1 + d) % CL: this block's
   // slice of that block's buffers, and its mbarriers. (Senders 0..CL - 2 all in warp 0, whose
   // instruction issues its lanes' copies one after the other, took 923 against 296 cycles a step
   // from the barrier to the last copy's issue at H = 512 and 0.397 against 0.365-0.368 ms a call at
-  // B = 8: H200, docs/benchmarks.md.)
+  // B = 8: H200, docs/benchmarks.md.) Group gi's buffers, staging slices and mbarriers lie at fixed
+  // offsets from group 0's, in every block alike.
   constexpr uint32_t kBufBytes = CL * kSliceBytes;
-  const uint32_t h_local = shared_address(&hbuf[0][0][0]);
-  const uint32_t bar_local = shared_address(&bars[0]);
-  const uint32_t stage_local = shared_address(&stage[0][0]);
+  constexpr uint32_t kGroupBufBytes = 2 * kBufBytes, kGroupStageBytes = 2 * kSliceBytes, kGroupBarBytes = 16;
+  const uint32_t h_local = shared_address(&hbuf[0][0][0][0]);
+  const uint32_t bar_local = shared_address(&bars[0][0]);
+  const uint32_t stage_local = shared_address(&stage[0][0][0]);
   const SliceSender tx = slice_sender(CL, rank, lane, warp, h_local, bar_local, kSliceBytes);
   // ldmatrix: lane l gives row l % 8 of core matrix l / 8 (unit group l / 8 of a slice: the k
   // offsets 0, 8, 16, 24 of a pair of k-steps).
   const uint32_t ld_lane = h_local + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
   int pre_cursor = 0, step_cursor = 0;  // (kRagged) the two walks' runs of the step table
-  auto load_pre = [&](int s, float (&pv)[4]) {
+  auto load_pre = [&](int gi, int s, float (&pv)[4]) {
     const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, pre_cursor);
-    const bool on = kRagged ? b < st.bt : live;
-    const float* p = a.pre + (st.off + b) * G + j;
+    const bool on = kRagged ? b[gi] < st.bt : live[gi];
+    const float* p = a.pre + (st.off + b[gi]) * G + j;
 #pragma unroll
     for (int q = 0; q < 4; ++q) pv[q] = on ? p[q * static_cast<int64_t>(H)] : 0.0f;
   };
-  float pv[4], pv_next[4];
-  load_pre(0, pv);
+  float pv[kGroups][4], pv_next[kGroups][4];
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) load_pre(gi, 0, pv[gi]);
   // SEQKERNELS_LSTM_TRACE (lstm_device.cuh): phases 0 wait, 1 product, 2 gates, 3 barrier and
-  // copies, 4 stores.
+  // copies, 4 stores (both groups' summed where there are two).
   PhaseTrace trace;
   trace.start(a.trace);
 
   for (int s = 0; s < T; ++s) {
     const int rd = (s + 1) & 1;  // h_{s-1}'s buffer (h0's at s = 0)
-    if (s > 0) {
-      mbarrier_wait_guarded(bar_local + rd * 8, ((s - 1) >> 1) & 1, static_cast<unsigned>(s));
-      if (threadIdx.x == 0 && s + 2 < T) mbarrier_arrive_expect(&bars[rd], kStepBytes);  // h_{s+1}'s phase
-    }
-    if (s + 1 < T) load_pre(s + 1, pv_next);
-    trace.mark(0);
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+      if (s > 0) {
+        mbarrier_wait_guarded(bar_local + gi * kGroupBarBytes + rd * 8, ((s - 1) >> 1) & 1, static_cast<unsigned>(s));
+        if (threadIdx.x == 0 && s + 2 < T) mbarrier_arrive_expect(&bars[gi][rd], kStepBytes);  // h_{s+1}'s phase
+      }
+      if (s + 1 < T) load_pre(gi, s + 1, pv_next[gi]);
+      trace.mark(0);
 
-    // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per tile. Each ldmatrix feeds kTiles · 2 MMAs: split K
-    // halves the shared-memory reads of h (256 bytes per MMA unsplit: 64 KB a step per block at
-    // H = 512). (wgmma, A from registers and B from shared memory, measured slower: H200, bf16
-    // B = 8, H = 512 0.50 against 0.36 ms a call.)
-    float acc[kTiles][kAcc][4];
+      // D = W_hh tile · h_{s-1}ᵀ, kAcc chains per tile. Each ldmatrix feeds kTiles · 2 MMAs: split K
+      // halves the shared-memory reads of h (256 bytes per MMA unsplit: 64 KB a step per block at
+      // H = 512). (wgmma, A from registers and B from shared memory, measured slower: H200, bf16
+      // B = 8, H = 512 0.50 against 0.36 ms a call.)
+      float acc[kTiles][kAcc][4];
 #pragma unroll
-    for (int ti = 0; ti < kTiles; ++ti)
+      for (int ti = 0; ti < kTiles; ++ti)
 #pragma unroll
-      for (int c = 0; c < kAcc; ++c)
+        for (int c = 0; c < kAcc; ++c)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[ti][c][e] = 0.0f;
-    const uint32_t ld_buf = ld_lane + rd * kBufBytes;
+          for (int e = 0; e < 4; ++e) acc[ti][c][e] = 0.0f;
+      const uint32_t ld_buf = ld_lane + gi * kGroupBufBytes + rd * kBufBytes;
 #pragma unroll
-    for (int ks = 0; ks < kSteps; ks += 2) {
-      uint32_t bf[4];  // b0, b1 of k-step k0 + ks, then of k0 + ks + 1 (unit groups 0-3 of a slice)
-      ldmatrix_x4(bf, ld_buf + ((k0 + ks) / 2) * kSliceBytes);
+      for (int ks = 0; ks < kSteps; ks += 2) {
+        uint32_t bf[4];  // b0, b1 of k-step k0 + ks, then of k0 + ks + 1 (unit groups 0-3 of a slice)
+        ldmatrix_x4(bf, ld_buf + ((k0 + ks) / 2) * kSliceBytes);
 #pragma unroll
-      for (int ti = 0; ti < kTiles; ++ti) {
-        MmaInst<scalar_t>::run(acc[ti][ks % kAcc], wf[ti][ks], bf[0], bf[1]);
-        MmaInst<scalar_t>::run(acc[ti][(ks + 1) % kAcc], wf[ti][ks + 1], bf[2], bf[3]);
+        for (int ti = 0; ti < kTiles; ++ti) {
+          MmaInst<scalar_t>::run(acc[ti][ks % kAcc], wf[ti][ks], bf[0], bf[1]);
+          MmaInst<scalar_t>::run(acc[ti][(ks + 1) % kAcc], wf[ti][ks + 1], bf[2], bf[3]);
+        }
       }
-    }
-    // dsum[ti]: the chains summed.
-    float dsum[kTiles][4];
+      // dsum[ti]: the chains summed.
+      float dsum[kTiles][4];
 #pragma unroll
-    for (int ti = 0; ti < kTiles; ++ti)
+      for (int ti = 0; ti < kTiles; ++ti)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        dsum[ti][e] = acc[ti][0][e];
+        for (int e = 0; e < 4; ++e) {
+          dsum[ti][e] = acc[ti][0][e];
 #pragma unroll
-        for (int c = 1; c < kAcc; ++c) dsum[ti][e] += acc[ti][c][e];
+          for (int c = 1; c < kAcc; ++c) dsum[ti][e] += acc[ti][c][e];
+        }
+      if constexpr (kSplitK) {
+        // The other tile's partial sums to the partner, then the partner's of this warp's tile (the
+        // same fragment positions: lane for lane). The partner overwrites its slot only after the
+        // next block barrier, which this warp passes only after its read here.
+        // (Selects by value, not pointers: the arrays stay in registers.)
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][e] : dsum[1][e];
+        partials[(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
+        asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
+        const float4 p = partials[(pair * 2 + half) * 32 + lane];
+        const float q[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dsum[0][e] = (half ? dsum[1][e] : dsum[0][e]) + q[e];
       }
-    if constexpr (kSplitK) {
-      // The other tile's partial sums to the partner, then the partner's of this warp's tile (the
-      // same fragment positions: lane for lane). The partner overwrites its slot only after the
-      // next step's block barrier, which this warp passes only after its read here.
-      // (Selects by value, not pointers: the arrays stay in registers.)
-      float o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][e] : dsum[1][e];
-      partials[(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
-      asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
-      const float4 p = partials[(pair * 2 + half) * 32 + lane];
-      const float q[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dsum[0][e] = (half ? dsum[1][e] : dsum[0][e]) + q[e];
-    }
 
-    trace.mark(1);
-    const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, step_cursor);
-    const bool on = kRagged ? b < st.bt : live;
-    const float* d = dsum[0];  // this warp's tile (kSplitK: both halves of K)
-    // All four gates of (unit j, row bl): the lower lanes keep column 2t, the upper 2t + 1.
-    const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
-    const float r1 = __shfl_xor_sync(0xffffffffu, upper ? d[2] : d[3], 16);
-    const LstmGates<float> pre_g{(upper ? r0 : d[0]) + pv[0] + bias[0], (upper ? d[1] : r0) + pv[1] + bias[1],
-                                 (upper ? r1 : d[2]) + pv[2] + bias[2], (upper ? d[3] : r1) + pv[3] + bias[3]};
-    LstmGates<float> act;
-    float c_new, m;
-    lstm_cell_forward<CudaMath>(pre_g, c_st, act, c_new, m);
-    const scalar_t h = static_cast<scalar_t>(m);
-    if (live) {
-      const scalar_t h_sent = on ? h : h_st;
-      stage[s & 1][slice_index(bl, quad * 4 + uq)] = h_sent;
-      hbuf[s & 1][rank][slice_index(bl, quad * 4 + uq)] = h_sent;  // read after the barrier below
-    }
-    trace.mark(2);
-    if (s + 1 < T) send_staged(tx, stage_local, s & 1, kSliceBytes, kBufBytes, kSliceBytes);  // to every block
-    trace.mark(3);
-    if (on) {
-      c_st = c_new;
-      h_st = h;
-      const int64_t row = st.off + b;
-      a.y[row * H + j] = h;
-      if constexpr (kTraining) {
-        scalar_t* gr = a.gates + row * G + j;
-        gr[0] = static_cast<scalar_t>(act.i);
-        gr[H] = static_cast<scalar_t>(act.f);
-        gr[2 * H] = static_cast<scalar_t>(act.g);
-        gr[3 * H] = static_cast<scalar_t>(act.o);
-        a.cells[row * H + j] = static_cast<scalar_t>(c_new);
+      trace.mark(1);
+      const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, step_cursor);
+      const bool on = kRagged ? b[gi] < st.bt : live[gi];
+      const float* d = dsum[0];  // this warp's tile (kSplitK: both halves of K)
+      // All four gates of (unit j, row bl): the lower lanes keep column 2t, the upper 2t + 1.
+      const float r0 = __shfl_xor_sync(0xffffffffu, upper ? d[0] : d[1], 16);
+      const float r1 = __shfl_xor_sync(0xffffffffu, upper ? d[2] : d[3], 16);
+      const float* pg = pv[gi];
+      const LstmGates<float> pre_g{(upper ? r0 : d[0]) + pg[0] + bias[0], (upper ? d[1] : r0) + pg[1] + bias[1],
+                                   (upper ? r1 : d[2]) + pg[2] + bias[2], (upper ? d[3] : r1) + pg[3] + bias[3]};
+      LstmGates<float> act;
+      float c_new, m;
+      lstm_cell_forward<CudaMath>(pre_g, c_st[gi], act, c_new, m);
+      const scalar_t h = static_cast<scalar_t>(m);
+      if (live[gi]) {
+        const scalar_t h_sent = on ? h : h_st[gi];
+        stage[gi][s & 1][slice_index(bl, quad * 4 + uq)] = h_sent;
+        hbuf[gi][s & 1][rank][slice_index(bl, quad * 4 + uq)] = h_sent;  // read after the barrier below
       }
-    }
+      trace.mark(2);
+      if (s + 1 < T) {  // to every block
+        SliceSender txg = tx;
+        txg.slice_remote += gi * kGroupBufBytes;
+        txg.bar_remote += gi * kGroupBarBytes;
+        send_staged(txg, stage_local + gi * kGroupStageBytes, s & 1, kSliceBytes, kBufBytes, kSliceBytes);
+      }
+      trace.mark(3);
+      if (on) {
+        c_st[gi] = c_new;
+        h_st[gi] = h;
+        const int64_t row = st.off + b[gi];
+        a.y[row * H + j] = h;
+        if constexpr (kTraining) {
+          scalar_t* gr = a.gates + row * G + j;
+          gr[0] = static_cast<scalar_t>(act.i);
+          gr[H] = static_cast<scalar_t>(act.f);
+          gr[2 * H] = static_cast<scalar_t>(act.g);
+          gr[3 * H] = static_cast<scalar_t>(act.o);
+          a.cells[row * H + j] = static_cast<scalar_t>(c_new);
+        }
+      }
 #pragma unroll
-    for (int q = 0; q < 4; ++q) pv[q] = pv_next[q];
-    trace.mark(4);
+      for (int q = 0; q < 4; ++q) pv[gi][q] = pv_next[gi][q];
+      trace.mark(4);
+    }
   }
   report_one_cluster_trace(trace, kTraining ? "forward one-cluster (training)" : "forward one-cluster (inference)", T,
                            B, H, CL);
-  if (live) {
-    a.h_n[static_cast<int64_t>(b) * H + j] = h_st;
-    a.c_n[static_cast<int64_t>(b) * H + j] = c_st;
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    if (live[gi]) {
+      a.h_n[static_cast<int64_t>(b[gi]) * H + j] = h_st[gi];
+      a.c_n[static_cast<int64_t>(b[gi]) * H + j] = c_st[gi];
+    }
   }
   cluster_sync();  // no block leaves while another of its cluster may still address its shared memory
 #endif
 }
 
-// Launches `kernel` on ceil(B / 8) clusters of `cluster` blocks with `smem` bytes of dynamic shared
-// memory each, or returns false, having launched nothing, where they cannot all be resident at once
-// (else the later clusters would run after the first ones finished) unless `waves`
+// Launches `kernel` on ceil(ceil(B / 8) / groups_per_cluster) clusters of `cluster` blocks with `smem` bytes
+// of dynamic shared memory each, or returns false, having launched nothing, where they cannot all be
+// resident at once (else the later clusters would run after the first ones finished) unless `waves`
 // (one_cluster_waves): then one resident cluster is enough.
 template <class Args>
-bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem, bool waves) {
+bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem, bool waves,
+                   int groups_per_cluster = 1) {
   const void* fn = reinterpret_cast<const void*>(kernel);
   const int groups = (args.B + kGroupRows - 1) / kGroupRows;
+  const int clusters = (groups + groups_per_cluster - 1) / groups_per_cluster;
   if (!ptx_at_least(fn, 90) || !allow_large_clusters(fn)) return false;
   if (smem > 0) ensure_dynamic_smem(fn, smem);
-  if (max_active_clusters(fn, kThreads, smem, cluster) < (waves ? 1 : groups)) return false;
+  if (max_active_clusters(fn, kThreads, smem, cluster) < (waves ? 1 : clusters)) return false;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(groups * cluster));
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = at::cuda::getCurrentCUDAStream();
@@ -491,10 +534,10 @@ bool launch_groups(void (*kernel)(Args), const Args& args, int cluster, int smem
   return true;
 }
 
-template <class scalar_t, bool kTraining, int KS, bool kSplitK, bool kRagged>
+template <class scalar_t, bool kTraining, int KS, bool kSplitK, bool kRagged, int kGroups = 1>
 bool launch(const OneClusterArgs<scalar_t, kRagged>& args, bool waves) {
-  return launch_groups(&lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK, kRagged>, args,
-                       cluster_of(KS), 0, waves);
+  return launch_groups(&lstm_persistent_forward_one_cluster_kernel<scalar_t, kTraining, KS, kSplitK, kRagged, kGroups>,
+                       args, cluster_of(KS), 0, waves, kGroups);
 }
 
 // Whether warp pairs split K: at H = 512, where it was faster (H200, bf16 `infer` CUDA-graph
@@ -509,11 +552,23 @@ bool split_k_wanted(const LstmSizes& s) {
 
 template <class scalar_t, bool kTraining, bool kRagged>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t, kRagged>& args) {
-  const bool split_k = split_k_wanted(s), waves = one_cluster_waves(s);
+  const bool split_k = split_k_wanted(s), waves = one_cluster_waves(s), pairs = paired_groups(s);
   return with_hidden_steps(s.H, [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
-    return split_k ? launch<scalar_t, kTraining, KS, true, kRagged>(args, waves)
-                   : launch<scalar_t, kTraining, KS, false, kRagged>(args, waves);
+    if (!split_k) return launch<scalar_t, kTraining, KS, false, kRagged>(args, waves);
+    // All clusters of one group resident at once; else two groups a cluster, all resident (the instances
+    // exist at H = 512 with split K, equal batch sizes; first where paired_groups_first); else one group
+    // a cluster in waves.
+    auto launch_pairs = [&] {
+      if constexpr (KS == 32 && !kRagged) {
+        return pairs && launch<scalar_t, kTraining, KS, true, kRagged, 2>(args, false);
+      }
+      return false;
+    };
+    if (paired_groups_first() && launch_pairs()) return true;
+    if (launch<scalar_t, kTraining, KS, true, kRagged>(args, false)) return true;
+    if (launch_pairs()) return true;
+    return waves && launch<scalar_t, kTraining, KS, true, kRagged>(args, true);
   });
 }
 
@@ -580,7 +635,7 @@ struct OneClusterBackwardArgs {
   CallSteps<kRagged> steps;
 };
 
-template <class scalar_t, int KS, bool kRagged>
+template <class scalar_t, int KS, bool kRagged, int kGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     lstm_persistent_backward_one_cluster_kernel(const __grid_constant__ OneClusterBackwardArgs<scalar_t, kRagged> a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -591,29 +646,45 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAcc = 4 / kTilesPerWarp;           // MMA chains per tile: 4 chains in all
   constexpr int64_t G = 4 * static_cast<int64_t>(H);
   static_assert(CL >= 4 && CL <= 16 && kTilesPerWarp * 8 * 16 == H, "one-cluster backward: H in {128, 256, 512}");
-  // Dynamic shared memory (66 KB at H = 512): the receive buffers (iteration i's partials in
-  // recv[i % 2][source rank], the own one stored there directly), the staged partials by destination
-  // and parity, and the block's dG slice (16-bit, the product's B operand).
+  // kGroups = 2 (paired_groups): two batch groups a cluster, one iteration of each in turn (the forward's).
+  static_assert(kGroups == 1 || (kGroups == 2 && !kRagged), "one-cluster backward: 1 batch group, or 2 unpacked");
+  // Dynamic shared memory (66 KB at H = 512, one group): each group's receive buffers (iteration i's
+  // partials in recv[i % 2][source rank], the own one stored there directly) and staged partials by
+  // destination and parity, then the block's dG slice (16-bit, the product's B operand), which the
+  // groups share: a group's gate math writes it only after the block barrier that follows the other
+  // group's product.
   extern __shared__ __align__(128) unsigned char one_cluster_smem[];
-  auto recv = reinterpret_cast<float(*)[CL][kPartialElems]>(one_cluster_smem);
-  auto stage = reinterpret_cast<float(*)[2][kPartialElems]>(one_cluster_smem + 2 * CL * kPartialElems * sizeof(float));
-  auto dslice = reinterpret_cast<scalar_t*>(one_cluster_smem + 4 * CL * kPartialElems * sizeof(float));
-  __shared__ __align__(8) uint64_t bars[2];
+  constexpr int kGroupFloats = 4 * CL * kPartialElems;  // a group's receive and staging buffers
+  auto recv_of = [&](int gi) {
+    return reinterpret_cast<float(*)[CL][kPartialElems]>(one_cluster_smem + gi * kGroupFloats * sizeof(float));
+  };
+  auto stage_of = [&](int gi) {
+    return reinterpret_cast<float(*)[2][kPartialElems]>(one_cluster_smem +
+                                                        (gi * kGroupFloats + 2 * CL * kPartialElems) * sizeof(float));
+  };
+  auto dslice = reinterpret_cast<scalar_t*>(one_cluster_smem + kGroups * kGroupFloats * sizeof(float));
+  __shared__ __align__(8) uint64_t bars[kGroups][2];
 
   const int rank = static_cast<int>(blockIdx.x) % CL;
-  const int row0 = static_cast<int>(blockIdx.x) / CL * kGroupRows;
+  const int cluster_row0 = static_cast<int>(blockIdx.x) / CL * kGroups * kGroupRows;
   // A packed sequence (kRagged): the group runs its longest sequence's steps; a row takes part in
   // step t while b < batch_sizes[t] (`on`), and between its own steps keeps dh and dc (grad_h_n /
   // grad_c_n before its last step, forward direction; grad_h0 / grad_c0 after its first, reverse).
-  const int T = group_steps<kRagged>(a.steps, a.T, row0), B = a.B;
+  const int T = group_steps<kRagged>(a.steps, a.T, cluster_row0), B = a.B;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   constexpr uint32_t kPartialBytes = kPartialElems * sizeof(float);
   constexpr uint32_t kBufBytes = CL * kPartialBytes;
-  // Only the group's live rows are sent (a partial slice's rows are contiguous, 128 bytes each): the
-  // exchange's wait follows its bytes.
-  const int group_rows = B - row0 < kGroupRows ? B - row0 : kGroupRows;
-  const uint32_t sent_bytes = static_cast<uint32_t>(group_rows) * kUnitsPerBlock * sizeof(float);
-  const uint32_t step_bytes = (CL - 1) * sent_bytes;
+  // Only a group's live rows are sent (a partial slice's rows are contiguous, 128 bytes each): the
+  // exchange's wait follows its bytes. (A second group with no rows still sends one row of zeros: no
+  // copy of 0 bytes.)
+  uint32_t sent_bytes[kGroups], step_bytes[kGroups];
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    const int rows = B - cluster_row0 - gi * kGroupRows;
+    const int group_rows = rows < 1 ? 1 : rows < kGroupRows ? rows : kGroupRows;
+    sent_bytes[gi] = static_cast<uint32_t>(group_rows) * kUnitsPerBlock * sizeof(float);
+    step_bytes[gi] = (CL - 1) * sent_bytes[gi];
+  }
 
   // A fragments: tile t of the warp covers units 16 (warp kTilesPerWarp + t) + (gq, gq + 8); k-step
   // f covers the block's gate rows k = 16 f + 2 tq (+ 1, + 8, + 9), k = 32 q + u for row q H + 32 rank
@@ -638,147 +709,176 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  // The item: unit j (ul of the block), the group's row nl, batch row b.
-  const int ul = threadIdx.x & 31, nl = threadIdx.x >> 5, b = row0 + nl;
+  // The items: unit j (ul of the block), the group's row nl, batch row b[gi].
+  const int ul = threadIdx.x & 31, nl = threadIdx.x >> 5;
   const int j = rank * kUnitsPerBlock + ul;
-  const bool live = b < B;
+  int b[kGroups];
+  bool live[kGroups];
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    b[gi] = cluster_row0 + gi * kGroupRows + nl;
+    live[gi] = b[gi] < B;
+  }
 
   // Zeros everywhere: the dG slice's rows past B are multiplied, never written.
-  for (int i = threadIdx.x; i < 4 * CL * kPartialElems + kGateSliceElems * static_cast<int>(sizeof(scalar_t)) / 4;
-       i += kThreads) {
+  for (int i = threadIdx.x;
+       i < kGroups * kGroupFloats + kGateSliceElems * static_cast<int>(sizeof(scalar_t)) / 4; i += kThreads) {
     reinterpret_cast<float*>(one_cluster_smem)[i] = 0.0f;
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  init_exchange_barriers(bars, true, T > 1, step_bytes);  // every iteration sends
+  // Every iteration sends.
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) init_exchange_barriers(bars[gi], true, T > 1, step_bytes[gi]);
   cluster_sync();
 
-  const uint32_t recv_local = shared_address(&recv[0][0][0]);
-  const uint32_t bar_local = shared_address(&bars[0]);
+  // Group gi's buffers and mbarriers lie at fixed offsets from group 0's, in every block alike.
+  constexpr uint32_t kGroupBytes = kGroupFloats * sizeof(float), kGroupBarBytes = 16;
+  const uint32_t recv_local = shared_address(&recv_of(0)[0][0][0]);
+  const uint32_t bar_local = shared_address(&bars[0][0]);
   const SliceSender tx = slice_sender(CL, rank, lane, warp, recv_local, bar_local, kPartialBytes);
-  const uint32_t tx_stage = shared_address(&stage[tx.sends ? tx.dest : 0][0][0]);
+  const uint32_t tx_stage = shared_address(&stage_of(0)[tx.sends ? tx.dest : 0][0][0]);
   // ldmatrix.x4 of the dG slice: lane l gives row l % 8 of core matrix l / 8 (two k-steps).
   const uint32_t ld_lane = shared_address(dslice) + ((lane >> 3) * kCoreElems + (lane & 7) * 8) * sizeof(scalar_t);
 
   // The item's inputs of iteration i (step s = T - 1 - i), loaded one iteration ahead.
   int load_cursor = 0, step_cursor = 0;  // (kRagged) the two walks' runs of the step table
-  auto load = [&](int i, BackwardItemInputs& in) {
+  auto load = [&](int gi, int i, BackwardItemInputs& in) {
     if constexpr (kRagged) {
       const int s = T - 1 - i, t = a.reverse ? T - 1 - s : s;
       const StepInfo st = step_at(&a.steps, t, load_cursor);
-      if (b >= st.bt) return;
-      load_backward_rows<H>(a, st.off + b, previous_row(&a.steps, a.T, a.reverse, t, b, load_cursor), b, j, in);
+      if (b[gi] >= st.bt) return;
+      load_backward_rows<H>(a, st.off + b[gi], previous_row(&a.steps, a.T, a.reverse, t, b[gi], load_cursor), b[gi],
+                            j, in);
     } else {
-      load_backward_item<H>(a, T, B, i, b, j, live, in);
+      load_backward_item<H>(a, T, B, i, b[gi], j, live[gi], in);
     }
   };
-  BackwardItemInputs cur{}, next{};
-  load(0, cur);
-  float dc_carry = live ? static_cast<float>(a.grad_c_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
-  float dh_rec = live ? static_cast<float>(a.grad_h_n[static_cast<int64_t>(b) * H + j]) : 0.0f;
+  BackwardItemInputs cur[kGroups], next[kGroups];
+  float dc_carry[kGroups], dh_rec[kGroups];
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    cur[gi] = BackwardItemInputs{};
+    next[gi] = BackwardItemInputs{};
+    load(gi, 0, cur[gi]);
+    const int64_t at = static_cast<int64_t>(b[gi]) * H + j;
+    dc_carry[gi] = live[gi] ? static_cast<float>(a.grad_c_n[at]) : 0.0f;
+    dh_rec[gi] = live[gi] ? static_cast<float>(a.grad_h_n[at]) : 0.0f;
+  }
   // SEQKERNELS_LSTM_TRACE: phases 0 wait, 1 product (and the partials' stores), 2 the partials' sum
-  // and the gate math, 3 barrier and copies, 4 stores.
+  // and the gate math, 3 barrier and copies, 4 stores (both groups' summed where there are two).
   PhaseTrace trace;
   trace.start(a.trace);
 
   bool on_before = true;  // (kRagged) whether the row took part in the previous iteration's step
   // Iterations 0 .. T - 1 run step T - 1 - i; iteration T only adds partials (grad_h0).
   for (int i = 0; i <= T; ++i) {
-    if (i > 0) {
-      const int rd = (i - 1) & 1;  // iteration i - 1's partials
-      mbarrier_wait_guarded(bar_local + rd * 8, ((i - 1) >> 1) & 1, static_cast<unsigned>(i));
-      if (threadIdx.x == 0 && i + 1 < T) mbarrier_arrive_expect(&bars[rd], step_bytes);  // iteration i + 1's
-      if (i + 1 <= T - 1) load(i + 1, next);
-      trace.mark(0);
-      float sum = 0.0f;
 #pragma unroll
-      for (int src = 0; src < CL; ++src) sum += recv[rd][src][partial_index(nl, ul)];
-      if (!kRagged || on_before) dh_rec = sum;
-    } else if (T > 1) {
-      load(1, next);
-    }
-    if (i == T) break;
+    for (int gi = 0; gi < kGroups; ++gi) {
+      if (i > 0) {
+        const int rd = (i - 1) & 1;  // iteration i - 1's partials
+        mbarrier_wait_guarded(bar_local + gi * kGroupBarBytes + rd * 8, ((i - 1) >> 1) & 1, static_cast<unsigned>(i));
+        if (threadIdx.x == 0 && i + 1 < T) mbarrier_arrive_expect(&bars[gi][rd], step_bytes[gi]);  // iteration i + 1's
+        if (i + 1 <= T - 1) load(gi, i + 1, next[gi]);
+        trace.mark(0);
+        float sum = 0.0f;
+#pragma unroll
+        for (int src = 0; src < CL; ++src) sum += recv_of(gi)[rd][src][partial_index(nl, ul)];
+        if (!kRagged || on_before) dh_rec[gi] = sum;
+      } else if (T > 1) {
+        load(gi, 1, next[gi]);
+      }
+      if (i == T) continue;
 
-    // Gate math of step s = T - 1 - i.
-    const int s = T - 1 - i;
-    const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, step_cursor);
-    const bool on = kRagged ? b < st.bt : live;
-    const int64_t row = st.off + b;
-    LstmGates<float> dpre{};
-    if (on) {
-      const LstmGates<float> act{cur.act[0], cur.act[1], cur.act[2], cur.act[3]};
-      float dc_prev, m;
-      lstm_cell_backward<CudaMath>(act, cur.c, cur.c_prev, cur.dy + dh_rec, dc_carry, dpre, dc_prev, m);
-      dc_carry = dc_prev;
-      const float dq[4] = {dpre.i, dpre.f, dpre.g, dpre.o};
+      // Gate math of step s = T - 1 - i.
+      const int s = T - 1 - i;
+      const StepInfo st = call_step<kRagged>(a.steps, a.reverse ? T - 1 - s : s, B, step_cursor);
+      const bool on = kRagged ? b[gi] < st.bt : live[gi];
+      const int64_t row = st.off + b[gi];
+      LstmGates<float> dpre{};
+      if (on) {
+        const LstmGates<float> act{cur[gi].act[0], cur[gi].act[1], cur[gi].act[2], cur[gi].act[3]};
+        float dc_prev, m;
+        lstm_cell_backward<CudaMath>(act, cur[gi].c, cur[gi].c_prev, cur[gi].dy + dh_rec[gi], dc_carry[gi], dpre,
+                                     dc_prev, m);
+        dc_carry[gi] = dc_prev;
+        const float dq[4] = {dpre.i, dpre.f, dpre.g, dpre.o};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) dslice[dslice_index(nl, q * kUnitsPerBlock + ul)] = static_cast<scalar_t>(dq[q]);
-    }
-    trace.mark(2);
-    __syncthreads();  // the block's dG slice is whole (the previous product's reads are behind the last barrier)
+        for (int q = 0; q < 4; ++q) dslice[dslice_index(nl, q * kUnitsPerBlock + ul)] = static_cast<scalar_t>(dq[q]);
+      }
+      trace.mark(2);
+      __syncthreads();  // the block's dG slice is whole (the previous product's reads are behind the last barrier)
 
-    // partial = W_hhᵀ (own rows) · dG slice: kAcc chains per tile, each ldmatrix feeding every tile.
-    float acc[kTilesPerWarp][kAcc][4] = {};
+      // partial = W_hhᵀ (own rows) · dG slice: kAcc chains per tile, each ldmatrix feeding every tile.
+      float acc[kTilesPerWarp][kAcc][4] = {};
 #pragma unroll
-    for (int f = 0; f < kOwnSteps; f += 2) {
-      uint32_t bf[4];
-      ldmatrix_x4(bf, ld_lane + (f >> 1) * 4 * kCoreElems * sizeof(scalar_t));
+      for (int f = 0; f < kOwnSteps; f += 2) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, ld_lane + (f >> 1) * 4 * kCoreElems * sizeof(scalar_t));
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) {
+          MmaInst<scalar_t>::run(acc[t][f % kAcc], wf[t][f], bf[0], bf[1]);
+          MmaInst<scalar_t>::run(acc[t][(f + 1) % kAcc], wf[t][f + 1], bf[2], bf[3]);
+        }
+      }
+      // Tile t's units belong to block jt / 2 (its tile jt % 2): staged for it, or the own partial
+      // straight into the receive buffer. D fragment: rows gq (elements 0, 1) and gq + 8 (2, 3), batch
+      // rows 2 tq and 2 tq + 1.
 #pragma unroll
       for (int t = 0; t < kTilesPerWarp; ++t) {
-        MmaInst<scalar_t>::run(acc[t][f % kAcc], wf[t][f], bf[0], bf[1]);
-        MmaInst<scalar_t>::run(acc[t][(f + 1) % kAcc], wf[t][f + 1], bf[2], bf[3]);
+        float d[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          d[e] = acc[t][0][e];
+#pragma unroll
+          for (int c = 1; c < kAcc; ++c) d[e] += acc[t][c][e];
+        }
+        const int jt = warp * kTilesPerWarp + t, dest = jt >> 1, u = 16 * (jt & 1) + gq;
+        float* out = dest == rank ? recv_of(gi)[i & 1][rank] : stage_of(gi)[dest][i & 1];
+        out[partial_index(2 * tq, u)] = d[0];
+        out[partial_index(2 * tq + 1, u)] = d[1];
+        out[partial_index(2 * tq, u + 8)] = d[2];
+        out[partial_index(2 * tq + 1, u + 8)] = d[3];
       }
-    }
-    // Tile t's units belong to block jt / 2 (its tile jt % 2): staged for it, or the own partial
-    // straight into the receive buffer. D fragment: rows gq (elements 0, 1) and gq + 8 (2, 3), batch
-    // rows 2 tq and 2 tq + 1.
-#pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t) {
-      float d[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        d[e] = acc[t][0][e];
-#pragma unroll
-        for (int c = 1; c < kAcc; ++c) d[e] += acc[t][c][e];
+      trace.mark(1);
+      // The staged partials to their blocks (every iteration sends: iteration T adds the last ones).
+      SliceSender txg = tx;
+      txg.slice_remote += gi * kGroupBytes;
+      txg.bar_remote += gi * kGroupBarBytes;
+      send_staged(txg, tx_stage + gi * kGroupBytes, i & 1, kPartialBytes, kBufBytes, sent_bytes[gi]);
+      trace.mark(3);
+      if (on) {
+        scalar_t* gr = a.dG + row * G + j;
+        gr[0] = static_cast<scalar_t>(dpre.i);
+        gr[H] = static_cast<scalar_t>(dpre.f);
+        gr[2 * H] = static_cast<scalar_t>(dpre.g);
+        gr[3 * H] = static_cast<scalar_t>(dpre.o);
+        a.hprev[row * H + j] = static_cast<scalar_t>(cur[gi].h_prev);
       }
-      const int jt = warp * kTilesPerWarp + t, dest = jt >> 1, u = 16 * (jt & 1) + gq;
-      float* out = dest == rank ? recv[i & 1][rank] : stage[dest][i & 1];
-      out[partial_index(2 * tq, u)] = d[0];
-      out[partial_index(2 * tq + 1, u)] = d[1];
-      out[partial_index(2 * tq, u + 8)] = d[2];
-      out[partial_index(2 * tq + 1, u + 8)] = d[3];
+      cur[gi] = next[gi];
+      if constexpr (kRagged) on_before = on;
+      trace.mark(4);
     }
-    trace.mark(1);
-    // The staged partials to their blocks (every iteration sends: iteration T adds the last ones).
-    send_staged(tx, tx_stage, i & 1, kPartialBytes, kBufBytes, sent_bytes);
-    trace.mark(3);
-    if (on) {
-      scalar_t* gr = a.dG + row * G + j;
-      gr[0] = static_cast<scalar_t>(dpre.i);
-      gr[H] = static_cast<scalar_t>(dpre.f);
-      gr[2 * H] = static_cast<scalar_t>(dpre.g);
-      gr[3 * H] = static_cast<scalar_t>(dpre.o);
-      a.hprev[row * H + j] = static_cast<scalar_t>(cur.h_prev);
-    }
-    cur = next;
-    if constexpr (kRagged) on_before = on;
-    trace.mark(4);
   }
   report_one_cluster_trace(trace, "backward one-cluster", T, B, H, CL);
-  if (live) {
-    a.grad_h0[static_cast<int64_t>(b) * H + j] = dh_rec;
-    a.grad_c0[static_cast<int64_t>(b) * H + j] = dc_carry;
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    if (live[gi]) {
+      a.grad_h0[static_cast<int64_t>(b[gi]) * H + j] = dh_rec[gi];
+      a.grad_c0[static_cast<int64_t>(b[gi]) * H + j] = dc_carry[gi];
+    }
   }
   cluster_sync();  // no block leaves while another of its cluster may still address its shared memory
 #endif
 }
 
-template <class scalar_t, int KS, bool kRagged>
+template <class scalar_t, int KS, bool kRagged, int kGroups = 1>
 bool launch_backward(const OneClusterBackwardArgs<scalar_t, kRagged>& args, bool waves) {
-  // Dynamic shared memory: 2 receive buffers and 2 staging slices per destination (floats), the dG slice.
-  constexpr int kSmem = 4 * cluster_of(KS) * kPartialElems * static_cast<int>(sizeof(float)) +
+  // Dynamic shared memory: per group 2 receive buffers and 2 staging slices per destination (floats);
+  // the dG slice.
+  constexpr int kSmem = kGroups * 4 * cluster_of(KS) * kPartialElems * static_cast<int>(sizeof(float)) +
                         kGateSliceElems * static_cast<int>(sizeof(scalar_t));
-  return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS, kRagged>, args, cluster_of(KS),
-                       kSmem, waves);
+  return launch_groups(&lstm_persistent_backward_one_cluster_kernel<scalar_t, KS, kRagged, kGroups>, args,
+                       cluster_of(KS), kSmem, waves, kGroups);
 }
 
 }  // namespace
@@ -816,6 +916,14 @@ bool one_cluster_waves(const LstmSizes& s) {
          s.B <= kOneClusterMaxRows;
 }
 
+bool paired_groups(const LstmSizes& s) {
+  const int mode = diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS");
+  return mode != 0 && s.H == 512 && (mode == 1 || s.B > kOneClusterWideMaxBatch512) && s.B <= kOneClusterMaxRows &&
+         all_steps_full(s);
+}
+
+bool paired_groups_first() { return diagnostic_mode("SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS") == 1; }
+
 bool packed_one_cluster_forward(const LstmSizes& s, int sm_major) {
   return !all_steps_full(s) && one_cluster_wide_sizes(s) && one_cluster_forward_applies(s, sm_major);
 }
@@ -842,9 +950,19 @@ bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, con
     const OneClusterBackwardArgs<scalar_t, kRagged> args{static_cast<int>(s.T), static_cast<int>(s.B), reverse,
                                                          trace, w_hh, gates, cells, y, grad_y, h0, c0, grad_h_n,
                                                          grad_c_n, dG, hprev, grad_h0, grad_c0, steps};
-    const bool waves = one_cluster_waves(s);
-    return with_hidden_steps(s.H,
-                             [&](auto ks_c) { return launch_backward<scalar_t, decltype(ks_c)::value>(args, waves); });
+    const bool waves = one_cluster_waves(s), pairs = paired_groups(s);
+    return with_hidden_steps(s.H, [&](auto ks_c) {
+      constexpr int KS = decltype(ks_c)::value;
+      // As the forward (launch_for_sizes): all clusters resident, else two groups a cluster, else waves.
+      auto launch_pairs = [&] {
+        if constexpr (KS == 32 && !kRagged) return pairs && launch_backward<scalar_t, KS, kRagged, 2>(args, false);
+        return false;
+      };
+      if (paired_groups_first() && launch_pairs()) return true;
+      if (launch_backward<scalar_t, KS, kRagged>(args, false)) return true;
+      if (launch_pairs()) return true;
+      return waves && launch_backward<scalar_t, KS, kRagged>(args, true);
+    });
   };
   return with_call_steps(s, run);
 }

@@ -30,7 +30,8 @@ bool one_cluster_forward_fits(const LstmSizes& s, int sm_major);
 // and 16 0.258 / 0.398-0.411 at H = 256, 0.366-0.373 / 0.506-0.593 at H = 512, against the direct
 // kernel; B = 32 and 64 0.268-0.294 / 0.725-0.903 at H = 256, B = 32 0.399-0.405 / 0.809-0.821 at
 // H = 512, against the cluster kernel; docs/kernels.md). At H = 512, B = 57-64 its 8 clusters of 16
-// blocks are more than an H200 holds at once (7): they run in waves (one_cluster_waves).
+// blocks are more than an H200 holds at once (7): 4 clusters run two batch groups each (paired_groups;
+// a packed sequence: in waves, one_cluster_waves).
 // SEQKERNELS_LSTM_ONE_CLUSTER (diagnostic): "0" never.
 bool one_cluster_forward_applies(const LstmSizes& s, int sm_major);
 
@@ -42,13 +43,24 @@ constexpr int64_t kOneClusterWideMaxBatch512 = 32;
 // Where the launch needs only one resident cluster, not all, so the batch groups may run in more than
 // one wave: H = 512 above kOneClusterWideMaxBatch512, up to kOneClusterMaxRows. The clusters never wait
 // for each other, so a later wave only waits for the SMs that the first one frees; an H200 holds 7
-// clusters of 16 blocks, so B = 57-64 runs in two (twice the loop of B = 56). H200, fp16 / bf16,
+// clusters of 16 blocks, so B = 57-64 runs in two (twice the loop of B = 56) where paired_groups does
+// not take it (packed sequences, or SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=0). H200, fp16 / bf16,
 // T = 256 (2026-11-29, forty-fourth session, ms, waves / SEQKERNELS_LSTM_ONE_CLUSTER_WAVES=0, whose
 // backward ran the cuBLAS loop and B = 64's forward the cluster kernel): `train` B = 40 1.406 / 2.765
 // and 1.459 / 2.691, B = 48 1.476 / 2.802 and 1.458 / 2.827, B = 64 2.482 / 3.458 and 2.487 / 3.469;
 // `infer` B = 64 0.982 / 1.254 and 0.997 / 1.277; packed fp16 `train` B = 48 / 64 1.711 / 7.473,
 // 1.991 / 7.103. SEQKERNELS_LSTM_ONE_CLUSTER_WAVES (diagnostic): "0" never.
 bool one_cluster_waves(const LstmSizes& s);
+// Where the forward may run two batch groups in each cluster (16 rows, one step of each group in turn, so
+// one group's exchange is in flight while the other computes) when one group a cluster cannot have all
+// its clusters resident at once: H = 512 above kOneClusterWideMaxBatch512, equal batch sizes. On an H200,
+// B = 57-64 then runs 4 clusters in one wave instead of 7 and then 1: H200, T = 256, bench_lstm.py in
+// one run, ms, paired / SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=0: fp16 B = 64 `infer` 0.674 / 0.946, `train`
+// 2.122 / 2.434; bf16 0.650 / 0.861, 2.137 / 2.431; B = 57 fp16 0.694 / 0.935, 2.115 / 2.268.
+// SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS (diagnostic): "0" never (the waves above); "1" at H = 512 from B = 1,
+// before one group a cluster (paired_groups_first: tests and A/Bs).
+bool paired_groups(const LstmSizes& s);
+bool paired_groups_first();
 inline bool one_cluster_wide_sizes(const LstmSizes& s) {
   return s.B > 16 && (s.H == 256 || (s.H == 512 && (s.B <= kOneClusterWideMaxBatch512 || one_cluster_waves(s))));
 }
