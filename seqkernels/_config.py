@@ -126,7 +126,7 @@ CUDA_FUSED_MAX_BACKWARD_BH = 20 * 1024  # kFusedMaxBackwardBH
 # kFusedMaxBackwardBHRaggedHalf)
 CUDA_FUSED_MAX_FORWARD_BH_RAGGED_HALF = 64 * 1024
 CUDA_FUSED_MAX_BACKWARD_BH_RAGGED_HALF = 96 * 1024
-CUDA_REPLAY_MIN_STEPS = 16  # kReplayMinSteps
+CUDA_REPLAY_MIN_STEPS = 16  # kReplaySteps, csrc/cuda/replayed_steps.cuh
 CUDA_FUSED_MAX_BACKWARD_BH_TF32 = 8 * 1024  # kFusedMaxBackwardBHTf32
 _BACKENDS = {"auto": "auto", "persistent": "persistent", "fused": "fused", "gemm": "gemm", "cublas": "gemm"}
 

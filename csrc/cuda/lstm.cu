@@ -395,8 +395,14 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_step_kernel(
                                                          cells, m_out, hbuf, hx, hx_small, bt, H);
 }
 
-// Projection, backward: dh = dhbuf + grad_y of one step, rounded to scalar_t (it is both the
-// A operand of dm = dh·W_hr and a row block of dHtot for grad_w_hr).
+// Projection, backward: dL/dh_t = the later step's (dhbuf, or grad_h_n) + the step's grad_y, rounded to
+// scalar_t (it is both the A operand of dm = dh·W_hr and a row block of dHtot for grad_w_hr). The plain
+// and the replayed loop's kernels both take it from here.
+template <class scalar_t, class acc_t>
+__device__ __forceinline__ scalar_t projected_dh(acc_t later, scalar_t grad_y) {
+  return static_cast<scalar_t>(later + static_cast<acc_t>(grad_y));
+}
+
 template <class scalar_t, class acc_t>
 __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
     const acc_t* __restrict__ dhbuf,     // [B, P] rows [0, bt): dL/dh_t from step t+1 (or grad_h_n)
@@ -404,7 +410,7 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_dh_kernel(
     scalar_t* __restrict__ dh,           // [bt, P] out: dHtot rows of this step
     int64_t count) {                     // bt * P
   for (int64_t i = global_thread(); i < count; i += global_stride()) {
-    dh[i] = static_cast<scalar_t>(dhbuf[i] + static_cast<acc_t>(grad_y[i]));
+    dh[i] = projected_dh<scalar_t, acc_t>(dhbuf[i], grad_y[i]);
   }
 }
 
@@ -810,7 +816,7 @@ __global__ void __launch_bounds__(kThreads) lstm_backward_replay_dh_kernel(
   const BackwardReplayArgs<scalar_t> a = *args;
   const int64_t off = cuda::replayed_backward_times(a.step + k, a.T, a.reverse).t * B * P;
   for (int64_t i = global_thread(); i < B * P; i += global_stride()) {
-    const scalar_t dh = static_cast<scalar_t>(dhbuf[i] + static_cast<acc_t>(a.grad_y[off + i]));
+    const scalar_t dh = projected_dh<scalar_t, acc_t>(dhbuf[i], a.grad_y[off + i]);
     dH_step[i] = dh;
     a.dHtot[off + i] = dh;
   }
@@ -876,7 +882,6 @@ using scale_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, flo
 // BackwardReplayArgs, which replay_prologue_kernel writes together with the initial states.
 using cuda::kReplaySteps;
 using cuda::ReplayedSteps;
-static_assert(kReplaySteps == cuda::kReplayMinSteps, "choose_loop's rules for ragged sequences count on it");
 
 // Whether a call's steps are replayed (replayed_steps.cuh): with a projection unless
 // SEQKERNELS_LSTM_REPLAY_PROJECTION (diagnostic) is "0", and a ragged packed sequence (its
@@ -884,7 +889,7 @@ static_assert(kReplaySteps == cuda::kReplayMinSteps, "choose_loop's rules for ra
 // (diagnostic) is "0" (either: the plain loop, as before those calls were replayed; for A/Bs and
 // tests). A ragged projected call runs the plain loop: its projection GEMM would overwrite the
 // rows of h that a step does not run.
-bool replay_applies(const LstmSizes& s) {
+bool cublas_replay_applies(const LstmSizes& s) {
   const bool ragged = !all_steps_full(s);
   if (s.P > 0) return !ragged && cuda::replay_applies(s) && cuda::switch_on("SEQKERNELS_LSTM_REPLAY_PROJECTION");
   return cuda::replay_applies(s, /*ragged=*/true) && (!ragged || cuda::switch_on("SEQKERNELS_LSTM_REPLAY_RAGGED"));
@@ -1347,7 +1352,7 @@ bool lstm_forward_replayed(const LstmSizes& s, bool reverse, bool training, cons
                            scalar_t* gates, scalar_t* cells, Tensor& h_n, Tensor& c_n) {
   using acc_t = at::opmath_type<scalar_t>;
   using Args = ForwardReplayArgs<scalar_t, acc_t>;
-  if (!replay_applies(s)) return false;
+  if (!cublas_replay_applies(s)) return false;
   const int64_t T = s.T, B = s.B, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
   const bool proj = P > 0, ragged = !all_steps_full(s);
   // pre, y, gates and cells come from the caching allocator; the state buffers are kept ones.
@@ -1499,7 +1504,7 @@ bool lstm_backward_replayed(const LstmSizes& s, bool reverse, const cuda::BlasCo
                             Tensor& idle_x3_weights) {
   using acc_t = at::opmath_type<scalar_t>;
   using Args = BackwardReplayArgs<scalar_t>;
-  if (!replay_applies(s)) return false;
+  if (!cublas_replay_applies(s)) return false;
   const int64_t T = s.T, B = s.B, H = s.H, P = s.P, Hout = s.Hout, G = s.G;
   const bool proj = P > 0, ragged = !all_steps_full(s);
   const scalar_t* h0_p = h0.data_ptr<scalar_t>();

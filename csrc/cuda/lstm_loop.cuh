@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "lstm_persistent.cuh"
+#include "replayed_steps.cuh"
 #include "seqkernels/lstm_backend.h"
 #include "seqkernels/lstm_checks.h"
 
@@ -136,21 +137,19 @@ constexpr int64_t kFusedMaxBackwardBHTf32 = 8 * 1024;  // fused backward, TF32: 
 // 16.55 / 16.64, 12.40 / 16.51 / 15.75; B = 48 / 64, H = 1024 11.08 / 15.64 / 15.51, 11.94 / 16.37 /
 // 16.44; B = 96 / 128, H = 512 11.86 / 15.04 / 13.92, 10.74 / 14.33 / 13.55; B = 128, H = 768 12.03 /
 // 15.71 / 15.55; but B = 128, H = 1024 13.60 / 12.52 / 12.38.
-// Since the cuBLAS loop replays a ragged sequence's steps (from T = kReplayMinSteps), the padded
+// Since the cuBLAS loop replays a ragged sequence's steps (from T = kReplaySteps), the padded
 // rules hold there: the same calls, the backward on the replayed cuBLAS loop against the fused one
 // (H200, forty-fifth session, ms, fused / cuBLAS): B = 48, H = 768 6.97 / 6.03; B = 64, H = 1024
 // 7.97 / 6.67; B = 96 / 128, H = 512 7.11 / 6.43, 7.16 / 5.71; B = 128, H = 768 8.84 / 6.55; the
 // forward (`infer`): B = 48, H = 768 2.61 / 2.78, B = 64, H = 1024 3.34 / 3.01, B = 96 / 128, H = 512
 // 2.52 / 2.49, 2.51 / 2.39, B = 128, H = 768 3.64 / 2.87. So these two limits are for T <
-// kReplayMinSteps only.
+// kReplaySteps only.
 constexpr int64_t kFusedMaxBackwardBHRaggedHalf = 96 * 1024;
 // And the 16-bit fused forward to B·H = 65536 there (fp16 `infer` calls under each loop, the same
 // sequences, H200, 2026-11-29, ms, fused / unreplayed cuBLAS): B = 48 / 64, H = 768 2.33 / 3.64, 2.60
 // / 3.67; B = 48 / 64, H = 1024 2.72 / 3.78, 3.01 / 3.64; B = 96 / 128, H = 512 2.47 / 3.56, 2.49 /
 // 3.13; but B = 128, H = 768 3.42 / 3.26 and H = 1024 4.10 / 3.33.
 constexpr int64_t kFusedMaxForwardBHRaggedHalf = 64 * 1024;
-// The fewest steps whose cuBLAS steps are replayed (replayed_steps.cuh's kReplaySteps, one chunk).
-constexpr int64_t kReplayMinSteps = 16;
 
 // The loop for one op call. `mma`: bf16, fp16, or float32 with TF32 allowed (float32 without it
 // has rules of its own above, though its direct persistent forward and fused loop use tensor
@@ -259,9 +258,9 @@ inline Loop choose_loop(const LstmSizes& s, int64_t elem_size, bool mma, bool ha
   }
   if (persistent) return Loop::kPersistent;
   bool fused;
-  // A ragged sequence whose cuBLAS steps are not replayed (lstm.cu's replay_applies: from
-  // kReplayMinSteps steps without a projection, which never reaches here).
-  const bool ragged = !all_steps_full(s) && s.T < kReplayMinSteps;
+  // A ragged sequence whose cuBLAS steps are not replayed (lstm.cu's cublas_replay_applies: from
+  // kReplaySteps steps without a projection, which never reaches here).
+  const bool ragged = !all_steps_full(s) && s.T < kReplaySteps;
   if (backward) {
     fused = half ? ((s.B <= kFusedMaxBackwardBatch && bh <= kFusedMaxBackwardBH) ||
                     (ragged && bh <= kFusedMaxBackwardBHRaggedHalf)) &&

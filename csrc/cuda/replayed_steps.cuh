@@ -44,7 +44,7 @@
 
 namespace seqkernels::cuda {
 
-constexpr int kReplaySteps = 16;  // lstm_loop.cuh's kReplayMinSteps (its rules for ragged sequences)
+constexpr int kReplaySteps = 16;  // also lstm_loop.cuh's bound for its rules on ragged sequences
 
 inline bool replay_applies(const LstmSizes& s, bool ragged = false) {
   return s.B > 0 && s.H > 0 && s.T >= kReplaySteps && (ragged || all_steps_full(s)) &&
