@@ -277,10 +277,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(128) scalar_t hbuf[kGroups][2][CL][kSliceElems];  // h_s in hbuf[g][s % 2]; h0 in [g][1]
   __shared__ __align__(128) scalar_t stage[kGroups][2][kSliceElems];      // the block's h_s, by step parity
   __shared__ __align__(8) uint64_t bars[kGroups][2];                       // one mbarrier per buffer
-  // kSplitK: the partial sums a warp pair swaps, [pair][the receiver's K half][lane]. One set serves both
-  // groups: a warp writes the second group's after the first group's block barrier, which its partner
-  // passes only after reading the first group's.
-  __shared__ __align__(16) float4 partials[kSplitK ? 4 * 2 * 32 : 1];
+  // kSplitK: the partial sums a warp pair swaps, [group][pair][the receiver's K half][lane]. One set per
+  // group: the last step sends nothing, so no block barrier separates a partner's read of the first
+  // group's sums from this warp's write of the second's there (compute-sanitizer racecheck found a
+  // shared set racing at that step).
+  __shared__ __align__(16) float4 partials[kGroups][kSplitK ? 4 * 2 * 32 : 1];
 
   // Clusters are CL consecutive blocks: cluster c = blockIdx.x / CL runs batch groups kGroups c ..
   // kGroups c + kGroups - 1, group g rows [8 g, 8 g + 8); a block's rank in its cluster is blockIdx.x % CL.
@@ -436,15 +437,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       if constexpr (kSplitK) {
         // The other tile's partial sums to the partner, then the partner's of this warp's tile (the
-        // same fragment positions: lane for lane). The partner overwrites its slot only after the
-        // next block barrier, which this warp passes only after its read here.
+        // same fragment positions: lane for lane). The partner overwrites its slot of this group only
+        // after the group's block barrier of this step (the next step's sums: there is one, so this step
+        // sends), which this warp passes only after its read here.
         // (Selects by value, not pointers: the arrays stay in registers.)
         float o[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[e] = half ? dsum[0][e] : dsum[1][e];
-        partials[(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
+        partials[gi][(pair * 2 + (1 - half)) * 32 + lane] = make_float4(o[0], o[1], o[2], o[3]);
         asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");  // the pair's two warps
-        const float4 p = partials[(pair * 2 + half) * 32 + lane];
+        const float4 p = partials[gi][(pair * 2 + half) * 32 + lane];
         const float q[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) dsum[0][e] = (half ? dsum[1][e] : dsum[0][e]) + q[e];
