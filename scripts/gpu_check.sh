@@ -36,7 +36,7 @@
 # skip, default "initcheck initcheck_persistent initcheck_fused initcheck_mm"; set it, even empty, to run them: build
 # tests tests_persistent tests_fused tests_cublas memcheck racecheck synccheck initcheck memcheck_persistent
 # racecheck_persistent synccheck_persistent initcheck_persistent memcheck_fused racecheck_fused synccheck_fused
-# initcheck_fused initcheck_mm san_cluster san_direct_x3 conv_memcheck conv_racecheck extra conv_extra examples
+# initcheck_fused initcheck_mm san_cluster san_direct_x3 san_paired conv_memcheck conv_racecheck extra conv_extra examples
 # bench grid conv_bench conv_memory cputests), BENCH_ARGS (extra
 # arguments for bench_lstm.py, e.g. "--quick"), GPU_CHECK_TESTS (the pytest targets of the first
 # test step, default tests/; e.g. tests/test_convrnn.py for a ConvRNN-only run), GPU_CHECK_TESTS_CAP (its
@@ -230,6 +230,14 @@ for cases in cluster direct_x3; do
     "rc=0; for tool in memcheck racecheck synccheck; do $export_san compute-sanitizer --tool \$tool \
      --error-exitcode 99 $PY scripts/sanitize_lstm.py --${cases/_/-} || rc=\$?; done; exit \$rc"
 done
+
+# The one-cluster kernels with two batch groups a cluster on every equal-sized H = 512 case
+# (SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=1; the backend sweeps reach them only at B = 57-64): racecheck
+# found their shared split-K slots racing at the last step once (2026-11-29, 14a3703).
+run_step san_paired "memcheck + racecheck + synccheck (sanitize_lstm.py --one-cluster, paired groups)" 240 \
+  "$SAN_LOG" bash -c "rc=0; for tool in memcheck racecheck synccheck; do SEQKERNELS_LSTM_ONE_CLUSTER_PAIRS=1 \
+  $export_san compute-sanitizer --tool \$tool --error-exitcode 99 $PY scripts/sanitize_lstm.py --one-cluster \
+  --mode train --dtype float16 || rc=\$?; done; exit \$rc"
 
 # The conv ops: memcheck both (cuDNN's convolutions run inside ConvLSTM's), racecheck and
 # synccheck both ops' kernels (they use shared memory and block barriers).
