@@ -36,7 +36,9 @@ def test_report_lists_every_op():
     (256, torch.float32, 0, 256, "persistent"),
     (257, torch.float32, 0, 256, "gemm"),
     (1, torch.float64, 0, 256, "gemm"),
-    (1, torch.float32, 8, 256, ("persistent", "gemm")),  # the projected forward; the backward's BLAS loop
+    (1, torch.float32, 8, 256, "persistent"),  # the projected forward and backward
+    (256, torch.float32, 8, 256, "persistent"),
+    (257, torch.float32, 8, 256, "gemm"),
     (1, torch.float32, 8, 7, "gemm"),
     (8, torch.float16, 8, 256, "gemm"),  # with a projection only float32
     (8, torch.float32, 0, 4, "persistent"),  # from B = 8: T >= 4

@@ -94,10 +94,11 @@ def test_loop_matches_reference(cpu_loop, batch_sizes, I, H, reverse, bias):
 
 
 
-# (batch sizes per step, I, H, P, reverse, bias): the projected forward (forward_persistent_projected,
-# csrc/cpu/lstm.cpp) at one row, packed rows in both directions (rows that end early, or start late
-# in reverse, carry their h over both phases of a step), the input projection inside the loop (B =
-# 67), P = H - 1, a single column (P = 1: one part of the projection phase, the others idle), and
+# (batch sizes per step, I, H, P, reverse, bias): the projected forward and backward
+# (forward_persistent_projected, backward_persistent_projected, csrc/cpu/lstm.cpp) at one row, packed
+# rows in both directions (rows that end early, or start late in reverse, carry their h over both
+# phases of a forward step, and keep dL/dh, dL/dc in the backward), the input projection inside the
+# loop (B = 67), P = H - 1, a single column (P = 1: one part of a dL/dh phase, the others idle), and
 # hidden sizes that are no multiple of the tiles.
 PROJ_CASES = [
     ([1] * 9, 20, 36, 5, False, True),
@@ -111,15 +112,16 @@ PROJ_CASES = [
 @pytest.mark.parametrize("batch_sizes,I,H,P,reverse,bias", PROJ_CASES)
 def test_projected_loop_matches_reference(cpu_loop, batch_sizes, I, H, P, reverse, bias):
     """proj_size on each forced loop: outputs and every gradient (grad_w_hr among them) against the
-    float64 reference, the inference forward too; and which forward ran (the persistent loop's
-    projected forward unless the BLAS loop is forced)."""
+    float64 reference, the inference forward too; and which loops ran (the persistent loop's projected
+    forward and backward unless the BLAS loop is forced)."""
     from torch.profiler import profile
 
     t, up = layer_case(batch_sizes, I, H, bias, seed=len(batch_sizes) * 1000 + H + P, P=P)
     with profile() as prof:
         got = run_layer(lstm_layer, t, up, batch_sizes, reverse, torch.float32, "cpu")
-    ran = any(e.name == "seqkernels::lstm_forward_persistent_projected" for e in prof.events())
-    assert ran == (cpu_loop != "gemm"), cpu_loop
+    for op in ("seqkernels::lstm_forward_persistent_projected", "seqkernels::lstm_backward_persistent_projected"):
+        ran = any(e.name == op for e in prof.events())
+        assert ran == (cpu_loop != "gemm"), (cpu_loop, op)
     ref = run_layer(_reference, t, up, batch_sizes, reverse, torch.float64, "cpu")
     with torch.no_grad():
         f32 = {k: v.float() for k, v in t.items()}

@@ -195,15 +195,13 @@ bool persistent_loop_wanted(const LstmSizes& s, bool supported) {
   }
   return false;
 }
-// The float32 forward takes the persistent loop with a projection too (forward_persistent_projected);
-// its backward then runs the BLAS loop, from the same saved tensors.
+// The float32 loops take the persistent loop with a projection too (forward_persistent_projected,
+// backward_persistent_projected).
 bool use_persistent_forward(const LstmSizes& s, at::ScalarType dtype) {
   return persistent_loop_wanted(s, dtype == at::kFloat);
 }
-// The float32 backward's: without a projection.
-bool use_persistent_backward(const LstmSizes& s, at::ScalarType dtype) {
-  return s.P == 0 && use_persistent_forward(s, dtype);
-}
+// The float32 backward's: the forward's rule.
+bool use_persistent_backward(const LstmSizes& s, at::ScalarType dtype) { return use_persistent_forward(s, dtype); }
 // Whether the bfloat16 loop on AMX (below) can run this layer: no projection, whole groups of 16
 // units, a CPU with AMX (and AVX-512, whose gate math it uses), SEQKERNELS_CPU_AMX not 0.
 bool amx_bf16_supported(const LstmSizes& s, at::ScalarType dtype) {
@@ -681,6 +679,58 @@ void backward_persistent(const LstmSizes& s, bool reverse, const float* w_hh, co
   });
 }
 
+// The persistent backward with a projection (P > 0): the projected forward's two phases a step,
+// reversed, each ended by run_steps' barrier. Phase 0, a part's columns [p0, p1) of dL/dh: after the
+// first step the previous step's rows' dL/dh = dpre·W_hh (which needs every part's dpre: hence after
+// the barrier), then + grad_y of this step's rows, into dh and dh_all. Phase 1, a part's units:
+// dL/dm = dh·W_hr for them (dot products over P), then the gate backward (m_t recomputed into m_all).
+// One more phase 0 after the last step leaves grad_h0 in dh. The BLAS loop ran three GEMM calls and a
+// gate pass a step (backward_loop); the GEMMs' set-up dominates at small B.
+//   w_hh_t [P, G] (W_hh transposed); w_hr_t [H, P] (W_hr transposed); gates [N, G]; cells [N, H];
+//   c0 [B, H]; grad_y [N, P]; dh [B, P] (= grad_h_n in, grad_h0 out); dc [B, H] (= grad_c_n in, grad_c0
+//   out); dpre [N, G], dh_all [N, P], m_all [N, H] out; dm [B, H] scratch
+void backward_persistent_projected(const LstmSizes& s, bool reverse, const float* w_hh_t, const float* w_hr_t,
+                                   const float* gates, const float* cells, const float* c0, const float* grad_y,
+                                   float* dh, float* dc, float* dpre, float* dh_all, float* m_all, float* dm) {
+  const int64_t H = s.H, G = s.G, P = s.P;
+  const int64_t tile = backward_unit_tile(cpu_kernels());
+  const int64_t parts = persistent_parts(H, tile, s.B);
+  auto step_time = [&](int64_t step) { return reverse ? step : s.T - 1 - step; };
+  run_steps(parts, 2 * s.T + 1, [&](int64_t part, int64_t phase_step) {
+    const int64_t step = phase_step / 2;
+    if (phase_step % 2 == 0) {
+      const UnitRange cols = part_units(part, parts, P, 1);
+      if (cols.j0 == cols.j1) return;
+      if (step > 0) {  // dL/dh_{t-1} through W_hh, for the rows of the step before
+        const int64_t tp = step_time(step - 1);
+        const float* dpre_p = dpre + s.offsets[tp] * G;
+        for (int64_t b = 0; b < s.batch_sizes[tp]; ++b) {
+          for (int64_t p = cols.j0; p < cols.j1; ++p) dh[b * P + p] = dot_floats(dpre_p + b * G, w_hh_t + p * G, G);
+        }
+      }
+      if (step == s.T) return;
+      const int64_t t = step_time(step), off = s.offsets[t];
+      for (int64_t b = 0; b < s.batch_sizes[t]; ++b) {
+        for (int64_t p = cols.j0; p < cols.j1; ++p) {
+          const float v = dh[b * P + p] + grad_y[(off + b) * P + p];
+          dh[b * P + p] = v;
+          dh_all[(off + b) * P + p] = v;
+        }
+      }
+      return;
+    }
+    const UnitRange units = part_units(part, parts, H, tile);
+    if (units.j0 == units.j1) return;
+    const int64_t t = step_time(step), bt = s.batch_sizes[t], off = s.offsets[t];
+    for (int64_t b = 0; b < bt; ++b) {
+      for (int64_t j = units.j0; j < units.j1; ++j) dm[b * H + j] = dot_floats(dh + b * P, w_hr_t + j * P, P);
+    }
+    const auto [prev_rows, n_prev] = prev_cells(s, reverse, t, cells, c0);
+    backward_gate_rows<float, true>(0, bt, units.j0, units.j1, H, gates + off * G, cells + off * H, prev_rows, n_prev,
+                                    c0, dm, dc, dpre + off * G, m_all + off * H);
+  });
+}
+
 // pre [N, G] = x·W_ihᵀ + (b_ih + b_hh) of all N rows, one GEMM (acc_t: float for half inputs).
 template <class scalar_t>
 Tensor input_projection(const LstmSizes& s, const Tensor& x, const Tensor& w_ih, const Tensor& bias) {
@@ -953,7 +1003,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
 
   // On AMX (with the AVX-512 kernels): dx (amx_sequence_products) and dL/dh_{t-1} in the loop
   // (amx_products).
-  const AmxUse amx_choice = persistent ? amx_use(cpu_kernels(), N, s.B, H) : AmxUse{false, false};
+  const AmxUse amx_choice = persistent && P == 0 ? amx_use(cpu_kernels(), N, s.B, H) : AmxUse{false, false};
   const bool amx_sequence = amx_choice.sequence, amx = amx_choice.steps;
 #if defined(SEQKERNELS_HAVE_AMX)
   if (amx_bf16) {
@@ -961,7 +1011,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_backward
                              bf16_bits(grad_y), dhbuf.data_ptr<float>(), dcbuf.data_ptr<float>(), bf16_bits(dpre));
   }
 #endif
-  if (persistent) {  // implies float32
+  if (persistent && P > 0) {  // implies float32
+    RECORD_FUNCTION("seqkernels::lstm_backward_persistent_projected", std::vector<c10::IValue>());  // tests check it ran
+    const Tensor w_hh_t = w_hh.t().contiguous(), w_hr_t = w_hr->t().contiguous();
+    backward_persistent_projected(s, reverse, w_hh_t.const_data_ptr<float>(), w_hr_t.const_data_ptr<float>(),
+                                  gates.const_data_ptr<float>(), cells.const_data_ptr<float>(),
+                                  c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(), dhbuf.data_ptr<float>(),
+                                  dcbuf.data_ptr<float>(), dpre.data_ptr<float>(), dh_all.data_ptr<float>(),
+                                  m_all.data_ptr<float>(), dm_acc.data_ptr<float>());
+  } else if (persistent) {  // implies float32
     backward_persistent(s, reverse, w_hh.const_data_ptr<float>(), gates.const_data_ptr<float>(),
                         cells.const_data_ptr<float>(), c0.const_data_ptr<float>(), grad_y.const_data_ptr<float>(),
                         dhbuf.data_ptr<float>(), dcbuf.data_ptr<float>(), dpre.data_ptr<float>(), amx);
