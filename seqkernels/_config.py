@@ -667,10 +667,15 @@ def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, bac
             return _both(choice)
         why = f"auto: {dtype_name}, {projection}, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, T = {steps} >= {min_steps}"
     if dtype == torch.float32 and proj_size > 0:
-        # use_persistent_forward / use_persistent_backward: forward_persistent_projected and
-        # backward_persistent_projected.
-        return {"forward": ("persistent", f"{why}; the projection h_t = m_t W_hr^T as a second phase of each "
-                                          "step (dot products), the recurrent products on the tile kernels"),
+        # use_persistent_forward / use_persistent_backward: forward_persistent_projected and, under auto
+        # below CPU_PERSISTENT_SMALL_BATCH rows, backward_persistent_projected.
+        forward = ("persistent", f"{why}; the projection h_t = m_t W_hr^T as a second phase of each step (dot "
+                                 "products), the recurrent products on the tile kernels")
+        if backend != "persistent" and batch >= CPU_PERSISTENT_SMALL_BATCH:
+            return {"forward": forward,
+                    "backward": ("gemm", f"auto: proj_size > 0 and B = {batch} >= {CPU_PERSISTENT_SMALL_BATCH}: the "
+                                         "BLAS loop (the persistent backward's dot products do not block rows)")}
+        return {"forward": forward,
                 "backward": ("persistent", f"{why}; two phases a step: dL/dh's columns (dot products with "
                                            "W_hh^T, plus grad_y), then dL/dm = dL/dh W_hr and the gate backward "
                                            "of each part's units")}

@@ -27,7 +27,7 @@ import torch
 
 from _helpers import cpu_has_amx
 from seqkernels import lstm_layer
-from seqkernels._config import _cpu_flags
+from seqkernels._config import _cpu_flags, lstm_loop_choice
 from test_lstm_backends import _reference, layer_case, run_layer
 
 TOL = 3e-5
@@ -134,6 +134,24 @@ def test_projected_loop_matches_reference(cpu_loop, batch_sizes, I, H, P, revers
         err = (got[key].double() - expected).abs().max().item()
         bound = TOL * max(1.0, expected.abs().max().item())
         assert err <= bound, f"{cpu_loop} {key}: error {err:.3g} > {bound:.3g} (B={batch_sizes[0]} H={H} P={P})"
+
+
+@pytest.mark.parametrize("batch", [1, 7, 8, 20])
+def test_auto_runs_the_projected_backward_below_8_rows(monkeypatch, batch):
+    """Under auto a projected float32 call runs the persistent backward below B = 8 rows
+    (use_persistent_backward; lstm_loop_choice says the same), the BLAS loop from B = 8; the
+    projected forward runs the persistent loop at every one of these B."""
+    from torch.profiler import profile
+
+    monkeypatch.delenv("SEQKERNELS_LSTM_BACKEND", raising=False)
+    t, up = layer_case([batch] * 9, 6, 20, True, seed=batch, P=7)
+    with profile() as prof:
+        run_layer(lstm_layer, t, up, [batch] * 9, False, torch.float32, "cpu")
+    names = {e.name for e in prof.events()}
+    assert "seqkernels::lstm_forward_persistent_projected" in names
+    assert ("seqkernels::lstm_backward_persistent_projected" in names) == (batch < 8)
+    choice = lstm_loop_choice(batch, 20, torch.float32, 7, "cpu", steps=9)
+    assert choice["backward"][0] == ("persistent" if batch < 8 else "gemm"), choice
 
 
 @pytest.mark.parametrize("where", ["h0", "x"])

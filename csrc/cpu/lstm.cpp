@@ -156,8 +156,8 @@ void forward_loop(const LstmSizes& s, bool reverse, bool training, const scalar_
 }
 
 // Which time loop runs: SEQKERNELS_LSTM_BACKEND=auto (default) | persistent | gemm.
-// The persistent loop covers float32 (with a projection the forward only:
-// use_persistent_forward); other cases always take the BLAS ("gemm") loop, which handles
+// The persistent loop covers float32 (with a projection too: forward_persistent_projected,
+// backward_persistent_projected); other cases always take the BLAS ("gemm") loop, which handles
 // everything. Under auto the persistent loop also needs
 // enough steps to pay for packing the weights, which it does on every call (a pass over W_hh,
 // and over W_ih where the projection runs in the loop; the backward packs W_hh again).
@@ -200,8 +200,16 @@ bool persistent_loop_wanted(const LstmSizes& s, bool supported) {
 bool use_persistent_forward(const LstmSizes& s, at::ScalarType dtype) {
   return persistent_loop_wanted(s, dtype == at::kFloat);
 }
-// The float32 backward's: the forward's rule.
-bool use_persistent_backward(const LstmSizes& s, at::ScalarType dtype) { return use_persistent_forward(s, dtype); }
+// The float32 backward's: the forward's rule, but with a projection under auto only below
+// kPersistentSmallBatch rows, where backward_persistent_projected's dot products beat the BLAS
+// loop's three GEMM calls a step; its products do not block rows, and from B = 8 the BLAS loop was
+// as fast or faster (2-core AVX2 EPYC, `bench_lstm.py --proj-size 128 --mode train`, alternating
+// runs of both builds, ms, persistent / BLAS loop: B = 1, H = 256 9.6 / 15.6-16.6, H = 512 30.1 /
+// 36.1-38.5; B = 8 65.3 / 65.7-70.1, 200.3 / 178.4-184.8; B = 64 604 / 468-487, 1697 / 1298-1339).
+bool use_persistent_backward(const LstmSizes& s, at::ScalarType dtype) {
+  if (s.P > 0 && s.B >= kPersistentSmallBatch && lstm_backend_from_env() == LstmBackend::kAuto) return false;
+  return use_persistent_forward(s, dtype);
+}
 // Whether the bfloat16 loop on AMX (below) can run this layer: no projection, whole groups of 16
 // units, a CPU with AMX (and AVX-512, whose gate math it uses), SEQKERNELS_CPU_AMX not 0.
 bool amx_bf16_supported(const LstmSizes& s, at::ScalarType dtype) {
