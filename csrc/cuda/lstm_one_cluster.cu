@@ -722,7 +722,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     live[gi] = b[gi] < B;
   }
 
-  // Zeros everywhere: the dG slice's rows past B are multiplied, never written.
+  // Zeros everywhere: the dG slice's rows past B are multiplied, never written (with two groups they
+  // may hold the other group's rows; a product's column reads only its own row of the slice, and the
+  // partials of rows past B are not sent, and summed only into dh_rec of rows that never use it).
   for (int i = threadIdx.x;
        i < kGroups * kGroupFloats + kGateSliceElems * static_cast<int>(sizeof(scalar_t)) / 4; i += kThreads) {
     reinterpret_cast<float*>(one_cluster_smem)[i] = 0.0f;
