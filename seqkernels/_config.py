@@ -519,13 +519,13 @@ def _choose_cuda_loop(batch: int, hidden: int, elem: int, mma: bool, half: bool,
                               f"{_cluster_polls((batch + 1) // 2, 4 * hidden, 2, 'dG', CUDA_ROW_SPLIT_BACKWARD_POLL_DATA_MAX_BYTES)}")
     elif one_cluster_backward and _one_cluster_wide(batch, hidden) and one_cluster_backward_switch():
         fallbacks = _one_cluster_fallbacks(batch, hidden)
-        waves = (f" (where not all its clusters are resident at once: {', else '.join(fallbacks)})" if fallbacks
-                 else "")
+        not_resident = (f" (where not all its clusters are resident at once: {', else '.join(fallbacks)})"
+                        if fallbacks else "")
         limit_512 = (CUDA_ONE_CLUSTER_MAX_ROWS if one_cluster_waves(batch, hidden)
                      else CUDA_ONE_CLUSTER_WIDE_MAX_BATCH_512)
         return "persistent", (f"auto: backward, 16-bit, {CUDA_PERSISTENT_MAX_BACKWARD_BATCH_HALF} < B = {batch} <= "
                               f"{CUDA_ONE_CLUSTER_MAX_ROWS} at H = 256 or {limit_512} at H = 512 (H = {hidden}): "
-                              f"{ONE_CLUSTER_BACKWARD}{waves}")
+                              f"{ONE_CLUSTER_BACKWARD}{not_resident}")
     elif state <= CUDA_PERSISTENT_MAX_STATE_MMA:
         kernel = f" ({ONE_CLUSTER_BACKWARD}; else the split or general kernel)" if one_cluster_backward else ""
         return "persistent", f"auto: {kib} <= {CUDA_PERSISTENT_MAX_STATE_MMA // 1024} KiB{kernel}"
