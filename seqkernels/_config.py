@@ -19,6 +19,7 @@ CPU_PERSISTENT_MAX_BATCH = 256  # kPersistentMaxBatch, csrc/cpu/lstm_persistent.
 CPU_PERSISTENT_MIN_STEPS = 4  # kPersistentMinSteps, csrc/cpu/lstm.cpp
 CPU_PERSISTENT_MIN_STEPS_SMALL_BATCH = 8  # kPersistentMinStepsSmallBatch, B < kPersistentSmallBatch
 CPU_PERSISTENT_SMALL_BATCH = 8  # kPersistentSmallBatch
+CPU_PROJECTED_BACKWARD_BATCH = 16  # kProjectedBackwardBatch: the projected persistent backward below it
 CPU_AMX_MIN_HIDDEN = 384  # kAmxMinHidden, csrc/cpu/lstm_persistent.h
 CPU_AMX_MIN_BATCH = 16  # kAmxMinBatch
 CPU_AMX_MIN_SEQUENCE_ROWS = 1024  # kAmxMinSequenceRows
@@ -668,13 +669,14 @@ def _cpu_choice(batch: int, hidden: int, dtype: torch.dtype, proj_size: int, bac
         why = f"auto: {dtype_name}, {projection}, B = {batch} <= {CPU_PERSISTENT_MAX_BATCH}, T = {steps} >= {min_steps}"
     if dtype == torch.float32 and proj_size > 0:
         # use_persistent_forward / use_persistent_backward: forward_persistent_projected and, under auto
-        # below CPU_PERSISTENT_SMALL_BATCH rows, backward_persistent_projected.
+        # below CPU_PROJECTED_BACKWARD_BATCH rows, backward_persistent_projected.
         forward = ("persistent", f"{why}; the projection h_t = m_t W_hr^T as a second phase of each step (dot "
                                  "products), the recurrent products on the tile kernels")
-        if backend != "persistent" and batch >= CPU_PERSISTENT_SMALL_BATCH:
+        if backend != "persistent" and batch >= CPU_PROJECTED_BACKWARD_BATCH:
             return {"forward": forward,
-                    "backward": ("gemm", f"auto: proj_size > 0 and B = {batch} >= {CPU_PERSISTENT_SMALL_BATCH}: the "
-                                         "BLAS loop (the persistent backward's dot products do not block rows)")}
+                    "backward": ("gemm", f"auto: proj_size > 0 and B = {batch} >= {CPU_PROJECTED_BACKWARD_BATCH}: "
+                                         "the BLAS loop (the persistent backward's dot products were as fast or "
+                                         "slower there)")}
         return {"forward": forward,
                 "backward": ("persistent", f"{why}; two phases a step: dL/dh's columns (dot products with "
                                            "W_hh^T, plus grad_y), then dL/dm = dL/dh W_hr and the gate backward "

@@ -37,8 +37,8 @@ def test_report_lists_every_op():
     (257, torch.float32, 0, 256, "gemm"),
     (1, torch.float64, 0, 256, "gemm"),
     (1, torch.float32, 8, 256, "persistent"),  # the projected forward and backward
-    (7, torch.float32, 8, 256, "persistent"),
-    (8, torch.float32, 8, 256, ("persistent", "gemm")),  # the projected backward only below B = 8
+    (15, torch.float32, 8, 256, "persistent"),
+    (16, torch.float32, 8, 256, ("persistent", "gemm")),  # the projected backward only below B = 16
     (256, torch.float32, 8, 256, ("persistent", "gemm")),
     (257, torch.float32, 8, 256, "gemm"),
     (1, torch.float32, 8, 7, "gemm"),

@@ -136,10 +136,10 @@ def test_projected_loop_matches_reference(cpu_loop, batch_sizes, I, H, P, revers
         assert err <= bound, f"{cpu_loop} {key}: error {err:.3g} > {bound:.3g} (B={batch_sizes[0]} H={H} P={P})"
 
 
-@pytest.mark.parametrize("batch", [1, 7, 8, 20])
-def test_auto_runs_the_projected_backward_below_8_rows(monkeypatch, batch):
-    """Under auto a projected float32 call runs the persistent backward below B = 8 rows
-    (use_persistent_backward; lstm_loop_choice says the same), the BLAS loop from B = 8; the
+@pytest.mark.parametrize("batch", [1, 7, 15, 16, 20])
+def test_auto_runs_the_projected_backward_below_16_rows(monkeypatch, batch):
+    """Under auto a projected float32 call runs the persistent backward below B = 16 rows
+    (use_persistent_backward; lstm_loop_choice says the same), the BLAS loop from B = 16; the
     projected forward runs the persistent loop at every one of these B."""
     from torch.profiler import profile
 
@@ -149,9 +149,9 @@ def test_auto_runs_the_projected_backward_below_8_rows(monkeypatch, batch):
         run_layer(lstm_layer, t, up, [batch] * 9, False, torch.float32, "cpu")
     names = {e.name for e in prof.events()}
     assert "seqkernels::lstm_forward_persistent_projected" in names
-    assert ("seqkernels::lstm_backward_persistent_projected" in names) == (batch < 8)
+    assert ("seqkernels::lstm_backward_persistent_projected" in names) == (batch < 16)
     choice = lstm_loop_choice(batch, 20, torch.float32, 7, "cpu", steps=9)
-    assert choice["backward"][0] == ("persistent" if batch < 8 else "gemm"), choice
+    assert choice["backward"][0] == ("persistent" if batch < 16 else "gemm"), choice
 
 
 @pytest.mark.parametrize("where", ["h0", "x"])

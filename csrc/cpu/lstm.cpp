@@ -201,13 +201,16 @@ bool use_persistent_forward(const LstmSizes& s, at::ScalarType dtype) {
   return persistent_loop_wanted(s, dtype == at::kFloat);
 }
 // The float32 backward's: the forward's rule, but with a projection under auto only below
-// kPersistentSmallBatch rows, where backward_persistent_projected's dot products beat the BLAS
-// loop's three GEMM calls a step; its products do not block rows, and from B = 8 the BLAS loop was
-// as fast or faster (2-core AVX2 EPYC, `bench_lstm.py --proj-size 128 --mode train`, alternating
-// runs of both builds, ms, persistent / BLAS loop: B = 1, H = 256 9.6 / 15.6-16.6, H = 512 30.1 /
-// 36.1-38.5; B = 8 65.3 / 65.7-70.1, 200.3 / 178.4-184.8; B = 64 604 / 468-487, 1697 / 1298-1339).
+// kProjectedBackwardBatch rows, where backward_persistent_projected's dot products beat the BLAS
+// loop's three GEMM calls a step. 2-core AVX2 EPYC, proj_size = 128, T = 256, the backward op alone
+// (the same forward's saved tensors), both loops alternating in one process, persistent / BLAS, two
+// runs: B = 1 0.67-0.91 at H = 256, 0.69-0.81 at H = 512; B = 4 0.72 / 0.78 (one run); B = 8
+// 0.89-0.91 / 0.90-0.93; B = 16 0.90-0.97 / 1.00-1.01; B = 32 1.09 / 1.07 (one run). Before its dot
+// products took rows in blocks of 4 (row_dots), B = 8, H = 512 was 1.14 (bench_lstm.py `train`,
+// alternating builds: B = 64 25-30 % slower).
+constexpr int64_t kProjectedBackwardBatch = 16;
 bool use_persistent_backward(const LstmSizes& s, at::ScalarType dtype) {
-  if (s.P > 0 && s.B >= kPersistentSmallBatch && lstm_backend_from_env() == LstmBackend::kAuto) return false;
+  if (s.P > 0 && s.B >= kProjectedBackwardBatch && lstm_backend_from_env() == LstmBackend::kAuto) return false;
   return use_persistent_forward(s, dtype);
 }
 // Whether the bfloat16 loop on AMX (below) can run this layer: no projection, whole groups of 16
@@ -408,6 +411,44 @@ inline float dot_floats(const float* a, const float* b, int64_t n) {
   for (int i = 0; i < 8; ++i) sum += acc0[i];
   for (; k < n; ++k) sum += a[k] * b[k];
   return sum;
+}
+
+// out[r] = (row r of a, row stride lda) · w over n floats for r < kRows: w is loaded once for all
+// rows (the projected backward's dot products, a block of rows against one weight row).
+template <int kRows>
+inline void dot_rows(const float* a, int64_t lda, const float* w, int64_t n, float (&out)[kRows]) {
+  v8f acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = splat8(0.0f);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const v8f wv = load8(w + k);
+    for (int r = 0; r < kRows; ++r) acc[r] += load8(a + r * lda + k) * wv;
+  }
+  for (int r = 0; r < kRows; ++r) {
+    float sum = 0.0f;
+    for (int i = 0; i < 8; ++i) sum += acc[r][i];
+    for (int64_t kk = k; kk < n; ++kk) sum += a[r * lda + kk] * w[kk];
+    out[r] = sum;
+  }
+}
+
+// For rows [0, rows) and weight rows [c0, c1): out[b * ldo + c] = a[b]·w[c] over n floats. Blocks of
+// 4 rows, each against every weight row in turn: the block's rows stay in L1 while the weight rows
+// stream (a weight row per column and block, not per row).
+inline void row_dots(const float* a, int64_t lda, int64_t rows, const float* w, int64_t c0, int64_t c1, int64_t n,
+                     float* out, int64_t ldo) {
+  constexpr int kBlock = 4;
+  int64_t b = 0;
+  for (; b + kBlock <= rows; b += kBlock) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float o[kBlock];
+      dot_rows<kBlock>(a + b * lda, lda, w + c * n, n, o);
+      for (int r = 0; r < kBlock; ++r) out[(b + r) * ldo + c] = o[r];
+    }
+  }
+  for (; b < rows; ++b) {
+    for (int64_t c = c0; c < c1; ++c) out[b * ldo + c] = dot_floats(a + b * lda, w + c * n, n);
+  }
 }
 
 // The persistent forward with a projection (P > 0): each step in two phases, each ended by
@@ -711,10 +752,7 @@ void backward_persistent_projected(const LstmSizes& s, bool reverse, const float
       if (cols.j0 == cols.j1) return;
       if (step > 0) {  // dL/dh_{t-1} through W_hh, for the rows of the step before
         const int64_t tp = step_time(step - 1);
-        const float* dpre_p = dpre + s.offsets[tp] * G;
-        for (int64_t b = 0; b < s.batch_sizes[tp]; ++b) {
-          for (int64_t p = cols.j0; p < cols.j1; ++p) dh[b * P + p] = dot_floats(dpre_p + b * G, w_hh_t + p * G, G);
-        }
+        row_dots(dpre + s.offsets[tp] * G, G, s.batch_sizes[tp], w_hh_t, cols.j0, cols.j1, G, dh, P);
       }
       if (step == s.T) return;
       const int64_t t = step_time(step), off = s.offsets[t];
@@ -730,9 +768,7 @@ void backward_persistent_projected(const LstmSizes& s, bool reverse, const float
     const UnitRange units = part_units(part, parts, H, tile);
     if (units.j0 == units.j1) return;
     const int64_t t = step_time(step), bt = s.batch_sizes[t], off = s.offsets[t];
-    for (int64_t b = 0; b < bt; ++b) {
-      for (int64_t j = units.j0; j < units.j1; ++j) dm[b * H + j] = dot_floats(dh + b * P, w_hr_t + j * P, P);
-    }
+    row_dots(dh, P, bt, w_hr_t, units.j0, units.j1, P, dm, H);
     const auto [prev_rows, n_prev] = prev_cells(s, reverse, t, cells, c0);
     backward_gate_rows<float, true>(0, bt, units.j0, units.j1, H, gates + off * G, cells + off * H, prev_rows, n_prev,
                                     c0, dm, dc, dpre + off * G, m_all + off * H);
