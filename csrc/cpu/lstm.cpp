@@ -432,9 +432,10 @@ inline void dot_rows(const float* a, int64_t lda, const float* w, int64_t n, flo
   }
 }
 
-// For rows [0, rows) and weight rows [c0, c1): out[b * ldo + c] = a[b]·w[c] over n floats. Blocks of
-// 4 rows, each against every weight row in turn: the block's rows stay in L1 while the weight rows
-// stream (a weight row per column and block, not per row).
+// For rows [0, rows) and weight rows [c0, c1): out[b * ldo + c] = a[b]·w[c] over n floats (the projected
+// loops' products: h_t = m_t·W_hrᵀ forward, dL/dh and dL/dm backward). Blocks of 4 rows, each against
+// every weight row in turn: the block's rows stay in L1 while the weight rows stream (a weight row per
+// column and block, not per row).
 inline void row_dots(const float* a, int64_t lda, int64_t rows, const float* w, int64_t c0, int64_t c1, int64_t n,
                      float* out, int64_t ldo) {
   constexpr int kBlock = 4;
@@ -455,7 +456,8 @@ inline void row_dots(const float* a, int64_t lda, int64_t rows, const float* w, 
 // run_steps' barrier. Phase 0, a part's units as forward_persistent (W_hh packed with K = P,
 // h_{t-1} [B, P]), m_t into mbuf [B, H]. Phase 1, a part's columns [p0, p1) of h_t = m_t·W_hrᵀ
 // (W_hr row-major [P, H], which stays in the part's cache) into y and the next step's h buffer;
-// rows b >= bt carry over as in forward_persistent. Before it a projected call ran the BLAS
+// rows b >= bt carry over as in forward_persistent (row_dots into y, then copied to h). Before it a
+// projected call ran the BLAS
 // loop: two GEMM calls and a gate pass a step, 19.5 µs a step at B = 1, H = 256, P = 128 (2-core
 // EPYC, docs/benchmarks.md). Returns the buffer that holds h_n.
 //   hb0 / hb1 [B, P] (hb0 = h0); y [N, P]; the rest as forward_persistent
@@ -490,14 +492,9 @@ float* forward_persistent_projected(const LstmSizes& s, bool reverse, CpuKernels
     const UnitRange cols = part_units(part, parts, P, 1);
     if (cols.j0 == cols.j1) return;
     float* y_t = y + off * P;
-    for (int64_t b = 0; b < bt; ++b) {
-      for (int64_t p = cols.j0; p < cols.j1; ++p) {
-        const float h = dot_floats(mbuf + b * H, w_hr + p * H, H);
-        y_t[b * P + p] = h;
-        hout[b * P + p] = h;
-      }
-    }
+    row_dots(mbuf, H, bt, w_hr, cols.j0, cols.j1, H, y_t, P);
     const size_t bytes = sizeof(float) * (cols.j1 - cols.j0);
+    for (int64_t b = 0; b < bt; ++b) std::memcpy(hout + b * P + cols.j0, y_t + b * P + cols.j0, bytes);
     for (int64_t b = bt; b < B; ++b) std::memcpy(hout + b * P + cols.j0, hin + b * P + cols.j0, bytes);
   });
   return hb[s.T & 1];
