@@ -709,7 +709,7 @@ def lstm_loop_choice(batch: int, hidden: int, dtype: torch.dtype = torch.float32
       CPU:  use_persistent_forward, use_persistent_backward, amx_bf16_loop_applies,
             amx_bf16_backward_applies and half_via_float_loop, csrc/cpu/lstm.cpp, with
             kPersistentMaxBatch (csrc/cpu/lstm_persistent.h): persistent for float32 (with a
-            projection the forward only), and without projection for bfloat16
+            projection the backward only below B = 16), and without projection for bfloat16
             (on AMX tiles where the CPU has them and H % 16 == 0, the backward H % 64 == 0;
             one sequence from T = 32) and float16 (and bfloat16 off the tiles: the float32 loop
             on converted operands); under auto only while B <= 256 and the sequence has at

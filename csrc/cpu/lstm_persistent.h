@@ -1,5 +1,5 @@
 // Persistent small-batch LSTM loops for the CPU (float32; lstm.cpp adds a projection phase to
-// the forward, forward_persistent_projected).
+// the forward and the backward, forward_persistent_projected and backward_persistent_projected).
 //
 // At small batch a step's recurrent product is a few hundred kFLOP: a BLAS call per step
 // costs more in threading and packing overhead than in arithmetic. Here each thread owns
