@@ -152,6 +152,19 @@ __device__ __forceinline__ int group_steps(const CallSteps<kRagged>& steps, int 
   }
 }
 
+// The batch rows of one item in each of a cluster's groups: row `row` of group gi is batch row
+// b[gi] = cluster_row0 + 8 gi + row, live while b[gi] < B (the last cluster's groups may be part-filled
+// or empty). Shared by the forward's and the backward's items.
+template <int kGroups>
+__device__ __forceinline__ void group_batch_rows(int cluster_row0, int row, int B, int (&b)[kGroups],
+                                                 bool (&live)[kGroups]) {
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    b[gi] = cluster_row0 + gi * kGroupRows + row;
+    live[gi] = b[gi] < B;
+  }
+}
+
 // f(FullSteps{}) where every step of s is full, else f(its step table); false where the table
 // cannot hold the packed sequence.
 template <class F>
@@ -350,12 +363,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int q = 0; q < 4; ++q) bias[q] = bias_sum(a.b_ih, a.b_hh, q * static_cast<int64_t>(H) + j);
   int b[kGroups];
   bool live[kGroups];
+  group_batch_rows(cluster_row0, bl, B, b, live);
   float c_st[kGroups];
   scalar_t h_st[kGroups];
 #pragma unroll
   for (int gi = 0; gi < kGroups; ++gi) {
-    b[gi] = cluster_row0 + gi * kGroupRows + bl;
-    live[gi] = b[gi] < B;
     c_st[gi] = live[gi] ? static_cast<float>(a.c0[static_cast<int64_t>(b[gi]) * H + j]) : 0.0f;
     h_st[gi] = kRagged && live[gi] ? a.h0[static_cast<int64_t>(b[gi]) * H + j] : scalar_t(0.0f);
   }
@@ -716,11 +728,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int j = rank * kUnitsPerBlock + ul;
   int b[kGroups];
   bool live[kGroups];
-#pragma unroll
-  for (int gi = 0; gi < kGroups; ++gi) {
-    b[gi] = cluster_row0 + gi * kGroupRows + nl;
-    live[gi] = b[gi] < B;
-  }
+  group_batch_rows(cluster_row0, nl, B, b, live);
 
   // Zeros everywhere: the dG slice's rows past B are multiplied, never written (with two groups they
   // may hold the other group's rows; a product's column reads only its own row of the slice, and the
