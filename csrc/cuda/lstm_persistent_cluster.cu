@@ -702,7 +702,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // h0's rows each times their own at the first step, h_t in [-1, 1] exchanged as fp16, and a
 // scaled projection's pre (pre_unscale) scaled back in the gate math.
 constexpr int kRowSplitRegKSteps = 4;  // k16 steps a warp with W_hh's A fragments in registers (the rest in shared memory)
-constexpr int kRowSplitLdu = 20;       // row stride (floats) of the partials: conflict-free stores
+// A (warp, gate) block of the partials holds its rows in pairs 40 floats apart, a pair's odd row 16
+// floats after its even row (20 floats a row, as a plain row stride of 20 took). The fragment stores
+// (rows 2tq (+ 1) of an n8 tile, columns gq (+ 8)) and the gate threads' float2 reads (a half-warp:
+// 8 unit pairs of rows n, n + 1) both meet 32 distinct banks. With the plain stride of 20 the reads
+// met 2-way conflicts in every half-warp: 4 wavefronts a load instead of 2, 32 loads a thread a step.
+constexpr int kRowSplitRowFloats = 20;
+__host__ __device__ constexpr int row_split_partial_row(int r) { return (r >> 1) * 40 + (r & 1) * 16; }
 
 // 8 warps a block, each a K eighth of KSTEPS k16 steps: k-steps 0..3 of W_hh's fragments in
 // registers and 4..7 in shared memory (64 KB read every step). NT n8 tiles of batch rows a block
@@ -715,10 +721,10 @@ struct RowSplitLayout {
   static constexpr int kWarps = kThreads / 32, KSTEPS = HC / 16 / kWarps;
   static constexpr int KSR = kRowSplitRegKSteps, KSS = KSTEPS - KSR;
   static constexpr int kRowWords = HC * ES / 4;
-  // Shared memory: the row tile [ROWS][LDX], the partials [warp][gate][row][kRowSplitLdu], W_hh's
+  // Shared memory: the row tile [ROWS][LDX], the partials [warp][gate][ROWS rows: row_split_partial_row], W_hh's
   // k-steps KSR.. as A fragments [warp][gate][k-step][lane] (uint4).
   static constexpr int kTileBytes = ROWS * LDX * ES;
-  static constexpr int kPartialBytes = kWarps * 4 * ROWS * kRowSplitLdu * 4;
+  static constexpr int kPartialBytes = kWarps * 4 * ROWS * kRowSplitRowFloats * 4;
   static constexpr int kWsmBytes = kWarps * 4 * KSS * 32 * 16;
   // float32 (scaled fp16 operands): h0's inverse row scales (float), after the partials.
   static constexpr int kRowScaleBytes = ROWS * 4;
@@ -735,13 +741,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   using op_t = ClusterOperandType<scalar_t, kHalf ? ClusterOperands::kHalfScaled : ClusterOperands::kSixteenBit>;
   using L = RowSplitLayout<op_t, HC, NT>;
   constexpr int H = HC, UC = L::UC, LDX = L::LDX, ES = L::ES, KSR = L::KSR, KSS = L::KSS, KSTEPS = L::KSTEPS;
-  constexpr int kRowWords = L::kRowWords, LDU = kRowSplitLdu, kWarps = L::kWarps, ROWS = L::ROWS;
+  constexpr int kRowWords = L::kRowWords, kWarps = L::kWarps, ROWS = L::ROWS;
+  constexpr int kBlockFloats = ROWS * kRowSplitRowFloats;  // a (warp, gate) block of the partials
   static_assert(UC == 16 && KSTEPS % 2 == 0, "row-split kernel: H = 1024");
   static_assert(ROWS * (UC / 2) <= kThreads, "row-split kernel: one unit pair of one row a thread");
   const Geometry& g = a.g;
   extern __shared__ __align__(16) unsigned char smem[];
   op_t* const xt = reinterpret_cast<op_t*>(smem);                             // [ROWS][LDX]: this block's rows of h_{t-1}
-  float* const part = reinterpret_cast<float*>(smem + g.off_part);           // [warp][gate][row][LDU]
+  float* const part = reinterpret_cast<float*>(smem + g.off_part);           // [warp][gate][kBlockFloats]
   uint4* const wsm = reinterpret_cast<uint4*>(smem + g.off_w);               // [warp][gate][k-step - KSR][lane]
   float* const row_unscale = part + L::kPartialBytes / 4;                    // kHalf: [ROWS] h0's inverse row scales
   const int B = g.B, T = g.T;
@@ -815,8 +822,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ldmatrix.x4 of two k-steps' B fragments: lane l gives row l % 8 of an n8 tile at k + 8 (l / 8).
   const uint32_t xt_lane = shared_address(xt) + ((lane & 7) * LDX + (lane >> 3) * 8) * ES;
   // This warp's partials: c0 / c1 (gate row gq, batch rows 2tq, 2tq + 1 of a tile), c2 / c3 (gate row gq + 8).
-  float* const part_warp = part + warp * (4 * ROWS * LDU);
-  const float* const own0 = part + n * LDU + 2 * pair;
+  float* const part_warp = part + warp * (4 * kBlockFloats);
+  const float* const own0 = part + row_split_partial_row(n) + 2 * pair;
 
   const int64_t buf_words = static_cast<int64_t>(B) * kRowWords;
   uint32_t* const hx = reinterpret_cast<uint32_t*>(a.xbuf);
@@ -934,11 +941,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int q = 0; q < 4; ++q) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        float* pq = part_warp + q * (ROWS * LDU) + (nt * 8 + 2 * tq) * LDU + gq;
+        float* pq = part_warp + q * kBlockFloats + row_split_partial_row(nt * 8 + 2 * tq) + gq;
+        constexpr int kOdd = row_split_partial_row(1);  // row 2tq + 1
         pq[0] = acc[q][nt][0];
-        pq[LDU] = acc[q][nt][1];
+        pq[kOdd] = acc[q][nt][1];
         pq[8] = acc[q][nt][2];
-        pq[LDU + 8] = acc[q][nt][3];
+        pq[kOdd + 8] = acc[q][nt][3];
       }
     }
     __syncthreads();
@@ -953,7 +961,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < 4; ++q) {
         float2 v[kWarps];
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * (ROWS * LDU));
+        for (int w = 0; w < kWarps; ++w) v[w] = *reinterpret_cast<const float2*>(own0 + (w * 4 + q) * kBlockFloats);
 #pragma unroll
         for (int w = 1; w < kWarps; w *= 2) {
 #pragma unroll
