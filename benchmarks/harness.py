@@ -499,6 +499,28 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device, before: Ca
     return int(peak)
 
 
+def cuda_kernel_times(fn: Callable[[], object], calls: int, warmup: int = 3,
+                      name_chars: int = 90) -> dict[str, list[float]]:
+    """The CUDA kernels (and memsets, copies) of ``calls`` calls of ``fn`` after ``warmup`` calls, by
+    the profiler (torch.profiler): {name cut to ``name_chars``: the µs of each of its launches}.
+    Diagnostic scripts' breakdowns; the profiler's own cost per runtime call stays out of kernel times."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            times.setdefault(e.name[:name_chars], []).append(us)
+    return times
+
+
 # CPU peak memory. There is no allocator counter to read on the CPU, so a child process per
 # candidate measures its resident set: glibc's malloc is told (MALLOC_ENV) to map every block of
 # 64 KiB or more on its own and unmap it when freed, so the resident set after a call is what is

@@ -56,17 +56,7 @@ CASES = [parse_case(c) for c in args.cases]
 
 
 def kernel_times(fn, n=12):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per.setdefault(e.name[:70], []).append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    per = harness.cuda_kernel_times(fn, n, name_chars=70)
     return {k: (len(v) / n, statistics.median(v)) for k, v in per.items()}
 
 

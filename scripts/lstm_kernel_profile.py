@@ -11,10 +11,8 @@ and the sum. Diagnostic only: the benchmark is what the tables come from.
 import argparse
 import os
 import sys
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 import harness  # noqa: E402
@@ -32,20 +30,9 @@ dev = torch.device("cuda")
 
 
 def by_kernel(fn, calls):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    count, total = defaultdict(int), defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = e.name[:90]
-            count[name] += 1
-            total[name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    return {k: (count[k] / calls, total[k] / calls) for k in count}
+    """{kernel name: (launches a call, µs a call)}."""
+    per = harness.cuda_kernel_times(fn, calls)
+    return {k: (len(v) / calls, sum(v) / calls) for k, v in per.items()}
 
 
 for text in args.cases:
