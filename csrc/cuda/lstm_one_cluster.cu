@@ -564,25 +564,32 @@ bool split_k_wanted(const LstmSizes& s) {
   return mode == 1 || (mode == -1 && s.H == 512);
 }
 
+// The launch order of both one-cluster kernels: one group a cluster with all clusters resident at once;
+// else two groups a cluster, all resident (`pairs()`: where paired_groups and its instances exist, H = 512
+// with split K and equal batch sizes; tried first where paired_groups_first); else, where `waves`, one group
+// a cluster in waves. `one(w)` launches one group a cluster, in waves if w.
+template <class One, class Pairs>
+bool launch_one_or_paired(bool waves, const One& one, const Pairs& pairs) {
+  if (paired_groups_first() && pairs()) return true;
+  if (one(false)) return true;
+  if (pairs()) return true;
+  return waves && one(true);
+}
+
 template <class scalar_t, bool kTraining, bool kRagged>
 bool launch_for_sizes(const LstmSizes& s, const OneClusterArgs<scalar_t, kRagged>& args) {
   const bool split_k = split_k_wanted(s), waves = one_cluster_waves(s), pairs = paired_groups(s);
   return with_hidden_steps(s.H, [&](auto ks_c) {
     constexpr int KS = decltype(ks_c)::value;
     if (!split_k) return launch<scalar_t, kTraining, KS, false, kRagged>(args, waves);
-    // All clusters of one group resident at once; else two groups a cluster, all resident (the instances
-    // exist at H = 512 with split K, equal batch sizes; first where paired_groups_first); else one group
-    // a cluster in waves.
-    auto launch_pairs = [&] {
-      if constexpr (KS == 32 && !kRagged) {
-        return pairs && launch<scalar_t, kTraining, KS, true, kRagged, 2>(args, false);
-      }
-      return false;
-    };
-    if (paired_groups_first() && launch_pairs()) return true;
-    if (launch<scalar_t, kTraining, KS, true, kRagged>(args, false)) return true;
-    if (launch_pairs()) return true;
-    return waves && launch<scalar_t, kTraining, KS, true, kRagged>(args, true);
+    return launch_one_or_paired(
+        waves, [&](bool w) { return launch<scalar_t, kTraining, KS, true, kRagged>(args, w); },
+        [&] {
+          if constexpr (KS == 32 && !kRagged) {
+            return pairs && launch<scalar_t, kTraining, KS, true, kRagged, 2>(args, false);
+          }
+          return false;
+        });
   });
 }
 
@@ -965,15 +972,12 @@ bool lstm_one_cluster_backward(const LstmSizes& s, bool reverse, bool trace, con
     const bool waves = one_cluster_waves(s), pairs = paired_groups(s);
     return with_hidden_steps(s.H, [&](auto ks_c) {
       constexpr int KS = decltype(ks_c)::value;
-      // As the forward (launch_for_sizes): all clusters resident, else two groups a cluster, else waves.
-      auto launch_pairs = [&] {
-        if constexpr (KS == 32 && !kRagged) return pairs && launch_backward<scalar_t, KS, kRagged, 2>(args, false);
-        return false;
-      };
-      if (paired_groups_first() && launch_pairs()) return true;
-      if (launch_backward<scalar_t, KS, kRagged>(args, false)) return true;
-      if (launch_pairs()) return true;
-      return waves && launch_backward<scalar_t, KS, kRagged>(args, true);
+      return launch_one_or_paired(
+          waves, [&](bool w) { return launch_backward<scalar_t, KS, kRagged>(args, w); },
+          [&] {
+            if constexpr (KS == 32 && !kRagged) return pairs && launch_backward<scalar_t, KS, kRagged, 2>(args, false);
+            return false;
+          });
     });
   };
   return with_call_steps(s, run);
